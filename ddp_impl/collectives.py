@@ -1,0 +1,92 @@
+"""The small collective interface the reference DDP is written against.
+
+One interface, several runtimes: :class:`TorchDistributedCollectives` (any
+``torch.distributed`` backend, gloo on CPU) here, and an XLA implementation in
+:mod:`ddp_impl.xla` for PJRT. Every method works in place on a tensor of any
+shape and floating dtype and returns that tensor, like ``torch.distributed``.
+"""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+
+
+@runtime_checkable
+class Collectives(Protocol):
+    """Collectives over the replicas of one world.
+
+    Attributes:
+        rank: this replica's global ordinal, ``0 <= rank < world_size``.
+        world_size: number of replicas taking part.
+    """
+
+    rank: int
+    world_size: int
+
+    def all_reduce_(self, tensor: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+        """Sum ``tensor`` over all replicas in place, then multiply by ``scale``."""
+
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite ``tensor`` in place with replica ``src``'s value."""
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Return every replica's ``tensor``, indexed by rank (same shape/dtype)."""
+
+    def barrier(self) -> None:
+        """Block until every replica has reached the barrier."""
+
+
+class TorchDistributedCollectives:
+    """:class:`Collectives` on an initialised ``torch.distributed`` process group.
+
+    Args:
+        group: process group (``None`` = the default group).
+
+    Raises:
+        RuntimeError: if ``torch.distributed`` is not initialised.
+    """
+
+    def __init__(self, group=None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised; call "
+                "ddp_impl.init_process_group() first")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    def all_reduce_(self, tensor, *, scale=1.0):
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        if scale != 1.0:
+            tensor.mul_(scale)
+        return tensor
+
+    def broadcast_(self, tensor, src=0):
+        dist.broadcast(tensor, src=src, group=self.group)
+        return tensor
+
+    def all_gather(self, tensor):
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor.contiguous(), group=self.group)
+        return out
+
+    def barrier(self):
+        dist.barrier(group=self.group)
+
+
+def default_collectives() -> Collectives:
+    """Collectives for the runtime this replica runs on.
+
+    PJRT replicas (torch_xla imported and ``PJRT_DEVICE`` set) get the XLA
+    implementation, everything else ``torch.distributed``'s default group.
+
+    Raises:
+        RuntimeError: if no runtime is initialised.
+    """
+    from . import ranks
+    if ranks.current_runtime() == "pjrt":
+        from .xla import XlaCollectives
+        return XlaCollectives()
+    return TorchDistributedCollectives()
