@@ -1,0 +1,83 @@
+"""The single-device reference (oracle): the same steps on one CPU device.
+
+For models whose forward does not couple samples, the reference trains on the
+whole global batch: with equal shards and a mean-reduced loss its gradient is
+exactly what DDP promises. For batch-coupled models (BatchNorm) a DDP replica
+normalises with its *own* shard's statistics, so the reference runs the W shards
+one after another on one device and averages their losses - the documented
+semantics of DDP without SyncBatchNorm. Buffers follow upstream DDP: with
+``broadcast_buffers`` every replica starts a forward from rank 0's buffers, else
+from its own; the reference tracks the expected buffers of every rank.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .harness import RunSpec, flat_buffers, flat_params
+
+
+@functools.lru_cache(maxsize=32)
+def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers):
+    import torch
+    import torch.nn.functional as F
+
+    from fixtures import build_model, global_batch, shard
+    from fixtures.models import MODELS
+
+    coupled = MODELS[model].batch_coupled
+    net = build_model(model, seed=seed)
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    slots = [(m, n) for m in net.modules() for n, b in m._buffers.items() if b is not None]
+
+    def bufs():
+        return [m._buffers[n] for m, n in slots]
+
+    def set_bufs(values):
+        # Fresh tensors, not copy_(): BatchNorm's backward saved the old ones.
+        for (m, n), v in zip(slots, values):
+            m._buffers[n] = v.clone()
+
+    rank_bufs = [[b.clone() for b in bufs()] for _ in range(world_size)]
+    params, losses = [flat_params(net)], []
+    buffers = [np.stack([flat_buffers(net)] * world_size)]
+    for step in range(steps):
+        x, y = global_batch(model, seed, step, global_batch_size)
+        opt.zero_grad(set_to_none=True)
+        if not coupled:
+            loss = F.mse_loss(net(x), y)
+            after = rank_bufs
+        else:
+            loss, after = 0.0, []
+            for r in range(world_size):
+                set_bufs(rank_bufs[0] if broadcast_buffers else rank_bufs[r])
+                loss = loss + F.mse_loss(net(shard(x, r, world_size)), shard(y, r, world_size)) / world_size
+                after.append([b.clone() for b in bufs()])
+        loss.backward()
+        opt.step()
+        rank_bufs = after
+        losses.append(float(loss.detach()))
+        params.append(flat_params(net))
+        flat = []
+        for r in range(world_size):
+            set_bufs(rank_bufs[r])
+            flat.append(flat_buffers(net))
+        buffers.append(np.stack(flat))
+    return {"params": np.stack(params), "losses": np.asarray(losses), "buffers": np.stack(buffers)}
+
+
+def reference_run(spec: RunSpec, world_size: int) -> dict:
+    """Trajectory of ``spec`` on one CPU device in float32.
+
+    Returns ``params`` float32 ``[steps+1, P]``, ``losses`` float64 ``[steps]``
+    (the global-batch loss), ``buffers`` float64 ``[steps+1, world_size, B]``
+    (the buffers each rank should hold after each step). Cached per spec.
+    """
+    from fixtures.models import MODELS
+    w = world_size if MODELS[spec.model].batch_coupled else 1
+    out = _reference(spec.model, spec.lr, spec.steps, spec.global_batch, spec.seed, w,
+                     spec.broadcast_buffers)
+    if w != world_size:
+        out = dict(out, buffers=np.repeat(out["buffers"], world_size, axis=1))
+    return out
