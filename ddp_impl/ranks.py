@@ -5,7 +5,8 @@ Vocabulary (as in ``jax.process_index`` / ``jax.process_count``):
 * **process index / count** - which host *process* this is, and how many take part.
 * **global ordinal** - the replica's index in the whole world (what
   ``torch.distributed`` calls rank when one process drives one replica).
-* **local ordinal** - the replica's index among the replicas of its host.
+* **local ordinal** - the replica's index among the replicas of its host
+  machine (torchrun's ``LOCAL_RANK``, torch_xla's ``local_ordinal``).
 * **world size** - number of replicas = ``process_count * local_device_count``
   when every process drives the same number of replicas.
 * **local device count** - replicas driven by this process.
@@ -124,7 +125,7 @@ def global_ordinal() -> int:
 
 
 def local_ordinal() -> int:
-    """This replica's index among the replicas of its process/host."""
+    """This replica's index among the replicas of its host machine."""
     return bindings().local_ordinal
 
 

@@ -13,6 +13,13 @@ RUNTIMES = {"cpu": "conformance.runtimes.cpu:CpuRuntime",
             "pjrt": "conformance.runtimes.pjrt:PjrtRuntime",
             "xrt": "conformance.runtimes.xrt:XrtRuntime"}
 
+# What a test run covers per runtime unless --world-size / --ddp say otherwise.
+DEFAULTS = {
+    "cpu": {"world_sizes": (2,), "impls": ("torch", "ref")},
+    "pjrt": {"world_sizes": (2, 4), "slow_world_sizes": (8,), "impls": ("ref", "xla_recipe", "torch")},
+    "xrt": {"world_sizes": (8,), "impls": ("ref",)},
+}
+
 
 def get_runtime(name: str) -> Runtime:
     """Return the adapter for runtime ``name``.
@@ -26,4 +33,4 @@ def get_runtime(name: str) -> Runtime:
     return getattr(importlib.import_module(module), cls)()
 
 
-__all__ = ["RUNTIMES", "ReplicaContext", "Runtime", "RuntimeUnavailable", "get_runtime"]
+__all__ = ["DEFAULTS", "RUNTIMES", "ReplicaContext", "Runtime", "RuntimeUnavailable", "get_runtime"]

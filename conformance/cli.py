@@ -1,0 +1,118 @@
+"""``python -m conformance``: run the checks, the mutant self-test, and reports.
+
+Exit codes: 0 every verdict pass/unsupported/skip (and every mutant killed);
+1 some verdict fail/vacuous or a mutant survived; 2 bad input (one line on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .tolerances import MIN_WORLD_SIZE
+
+
+class UsageError(Exception):
+    """Bad command-line input; ``str(exc)`` is the one line printed."""
+
+
+def _split(v):
+    return [x.strip() for x in v.split(",") if x.strip()]
+
+
+def _parse_targets(args):
+    from fixtures.models import MODELS
+
+    from .impls import ImplSpecError, parse_impls
+    from .runtimes import DEFAULTS, RUNTIMES, RuntimeUnavailable, get_runtime
+    runtimes = _split(args.runtime)
+    if not runtimes:
+        raise UsageError("--runtime is empty")
+    try:
+        sizes = [int(w) for w in _split(args.world_size)]
+    except ValueError:
+        raise UsageError(f"--world-size: not a comma list of integers: {args.world_size!r}") from None
+    if not sizes or min(sizes) < MIN_WORLD_SIZE:
+        raise UsageError(f"--world-size: parity checks need world size >= {MIN_WORLD_SIZE}, got {args.world_size!r}")
+    models = _split(args.models) if args.models else list(MODELS)
+    for m in models:
+        if m not in MODELS:
+            raise UsageError(f"--models: unknown model {m!r}; known: {', '.join(MODELS)}")
+    targets = []
+    for rt in runtimes:
+        if rt not in RUNTIMES:
+            raise UsageError(f"--runtime: unknown runtime {rt!r}; known: {', '.join(RUNTIMES)}")
+        for w in sizes:
+            try:
+                get_runtime(rt).check(w)
+            except RuntimeUnavailable as exc:
+                raise UsageError(f"--runtime {rt}: {exc}") from None
+        try:
+            impls = [i.name for i in parse_impls(args.ddp or ",".join(DEFAULTS[rt]["impls"]))]
+        except ImplSpecError as exc:
+            raise UsageError(str(exc)) from None
+        targets += [(rt, w, impls) for w in sizes]
+    return targets, models
+
+
+def cmd_run(args) -> int:
+    from .mutants import MUTANTS
+    from .report import kill_matrix_text, verdict_table, write_json
+    from .runner import Runner
+    from .selftest import kill_rows
+
+    targets, models = _parse_targets(args)
+    runner = Runner()
+    verdicts, kills = [], []
+    try:
+        for rt, w, impls in targets:
+            for impl in impls:
+                for model in models:
+                    verdicts += runner.verdicts(rt, w, impl, model).values()
+            if args.mutants:
+                kills += kill_rows(runner, rt, w, list(MUTANTS), models)
+    finally:
+        runner.close()
+    print(verdict_table(verdicts))
+    from .checks import CHECKS
+    if kills:
+        print("\nmutant kill matrix (KILL = the check failed on some model)")
+        print(kill_matrix_text(kills, list(CHECKS)))
+    write_json(args.json, verdicts, kills)
+    print(f"\nJSON report: {args.json}")
+    bad = [v for v in verdicts if v.status in ("fail", "vacuous")]
+    survivors = [m for _, _, m, vs in kills if not any(v.status == "fail" for v in vs)]
+    counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "vacuous", "unsupported", "skip")}
+    print(", ".join(f"{n} {s}" for s, n in counts.items())
+          + (f"; {len(kills) - len(survivors)}/{len(kills)} mutants killed" if kills else ""))
+    return 1 if bad or survivors else 0
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the check table and print the verdict table")
+    run.add_argument("--runtime", default="cpu", help="comma list: cpu, pjrt, xrt (default cpu)")
+    run.add_argument("--ddp", default=None, help="comma list of implementations: torch, ref, "
+                     "mutant:<name>, package.module:Class (default: the runtime's)")
+    run.add_argument("--world-size", default="2", help="comma list of world sizes >= 2 (default 2)")
+    run.add_argument("--models", default=None, help="comma list of models (default: all)")
+    run.add_argument("--mutants", action="store_true", help="also run the mutant catalog (kill matrix)")
+    run.add_argument("--json", default="conformance-report.json", help="JSON report path")
+    run.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""pytest plugin of the kit: options, markers, session worlds, parametrization.
+
+Registered by the ``pytest11`` entry point (so ``pytest --pyargs conformance``
+works from any directory once the kit is installed) and by the repository's
+root ``conftest.py``.
+
+Options:
+    --runtime       comma list of runtimes to generate tests for (default: all;
+                    use ``-m`` to select). Naming a runtime that cannot run here
+                    is a usage error; unnamed unavailable runtimes are skipped
+                    with the reason.
+    --ddp           comma list of implementations under test (``torch``, ``ref``,
+                    ``mutant:<name>``, ``package.module:Class``); default per
+                    runtime (see ``conformance.runtimes.DEFAULTS``).
+    --world-size    comma list of world sizes (>= 2); default per runtime.
+    --replica-timeout  seconds a task may take on a world (default 120).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .checks import CHECKS
+from .impls import ImplSpecError, parse_impls
+from .runtimes import DEFAULTS, RUNTIMES, RuntimeUnavailable, get_runtime
+from .tolerances import MIN_WORLD_SIZE
+
+_KILLS = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("conformance", "DDP conformance kit")
+    g.addoption("--runtime", default=None, help="comma list of runtimes: " + ", ".join(RUNTIMES))
+    g.addoption("--ddp", default=None, help="comma list of DDP implementations under test")
+    g.addoption("--world-size", default=None, help="comma list of world sizes (>= 2)")
+    g.addoption("--replica-timeout", type=float, default=None,
+                help="seconds one task may take on a world (default 120)")
+
+
+def pytest_configure(config):
+    for name, text in [("cpu", "runs on the CPU runtime (gloo)"),
+                       ("pjrt", "runs on the PJRT runtime (torch_xla)"),
+                       ("xrt", "XRT runtime (legacy torch_xla <= 2.0)"),
+                       ("slow", "long-running (large world sizes)")]:
+        config.addinivalue_line("markers", f"{name}: {text}")
+    config.stash[_KILLS] = []
+    _validate(config)
+
+
+def _split(value):
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _validate(config):
+    """Turn bad options into one-line usage errors (pytest exits with code 4)."""
+    rt = config.getoption("--runtime")
+    if rt is not None:
+        for name in _split(rt):
+            if name not in RUNTIMES:
+                raise pytest.UsageError(f"--runtime: unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
+            try:
+                get_runtime(name).check(MIN_WORLD_SIZE)
+            except RuntimeUnavailable as exc:
+                raise pytest.UsageError(f"--runtime {name}: {exc}") from None
+    ws = config.getoption("--world-size")
+    if ws is not None:
+        try:
+            sizes = [int(w) for w in _split(ws)]
+        except ValueError:
+            raise pytest.UsageError(f"--world-size: not a comma list of integers: {ws!r}") from None
+        if not sizes or min(sizes) < MIN_WORLD_SIZE:
+            raise pytest.UsageError(f"--world-size: parity checks need world size >= {MIN_WORLD_SIZE}, got {ws!r}")
+        for name in _split(rt) if rt else []:
+            for w in sizes:
+                try:
+                    get_runtime(name).check(w)
+                except RuntimeUnavailable as exc:
+                    raise pytest.UsageError(f"--world-size {w}: {exc}") from None
+    ddp = config.getoption("--ddp")
+    if ddp is not None:
+        try:
+            parse_impls(ddp)
+        except ImplSpecError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    if config.getoption("--replica-timeout"):
+        os.environ["CONFORMANCE_TIMEOUT"] = str(config.getoption("--replica-timeout"))
+
+
+def runtime_worlds(config):
+    """``[(runtime, world_size, marks)]`` to generate tests for."""
+    rt = config.getoption("--runtime")
+    ws = config.getoption("--world-size")
+    out = []
+    for name in (_split(rt) if rt else list(RUNTIMES)):
+        d = DEFAULTS[name]
+        sizes = [(int(w), False) for w in _split(ws)] if ws else (
+            [(w, False) for w in d["world_sizes"]] + [(w, True) for w in d.get("slow_world_sizes", ())])
+        for w, slow in sizes:
+            marks = [getattr(pytest.mark, name)] + ([pytest.mark.slow] if slow else [])
+            out.append((name, w, marks))
+    return out
+
+
+def impls_for(config, runtime):
+    ddp = config.getoption("--ddp")
+    return _split(ddp) if ddp else list(DEFAULTS[runtime]["impls"])
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrize tests that ask for ``runtime_world`` (and ``impl``)."""
+    names = metafunc.fixturenames
+    if "runtime_world" not in names:
+        return
+    with_impl = "impl" in names
+    params = []
+    for runtime, w, marks in runtime_worlds(metafunc.config):
+        if with_impl:
+            params += [pytest.param((runtime, w), impl, marks=marks, id=f"{impl}-{runtime}-w{w}")
+                       for impl in impls_for(metafunc.config, runtime)]
+        else:
+            params.append(pytest.param((runtime, w), marks=marks, id=f"{runtime}-w{w}"))
+    metafunc.parametrize("runtime_world,impl" if with_impl else "runtime_world", params)
+
+
+@pytest.fixture(scope="session")
+def world_pool():
+    from .world import WorldPool
+    pool = WorldPool()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def runner(world_pool):
+    from .runner import Runner
+    return Runner(world_pool)
+
+
+@pytest.fixture
+def world(runtime_world, world_pool):
+    """The session's persistent world for this test's (runtime, world size); skips
+    with the runtime's reason when it cannot run here."""
+    runtime, w = runtime_world
+    try:
+        get_runtime(runtime).check(w)
+    except RuntimeUnavailable as exc:
+        pytest.skip(f"unsupported: {exc}")
+    return world_pool.get(runtime, w)
+
+
+@pytest.fixture
+def kill_log(request):
+    """List the mutant tests append ``(runtime, world_size, mutant, verdicts)`` to."""
+    return request.config.stash[_KILLS]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    rows = config.stash.get(_KILLS, [])
+    if not rows:
+        return
+    from .report import kill_matrix_text
+    terminalreporter.section("mutant kill matrix")
+    terminalreporter.write_line(kill_matrix_text(rows, list(CHECKS)))

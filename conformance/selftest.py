@@ -1,0 +1,20 @@
+"""Mutant self-test: run every mutant through every check on every model."""
+from __future__ import annotations
+
+from fixtures.models import MODELS
+
+from .mutants import MUTANTS
+
+
+def mutant_verdicts(runner, runtime: str, world_size: int, mutant: str, models=None) -> list:
+    """All verdicts of ``mutant:<mutant>`` over ``models`` (default: every model)."""
+    out = []
+    for model in models or list(MODELS):
+        out += list(runner.verdicts(runtime, world_size, f"mutant:{mutant}", model).values())
+    return out
+
+
+def kill_rows(runner, runtime: str, world_size: int, mutants=None, models=None) -> list[tuple]:
+    """``[(runtime, world_size, mutant, verdicts)]`` for the kill matrix."""
+    return [(runtime, world_size, m, mutant_verdicts(runner, runtime, world_size, m, models))
+            for m in (mutants or list(MUTANTS))]

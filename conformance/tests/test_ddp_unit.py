@@ -1,0 +1,112 @@
+"""Unit tests of the reference DDP's semantics against a recording fake of the
+collective interface (no runtime needed)."""
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_impl import DistributedDataParallel
+
+pytestmark = pytest.mark.cpu
+
+
+class RecordingCollectives:
+    """Two-replica world where the other replica always holds ``other`` times ours."""
+
+    rank, world_size = 0, 2
+
+    def __init__(self, other=3.0):
+        self.other, self.calls = other, []
+
+    def all_reduce_(self, t, *, scale=1.0):
+        self.calls.append(("all_reduce", tuple(t.shape), scale))
+        return t.mul_((1 + self.other) * scale)
+
+    def broadcast_(self, t, src=0):
+        self.calls.append(("broadcast", tuple(t.shape), src))
+        return t
+
+    def all_gather(self, t):
+        return [t, t * self.other]
+
+    def barrier(self):
+        pass
+
+
+def make(**kw):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    coll = RecordingCollectives()
+    return DistributedDataParallel(net, collectives=coll, **kw), coll
+
+
+def test_construction_broadcasts_every_parameter_and_buffer():
+    ddp, coll = make()
+    n = len(list(ddp.module.parameters())) + len(list(ddp.module.buffers()))
+    assert [c[0] for c in coll.calls] == ["broadcast"] * n
+    assert all(c[2] == 0 for c in coll.calls)
+
+
+def test_gradients_are_all_reduced_to_the_mean():
+    ddp, coll = make(broadcast_buffers=False)
+    coll.calls.clear()
+    x = torch.randn(5, 3)
+    ddp(x).sum().backward()
+    reduces = [c for c in coll.calls if c[0] == "all_reduce"]
+    assert len(reduces) == len(list(ddp.module.parameters()))
+    assert {c[2] for c in reduces} == {0.5}
+    # the fake's other replica holds 3x our gradient: the mean is 2x ours
+    ref = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    ref.load_state_dict(ddp.module.state_dict())
+    ref(x).sum().backward()
+    for p, q in zip(ddp.module.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, 2 * q.grad)
+
+
+def test_buffers_broadcast_before_synced_forward_only():
+    ddp, coll = make()
+    nbuf = len(list(ddp.module.buffers()))
+    coll.calls.clear()
+    ddp(torch.randn(4, 3))
+    assert sum(c[0] == "broadcast" for c in coll.calls) == nbuf
+    coll.calls.clear()
+    with torch.no_grad():
+        ddp(torch.randn(4, 3))
+    with ddp.no_sync():
+        ddp(torch.randn(4, 3))
+    assert coll.calls == []  # upstream: no buffer sync without grad or inside no_sync
+
+
+def test_no_sync_accumulates_then_reduces_once():
+    ddp, coll = make(broadcast_buffers=False)
+    coll.calls.clear()
+    with ddp.no_sync():
+        ddp(torch.randn(4, 3)).sum().backward()
+    assert coll.calls == []
+    ddp(torch.randn(4, 3)).sum().backward()
+    assert len(coll.calls) == len(list(ddp.module.parameters()))
+
+
+def test_ignored_kwargs_are_named_in_one_warning():
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        ddp, _ = make(bucket_cap_mb=1, find_unused_parameters=True)
+    msgs = [str(w.message) for w in rec if issubclass(w.category, UserWarning)]
+    assert len(msgs) == 1 and "bucket_cap_mb=1" in msgs[0] and "find_unused_parameters=True" in msgs[0]
+    assert ddp.ignored_kwargs == {"bucket_cap_mb": 1, "find_unused_parameters": True}
+
+
+def test_unknown_kwarg_is_a_type_error():
+    with pytest.raises(TypeError, match="bucket_size"):
+        make(bucket_size=3)
+
+
+def test_collectives_and_process_group_are_exclusive():
+    with pytest.raises(TypeError, match="not both"):
+        DistributedDataParallel(nn.Linear(2, 2), collectives=RecordingCollectives(), process_group=object())
+
+
+def test_without_runtime_a_clear_error():
+    with pytest.raises(RuntimeError, match="not initialised"):
+        DistributedDataParallel(nn.Linear(2, 2))

@@ -1,0 +1,110 @@
+"""The persistent world never hangs and never leaves orphans: failures are
+bounded, named, and carry the replica's traceback, stacks or log."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conformance.tasks import all_reduce_value, fail_on
+from conformance.world import ReplicaDied, ReplicaFailed, ReplicaTimeout, World
+
+pytestmark = pytest.mark.cpu
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purpose.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone(pids, within=10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def fresh_world():
+    w = World("cpu", 2, timeout=30)
+    yield w
+    w.close()
+    assert _gone(w.pids())
+
+
+def test_results_by_ordinal(fresh_world):
+    assert fresh_world.run(all_reduce_value, values=[[1.0, 2.0], [10.0, 20.0]]) == [[11.0, 22.0]] * 2
+
+
+def test_replica_exception_reports_traceback(fresh_world):
+    with pytest.raises(ReplicaFailed, match="(?s)replica 1 raised.*ValueError: boom from replica 1"):
+        fresh_world.run(fail_on, rank=1, how="raise")
+    assert fresh_world.broken and _gone(fresh_world.pids())
+
+
+def test_stuck_replica_times_out_with_stack(fresh_world):
+    t0 = time.monotonic()
+    with pytest.raises(ReplicaTimeout) as err:
+        fresh_world.run(fail_on, timeout=3, rank=0, how="sleep", seconds=60)
+    assert time.monotonic() - t0 < 15
+    assert "fail_on" in str(err.value) and "host 0 stacks" in str(err.value)
+    assert _gone(fresh_world.pids())
+
+
+def test_replica_stuck_in_collective_times_out(fresh_world):
+    with pytest.raises(ReplicaTimeout, match="(?s)all_reduce"):
+        fresh_world.run(fail_on, timeout=3, rank=1, how="hang_collective")
+
+
+def test_dead_replica_reported_with_exit_code(fresh_world):
+    with pytest.raises(ReplicaDied, match="exited with code 3"):
+        fresh_world.run(fail_on, rank=1, how="exit")
+
+
+def test_pool_replaces_broken_world(world_pool):
+    w = world_pool.get("cpu", 2)
+    with pytest.raises(ReplicaFailed):
+        w.run(fail_on, rank=0, how="raise")
+    w2 = world_pool.get("cpu", 2)
+    assert w2 is not w and w2.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0], [3.0]]
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, time
+    from conformance.world import World
+    from conformance.tasks import fail_on
+    if __name__ == "__main__":
+        w = World("cpu", 2)
+        print(" ".join(map(str, w.pids())), flush=True)
+        w.run(fail_on, rank=0, how="sleep", seconds=600)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_no_orphans_when_parent_interrupted_or_killed(tmp_path, sig):
+    script = tmp_path / "parent.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        time.sleep(1.0)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        assert _gone(pids, within=15), "replica processes outlived their parent"
+    finally:
+        proc.kill()
+        proc.wait()
