@@ -69,15 +69,16 @@ class Check:
     """One row of the check table.
 
     ``series(replicas, ref) -> (actual [R, S, N], expected [S, N] or [R, S, N])``
-    picks the compared quantity; ``applies(model_spec)`` says whether the check
-    is meaningful for a model (else it is not generated); ``tol(t) -> (atol, rtol)``.
+    picks the compared quantity; ``applies(model_spec, run_spec)`` says whether
+    the check is meaningful for a run (else it is not generated);
+    ``tol(t) -> (atol, rtol)``.
     """
 
     name: str
     description: str
     series: Callable
     tol: Callable
-    applies: Callable = lambda model: True
+    applies: Callable = lambda model, run: True
     movement: Callable = None  # ref -> float; default: parameter movement
 
 
@@ -89,6 +90,10 @@ def _loss(reps, ref):
     # The loss the DDP minimises is the mean of the replicas' local losses.
     mean = np.mean([r["losses"] for r in reps], axis=0)
     return mean[None, :, None], ref["losses"][:, None]
+
+
+def _optim(reps, ref):
+    return np.stack([r["optim"][None] for r in reps]), ref["optim"][None]
 
 
 def _buffers(reps, ref):
@@ -114,8 +119,10 @@ CHECKS = {c.name: c for c in [
           _loss, lambda t: (t.loss_atol, 0.0)),
     Check("buffer_parity", "every replica's buffers equal what upstream DDP semantics give "
           "(rank 0's broadcast before forward, then a local update) after every step",
-          _buffers, lambda t: (t.atol, t.rtol), applies=lambda m: m.batch_coupled,
+          _buffers, lambda t: (t.atol, t.rtol), applies=lambda m, run: m.batch_coupled,
           movement=buffer_movement),
+    Check("optimizer_state", "every replica's final optimizer state (momentum buffers) equals "
+          "the reference's", _optim, lambda t: (t.atol, t.rtol), applies=lambda m, run: run.momentum > 0),
 ]}
 
 

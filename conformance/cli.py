@@ -20,7 +20,7 @@ def _split(v):
 
 
 def _parse_targets(args):
-    from fixtures.models import MODELS
+    from fixtures.models import MODELS, PARITY_MODELS
 
     from .impls import ImplSpecError, parse_impls
     from .runtimes import DEFAULTS, RUNTIMES, RuntimeUnavailable, get_runtime
@@ -33,7 +33,7 @@ def _parse_targets(args):
         raise UsageError(f"--world-size: not a comma list of integers: {args.world_size!r}") from None
     if not sizes or min(sizes) < MIN_WORLD_SIZE:
         raise UsageError(f"--world-size: parity checks need world size >= {MIN_WORLD_SIZE}, got {args.world_size!r}")
-    models = _split(args.models) if args.models else list(MODELS)
+    models = _split(args.models) if args.models else list(PARITY_MODELS)
     for m in models:
         if m not in MODELS:
             raise UsageError(f"--models: unknown model {m!r}; known: {', '.join(MODELS)}")

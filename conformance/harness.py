@@ -32,6 +32,13 @@ class RunSpec:
     seed: int
     dtype: str = "float32"
     broadcast_buffers: bool = True
+    # Feature options (see conformance.features):
+    ddp_kwargs: tuple = ()      # extra DDP keywords as ((name, value), ...)
+    requires: tuple = ()        # keywords/methods the implementation must honour
+    comm_hook: str = ""         # "allreduce": torch's default all-reduce comm hook
+    autocast: str = ""          # "bfloat16": forward under torch.autocast
+    momentum: float = 0.0       # SGD momentum (optimizer state for checkpoints)
+    checkpoint: str = ""        # "ddp" / "module": save+reload mid-run from that state_dict
 
     @classmethod
     def from_table(cls, runtime: str, impl: str, model: str, dtype: str = "float32", **overrides):
@@ -59,31 +66,95 @@ def flat_buffers(module) -> np.ndarray:
     return torch.cat(bufs).numpy() if bufs else np.zeros(0)
 
 
+def unsupported_reason(ddp, impl_name: str, requires) -> str | None:
+    """Why ``ddp`` cannot serve a feature needing ``requires``, or ``None``.
+
+    A keyword counts as unsupported when the implementation reports it in
+    ``ddp.ignored_kwargs`` (the reference DDP does, with a warning); a method
+    (``join``, ``register_comm_hook``, ``no_sync``) when the object lacks it.
+    """
+    ignored = set(getattr(ddp, "ignored_kwargs", None) or ())
+    for need in requires:
+        if need in ignored:
+            return f"{impl_name} ignores constructor argument {need}"
+        if need in ("join", "register_comm_hook", "no_sync") and not callable(getattr(ddp, need, None)):
+            return f"{impl_name} has no {need}()"
+    return None
+
+
+def make_optimizer(params, run: RunSpec):
+    import torch
+    return torch.optim.SGD(params, lr=run.lr, momentum=run.momentum)
+
+
+def flat_optimizer_state(opt) -> np.ndarray:
+    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64."""
+    import torch
+    ts = [v.detach().double().cpu().reshape(-1) for st in opt.state.values()
+          for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+    return torch.cat(ts).numpy() if ts else np.zeros(0)
+
+
+def _autocast(run: RunSpec, device):
+    import contextlib
+
+    import torch
+    if not run.autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, run.autocast))
+
+
+def _wrap(impl, model, ctx, run: RunSpec):
+    from fixtures.models import MODELS
+    kwargs = dict(MODELS[run.model].ddp_kwargs, broadcast_buffers=run.broadcast_buffers)
+    kwargs.update(dict(run.ddp_kwargs))
+    ddp = impl.wrap(model, ctx, kwargs)
+    if run.comm_hook:
+        if callable(getattr(ddp, "register_comm_hook", None)):
+            ddp.register_comm_hook(None, comm_hook(run.comm_hook))
+    return ddp
+
+
+def comm_hook(name: str):
+    """Communication hooks by name (torch's ``ddp_comm_hooks``)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    return {"allreduce": default_hooks.allreduce_hook}[name]
+
+
 def train_replica(ctx, spec: dict) -> dict:
     """World task: train one replica; return its trajectory.
 
     Returns a dict with ``params`` float32 ``[steps+1, P]`` (after DDP
     construction, then after each step), ``losses`` float64 ``[steps]`` (this
-    replica's local mean loss), ``buffers`` float64 ``[steps+1, B]``, and
-    ``shard`` (the shard index trained on).
+    replica's local mean loss), ``buffers`` float64 ``[steps+1, B]``, ``optim``
+    (final optimizer state, float64) and ``shard`` (the shard index trained on);
+    or ``{"unsupported": reason}`` when the implementation cannot serve the run.
+    With ``checkpoint`` set, after step ``steps // 2`` the model and optimizer are
+    saved (``torch.save``), rebuilt from other seeds, reloaded, re-wrapped.
     """
+    import io
+
     import torch
     import torch.nn.functional as F
 
     from fixtures import build_model, global_batch, shard
-    from fixtures.models import MODELS
 
     from .impls import resolve_impl
 
     run = RunSpec(**spec)
     impl = resolve_impl(run.impl)
-    mspec = MODELS[run.model]
-    model = build_model(run.model, seed=run.seed + RANK_SEED_STRIDE * ctx.rank,
-                        perturb_buffers=RANK_BUFFER_OFFSET * ctx.rank)
-    model.to(ctx.device)
-    kwargs = dict(mspec.ddp_kwargs, broadcast_buffers=run.broadcast_buffers)
-    ddp = impl.wrap(model, ctx, kwargs)
-    opt = torch.optim.SGD(ddp.parameters(), lr=run.lr)
+
+    def fresh_model(salt=0):
+        m = build_model(run.model, seed=run.seed + RANK_SEED_STRIDE * ctx.rank + salt,
+                        perturb_buffers=RANK_BUFFER_OFFSET * ctx.rank + salt)
+        return m.to(ctx.device)
+
+    model = fresh_model()
+    ddp = _wrap(impl, model, ctx, run)
+    why = unsupported_reason(ddp, run.impl, run.requires + (("register_comm_hook",) if run.comm_hook else ()))
+    if why:
+        return {"unsupported": why}
+    opt = make_optimizer(ddp.parameters(), run)
     which = impl.shard_rank(ctx)
     params, losses, buffers = [flat_params(model)], [], [flat_buffers(model)]
     for step in range(run.steps):
@@ -91,14 +162,28 @@ def train_replica(ctx, spec: dict) -> dict:
         xs = shard(x, which, ctx.world_size).to(ctx.device)
         ys = shard(y, which, ctx.world_size).to(ctx.device)
         opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(ddp(xs), ys)
+        with _autocast(run, ctx.device):
+            out = ddp(xs)
+        loss = F.mse_loss(out.float(), ys)
         loss.backward()
         if impl.after_backward is not None:
             impl.after_backward(ddp, opt, ctx)
         opt.step()
         ctx.mark_step()
         losses.append(float(loss.detach().cpu()))
+        if run.checkpoint and step == run.steps // 2:
+            blob = io.BytesIO()
+            state = ddp.state_dict() if run.checkpoint == "ddp" else ddp.module.state_dict()
+            torch.save({"model": state, "optim": opt.state_dict()}, blob)
+            blob.seek(0)
+            saved = torch.load(blob, map_location=ctx.device)
+            model = fresh_model(salt=1)
+            torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
+            model.load_state_dict(saved["model"])
+            ddp = _wrap(impl, model, ctx, run)
+            opt = make_optimizer(ddp.parameters(), run)
+            opt.load_state_dict(saved["optim"])
         params.append(flat_params(model))
         buffers.append(flat_buffers(model))
     return {"params": np.stack(params), "losses": np.asarray(losses),
-            "buffers": np.stack(buffers), "shard": which}
+            "buffers": np.stack(buffers), "optim": flat_optimizer_state(opt), "shard": which}

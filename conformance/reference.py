@@ -15,11 +15,12 @@ import functools
 
 import numpy as np
 
-from .harness import RunSpec, flat_buffers, flat_params
+from .harness import RunSpec, flat_buffers, flat_optimizer_state, flat_params
 
 
 @functools.lru_cache(maxsize=32)
-def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers):
+def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers,
+               momentum=0.0, autocast=""):
     import torch
     import torch.nn.functional as F
 
@@ -27,8 +28,15 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
     from fixtures.models import MODELS
 
     coupled = MODELS[model].batch_coupled
+    import contextlib
     net = build_model(model, seed=seed)
-    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+
+    def fwd(inp):
+        ctx = (torch.autocast(device_type="cpu", dtype=getattr(torch, autocast)) if autocast
+               else contextlib.nullcontext())
+        with ctx:
+            return net(inp).float()
     slots = [(m, n) for m in net.modules() for n, b in m._buffers.items() if b is not None]
 
     def bufs():
@@ -46,13 +54,13 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
         x, y = global_batch(model, seed, step, global_batch_size)
         opt.zero_grad(set_to_none=True)
         if not coupled:
-            loss = F.mse_loss(net(x), y)
+            loss = F.mse_loss(fwd(x), y)
             after = rank_bufs
         else:
             loss, after = 0.0, []
             for r in range(world_size):
                 set_bufs(rank_bufs[0] if broadcast_buffers else rank_bufs[r])
-                loss = loss + F.mse_loss(net(shard(x, r, world_size)), shard(y, r, world_size)) / world_size
+                loss = loss + F.mse_loss(fwd(shard(x, r, world_size)), shard(y, r, world_size)) / world_size
                 after.append([b.clone() for b in bufs()])
         loss.backward()
         opt.step()
@@ -64,7 +72,8 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
             set_bufs(rank_bufs[r])
             flat.append(flat_buffers(net))
         buffers.append(np.stack(flat))
-    return {"params": np.stack(params), "losses": np.asarray(losses), "buffers": np.stack(buffers)}
+    return {"params": np.stack(params), "losses": np.asarray(losses), "buffers": np.stack(buffers),
+            "optim": flat_optimizer_state(opt)}
 
 
 def reference_run(spec: RunSpec, world_size: int) -> dict:
@@ -77,7 +86,7 @@ def reference_run(spec: RunSpec, world_size: int) -> dict:
     from fixtures.models import MODELS
     w = world_size if MODELS[spec.model].batch_coupled else 1
     out = _reference(spec.model, spec.lr, spec.steps, spec.global_batch, spec.seed, w,
-                     spec.broadcast_buffers)
+                     spec.broadcast_buffers, spec.momentum, spec.autocast)
     if w != world_size:
         out = dict(out, buffers=np.repeat(out["buffers"], world_size, axis=1))
     return out

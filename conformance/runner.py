@@ -11,10 +11,11 @@ from .tolerances import lookup
 from .world import WorldPool
 
 
-def checks_for(model: str) -> list[str]:
-    """Names of the checks that apply to ``model``."""
+def checks_for(model: str, spec: RunSpec | None = None) -> list[str]:
+    """Names of the checks that apply to ``model`` (run with ``spec``)."""
     from fixtures.models import MODELS
-    return [c.name for c in CHECKS.values() if c.applies(MODELS[model])]
+    spec = spec or RunSpec.from_table("cpu", "ref", model)
+    return [c.name for c in CHECKS.values() if c.applies(MODELS[model], spec)]
 
 
 class Runner:
@@ -39,13 +40,17 @@ class Runner:
     def verdicts(self, runtime: str, world_size: int, impl: str, model: str,
                  dtype: str = "float32", **overrides) -> dict[str, Verdict]:
         row = resolve_impl(impl)
-        names = checks_for(model)
-        why = row.unsupported.get(runtime)
-        if why:
+        spec = RunSpec.from_table(runtime, impl, model, dtype, **overrides)
+        names = checks_for(model, spec)
+
+        def unsupported(why):
             return {n: Verdict(n, impl, runtime, model, world_size, "unsupported", reason=why)
                     for n in names}
-        spec = RunSpec.from_table(runtime, impl, model, dtype, **overrides)
+        if row.unsupported.get(runtime):
+            return unsupported(row.unsupported[runtime])
         reps = self.trajectories(runtime, world_size, spec)
+        if "unsupported" in reps[0]:
+            return unsupported(reps[0]["unsupported"])
         ref = reference_run(spec, world_size)
         tol = lookup(runtime, model, dtype)
         return {n: evaluate(CHECKS[n], reps, ref, tol, impl=impl, runtime=runtime, model=model)

@@ -1,7 +1,7 @@
 """Mutant self-test: run every mutant through every check on every model."""
 from __future__ import annotations
 
-from fixtures.models import MODELS
+from fixtures.models import PARITY_MODELS
 
 from .mutants import MUTANTS
 
@@ -9,7 +9,7 @@ from .mutants import MUTANTS
 def mutant_verdicts(runner, runtime: str, world_size: int, mutant: str, models=None) -> list:
     """All verdicts of ``mutant:<mutant>`` over ``models`` (default: every model)."""
     out = []
-    for model in models or list(MODELS):
+    for model in models or list(PARITY_MODELS):
         out += list(runner.verdicts(runtime, world_size, f"mutant:{mutant}", model).values())
     return out
 

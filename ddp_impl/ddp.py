@@ -12,7 +12,11 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
   that runs with grad enabled outside :meth:`no_sync` (upstream's
   ``require_forward_param_sync``);
 * :meth:`no_sync` lets gradients accumulate locally; the first backward after it
-  reduces the accumulated gradients.
+  reduces the accumulated gradients;
+* ``find_unused_parameters=True`` defers the reduction to the end of backward,
+  all-reduces a "used" mask first, leaves the gradient of a parameter no
+  replica used untouched (``None``) and reduces a locally unused one as zeros
+  (upstream's semantics for globally vs locally unused parameters).
 
 The class is written against :class:`ddp_impl.collectives.Collectives`, so the
 same code runs on torch.distributed (gloo) and on torch_xla (PJRT). Overridable
@@ -32,7 +36,7 @@ from .collectives import Collectives, TorchDistributedCollectives, default_colle
 # Keywords of torch.nn.parallel.DistributedDataParallel that this class accepts
 # for drop-in use but does not implement.
 IGNORED_TORCH_DDP_KWARGS = frozenset({
-    "device_ids", "output_device", "dim", "bucket_cap_mb", "find_unused_parameters",
+    "device_ids", "output_device", "dim", "bucket_cap_mb",
     "check_reduction", "gradient_as_bucket_view", "static_graph",
     "delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision",
     "device_mesh", "init_sync", "skip_all_reduce_unused_params",
@@ -48,6 +52,8 @@ class DistributedDataParallel(nn.Module):
             :func:`ddp_impl.collectives.default_collectives`).
         broadcast_buffers: broadcast buffers from rank 0 before each synced
             forward (default ``True``, as upstream).
+        find_unused_parameters: tolerate parameters unused on some or all
+            replicas (see the module docstring); costs one extra all-reduce.
         process_group: a torch.distributed group; shorthand for
             ``collectives=TorchDistributedCollectives(process_group)``.
         **kwargs: other ``torch.nn.parallel.DistributedDataParallel`` keywords are
@@ -60,7 +66,8 @@ class DistributedDataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, *, collectives: Collectives | None = None,
-                 broadcast_buffers: bool = True, process_group=None, **kwargs):
+                 broadcast_buffers: bool = True, process_group=None,
+                 find_unused_parameters: bool = False, **kwargs):
         super().__init__()
         unknown = sorted(set(kwargs) - IGNORED_TORCH_DDP_KWARGS)
         if unknown:
@@ -78,7 +85,10 @@ class DistributedDataParallel(nn.Module):
         self.module = module
         self.collectives = collectives
         self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
         self.ignored_kwargs = dict(kwargs)
+        self._ready: set[int] = set()
+        self._finalize_queued = False
         self.require_backward_grad_sync = True
         self._sync_module_states()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -108,8 +118,31 @@ class DistributedDataParallel(nn.Module):
 
     # --- nn.Module / DDP API --------------------------------------------
     def _on_grad_ready(self, param: nn.Parameter) -> None:
-        if self.require_backward_grad_sync and param.grad is not None:
+        if not self.require_backward_grad_sync or param.grad is None:
+            return
+        if not self.find_unused_parameters:
             self._reduce_grad(param)
+            return
+        self._ready.add(id(param))
+        if not self._finalize_queued:
+            self._finalize_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+
+    @torch.no_grad()
+    def _finalize_backward(self) -> None:
+        """End of backward with ``find_unused_parameters``: reduce in a fixed order."""
+        self._finalize_queued = False
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        used = torch.tensor([float(id(p) in self._ready) for p in params])
+        self._ready.clear()
+        device = params[0].device if params else used.device
+        used = self.collectives.all_reduce_(used.to(device)).cpu()
+        for p, count in zip(params, used.tolist()):
+            if count == 0:
+                continue  # globally unused: gradient untouched
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self._reduce_grad(p)
 
     def forward(self, *args, **kwargs):
         if (self.broadcast_buffers and torch.is_grad_enabled()

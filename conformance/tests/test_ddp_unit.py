@@ -91,10 +91,10 @@ def test_no_sync_accumulates_then_reduces_once():
 def test_ignored_kwargs_are_named_in_one_warning():
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        ddp, _ = make(bucket_cap_mb=1, find_unused_parameters=True)
+        ddp, _ = make(bucket_cap_mb=1, static_graph=True)
     msgs = [str(w.message) for w in rec if issubclass(w.category, UserWarning)]
-    assert len(msgs) == 1 and "bucket_cap_mb=1" in msgs[0] and "find_unused_parameters=True" in msgs[0]
-    assert ddp.ignored_kwargs == {"bucket_cap_mb": 1, "find_unused_parameters": True}
+    assert len(msgs) == 1 and "bucket_cap_mb=1" in msgs[0] and "static_graph=True" in msgs[0]
+    assert ddp.ignored_kwargs == {"bucket_cap_mb": 1, "static_graph": True}
 
 
 def test_unknown_kwarg_is_a_type_error():
