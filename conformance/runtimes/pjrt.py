@@ -1,0 +1,202 @@
+"""PJRT runtime (torch_xla) on the CPU device: one host process x W replica threads.
+
+This is the TPU v2/v3 shape: one process drives W devices, one Python thread
+each (as ``torch_xla._internal.pjrt.run_multiprocess`` /
+``_run_thread_per_device`` do). The World starts one host process with
+``PJRT_DEVICE=CPU CPU_NUM_DEVICES=W`` and a large ``XLA_THREAD_POOL_SIZE``
+(:func:`ddp_impl.xla.cpu_env`); :meth:`PjrtRuntime.setup_host` sets replication
+over the W devices in the host's main thread (as torch_xla's
+``initialize_multiprocess``), then starts W *persistent* replica threads. Thread
+``i`` makes ``xla:i`` its default device (``_xla_set_default_device`` is
+thread-local, so torch_xla's ordinal queries answer ``i`` in it), pins its
+:class:`ddp_impl.ranks.RankBindings` with ``bind_thread`` and keeps its
+:class:`ddp_impl.xla.XlaCollectives`. Every task runs in those same threads, so
+a replica always sees the same device, bindings and compile cache.
+
+``ctx.mark_step`` is :func:`ddp_impl.xla.mark_step` - the deadlock-free step
+sync of ``/work/shared/PJRT_CPU_NOTES.md``. Tasks must call it after each
+optimizer step and before reading back (``.cpu()``) anything computed from a
+collective; the adapter calls it once more after every successful task so no
+pending graph leaks into the next task.
+
+XLA aborts the process when a collective times out (``Termination timeout for
+all reduce``); that kills only the host, and the World reports ``ReplicaDied``
+with the log tail (replica tracebacks are also written to the log at once).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+
+from .base import ReplicaContext, Runtime, RuntimeUnavailable
+
+# After one replica raised, how long the others get to finish before the task is
+# reported as failed (they may be blocked in a collective the failed one left;
+# below XLA's own ~10 s collective termination timeout so the traceback wins).
+FAILURE_GRACE_S = 5.0
+# Bound on one task inside the host; the World's own (smaller, by default)
+# timeout normally fires first and kills the host with its stacks.
+TASK_TIMEOUT_S = float(os.environ.get("CONFORMANCE_TIMEOUT", 120)) * 2
+# Bound on the start-up self-test collective (includes one compilation).
+STARTUP_TIMEOUT_S = 120.0
+
+_STOP = object()
+
+
+class _ReplicaThread:
+    """A persistent thread bound to one XLA device that runs tasks on request."""
+
+    def __init__(self, device: str, world_size: int):
+        self.device = device
+        self.world_size = world_size
+        self.inbox: queue.Queue = queue.Queue()
+        self.outbox: queue.Queue = queue.Queue()
+        self.ctx: ReplicaContext | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True, name=f"replica-{device}")
+        self.thread.start()
+
+    def _bind(self):
+        import torch
+        import torch_xla
+        from ddp_impl import ranks, xla
+        torch_xla._XLAC._xla_set_default_device(self.device)
+        bindings = xla.pjrt_bindings()
+        if bindings.world_size != self.world_size:
+            raise RuntimeError(f"{self.device}: torch_xla reports world size {bindings.world_size}, "
+                               f"expected {self.world_size}")
+        ranks.bind_thread(bindings)
+        dev = torch.device(self.device)
+        self.ctx = ReplicaContext(
+            runtime="pjrt", rank=bindings.global_ordinal, world_size=bindings.world_size,
+            device=dev, collectives=xla.XlaCollectives(dev, bindings), bindings=bindings,
+            mark_step=lambda: xla.mark_step(dev),
+            extra={"thread": threading.current_thread().name,
+                   "torch_xla_version": torch_xla.__version__})
+
+    def _main(self):
+        try:
+            self._bind()
+            self.outbox.put((True, self.ctx.rank))
+        except BaseException:
+            self.outbox.put((False, traceback.format_exc()))
+            return
+        while True:
+            item = self.inbox.get()
+            if item is _STOP:
+                return
+            fn, payload, reply = item
+            try:
+                value = fn(self.ctx, **payload)
+                self.ctx.mark_step()  # flush leftovers so the next task starts clean
+                reply.put((self.ctx.rank, True, value))
+            except BaseException:
+                tb = traceback.format_exc()
+                print(f"--- replica {self.ctx.rank} ({self.device}) raised:\n{tb}",
+                      file=sys.stderr, flush=True)
+                reply.put((self.ctx.rank, False, tb))
+
+
+def _self_test(ctx):
+    """A tiny all-reduce on every replica: fails fast if collectives cannot meet."""
+    import torch
+    t = torch.full((2,), float(ctx.rank + 1)).to(ctx.device)
+    ctx.collectives.all_reduce_(t)
+    ctx.mark_step()
+    want = ctx.world_size * (ctx.world_size + 1) / 2
+    got = t.cpu().tolist()
+    if got != [want, want]:
+        raise RuntimeError(f"start-up all_reduce on replica {ctx.rank} gave {got}, expected {want}")
+    return got
+
+
+class PjrtRuntime(Runtime):
+    """torch_xla PJRT on the CPU device: one host, W replicas as threads."""
+
+    name = "pjrt"
+    max_world_size = 16  # the notes measured up to 16 CPU replicas
+
+    def check(self, world_size):
+        super().check(world_size)
+        from ddp_impl.xla import torch_xla_problem
+        problem = torch_xla_problem()
+        if problem:
+            raise RuntimeUnavailable(problem)
+
+    def host_envs(self, world_size):
+        from ddp_impl.xla import cpu_env
+        env = cpu_env(world_size)
+        # The replica threads' own CPU torch ops (data, sharding) run one
+        # intra-op thread each, so W threads do not oversubscribe a small
+        # machine; XLA:CPU uses its own pools.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return [env]
+
+    def setup_host(self, host, world_size, workdir):
+        if host != 0:
+            raise RuntimeError(f"the PJRT CPU runtime has one host, got host {host}")
+        from ddp_impl import xla
+        torch_xla = xla.require_torch_xla()
+        import torch_xla.core.xla_model as xm
+        # Initialises the XLA runtime before any task runs: a CPU autograd
+        # backward before that breaks later XLA backwards (the notes).
+        devices = xm.get_xla_supported_devices()
+        if len(devices) != world_size:
+            raise RuntimeError(f"PJRT CPU exposes {len(devices)} device(s) "
+                               f"(CPU_NUM_DEVICES={os.environ.get('CPU_NUM_DEVICES')}), "
+                               f"expected {world_size}")
+        # As torch_xla._internal.pjrt.initialize_multiprocess: replicate over all.
+        xm.set_replication(torch_xla.device(), devices)
+        threads = [_ReplicaThread(d, world_size) for d in devices]
+        self._threads = threads
+        errors = []
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for t in threads:
+            try:
+                ok, value = t.outbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                ok, value = False, f"did not bind within {STARTUP_TIMEOUT_S:.0f} s"
+            if not ok:
+                errors.append(f"--- {t.device}:\n{value}")
+        if errors:
+            raise RuntimeError("PJRT replica threads failed to start:\n" + "\n".join(errors))
+        replicas = sorted((t.ctx for t in threads), key=lambda c: c.rank)
+        if [c.rank for c in replicas] != list(range(world_size)):
+            raise RuntimeError(f"PJRT replica ordinals {[c.rank for c in replicas]} are not 0..{world_size - 1}")
+        for rank, ok, value in self.execute(replicas, _self_test, {}, timeout=STARTUP_TIMEOUT_S):
+            if not ok:
+                raise RuntimeError(f"PJRT start-up collective failed on replica {rank}:\n{value}")
+        return replicas
+
+    def execute(self, replicas, fn, payload, timeout=None):
+        by_rank = {t.ctx.rank: t for t in self._threads}
+        reply: queue.Queue = queue.Queue()  # fresh per task: no stale answers
+        for c in replicas:
+            by_rank[c.rank].inbox.put((fn, payload, reply))
+        limit = timeout or TASK_TIMEOUT_S
+        deadline = time.monotonic() + limit
+        results = {}
+        while len(results) < len(replicas):
+            try:
+                rank, ok, value = reply.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                failed = sorted(r for r, (ok, _) in results.items() if not ok)
+                why = (f"did not finish within {FAILURE_GRACE_S:.0f} s after replica(s) {failed} raised"
+                       if failed else f"did not finish within {limit:.0f} s")
+                for c in replicas:
+                    if c.rank not in results:
+                        results[c.rank] = (False, f"replica {c.rank} ({c.device}) {why}")
+                break
+            results[rank] = (ok, value)
+            if not ok:
+                deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+        return [(c.rank, *results[c.rank]) for c in replicas]
+
+    def teardown_host(self, replicas):
+        for t in getattr(self, "_threads", []):
+            t.inbox.put(_STOP)
+        for t in getattr(self, "_threads", []):
+            t.thread.join(5.0)
