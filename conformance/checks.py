@@ -133,9 +133,15 @@ def evaluate(check: Check, replicas: list, ref: dict, tol: Tolerance, *, impl: s
     atol, rtol = check.tol(tol)
     actual, expected = check.series(replicas, ref)
     actual = actual.astype(np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.shape[-1] != expected.shape[-1]:
+        return Verdict(check.name, impl, runtime, model, w, "fail", atol=check.tol(tol)[0],
+                       reason=f"replicas report {actual.shape[-1]} values, the reference "
+                              f"{expected.shape[-1]}: the module's parameters/buffers changed shape")
     expected = np.broadcast_to(np.asarray(expected, dtype=np.float64), actual.shape)
     diff = np.abs(actual - expected)
-    bound = atol + rtol * np.abs(expected)
+    diff[np.isnan(actual) & np.isnan(expected)] = 0.0  # both absent (e.g. grad None): equal
+    bound = atol + rtol * np.nan_to_num(np.abs(expected))
     bad_elem = ~(diff <= bound)  # NaN counts as bad
     per_step = [float(x) for x in np.nanmax(np.where(np.isnan(diff), np.inf, diff), axis=(0, 2))]
     max_dev = max(per_step) if per_step else float("nan")
@@ -149,7 +155,7 @@ def evaluate(check: Check, replicas: list, ref: dict, tol: Tolerance, *, impl: s
         v.reason = f"{int(bad_elem.sum())} element(s) outside atol+rtol*|ref| in {len(bad_steps)} step(s)"
     elif w < MIN_WORLD_SIZE:
         v.status, v.reason = "vacuous", f"world size {w} < {MIN_WORLD_SIZE}: nothing is synchronised"
-    elif not moved >= VACUITY_FACTOR * atol:
+    elif not (moved > 0 and moved >= VACUITY_FACTOR * atol):
         v.status = "vacuous"
         v.reason = (f"{'buffers' if check.movement else 'parameters'} moved {moved:.3g} < {VACUITY_FACTOR:g} x atol "
                     f"({VACUITY_FACTOR * atol:.3g}): the comparison cannot fail")

@@ -39,6 +39,7 @@ class RunSpec:
     autocast: str = ""          # "bfloat16": forward under torch.autocast
     momentum: float = 0.0       # SGD momentum (optimizer state for checkpoints)
     checkpoint: str = ""        # "ddp" / "module": save+reload mid-run from that state_dict
+    sync_bn: bool = False       # convert BatchNorm to the implementation's SyncBatchNorm
 
     @classmethod
     def from_table(cls, runtime: str, impl: str, model: str, dtype: str = "float32", **overrides):
@@ -146,11 +147,20 @@ def train_replica(ctx, spec: dict) -> dict:
 
     def fresh_model(salt=0):
         m = build_model(run.model, seed=run.seed + RANK_SEED_STRIDE * ctx.rank + salt,
-                        perturb_buffers=RANK_BUFFER_OFFSET * ctx.rank + salt)
-        return m.to(ctx.device)
+                        perturb_buffers=RANK_BUFFER_OFFSET * ctx.rank + salt).to(ctx.device)
+        if run.sync_bn:
+            m = impl.sync_batchnorm(m, ctx)
+        return m
 
+    if run.sync_bn and impl.sync_batchnorm is None:
+        return {"unsupported": f"{run.impl} has no SyncBatchNorm"}
     model = fresh_model()
-    ddp = _wrap(impl, model, ctx, run)
+    try:
+        ddp = _wrap(impl, model, ctx, run)
+    except ValueError as exc:
+        if run.sync_bn and "SyncBatchNorm" in str(exc):  # torch's refuses CPU modules
+            return {"unsupported": f"{type(exc).__name__}: {exc}"}
+        raise
     why = unsupported_reason(ddp, run.impl, run.requires + (("register_comm_hook",) if run.comm_hook else ()))
     if why:
         return {"unsupported": why}
@@ -162,8 +172,13 @@ def train_replica(ctx, spec: dict) -> dict:
         xs = shard(x, which, ctx.world_size).to(ctx.device)
         ys = shard(y, which, ctx.world_size).to(ctx.device)
         opt.zero_grad(set_to_none=True)
-        with _autocast(run, ctx.device):
-            out = ddp(xs)
+        try:
+            with _autocast(run, ctx.device):
+                out = ddp(xs)
+        except ValueError as exc:
+            if run.sync_bn and step == 0 and "SyncBatchNorm" in str(exc):
+                return {"unsupported": f"{type(exc).__name__}: {exc}"}  # e.g. torch's on CPU
+            raise
         loss = F.mse_loss(out.float(), ys)
         loss.backward()
         if impl.after_backward is not None:
@@ -171,6 +186,8 @@ def train_replica(ctx, spec: dict) -> dict:
         opt.step()
         ctx.mark_step()
         losses.append(float(loss.detach().cpu()))
+        params.append(flat_params(model))
+        buffers.append(flat_buffers(model))
         if run.checkpoint and step == run.steps // 2:
             blob = io.BytesIO()
             state = ddp.state_dict() if run.checkpoint == "ddp" else ddp.module.state_dict()
@@ -183,7 +200,5 @@ def train_replica(ctx, spec: dict) -> dict:
             ddp = _wrap(impl, model, ctx, run)
             opt = make_optimizer(ddp.parameters(), run)
             opt.load_state_dict(saved["optim"])
-        params.append(flat_params(model))
-        buffers.append(flat_buffers(model))
     return {"params": np.stack(params), "losses": np.asarray(losses),
             "buffers": np.stack(buffers), "optim": flat_optimizer_state(opt), "shard": which}

@@ -35,6 +35,8 @@ class Impl:
         shard_rank: which shard of the global batch a replica trains on
             (the replica's global ordinal; mutants may break this).
         mutant: True for the deliberately broken implementations.
+        sync_batchnorm: ``f(module, ctx) -> module`` converting BatchNorm layers to
+            the implementation's SyncBatchNorm (``None``: it has none).
     """
 
     name: str
@@ -44,6 +46,7 @@ class Impl:
     unsupported: dict = field(default_factory=dict)
     shard_rank: Callable = _replica_rank
     mutant: bool = False
+    sync_batchnorm: Callable | None = None
 
 
 def _wrap_torch(module, ctx, kwargs):
@@ -56,6 +59,16 @@ def _wrap_ref(module, ctx, kwargs):
     return ddp_impl.DistributedDataParallel(module, collectives=ctx.collectives, **kwargs)
 
 
+def _torch_sync_bn(module, ctx):
+    import torch
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+
+def _ref_sync_bn(module, ctx):
+    from ddp_impl.sync_batchnorm import SyncBatchNorm
+    return SyncBatchNorm.convert_sync_batchnorm(module, ctx.collectives)
+
+
 def _user_wrapper(cls):
     def wrap(module, ctx, kwargs):
         return cls(module, **kwargs)
@@ -63,8 +76,10 @@ def _user_wrapper(cls):
 
 
 IMPLS = {i.name: i for i in [
-    Impl("torch", "torch.nn.parallel.DistributedDataParallel", _wrap_torch),
-    Impl("ref", "ddp_impl.DistributedDataParallel (per-parameter all-reduce hooks)", _wrap_ref),
+    Impl("torch", "torch.nn.parallel.DistributedDataParallel", _wrap_torch,
+         sync_batchnorm=_torch_sync_bn),
+    Impl("ref", "ddp_impl.DistributedDataParallel (per-parameter all-reduce hooks)", _wrap_ref,
+         sync_batchnorm=_ref_sync_bn),
 ]}
 
 

@@ -79,17 +79,216 @@ class StaleGradient(RefDDP):
         param._stale_grad = fresh
 
 
+class ClipLocalGrad(RefDDP):
+    """Each replica clips its *local* gradient to total norm 1.0 before the
+    all-reduce (the real bug of clipping local instead of global gradients:
+    the update is no longer linear in the loss)."""
+
+    max_norm = 1.0
+
+    def _reduce_grad(self, param):
+        pending = self.__dict__.setdefault("_clip_pending", [])
+        if not pending:  # the local norm is known only when backward is done
+            torch.autograd.Variable._execution_engine.queue_callback(self._clip_then_reduce)
+        pending.append(param)
+
+    @torch.no_grad()
+    def _clip_then_reduce(self):
+        order = {id(p): i for i, p in enumerate(self.module.parameters())}
+        pending = sorted(self.__dict__.pop("_clip_pending"), key=lambda p: order[id(p)])
+        torch.nn.utils.clip_grad_norm_(pending, self.max_norm)
+        for p in pending:
+            super()._reduce_grad(p)
+
+
+class BuffersAlwaysBroadcast(RefDDP):
+    """``broadcast_buffers=False`` is accepted but buffers are broadcast anyway."""
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            self._sync_buffers()
+        return self.module(*args, **kwargs)
+
+
+class UnusedZeroFilled(RefDDP):
+    """Globally unused parameters get zero gradients instead of staying ``None``."""
+
+    @torch.no_grad()
+    def _finalize_backward(self):
+        super()._finalize_backward()
+        for p in self.module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+
+class UnusedSkipped(RefDDP):
+    """Locally unused parameters are not reduced (replicas that used one keep
+    their local gradient)."""
+
+    @torch.no_grad()
+    def _finalize_backward(self):
+        self._finalize_queued = False
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        used = torch.tensor([float(id(p) in self._ready) for p in params])
+        self._ready.clear()
+        used = self.collectives.all_reduce_(used.to(params[0].device)).cpu()
+        for p, count in zip(params, used.tolist()):
+            if count == self.collectives.world_size:  # bug: only the all-used ones
+                self._reduce_grad(p)
+
+
+class NoSyncIgnored(RefDDP):
+    """``no_sync()`` is a no-op: gradients are all-reduced every micro-step."""
+
+    def no_sync(self):
+        import contextlib
+        return contextlib.nullcontext()
+
+
+class NoSyncSticky(RefDDP):
+    """``no_sync()`` never re-enables synchronisation when the block exits."""
+
+    def no_sync(self):
+        import contextlib
+        self.require_backward_grad_sync = False
+        return contextlib.nullcontext()
+
+
+class DroppedBucket(RefDDP):
+    """Honours ``bucket_cap_mb`` (buckets of parameters in reverse order, as
+    upstream) but never all-reduces bucket 1."""
+
+    def __init__(self, module, *, bucket_cap_mb=25.0, gradient_as_bucket_view=False, **kw):
+        super().__init__(module, **kw)
+        cap, size, bucket = bucket_cap_mb * 2 ** 20, 0, 0
+        self._bucket = {}
+        for p in reversed([p for p in module.parameters() if p.requires_grad]):
+            if size and size + p.numel() * p.element_size() > cap:
+                bucket, size = bucket + 1, 0
+            size += p.numel() * p.element_size()
+            self._bucket[id(p)] = bucket
+
+    def _reduce_grad(self, param):
+        if self._bucket.get(id(param)) != 1:
+            super()._reduce_grad(param)
+
+
+class StaticGraphStale(RefDDP):
+    """Honours ``static_graph`` by caching each parameter's first reduced
+    gradient and replaying it on later steps."""
+
+    def __init__(self, module, *, static_graph=False, **kw):
+        super().__init__(module, **kw)
+        self._cache = {}
+
+    @torch.no_grad()
+    def _reduce_grad(self, param):
+        if id(param) in self._cache:
+            param.grad.copy_(self._cache[id(param)])
+            return
+        super()._reduce_grad(param)
+        self._cache[id(param)] = param.grad.clone()
+
+
+class UnfreezesParams(RefDDP):
+    """Construction sets ``requires_grad=True`` on every parameter (frozen
+    layers then train)."""
+
+    def __init__(self, module, **kw):
+        module.requires_grad_(True)
+        super().__init__(module, **kw)
+
+
+class UntiesSharedWeights(RefDDP):
+    """The construction broadcast writes into fresh tensors per parameter name,
+    breaking weight tying (as loading a state_dict into copies does)."""
+
+    @torch.no_grad()
+    def _sync_module_states(self):
+        for mod in self.module.modules():
+            for name, p in list(mod._parameters.items()):
+                if p is not None:
+                    fresh = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+                    self.collectives.broadcast_(fresh.data, src=0)
+                    mod._parameters[name] = fresh
+        for b in self.module.buffers() if self.broadcast_buffers else ():
+            self.collectives.broadcast_(b, src=0)
+
+
+class StateDictDropsBuffers(RefDDP):
+    """``state_dict()`` leaves out buffers, so a reload starts from fresh ones."""
+
+    def state_dict(self, *args, **kwargs):
+        sd = super().state_dict(*args, **kwargs)
+        names = {"module." + n for n, _ in self.module.named_buffers()}
+        for k in [k for k in sd if k in names]:
+            del sd[k]
+        return sd
+
+
+def _torch_ddp_class():
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel
+
+
+def _sum_hook(state, bucket):
+    import torch.distributed as dist
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _comm_hook_no_divide():
+    class CommHookNoDivide(_torch_ddp_class()):
+        """torch DDP whose registered comm hook all-reduces but forgets to divide."""
+
+        def register_comm_hook(self, state, hook):
+            super().register_comm_hook(state, _sum_hook)
+    return CommHookNoDivide
+
+
+def _join_dropped():
+    import contextlib
+
+    class JoinDropped(_torch_ddp_class()):
+        """torch DDP whose ``join()`` does nothing: a replica with more batches
+        waits forever in an all-reduce nobody else enters."""
+
+        def join(self, *args, **kwargs):
+            return contextlib.nullcontext()
+    return JoinDropped
+
+
+class SyncBNLocalStats(RefDDP):
+    """Converts BatchNorm to SyncBatchNorm but normalises with local statistics."""
+
+
 def _shard_zero(ctx):
     return 0
 
 
+def _local_stats_bn_class():
+    from ddp_impl.sync_batchnorm import SyncBatchNorm
+
+    class LocalStatsBN(SyncBatchNorm):
+        def forward(self, x):  # local statistics, local backward: plain BatchNorm
+            return torch.nn.BatchNorm1d.forward(self, x)
+    return LocalStatsBN
+
+
 @dataclass(frozen=True)
 class Mutant:
+    """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
+    returning one (for torch-DDP-based mutants, built lazily); ``torch_based``
+    ones are constructed without the replica's collectives; ``sync_bn`` is the
+    SyncBatchNorm class the mutant converts BatchNorm layers to."""
+
     name: str
     description: str
-    ddp_class: type
+    ddp_class: object
     killed_by: tuple
     shard_rank: object = None
+    torch_based: bool = False
+    sync_bn: object = None
 
 
 MUTANTS = {m.name: m for m in [
@@ -105,7 +304,30 @@ MUTANTS = {m.name: m for m in [
     Mutant("stale_gradient", StaleGradient.__doc__, StaleGradient, ("param_parity", "loss_parity")),
     Mutant("shard_mixup", "Correct DDP, but every replica trains on shard 0 (rank binding "
            "returns 0).", RefDDP, ("param_parity", "loss_parity"), shard_rank=_shard_zero),
+    Mutant("clip_local_grad", ClipLocalGrad.__doc__, ClipLocalGrad, ("param_parity", "loss_parity")),
+    # Feature mutants: each proves a check of conformance.features can fail.
+    Mutant("buffers_always_broadcast", BuffersAlwaysBroadcast.__doc__, BuffersAlwaysBroadcast,
+           ("broadcast_buffers_off",)),
+    Mutant("unused_zero_filled", UnusedZeroFilled.__doc__, UnusedZeroFilled, ("unused_parameters",)),
+    Mutant("unused_skipped", UnusedSkipped.__doc__, UnusedSkipped, ("unused_parameters",)),
+    Mutant("no_sync_ignored", NoSyncIgnored.__doc__, NoSyncIgnored, ("no_sync",)),
+    Mutant("no_sync_sticky", NoSyncSticky.__doc__, NoSyncSticky, ("no_sync",)),
+    Mutant("dropped_bucket", DroppedBucket.__doc__, DroppedBucket, ("bucket_view",)),
+    Mutant("static_graph_stale", StaticGraphStale.__doc__, StaticGraphStale, ("static_graph",)),
+    Mutant("unfreezes_params", UnfreezesParams.__doc__, UnfreezesParams, ("frozen_params",)),
+    Mutant("unties_shared_weights", UntiesSharedWeights.__doc__, UntiesSharedWeights, ("tied_weights",)),
+    Mutant("state_dict_drops_buffers", StateDictDropsBuffers.__doc__, StateDictDropsBuffers,
+           ("checkpoint_ddp",)),
+    Mutant("comm_hook_no_divide", "torch DDP whose registered comm hook all-reduces but forgets "
+           "to divide.", _comm_hook_no_divide, ("comm_hook",), torch_based=True),
+    Mutant("join_dropped", "torch DDP whose join() does nothing: the replica with more batches "
+           "hangs in an all-reduce.", _join_dropped, ("join",), torch_based=True),
+    Mutant("sync_bn_local_stats", SyncBNLocalStats.__doc__, SyncBNLocalStats, ("sync_batchnorm",),
+           sync_bn=_local_stats_bn_class),
 ]}
+
+# Mutants of the plain parity table; feature mutants are run by their features.
+PARITY_MUTANTS = tuple(MUTANTS)[:10]
 
 
 def mutant_impl(name: str) -> Impl:
@@ -119,6 +341,18 @@ def mutant_impl(name: str) -> Impl:
     m = MUTANTS[name]
 
     def wrap(module, ctx, kwargs):
-        return m.ddp_class(module, collectives=ctx.collectives, **kwargs)
+        cls = m.ddp_class if isinstance(m.ddp_class, type) else m.ddp_class()
+        if m.torch_based:
+            return cls(module, **kwargs)
+        return cls(module, collectives=ctx.collectives, **kwargs)
     extra = {"shard_rank": m.shard_rank} if m.shard_rank else {}
+    if m.sync_bn:
+        extra["sync_batchnorm"] = lambda module, ctx: m.sync_bn().convert_sync_batchnorm(module, ctx.collectives)
+    elif not m.torch_based:
+        extra["sync_batchnorm"] = _ref_sync_bn
     return Impl(f"mutant:{name}", m.description, wrap, mutant=True, **extra)
+
+
+def _ref_sync_bn(module, ctx):
+    from ddp_impl.sync_batchnorm import SyncBatchNorm
+    return SyncBatchNorm.convert_sync_batchnorm(module, ctx.collectives)

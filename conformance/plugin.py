@@ -14,6 +14,14 @@ Options:
                     runtime (see ``conformance.runtimes.DEFAULTS``).
     --world-size    comma list of world sizes (>= 2); default per runtime.
     --replica-timeout  seconds a task may take on a world (default 120).
+
+Hypothesis profiles (property checks, ``conformance/tests/test_properties.py``):
+``ci`` (derandomized, 200 examples per property, no database), ``dev`` (25
+examples; the default), ``thorough`` (2000). Select one with Hypothesis' own
+``--hypothesis-profile`` option (wins) or env ``HYPOTHESIS_PROFILE`` (tox sets
+``ci``). ``dev``/``thorough`` keep their example database under
+``$XDG_CACHE_HOME/ddp-conformance/hypothesis`` (default ``~/.cache``), never in
+the repository.
 """
 from __future__ import annotations
 
@@ -27,6 +35,38 @@ from .runtimes import DEFAULTS, RUNTIMES, RuntimeUnavailable, get_runtime
 from .tolerances import MIN_WORLD_SIZE
 
 _KILLS = pytest.StashKey[list]()
+
+
+def _hypothesis_profiles() -> str | None:
+    """Register the kit's Hypothesis profiles and load the one env
+    ``HYPOTHESIS_PROFILE`` names (else ``dev``, unless Hypothesis already
+    loaded its CI profile). Runs at import, before Hypothesis' own pytest plugin
+    applies ``--hypothesis-profile``. Returns a usage error text or None."""
+    try:
+        from hypothesis import HealthCheck, settings
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        from hypothesis.errors import InvalidArgument
+    except ImportError:  # the test extra is not installed: no property tests
+        return None
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    db = DirectoryBasedExampleDatabase(os.path.join(cache, "ddp-conformance", "hypothesis"))
+    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.register_profile("ci", max_examples=200, derandomize=True, database=None,
+                              print_blob=True, **common)
+    settings.register_profile("dev", max_examples=25, database=db, **common)
+    settings.register_profile("thorough", max_examples=2000, database=db, **common)
+    name = os.environ.get("HYPOTHESIS_PROFILE")
+    try:
+        if name:
+            settings.load_profile(name)
+        elif settings.get_current_profile_name() == "default":
+            settings.load_profile("dev")
+    except InvalidArgument:
+        return f"HYPOTHESIS_PROFILE={name!r}: unknown profile; the kit registers ci, dev, thorough"
+    return None
+
+
+_HYPOTHESIS_PROFILE_ERROR = _hypothesis_profiles()
 
 
 def pytest_addoption(parser):
@@ -54,6 +94,8 @@ def _split(value):
 
 def _validate(config):
     """Turn bad options into one-line usage errors (pytest exits with code 4)."""
+    if _HYPOTHESIS_PROFILE_ERROR:
+        raise pytest.UsageError(_HYPOTHESIS_PROFILE_ERROR)
     rt = config.getoption("--runtime")
     if rt is not None:
         for name in _split(rt):
@@ -161,4 +203,5 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     from .report import kill_matrix_text
     terminalreporter.section("mutant kill matrix")
-    terminalreporter.write_line(kill_matrix_text(rows, list(CHECKS)))
+    names = list(CHECKS) + sorted({v.check.split(".")[-1] for *_, vs in rows for v in vs} - set(CHECKS))
+    terminalreporter.write_line(kill_matrix_text(rows, names))

@@ -15,19 +15,20 @@ import functools
 
 import numpy as np
 
-from .harness import RunSpec, flat_buffers, flat_optimizer_state, flat_params
+from .harness import RANK_BUFFER_OFFSET, RunSpec, flat_buffers, flat_optimizer_state, flat_params
 
 
 @functools.lru_cache(maxsize=32)
 def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers,
-               momentum=0.0, autocast=""):
+               momentum=0.0, autocast="", sync_bn=False):
     import torch
     import torch.nn.functional as F
 
     from fixtures import build_model, global_batch, shard
     from fixtures.models import MODELS
 
-    coupled = MODELS[model].batch_coupled
+    # SyncBatchNorm normalises with global-batch statistics: one global forward.
+    coupled = MODELS[model].batch_coupled and not sync_bn
     import contextlib
     net = build_model(model, seed=seed)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
@@ -47,15 +48,23 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
         for (m, n), v in zip(slots, values):
             m._buffers[n] = v.clone()
 
-    rank_bufs = [[b.clone() for b in bufs()] for _ in range(world_size)]
+    # Without broadcast_buffers nothing aligns the buffers: rank r keeps the
+    # offset the harness gave it (upstream's construction sync skips buffers too).
+    rank_bufs = [[b.clone() + (0 if broadcast_buffers or not b.is_floating_point()
+                               else RANK_BUFFER_OFFSET * r) for b in bufs()]
+                 for r in range(world_size)]
     params, losses = [flat_params(net)], []
-    buffers = [np.stack([flat_buffers(net)] * world_size)]
+    buffers = []
+    for r in range(world_size):
+        set_bufs(rank_bufs[r])
+        buffers.append(flat_buffers(net))
+    buffers = [np.stack(buffers)]
     for step in range(steps):
         x, y = global_batch(model, seed, step, global_batch_size)
         opt.zero_grad(set_to_none=True)
         if not coupled:
             loss = F.mse_loss(fwd(x), y)
-            after = rank_bufs
+            after = [[b.clone() for b in bufs()] for _ in range(world_size)]
         else:
             loss, after = 0.0, []
             for r in range(world_size):
@@ -84,9 +93,9 @@ def reference_run(spec: RunSpec, world_size: int) -> dict:
     (the buffers each rank should hold after each step). Cached per spec.
     """
     from fixtures.models import MODELS
-    w = world_size if MODELS[spec.model].batch_coupled else 1
+    w = world_size if MODELS[spec.model].batch_coupled and not spec.sync_bn else 1
     out = _reference(spec.model, spec.lr, spec.steps, spec.global_batch, spec.seed, w,
-                     spec.broadcast_buffers, spec.momentum, spec.autocast)
+                     spec.broadcast_buffers, spec.momentum, spec.autocast, spec.sync_bn)
     if w != world_size:
         out = dict(out, buffers=np.repeat(out["buffers"], world_size, axis=1))
     return out

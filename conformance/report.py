@@ -26,8 +26,8 @@ def verdict_table(verdicts: list[Verdict]) -> str:
 def kill_cells(verdicts: list[Verdict], checks: list[str]) -> dict[str, str]:
     """Per check: ``KILL`` if it failed on some model, ``vac`` if only vacuous, ``-`` if it passed."""
     cells = {}
-    for c in checks:
-        st = {v.status for v in verdicts if v.check == c}
+    for c in checks:  # a feature's "<feature>.<check>" counts under <check>
+        st = {v.status for v in verdicts if v.check.split(".")[-1] == c}
         cells[c] = "KILL" if "fail" in st else "vac" if "vacuous" in st else "-" if st else "n/a"
     return cells
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fixtures.models import PARITY_MODELS
 
-from .mutants import MUTANTS
+from .mutants import PARITY_MUTANTS
 
 
 def mutant_verdicts(runner, runtime: str, world_size: int, mutant: str, models=None) -> list:
@@ -17,4 +17,4 @@ def mutant_verdicts(runner, runtime: str, world_size: int, mutant: str, models=N
 def kill_rows(runner, runtime: str, world_size: int, mutants=None, models=None) -> list[tuple]:
     """``[(runtime, world_size, mutant, verdicts)]`` for the kill matrix."""
     return [(runtime, world_size, m, mutant_verdicts(runner, runtime, world_size, m, models))
-            for m in (mutants or list(MUTANTS))]
+            for m in (mutants or list(PARITY_MUTANTS))]

@@ -43,6 +43,21 @@ TOLERANCES = [
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="~2.2 MB of weights: several 1 MB buckets"),
     Tolerance("*", "batchnorm", "float32", lr=0.1, steps=10, global_batch=24,
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="buffers: running stats"),
+    Tolerance("*", "frozen", "float32", lr=0.1, steps=10, global_batch=24,
+              atol=1e-5, rtol=0.0, loss_atol=1e-5, note="first layer requires_grad=False"),
+    Tolerance("*", "tied", "float32", lr=0.1, steps=10, global_batch=24,
+              atol=1e-5, rtol=0.0, loss_atol=1e-5, note="encoder/decoder share a weight"),
+    Tolerance("*", "unused", "float32", lr=0.1, steps=1, global_batch=24,
+              atol=1e-5, rtol=0.0, loss_atol=1e-5, note="gradients compared after one backward"),
+    # Mixed precision: forward under bfloat16 autocast (unit roundoff 2**-8), float32
+    # parameters and gradients; measured noise in the issue notes.
+    # Measured noise 1.5e-4..3.5e-4 (grows with steps), so atol 3e-3 keeps ~10x over
+    # it; lr/steps are raised until parameters move >= 100 x atol.
+    Tolerance("*", "linear", "bf16-autocast", lr=0.2, steps=40, global_batch=24,
+              atol=3e-3, rtol=0.0, loss_atol=3e-3, note="bf16 autocast forward"),
+    # Copies (broadcasts) must be bit-identical.
+    Tolerance("*", "*", "exact", lr=0.0, steps=0, global_batch=24,
+              atol=0.0, rtol=0.0, loss_atol=0.0, note="broadcast copies: bit-identical"),
 ]
 
 
@@ -52,8 +67,8 @@ def lookup(runtime: str, model: str, dtype: str = "float32") -> Tolerance:
     Raises:
         KeyError: no row covers the combination (message names it).
     """
-    rows = [t for t in TOLERANCES if t.model == model and t.dtype == dtype
+    rows = [t for t in TOLERANCES if t.model in (model, "*") and t.dtype == dtype
             and t.runtime in (runtime, "*")]
     if not rows:
         raise KeyError(f"no tolerance row for runtime={runtime} model={model} dtype={dtype}")
-    return sorted(rows, key=lambda t: t.runtime == "*")[0]
+    return sorted(rows, key=lambda t: (t.runtime == "*", t.model == "*"))[0]

@@ -3,8 +3,8 @@
 Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
 2.x, ``torch/nn/parallel/distributed.py``):
 
-* construction broadcasts every parameter and buffer from rank 0 (module-state
-  sync, as ``init_sync=True``);
+* construction broadcasts every parameter (and, with ``broadcast_buffers``, every
+  buffer) from rank 0 (module-state sync, as ``init_sync=True``);
 * after each parameter's gradient is accumulated, it is all-reduced and divided
   by the world size (mean over replicas), so with equal local batches and a
   mean-reduced loss every replica holds the gradient of the global batch;
@@ -101,8 +101,12 @@ class DistributedDataParallel(nn.Module):
 
     @torch.no_grad()
     def _sync_module_states(self) -> None:
-        """Broadcast every parameter and buffer from rank 0."""
-        for t in list(self.module.parameters()) + list(self.module.buffers()):
+        """Broadcast every parameter, and every buffer if ``broadcast_buffers``,
+        from rank 0 (upstream passes ``broadcast_buffers`` to its module-state sync)."""
+        states = list(self.module.parameters())
+        if self.broadcast_buffers:
+            states += list(self.module.buffers())
+        for t in states:
             self.collectives.broadcast_(t.data, src=0)
 
     @torch.no_grad()
