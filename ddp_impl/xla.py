@@ -7,7 +7,7 @@ with a clear error because :func:`mark_step` relies on private torch_xla APIs.
 Multi-replica collectives on the PJRT *CPU* device (one process, one Python
 thread per replica - the TPU v2/v3 shape) are called unsupported upstream
 (pytorch/xla issues #5005, #9089, #9496) and hang or abort out of the box. They
-work with three measures, each taken from ``/work/shared/PJRT_CPU_NOTES.md``
+work with three measures, each taken from the team's measured PJRT CPU notes (``PJRT_CPU_NOTES.md``)
 ("the notes") and each applied here:
 
 1. **Identical graphs on every replica, compiled once.** XLA:CPU uses the HLO
@@ -137,7 +137,7 @@ def mark_step(device=None) -> None:
     """Cut and run the pending lazy graph of ``device`` and wait for it.
 
     The deadlock-free replacement for ``torch_xla.sync()`` on multi-replica
-    PJRT CPU (``/work/shared/PJRT_CPU_NOTES.md``, "Three causes", 1 and 3;
+    PJRT CPU (team notes ``PJRT_CPU_NOTES.md``, "Three causes", 1 and 3;
     upstream pytorch/xla #5005, #9089, #9496 call CPU collectives unsupported).
     Steps:
 

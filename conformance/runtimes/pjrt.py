@@ -14,7 +14,7 @@ thread-local, so torch_xla's ordinal queries answer ``i`` in it), pins its
 a replica always sees the same device, bindings and compile cache.
 
 ``ctx.mark_step`` is :func:`ddp_impl.xla.mark_step` - the deadlock-free step
-sync of ``/work/shared/PJRT_CPU_NOTES.md``. Tasks must call it after each
+sync of the team's measured PJRT CPU notes (``PJRT_CPU_NOTES.md``). Tasks must call it after each
 optimizer step and before reading back (``.cpu()``) anything computed from a
 collective; the adapter calls it once more after every successful task so no
 pending graph leaks into the next task.
