@@ -81,12 +81,13 @@ def cmd_run(args) -> int:
     targets, models = _parse_targets(args)
     # --launcher env: this process is one replica of the world torchrun started;
     # every process runs this same code, rank 0 evaluates, prints and writes.
-    pool = ExternalPool(targets[0][0]) if args.launcher == "env" else WorldPool()
+    env_launch = getattr(args, "launcher", "spawn") == "env"
+    pool = ExternalPool(targets[0][0]) if env_launch else WorldPool()
     runner = Runner(pool)
     verdicts, kills, ranks = [], [], []
     try:
         for rt, w, impls in targets:
-            if args.ranks:
+            if getattr(args, "ranks", False):
                 ranks.append(rank_check(pool.get(rt, w)))
             for impl in impls:
                 for model in models:
@@ -102,8 +103,8 @@ def cmd_run(args) -> int:
                 print(kill_matrix_text(kills, list(CHECKS)))
             for check in ranks:
                 print("\n" + summary(check))
-            extra = {"ranks": ranks} if args.ranks else {}
-            if args.launcher == "env" and pool.world is not None:
+            extra = {"ranks": ranks} if ranks else {}
+            if env_launch and pool.world is not None:
                 extra["launch"] = pool.world.launch_info()
             write_json(args.json, verdicts, kills, extra)
             print(f"\nJSON report: {args.json}")
