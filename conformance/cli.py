@@ -70,6 +70,9 @@ def _parse_targets(args):
 
 
 def cmd_run(args) -> int:
+    if getattr(args, "repeat", None) is not None:  # flakiness sweep (conformance/repeat.py)
+        from .repeat import cmd_repeat
+        return cmd_repeat(args)
     from .mutants import PARITY_MUTANTS
     from .report import kill_matrix_text, verdict_table, write_json
     from .external import ExternalPool, root_decides
@@ -144,6 +147,11 @@ def build_parser():
                      "--launcher env); rank 0 prints and writes the report")
     run.add_argument("--ranks", action="store_true",
                      help="also check every world's rank bindings (invariants; reports go to the JSON)")
+    run.add_argument("--repeat", type=int, default=None, metavar="N",
+                     help="flakiness sweep: rerun the correct implementations N times, seed = table "
+                     "seed + k (see conformance/repeat.py); exit 1 on any non-passing verdict")
+    run.add_argument("--time-budget", type=float, default=None, metavar="S",
+                     help="with --repeat: stop after S seconds (at a repetition boundary; printed)")
     run.set_defaults(func=cmd_run)
     ranks = sub.add_parser("ranks", help="print every replica's rank bindings and check the invariants")
     ranks.add_argument("--runtime", default="cpu", help="cpu, pjrt or xrt (default cpu)")
@@ -152,6 +160,10 @@ def build_parser():
     ranks.add_argument("--launcher", choices=("spawn", "env"), default="spawn", help="as for run")
     ranks.add_argument("--json", default=None, help="also write the reports to this JSON file")
     ranks.set_defaults(func=cmd_ranks)
+    from .calibrate import add_parser as add_calibrate
+    from .htmlreport import add_parser as add_report
+    add_calibrate(sub)
+    add_report(sub)
     return p
 
 

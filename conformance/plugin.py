@@ -14,6 +14,19 @@ Options:
                     runtime (see ``conformance.runtimes.DEFAULTS``).
     --world-size    comma list of world sizes (>= 2); default per runtime.
     --replica-timeout  seconds a task may take on a world (default 120).
+    --conformance-json PATH  after the session, write the run's JSON report
+                    (the format of ``python -m conformance run --json``:
+                    ``verdicts`` of test_parity/test_features, ``kill_matrix``
+                    of the mutant tests, each verdict with ``per_step``) plus a
+                    ``pytest`` section; ``python -m conformance report`` reads
+                    it. Works under pytest-xdist (``-n``): every worker sends
+                    its verdicts to the controller (``workeroutput``), which
+                    writes one file; order then follows test completion.
+
+Test ids read ``check[impl-runtime-model]``-style: the test's own parameters
+first, then implementation, runtime and world size, e.g.
+``test_check[param_parity-linear-torch-cpu-w2]`` (also the JUnit XML names of
+``--junitxml``).
 
 Hypothesis profiles (property checks, ``conformance/tests/test_properties.py``):
 ``ci`` (derandomized, 200 examples per property, no database), ``dev`` (25
@@ -35,6 +48,7 @@ from .runtimes import DEFAULTS, RUNTIMES, RuntimeUnavailable, get_runtime
 from .tolerances import MIN_WORLD_SIZE
 
 _KILLS = pytest.StashKey[list]()
+_VERDICTS = pytest.StashKey[list]()
 
 
 def _hypothesis_profiles() -> str | None:
@@ -76,6 +90,9 @@ def pytest_addoption(parser):
     g.addoption("--world-size", default=None, help="comma list of world sizes (>= 2)")
     g.addoption("--replica-timeout", type=float, default=None,
                 help="seconds one task may take on a world (default 120)")
+    g.addoption("--conformance-json", default=None, metavar="PATH",
+                help="write the verdicts and the kill matrix as the run JSON report "
+                "(python -m conformance report --json PATH renders it)")
 
 
 def pytest_configure(config):
@@ -85,6 +102,7 @@ def pytest_configure(config):
                        ("slow", "long-running (large world sizes)")]:
         config.addinivalue_line("markers", f"{name}: {text}")
     config.stash[_KILLS] = []
+    config.stash[_VERDICTS] = []
     _validate(config)
 
 
@@ -149,6 +167,7 @@ def impls_for(config, runtime):
     return _split(ddp) if ddp else list(DEFAULTS[runtime]["impls"])
 
 
+@pytest.hookimpl(trylast=True)  # after @pytest.mark.parametrize: its ids come first
 def pytest_generate_tests(metafunc):
     """Parametrize tests that ask for ``runtime_world`` (and ``impl``)."""
     names = metafunc.fixturenames
@@ -197,7 +216,50 @@ def kill_log(request):
     return request.config.stash[_KILLS]
 
 
+@pytest.fixture
+def verdict_log(request):
+    """List the check tests append their :class:`~conformance.checks.Verdict` s to
+    (written by ``--conformance-json``)."""
+    return request.config.stash[_VERDICTS]
+
+
+def _collected_json(config) -> dict:
+    return {"verdicts": [v.to_json() for v in config.stash.get(_VERDICTS, [])],
+            "kills": [[r, w, m, [v.to_json() for v in vs]] for r, w, m, vs in config.stash.get(_KILLS, [])]}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist controller: merge a finished worker's verdicts and kill rows."""
+    from .report import verdict_from_json
+    got = getattr(node, "workeroutput", {}).get("conformance")
+    if not got:
+        return
+    config = node.config
+    config.stash.setdefault(_VERDICTS, []).extend(verdict_from_json(v) for v in got["verdicts"])
+    config.stash.setdefault(_KILLS, []).extend(
+        (r, w, m, [verdict_from_json(v) for v in vs]) for r, w, m, vs in got["kills"])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if hasattr(config, "workerinput"):  # pytest-xdist worker: hand everything to the controller
+        config.workeroutput["conformance"] = _collected_json(config)
+        return
+    path = config.getoption("--conformance-json", None)
+    if not path:
+        return
+    from .report import write_json
+    write_json(path, config.stash.get(_VERDICTS, []), config.stash.get(_KILLS, []),
+               {"source": "pytest", "pytest": {"exitstatus": int(exitstatus),
+                                               "args": list(config.invocation_params.args)}})
+
+
 def pytest_terminal_summary(terminalreporter, config):
+    if config.getoption("--conformance-json", None):
+        terminalreporter.write_line(f"conformance JSON report: {config.getoption('--conformance-json')} "
+                                    f"({len(config.stash.get(_VERDICTS, []))} verdicts, "
+                                    f"{len(config.stash.get(_KILLS, []))} mutant rows)")
     rows = config.stash.get(_KILLS, [])
     if not rows:
         return

@@ -59,6 +59,12 @@ def environment() -> dict:
     return env
 
 
+def verdict_from_json(d: dict) -> Verdict:
+    """Inverse of :meth:`Verdict.to_json` (``None`` numbers come back as NaN)."""
+    nums = ("max_dev", "atol", "margin", "movement")
+    return Verdict(**{k: (float("nan") if k in nums and v is None else v) for k, v in d.items()})
+
+
 def write_json(path: str, verdicts: list[Verdict], kill_rows: list[tuple] = (), extra: dict | None = None) -> dict:
     """Write the report; return the dict written."""
     from .checks import CHECKS

@@ -103,5 +103,9 @@ class Runner:
             v.check = f"{feature}.{v.check}"
         return out
 
+    def forget(self):
+        """Drop the cached training runs (long sweeps: calibrate, run --repeat)."""
+        self._cache.clear()
+
     def close(self):
         self.pool.close()

@@ -7,9 +7,10 @@ from conformance.tests.test_parity import report
 
 
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_feature(feature, runtime_world, impl, world, runner):
+def test_feature(feature, runtime_world, impl, world, runner, verdict_log):
     runtime, w = runtime_world
     verdicts = runner.feature_verdicts(runtime, w, impl, feature)
+    verdict_log.extend(verdicts)  # --conformance-json
     assert verdicts, "a feature must produce at least one verdict"
     bad = [v for v in verdicts if v.status in ("fail", "vacuous")]
     if bad:

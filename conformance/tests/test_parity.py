@@ -18,8 +18,9 @@ def report(verdict):
 
 
 @pytest.mark.parametrize("check,model", CASES)
-def test_check(check, model, runtime_world, impl, world, runner):
+def test_check(check, model, runtime_world, impl, world, runner, verdict_log):
     runtime, w = runtime_world
     verdict = runner.verdicts(runtime, w, impl, model)[check]
+    verdict_log.append(verdict)  # --conformance-json
     assert verdict.check in CHECKS
     report(verdict)
