@@ -198,10 +198,10 @@ class World:
                 if msg is None:
                     if proc.sentinel in ready or not proc.is_alive():
                         proc.join(1)
+                        why = (f"{self.describe()}: host {i} (pid {proc.pid}) exited with code "
+                               f"{proc.exitcode}; log tail:\n{self.log_tail(i)}")
                         self._break()
-                        raise ReplicaDied(
-                            f"{self.describe()}: host {i} (pid {proc.pid}) exited with code "
-                            f"{proc.exitcode}; log tail:\n{self.log_tail(i)}")
+                        raise ReplicaDied(why)
                     continue
                 if msg[0] == "error":
                     self._break()
@@ -255,8 +255,7 @@ class World:
                 proc.kill()
                 proc.join(5.0)
             conn.close()
-        if not self.broken:  # a broken world keeps its logs for the error report
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)  # error reports are built before
 
     def __enter__(self):
         return self
