@@ -17,7 +17,8 @@ from typing import Callable
 import numpy as np
 
 from .checks import Check, evaluate
-from .harness import RANK_BUFFER_OFFSET, RANK_SEED_STRIDE, flat_buffers, flat_params, unsupported_reason
+from .harness import (RANK_BUFFER_OFFSET, RANK_SEED_STRIDE, flat_buffers, flat_params, to_device,
+                      unsupported_reason)
 from .tolerances import lookup
 
 SEED = 4321
@@ -57,13 +58,14 @@ class Feature:
 def _build(ctx, model, rank_seeded=True):
     from fixtures import build_model
     r = ctx.rank if rank_seeded else 0
-    return build_model(model, seed=SEED + RANK_SEED_STRIDE * r,
-                       perturb_buffers=RANK_BUFFER_OFFSET * r).to(ctx.device)
+    return to_device(build_model(model, seed=SEED + RANK_SEED_STRIDE * r,
+                                 perturb_buffers=RANK_BUFFER_OFFSET * r), ctx.device)
 
 
 def _wrap(ctx, impl, module, requires=(), **kwargs):
     from .impls import resolve_impl
     ddp = resolve_impl(impl).wrap(module, ctx, kwargs)
+    ctx.mark_step()  # XLA: run the construction's collectives before any read-back
     return ddp, unsupported_reason(ddp, impl, requires)
 
 
@@ -119,6 +121,7 @@ def task_buffers_on(ctx, impl):
         if ctx.rank == 0:
             bn.running_mean.add_(1.0)
             bn.running_var.mul_(2.0)
+    ctx.mark_step()  # XLA: the rank-0-only edit must not be in the forward's (collective) graph
     x, _, _, _ = _batch("batchnorm", 0, ctx.world_size, ctx.rank)
     ddp(x.to(ctx.device))
     ctx.mark_step()

@@ -57,14 +57,58 @@ class RunSpec:
 def flat_params(module) -> np.ndarray:
     """All parameters of ``module`` concatenated, float32 ``[P]`` on the host."""
     import torch
-    return torch.cat([p.detach().float().cpu().reshape(-1) for p in module.parameters()]).numpy()
+    # .cpu() first: on XLA a dtype cast would be a device graph compiled per read.
+    return torch.cat([p.detach().cpu().float().reshape(-1) for p in module.parameters()]).numpy()
 
 
 def flat_buffers(module) -> np.ndarray:
     """All buffers of ``module`` concatenated as float64 ``[B]`` (``[0]`` when none)."""
     import torch
-    bufs = [b.detach().double().cpu().reshape(-1) for b in module.buffers()]
+    bufs = [b.detach().cpu().double().reshape(-1) for b in module.buffers()]
     return torch.cat(bufs).numpy() if bufs else np.zeros(0)
+
+
+def to_device(module, device):
+    """``module.to(device)``, keeping tied (shared) parameters tied.
+
+    Moving to an XLA device gives every module its own new Parameter (the CPU
+    and XLA tensors are not shallow-copy compatible), so a weight shared by two
+    modules becomes two (measured on torch_xla 2.9); the sharing is restored here
+    as it was on the CPU module.
+    """
+    ties = {}
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        for name, p in mod._parameters.items():
+            if p is not None:
+                ties.setdefault(id(p), []).append((mod_name, name))
+    module = module.to(device)
+    mods = dict(module.named_modules(remove_duplicate=False))
+    for places in ties.values():
+        (m0, n0), rest = places[0], places[1:]
+        first = mods[m0]._parameters[n0]
+        for m, n in rest:
+            if mods[m]._parameters[n] is not first:
+                mods[m]._parameters[n] = first
+    return module
+
+
+def to_cpu(obj):
+    """``obj`` (nested dicts/lists of tensors) with every tensor copied to the host,
+    as ``torch_xla``'s ``xm.save`` does before saving: XLA-device storages cannot
+    be restored by ``torch.load``."""
+    import copy
+
+    import torch
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        out = copy.copy(obj)  # same type and attributes (a state_dict's _metadata)
+        for k, v in obj.items():
+            out[k] = to_cpu(v)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
 
 
 def unsupported_reason(ddp, impl_name: str, requires) -> str | None:
@@ -91,7 +135,7 @@ def make_optimizer(params, run: RunSpec):
 def flat_optimizer_state(opt) -> np.ndarray:
     """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64."""
     import torch
-    ts = [v.detach().double().cpu().reshape(-1) for st in opt.state.values()
+    ts = [v.detach().cpu().double().reshape(-1) for st in opt.state.values()
           for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
     return torch.cat(ts).numpy() if ts else np.zeros(0)
 
@@ -146,8 +190,8 @@ def train_replica(ctx, spec: dict) -> dict:
     impl = resolve_impl(run.impl)
 
     def fresh_model(salt=0):
-        m = build_model(run.model, seed=run.seed + RANK_SEED_STRIDE * ctx.rank + salt,
-                        perturb_buffers=RANK_BUFFER_OFFSET * ctx.rank + salt).to(ctx.device)
+        m = to_device(build_model(run.model, seed=run.seed + RANK_SEED_STRIDE * ctx.rank + salt,
+                                  perturb_buffers=RANK_BUFFER_OFFSET * ctx.rank + salt), ctx.device)
         if run.sync_bn:
             m = impl.sync_batchnorm(m, ctx)
         return m
@@ -164,6 +208,10 @@ def train_replica(ctx, spec: dict) -> dict:
     why = unsupported_reason(ddp, run.impl, run.requires + (("register_comm_hook",) if run.comm_hook else ()))
     if why:
         return {"unsupported": why}
+    # Run the construction's broadcasts before reading parameters back: on XLA a
+    # read (.cpu()) of a pending collective would compile it outside the step
+    # lock, per replica, and the replicas' collectives would never meet.
+    ctx.mark_step()
     opt = make_optimizer(ddp.parameters(), run)
     which = impl.shard_rank(ctx)
     params, losses, buffers = [flat_params(model)], [], [flat_buffers(model)]
@@ -190,14 +238,15 @@ def train_replica(ctx, spec: dict) -> dict:
         buffers.append(flat_buffers(model))
         if run.checkpoint and step == run.steps // 2:
             blob = io.BytesIO()
-            state = ddp.state_dict() if run.checkpoint == "ddp" else ddp.module.state_dict()
-            torch.save({"model": state, "optim": opt.state_dict()}, blob)
+            state = ddp.state_dict() if run.checkpoint == "ddp" else model.state_dict()  # the inner module
+            torch.save(to_cpu({"model": state, "optim": opt.state_dict()}), blob)
             blob.seek(0)
-            saved = torch.load(blob, map_location=ctx.device)
+            saved = torch.load(blob, map_location="cpu")  # load_state_dict copies to the device
             model = fresh_model(salt=1)
             torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
             model.load_state_dict(saved["model"])
             ddp = _wrap(impl, model, ctx, run)
+            ctx.mark_step()
             opt = make_optimizer(ddp.parameters(), run)
             opt.load_state_dict(saved["optim"])
     return {"params": np.stack(params), "losses": np.asarray(losses),

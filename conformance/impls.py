@@ -49,6 +49,19 @@ class Impl:
     sync_batchnorm: Callable | None = None
 
 
+# Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
+# group, in the PJRT topology the kit runs (1 process x W replica threads).
+# Measured on torch 2.9.0 + torch_xla 2.9.0 by conformance/tests/test_pjrt_runtime.py
+# (test_torch_ddp_on_pjrt_*), which keeps this text honest.
+TORCH_DDP_ON_PJRT = (
+    "unsupported topology: DDP() raises IndexError: list index out of range in "
+    "ProcessGroupXla.allgather (_verify_param_shape_across_processes): with 1 process x W replica "
+    "threads the process-global xla group (ddp_impl.xla.init_pjrt_process_group) has 1 rank while "
+    "xm.all_gather returns W rows; initialised per thread with xla:// instead, the constructor's "
+    "all-gathers compile per thread and XLA aborts the host (Termination timeout for all gather, "
+    "1 of W arrived)")
+
+
 def _wrap_torch(module, ctx, kwargs):
     import torch.nn.parallel
     return torch.nn.parallel.DistributedDataParallel(module, **kwargs)
@@ -69,6 +82,51 @@ def _ref_sync_bn(module, ctx):
     return SyncBatchNorm.convert_sync_batchnorm(module, ctx.collectives)
 
 
+# --- torch_xla's own data-parallel recipe (PJRT only) ------------------------
+# No wrapper module: the model itself is returned. Keywords the recipe has no
+# counterpart for are reported in ``ignored_kwargs`` (read by the harness's
+# unsupported_reason, so a feature that needs one comes out "unsupported").
+XLA_RECIPE_KWARGS = frozenset({"broadcast_buffers"})
+
+
+def _xla_broadcast(tensors):
+    """``xm.collective_broadcast`` from replica 0 - the body of
+    ``xm.broadcast_master_param`` without its trailing ``torch_xla.sync()``,
+    which can deadlock with replica threads (PJRT_CPU_NOTES.md, cause 3); the
+    harness runs ``ctx.mark_step()`` after construction instead. It multiplies
+    by a 1/0 *device* scalar and all-reduces (layout pinned, as
+    ``xm.reduce_gradients``), so every replica's graph is the same."""
+    import torch_xla.core.xla_model as xm
+    if tensors:
+        xm.collective_broadcast(list(tensors), root_ordinal=0)
+
+
+def _wrap_xla_recipe(module, ctx, kwargs):
+    broadcast_buffers = kwargs.get("broadcast_buffers", True)
+    _xla_broadcast(list(module.parameters()) + (list(module.buffers()) if broadcast_buffers else []))
+    if broadcast_buffers and any(True for _ in module.buffers()):
+        # Upstream DDP's buffer semantics (rank 0's buffers before every synced
+        # forward); the bare recipe broadcasts buffers only at the start.
+        def sync_buffers(mod, args):
+            import torch
+            if torch.is_grad_enabled():
+                _xla_broadcast(list(mod.buffers()))
+        module.register_forward_pre_hook(sync_buffers)
+    module.ignored_kwargs = {k: v for k, v in kwargs.items() if k not in XLA_RECIPE_KWARGS}
+    return module
+
+
+def _xla_recipe_after_backward(model, optimizer, ctx):
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+    # reduce_gradients scales by 1 / xr.world_size(), a process-wide cache that
+    # reads 1 if it was first filled before replication was set up: refuse then.
+    if xr.world_size() != ctx.world_size:
+        raise RuntimeError(f"torch_xla.runtime.world_size() is {xr.world_size()}, the world has "
+                           f"{ctx.world_size} replicas: xm.reduce_gradients would not average")
+    xm.reduce_gradients(optimizer)  # all_reduce(SUM, grads, scale=1/W, pin_layout=True)
+
+
 def _user_wrapper(cls):
     def wrap(module, ctx, kwargs):
         return cls(module, **kwargs)
@@ -77,9 +135,14 @@ def _user_wrapper(cls):
 
 IMPLS = {i.name: i for i in [
     Impl("torch", "torch.nn.parallel.DistributedDataParallel", _wrap_torch,
-         sync_batchnorm=_torch_sync_bn),
+         sync_batchnorm=_torch_sync_bn, unsupported={"pjrt": TORCH_DDP_ON_PJRT}),
     Impl("ref", "ddp_impl.DistributedDataParallel (per-parameter all-reduce hooks)", _wrap_ref,
          sync_batchnorm=_ref_sync_bn),
+    Impl("xla_recipe", "torch_xla's data-parallel recipe: no wrapper, parameters (and buffers) "
+         "broadcast from replica 0, xm.reduce_gradients(optimizer) before optimizer.step()",
+         _wrap_xla_recipe, after_backward=_xla_recipe_after_backward,
+         unsupported={"cpu": "needs the XLA runtime (torch_xla: xm.collective_broadcast, "
+                             "xm.reduce_gradients); run it with --runtime pjrt"}),
 ]}
 
 

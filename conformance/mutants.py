@@ -129,10 +129,8 @@ class UnusedSkipped(RefDDP):
     def _finalize_backward(self):
         self._finalize_queued = False
         params = [p for p in self.module.parameters() if p.requires_grad]
-        used = torch.tensor([float(id(p) in self._ready) for p in params])
-        self._ready.clear()
-        used = self.collectives.all_reduce_(used.to(params[0].device)).cpu()
-        for p, count in zip(params, used.tolist()):
+        counts = self._global_use_counts(params)
+        for p, count in zip(params, counts):
             if count == self.collectives.world_size:  # bug: only the all-used ones
                 self._reduce_grad(p)
 
@@ -350,6 +348,9 @@ def mutant_impl(name: str) -> Impl:
         extra["sync_batchnorm"] = lambda module, ctx: m.sync_bn().convert_sync_batchnorm(module, ctx.collectives)
     elif not m.torch_based:
         extra["sync_batchnorm"] = _ref_sync_bn
+    if m.torch_based:  # upstream DDP underneath: cannot run where torch's DDP cannot
+        from .impls import TORCH_DDP_ON_PJRT
+        extra["unsupported"] = {"pjrt": TORCH_DDP_ON_PJRT}
     return Impl(f"mutant:{name}", m.description, wrap, mutant=True, **extra)
 
 

@@ -17,10 +17,46 @@ import numpy as np
 
 from .harness import RANK_BUFFER_OFFSET, RunSpec, flat_buffers, flat_optimizer_state, flat_params
 
+# Runtime quirks the reference can reproduce (a runtime adapter lists its own in
+# ``Runtime.reference_quirks``): measured differences of the runtime's *ops*
+# from CPU PyTorch, which are not the DDP's to fix.
+QUIRKS = {
+    # torch_xla 2.9 (PJRT): BatchNorm in training mode updates running_var with
+    # the biased batch variance (sum / n) where CPU PyTorch uses the unbiased one
+    # (sum / (n - 1)); the normalisation itself (biased) and running_mean agree.
+    "bn_running_var_biased": "BatchNorm running_var is updated with the biased batch variance",
+}
+
+
+def _biased_running_var(net):
+    """Make every BatchNorm of ``net`` update running_var as torch_xla does."""
+    import torch
+
+    def pre(mod, args):
+        if mod.training and mod.track_running_stats:
+            x = args[0]
+            dims = [0] + list(range(2, x.dim()))
+            mod._quirk = (mod.running_var.detach().clone(),
+                          x.detach().float().var(dim=dims, unbiased=False))
+
+    def post(mod, args, out):
+        saved = mod.__dict__.pop("_quirk", None)
+        if saved is None:
+            return
+        old, biased = saved
+        m = mod.momentum if mod.momentum is not None else 1.0 / float(mod.num_batches_tracked)
+        # A fresh tensor, not copy_(): BatchNorm's backward saved the old one.
+        mod._buffers["running_var"] = ((1 - m) * old + m * biased).to(old.dtype)
+
+    for mod in net.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+            mod.register_forward_pre_hook(pre)
+            mod.register_forward_hook(post)
+
 
 @functools.lru_cache(maxsize=32)
 def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers,
-               momentum=0.0, autocast="", sync_bn=False):
+               momentum=0.0, autocast="", sync_bn=False, quirks=frozenset()):
     import torch
     import torch.nn.functional as F
 
@@ -31,6 +67,8 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
     coupled = MODELS[model].batch_coupled and not sync_bn
     import contextlib
     net = build_model(model, seed=seed)
+    if "bn_running_var_biased" in quirks and not sync_bn:  # SyncBatchNorm is the DDP's own code
+        _biased_running_var(net)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
 
     def fwd(inp):
@@ -85,8 +123,11 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
             "optim": flat_optimizer_state(opt)}
 
 
-def reference_run(spec: RunSpec, world_size: int) -> dict:
+def reference_run(spec: RunSpec, world_size: int, runtime: str | None = None) -> dict:
     """Trajectory of ``spec`` on one CPU device in float32.
+
+    ``runtime`` names the runtime the replicas ran on: the reference then
+    reproduces that runtime's :data:`QUIRKS` (its adapter's ``reference_quirks``).
 
     Returns ``params`` float32 ``[steps+1, P]``, ``losses`` float64 ``[steps]``
     (the global-batch loss), ``buffers`` float64 ``[steps+1, world_size, B]``
@@ -94,8 +135,12 @@ def reference_run(spec: RunSpec, world_size: int) -> dict:
     """
     from fixtures.models import MODELS
     w = world_size if MODELS[spec.model].batch_coupled and not spec.sync_bn else 1
+    quirks = frozenset()
+    if runtime is not None:
+        from .runtimes import get_runtime
+        quirks = frozenset(get_runtime(runtime).reference_quirks)
     out = _reference(spec.model, spec.lr, spec.steps, spec.global_batch, spec.seed, w,
-                     spec.broadcast_buffers, spec.momentum, spec.autocast, spec.sync_bn)
+                     spec.broadcast_buffers, spec.momentum, spec.autocast, spec.sync_bn, quirks)
     if w != world_size:
         out = dict(out, buffers=np.repeat(out["buffers"], world_size, axis=1))
     return out

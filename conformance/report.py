@@ -24,10 +24,11 @@ def verdict_table(verdicts: list[Verdict]) -> str:
 
 
 def kill_cells(verdicts: list[Verdict], checks: list[str]) -> dict[str, str]:
-    """Per check: ``KILL`` if it failed on some model, ``vac`` if only vacuous, ``-`` if it passed."""
+    """Per check: ``KILL`` if it failed on some model, ``vac`` if only vacuous, ``-`` if it passed,
+    ``n/a`` if it did not run (no verdict, or only unsupported/skip ones)."""
     cells = {}
     for c in checks:  # a feature's "<feature>.<check>" counts under <check>
-        st = {v.status for v in verdicts if v.check.split(".")[-1] == c}
+        st = {v.status for v in verdicts if v.check.split(".")[-1] == c} - {"unsupported", "skip"}
         cells[c] = "KILL" if "fail" in st else "vac" if "vacuous" in st else "-" if st else "n/a"
     return cells
 
@@ -38,8 +39,9 @@ def kill_matrix_text(rows: list[tuple], checks: list[str]) -> str:
     lines = [head]
     for runtime, w, mutant, verdicts in rows:
         cells = kill_cells(verdicts, checks)
+        ran = any(v.status not in ("unsupported", "skip") for v in verdicts)
         lines.append([mutant, f"{runtime}-w{w}"] + [cells[c] for c in checks]
-                     + ["yes" if "KILL" in cells.values() else "NO"])
+                     + ["yes" if "KILL" in cells.values() else "NO" if ran else "unsupported"])
     widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in lines)
 

@@ -69,7 +69,7 @@ class Runner:
             return {}
         if "unsupported" in reps[0]:
             return unsupported(reps[0]["unsupported"])
-        ref = reference_run(spec, world_size)
+        ref = reference_run(spec, world_size, runtime)
         tol = lookup(runtime, model, dtype)
         return {n: evaluate(CHECKS[n], reps, ref, tol, impl=impl, runtime=runtime, model=model)
                 for n in names}

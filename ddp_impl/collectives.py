@@ -37,6 +37,10 @@ class Collectives(Protocol):
     def barrier(self) -> None:
         """Block until every replica has reached the barrier."""
 
+    # Optional: ``sync()`` runs pending (lazy) collectives so their results can be
+    # read on the host; implementations whose collectives are eager omit it
+    # (:class:`ddp_impl.xla.XlaCollectives` has it: a step sync).
+
 
 class TorchDistributedCollectives:
     """:class:`Collectives` on an initialised ``torch.distributed`` process group.

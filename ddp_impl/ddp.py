@@ -133,19 +133,51 @@ class DistributedDataParallel(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
 
     @torch.no_grad()
+    def _global_use_counts(self, params) -> list[float]:
+        """How many replicas used each of ``params`` in this backward (host floats).
+
+        The mask is all-reduced and read back on the host, because whether a
+        gradient stays ``None`` is a host decision. Lazy runtimes (XLA) need the
+        collectives' optional ``sync()`` twice: before the all-reduce, to run
+        this replica's own forward/backward, which may differ between replicas
+        (that is why parameters go unused), so that the all-reduce's graph is
+        the same everywhere; and before the read, which would otherwise compile
+        the collective per replica outside the step lock (``ddp_impl.xla``).
+        """
+        used = torch.tensor([float(id(p) in self._ready) for p in params])
+        self._ready.clear()
+        device = params[0].device if params else used.device
+        self._sync()
+        used = self.collectives.all_reduce_(used.to(device))
+        self._sync()
+        return used.cpu().tolist()
+
+    def _sync(self) -> None:
+        sync = getattr(self.collectives, "sync", None)
+        if sync is not None:
+            sync()
+
+    @torch.no_grad()
     def _finalize_backward(self) -> None:
         """End of backward with ``find_unused_parameters``: reduce in a fixed order."""
         self._finalize_queued = False
         params = [p for p in self.module.parameters() if p.requires_grad]
-        used = torch.tensor([float(id(p) in self._ready) for p in params])
-        self._ready.clear()
-        device = params[0].device if params else used.device
-        used = self.collectives.all_reduce_(used.to(device)).cpu()
-        for p, count in zip(params, used.tolist()):
+        reduce = []
+        for p, count in zip(params, self._global_use_counts(params)):
             if count == 0:
                 continue  # globally unused: gradient untouched
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            reduce.append(p)
+        if getattr(self.collectives, "sync", None) is not None:
+            # Lazy runtimes (XLA): every replica's reduction graph must be the same,
+            # but a gradient from backward is a view (its in-place update adds view
+            # ops to the graph) and a fresh zero one is not. Plain copies, run by the
+            # sync, make all of them device data of the same kind.
+            for p in reduce:
+                p.grad = p.grad.clone()
+            self._sync()
+        for p in reduce:
             self._reduce_grad(p)
 
     def forward(self, *args, **kwargs):

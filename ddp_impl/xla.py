@@ -25,6 +25,30 @@ work with three measures, each taken from the team's measured PJRT CPU notes (``
    in-flight collective and wait for it while holding the GIL.
    :func:`mark_step` waits for the device first and resets the token only then.
 
+4. **No buffer donation.** With input/output aliasing (torch_xla's default) the
+   step marker donates the input buffers of tensors updated in place, and the
+   calling thread can end up destroying a donated buffer still held by the
+   execution it just launched: PJRT then waits, inside ``_xla_step_marker``
+   (``XLAGraphExecutor::Async`` destructor -> ``CommonPjRtBuffer::ReleaseBuffer``,
+   seen in gdb), for that execution - whose collective waits for the replicas
+   queued on the compile lock this thread holds. XLA aborts after 10 s
+   ("only 1 of them arrived"). Measured on 2.9 with BatchNorm buffers that came
+   straight from the host (``broadcast_buffers=False``): 5 of 9 runs aborted
+   with aliasing, 18 of 18 passed with ``XLA_ENABLE_PARAM_ALIASING=0``, which
+   :func:`cpu_env` and :func:`spawn` set (a copy per step instead of an
+   in-place update: only memory, not values, changes).
+
+5. **Graphs that do not depend on values.** torch_xla inlines 0-dim tensors
+   holding 0 or 1 as constants ("special scalars"), and its device-data cache
+   makes equal 0-dim values share one buffer, which becomes one graph
+   parameter instead of two. Either way a rank-dependent *value* changes the
+   graph. Measured on 2.9: BatchNorm ``num_batches_tracked`` equal in two
+   layers on one replica and different on the other made XLA abort the host
+   (the cache; 30 of 30 such runs passed with it off), and the IR of a 0-dim
+   ``0.0`` moved to the device is a constant (special scalars).
+   :func:`value_independent_graphs` switches both off (process-wide; the PJRT
+   runtime adapter and :func:`spawn` call it).
+
 Use :func:`mark_step` instead of ``torch_xla.sync()`` / ``xm.mark_step()`` in
 replica threads, and call it before reading values back (``.cpu()``,
 ``.item()``) from a graph that contains a collective: a read forces its own
@@ -49,6 +73,8 @@ ALLOW_UNTESTED_ENV = "DDP_IMPL_ALLOW_UNTESTED_TORCH_XLA"
 # XLA_THREAD_POOL_SIZE default for CPU replicas: the notes measured 64 enough for
 # up to 16 replicas; it must be >= the number of replicas.
 DEFAULT_THREAD_POOL = 64
+# Measure 4 (see the module docstring): no input/output aliasing (buffer donation).
+PARAM_ALIASING_ENV = "XLA_ENABLE_PARAM_ALIASING"
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=120)
 
@@ -116,6 +142,7 @@ def cpu_env(num_devices: int) -> dict:
     """
     return {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(num_devices),
             "XLA_THREAD_POOL_SIZE": str(max(DEFAULT_THREAD_POOL, 2 * num_devices)),
+            PARAM_ALIASING_ENV: "0",
             "PJRT_LOCAL_PROCESS_RANK": "0", "PJRT_LOCAL_PROCESS_COUNT": "1"}
 
 
@@ -176,6 +203,20 @@ def mark_step(device=None) -> None:
     C._set_all_reduce_token(dev, None)
 
 
+def value_independent_graphs() -> None:
+    """Make a replica's lazy graph depend on tensor shapes only, never on values.
+
+    Measure 5 of the module docstring: turns off torch_xla's special-scalar
+    inlining (0-dim 0/1 become constants) and its device-data cache (equal
+    0-dim values share one buffer, so one graph parameter), both process-wide.
+    Private APIs of torch_xla 2.9 (pinned). Idempotent; call it once per
+    process before the replicas build graphs.
+    """
+    C = require_torch_xla()._XLAC
+    C._set_xla_handle_special_scalars(False)
+    C._set_xla_enable_device_data_cache(False)
+
+
 # Name used in the kit's ReplicaContext and in the brief.
 step_sync = mark_step
 
@@ -232,8 +273,10 @@ class XlaCollectives:
     runs at the next :func:`mark_step`. Tensors must live on this replica's XLA
     device. Every replica must issue the same collectives in the same order.
 
-    * ``all_reduce_``: ``xm.all_reduce(SUM, [t], scale=s)`` (in place). ``s`` is
-      the same on every replica, so the graphs stay identical. With one replica
+    * ``all_reduce_``: ``t.copy_(xm.all_reduce(SUM, t, scale=s))``. ``s`` is
+      the same on every replica, so the graphs stay identical. Not the in-place
+      list form ``xm.all_reduce(SUM, [t])``: its write is lost when ``t`` is a
+      view (a gradient accumulated in place is one). With one replica
       it only applies the scale (``xm.all_reduce`` returns early and would
       ignore it).
     * ``all_gather``: a real XLA all-gather (``pin_layout=False``; the pinned
@@ -248,6 +291,9 @@ class XlaCollectives:
     * ``barrier``: all-reduce of a one-element device tensor followed by
       :func:`mark_step`; returns when every replica has reached it. It cuts the
       graph: pending work is executed.
+    * ``sync``: :func:`mark_step` on this replica's device (the optional
+      method of the interface: call it before reading a collective's result
+      on the host; the reference DDP's ``find_unused_parameters`` path does).
 
     XLA rejects a graph that mixes layout-pinned and unpinned all-reduces ("HloModule
     has a mix of layout constrained and unconstrained AllReduce instructions").
@@ -283,7 +329,15 @@ class XlaCollectives:
             if scale != 1.0:
                 tensor.mul_(scale)
             return tensor
-        xm.all_reduce(xm.REDUCE_SUM, [tensor], scale=float(scale), pin_layout=self.pin_layout)
+        # Functional all-reduce, then copy_ through the dispatcher. xm.all_reduce's
+        # in-place (list) form writes the XLA tensor underneath torch's
+        # functionalization layer, and the write is lost when the tensor is a view
+        # of another (e.g. a gradient accumulated in place under no_sync: measured
+        # on 2.9, the replicas kept their local gradients; the kit's no_sync feature
+        # check on PJRT, conformance/tests/test_features.py, catches it).
+        reduced = xm.all_reduce(xm.REDUCE_SUM, tensor, scale=float(scale), pin_layout=self.pin_layout)
+        with torch.no_grad():
+            tensor.copy_(reduced)
         return tensor
 
     def _gather(self, tensor):
@@ -312,6 +366,12 @@ class XlaCollectives:
     def barrier(self):
         t = torch.zeros(1, device=self.device)
         self.all_reduce_(t)
+        mark_step(self.device)
+
+    def sync(self):
+        """Run this replica's pending graph (:func:`mark_step`) so results of
+        collectives can be read on the host (``.cpu()``, ``.tolist()``). Every
+        replica must call it at the same point."""
         mark_step(self.device)
 
 
@@ -387,6 +447,7 @@ class _SpawnTarget:
         self.fn, self.args, self.init = fn, tuple(args), init_torch_distributed
 
     def __call__(self, index, *args):
+        value_independent_graphs()
         if not self.init:
             return self.fn(index, *self.args)
         import torch.distributed as dist
@@ -426,7 +487,8 @@ def spawn(fn, args=(), nprocs: int | None = None, init_torch_distributed: bool =
     as the seed: TCP initialisation is flaky on large pods.
 
     On CPU (``PJRT_DEVICE=CPU``), ``nprocs`` > 1 sets ``CPU_NUM_DEVICES`` and
-    ``XLA_THREAD_POOL_SIZE`` defaults for the child; use :func:`mark_step`
+    ``XLA_THREAD_POOL_SIZE`` (and, for several replicas,
+    ``XLA_ENABLE_PARAM_ALIASING=0``) defaults for the child; use :func:`mark_step`
     instead of ``torch_xla.sync()`` in ``fn``.
 
     Args:
@@ -445,10 +507,12 @@ def spawn(fn, args=(), nprocs: int | None = None, init_torch_distributed: bool =
             nprocs = None
         n = int(os.environ.get("CPU_NUM_DEVICES", "1"))
         os.environ.setdefault("XLA_THREAD_POOL_SIZE", str(max(DEFAULT_THREAD_POOL, 2 * n)))
+        if n > 1:
+            os.environ.setdefault(PARAM_ALIASING_ENV, "0")
     return xmp.spawn(_SpawnTarget(fn, args, init_torch_distributed), args=(),
                      nprocs=nprocs, start_method=start_method)
 
 
 __all__ = ["SUPPORTED_TORCH_XLA", "TorchXlaUnavailable", "XlaCollectives", "cpu_env",
            "init_pjrt_process_group", "mark_step", "pjrt_bindings", "require_torch_xla",
-           "spawn", "step_sync", "torch_xla_problem"]
+           "spawn", "step_sync", "torch_xla_problem", "value_independent_graphs"]

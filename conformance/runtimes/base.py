@@ -41,6 +41,9 @@ class Runtime:
 
     name = "?"
     max_world_size = 64
+    # Measured ways the runtime's own ops differ from CPU PyTorch, which the
+    # single-device reference must reproduce (see conformance.reference.QUIRKS).
+    reference_quirks: frozenset = frozenset()
 
     def check(self, world_size: int) -> None:
         """Raise :class:`RuntimeUnavailable` (one line) if this world cannot run here."""

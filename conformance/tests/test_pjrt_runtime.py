@@ -15,7 +15,10 @@ import textwrap
 import numpy as np
 import pytest
 
+from conformance.invariants import rank_invariant_violations
+from conformance.rankcheck import check_reports
 from conformance.runtimes import RuntimeUnavailable, get_runtime
+from conformance.tasks import rank_report
 from conformance.world import ReplicaDied, ReplicaFailed, World
 
 SIZES = [2, 4, pytest.param(8, marks=pytest.mark.slow)]
@@ -99,13 +102,99 @@ def process_group_task(ctx):
     import torch
     import torch.distributed as dist
 
+    from conformance.tasks import rank_report
     from ddp_impl.xla import init_pjrt_process_group
     first = init_pjrt_process_group()
+    again = init_pjrt_process_group()  # idempotent per process
     t = torch.ones(2).to(ctx.device)
     dist.all_reduce(t)  # the xla backend reduces over every replica thread
     ctx.mark_step()
-    return {"first": first, "rank": dist.get_rank(), "world": dist.get_world_size(),
-            "backend": dist.get_backend(), "value": t.cpu().tolist()}
+    return {"first": first, "again": again, "rank": dist.get_rank(), "world": dist.get_world_size(),
+            "backend": dist.get_backend(), "value": t.cpu().tolist(), "report": rank_report(ctx)}
+
+
+_FOREIGN_PG_LOCK = __import__("threading").Lock()
+
+
+def foreign_process_group_task(ctx):
+    """torch.distributed initialised by someone else (gloo): init_pjrt_process_group refuses."""
+    import torch.distributed as dist
+
+    from ddp_impl.xla import init_pjrt_process_group
+    with _FOREIGN_PG_LOCK:
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        init_pjrt_process_group()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def batchnorm_running_var_task(ctx):
+    """One training-mode BatchNorm1d forward on this replica's XLA device."""
+    import torch
+    x = torch.linspace(-2.0, 3.0, 24).reshape(6, 4) ** 2
+    bn = torch.nn.BatchNorm1d(4).to(ctx.device)
+    bn(x.to(ctx.device))
+    ctx.mark_step()
+    return {"x": x.numpy(), "running_var": bn.running_var.cpu().numpy(),
+            "running_mean": bn.running_mean.cpu().numpy()}
+
+
+def graph_flags_task(ctx):
+    import torch_xla
+    C = torch_xla._XLAC
+    return C._get_xla_handle_special_scalars(), C._get_xla_enable_device_data_cache()
+
+
+def equal_scalar_buffers_task(ctx, seed):
+    """Rank 0's two BatchNorm layers get equal num_batches_tracked, rank 1's differ
+    (properties.broadcast_task): with torch_xla's device-data cache on, equal 0-dim
+    values shared one graph parameter and XLA aborted the host."""
+    from conformance.properties import broadcast_task
+    return broadcast_task(ctx, impl="ref", widths=(3, 3, 12, 3), seed=seed)
+
+
+def host_buffers_step_task(ctx):
+    """One synced step of a BatchNorm model whose buffers came straight from the host
+    (broadcast_buffers=False): with buffer donation this aborted the host in 5 of 9 runs."""
+    import torch
+    import torch.nn.functional as F
+
+    import ddp_impl
+    from fixtures import build_model, global_batch, shard
+    m = build_model("batchnorm", seed=1 + 7919 * ctx.rank, perturb_buffers=0.5 * ctx.rank).to(ctx.device)
+    ddp = ddp_impl.DistributedDataParallel(m, collectives=ctx.collectives, broadcast_buffers=False)
+    ctx.mark_step()
+    [b.cpu() for b in m.buffers()]
+    x, y = global_batch("batchnorm", 1, 0, 24)
+    xs, ys = (shard(t, ctx.rank, ctx.world_size).to(ctx.device) for t in (x, y))
+    F.mse_loss(ddp(xs), ys).backward()
+    ctx.mark_step()
+    return [p.grad.cpu().numpy() for p in m.parameters()]
+
+
+def torch_ddp_pjrt_group_task(ctx):
+    """Upstream DDP over the xla group initialised once per process (rank = process index)."""
+    import torch
+
+    from ddp_impl.xla import init_pjrt_process_group
+    init_pjrt_process_group()
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 10).to(ctx.device))
+    ctx.mark_step()
+    return "constructed"
+
+
+def torch_ddp_xla_url_task(ctx):
+    """Upstream DDP over the xla group initialised by every replica thread with xla://."""
+    import torch
+    import torch.distributed as dist
+    import torch_xla.distributed.xla_backend  # noqa: F401  registers xla://
+    dist.init_process_group("xla", init_method="xla://")
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 10).to(ctx.device))
+    ctx.mark_step()
+    return "constructed"
 
 
 def cpu_reference(steps, global_batch, lr, seed=0):
@@ -158,6 +247,7 @@ def test_host_envs_one_host_with_w_cpu_devices():
     env = envs[0]
     assert env["PJRT_DEVICE"] == "CPU" and env["CPU_NUM_DEVICES"] == "8"
     assert int(env["XLA_THREAD_POOL_SIZE"]) >= 8  # notes: pool < W deadlocks
+    assert env["XLA_ENABLE_PARAM_ALIASING"] == "0"  # ddp_impl.xla, measure 4
 
 
 # --- on the runtime ---------------------------------------------------------
@@ -237,9 +327,112 @@ def test_process_group_has_process_rank_and_spans_replicas():
     with World("pjrt", 2, timeout=60) as world:
         res = world.run(process_group_task)
     assert sorted(d["first"] for d in res) == [False, True]  # one thread initialised it
+    assert not any(d["again"] for d in res)
     for d in res:
         assert (d["rank"], d["world"], d["backend"]) == (0, 1, "xla")
         assert d["value"] == [2.0, 2.0]
+    # JAX semantics: torch.distributed rank = process index (0), not the replica's ordinal
+    reports = [d["report"] for d in res]
+    assert [r["dist"] for r in reports] == [{"rank": 0, "world_size": 1}] * 2
+    assert [r["bindings"]["global_ordinal"] for r in reports] == [0, 1]
+    assert check_reports(reports, 2) == []
+
+
+@pytest.mark.pjrt
+def test_process_group_refuses_a_foreign_default_group():
+    _available(2)
+    with World("pjrt", 2, timeout=60) as world:
+        res = world.run(foreign_process_group_task)
+    assert res == ["torch.distributed is already initialised (not by ddp_impl.xla)"] * 2
+
+
+@pytest.mark.pjrt
+@pytest.mark.parametrize("pjrt_world", SIZES, indirect=True, ids=lambda w: f"w{w}")
+def test_rank_invariants_pjrt(pjrt_world):
+    """1 process x W replicas: process count 1, ordinals 0..W-1 unique, and for every
+    replica > 0 the process index (torch.distributed's rank) differs from the ordinal."""
+    w = pjrt_world.world_size
+    reports = pjrt_world.run(rank_report)
+    assert rank_invariant_violations([dict(r["bindings"], host=r["host"]) for r in reports], w) == []
+    assert check_reports(reports, w) == []
+    assert len({r["pid"] for r in reports}) == 1  # one host process
+    for ordinal, r in enumerate(reports):
+        b = r["bindings"]
+        assert r["module_api"] == b
+        assert (b["process_index"], b["process_count"], b["local_device_count"]) == (0, 1, w)
+        assert b["global_ordinal"] == b["local_ordinal"] == ordinal == r["ctx_rank"]
+        assert (b["process_index"] != b["global_ordinal"]) == (ordinal > 0)
+
+
+@pytest.mark.pjrt
+def test_xla_batchnorm_running_var_is_biased(world_pool):
+    """Pins the runtime quirk the reference reproduces on PJRT (conformance.reference.QUIRKS):
+    torch_xla 2.9 updates running_var with the biased batch variance, CPU torch the unbiased."""
+    _available(2)
+    assert "bn_running_var_biased" in get_runtime("pjrt").reference_quirks
+    for d in world_pool.get("pjrt", 2).run(batchnorm_running_var_task):
+        x, m = d["x"].astype(np.float64), 0.1
+        biased, unbiased = x.var(axis=0), x.var(axis=0, ddof=1)
+        np.testing.assert_allclose(d["running_var"], (1 - m) + m * biased, rtol=1e-6)
+        assert np.abs(d["running_var"] - ((1 - m) + m * unbiased)).max() > 1e-2
+        np.testing.assert_allclose(d["running_mean"], m * x.mean(axis=0), rtol=1e-6)
+
+
+@pytest.mark.pjrt
+def test_graphs_do_not_depend_on_scalar_values(world_pool):
+    """ddp_impl.xla measure 5 (value_independent_graphs, set by the adapter)."""
+    _available(2)
+    world = world_pool.get("pjrt", 2)
+    assert world.run(graph_flags_task) == [(False, False)] * 2
+    from conformance.properties import build_bn_net
+    counts = [[int(b) for n, b in build_bn_net((3, 3, 12, 3), 10 + 7919 * r).named_buffers()
+               if n.endswith("num_batches_tracked")] for r in range(2)]
+    assert counts[0][0] == counts[0][1] and counts[1][0] != counts[1][1]  # the trap is armed
+    res = world.run(equal_scalar_buffers_task, seed=10, timeout=60)
+    for d in res:
+        assert all((a == b).all() for (_, a), (_, b) in zip(d["first"], res[0]["first"]))
+
+
+@pytest.mark.pjrt
+def test_host_buffers_step_does_not_abort(world_pool):
+    """Regression for buffer donation in the step marker (ddp_impl.xla, measure 4)."""
+    _available(2)
+    world = world_pool.get("pjrt", 2)
+    for _ in range(5):
+        res = world.run(host_buffers_step_task, timeout=60)
+        for a, b in zip(*res):  # gradients synced: bit-identical on both replicas
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.pjrt
+def test_torch_ddp_on_pjrt_fails_in_constructor():
+    """Upstream DDP over init_pjrt_process_group's group (one per process) in 1 x W threads:
+    the measurement behind IMPLS["torch"].unsupported["pjrt"]."""
+    from conformance.impls import IMPLS, TORCH_DDP_ON_PJRT
+    _available(2)
+    with World("pjrt", 2, timeout=60) as world:
+        with pytest.raises(ReplicaFailed) as info:
+            world.run(torch_ddp_pjrt_group_task)
+    text = str(info.value)
+    assert "2 replica(s) raised" in text
+    assert "_verify_param_shape_across_processes" in text and "xla_backend.py" in text
+    assert "IndexError: list index out of range" in text
+    assert IMPLS["torch"].unsupported["pjrt"] == TORCH_DDP_ON_PJRT
+    assert TORCH_DDP_ON_PJRT.startswith("unsupported topology: DDP() raises IndexError: list index out of range")
+
+
+@pytest.mark.pjrt
+def test_torch_ddp_on_pjrt_with_per_thread_xla_url_aborts_the_host():
+    """The other way to give every thread a group (xla://): XLA aborts the host (~15 s)."""
+    from conformance.impls import TORCH_DDP_ON_PJRT
+    _available(2)
+    world = World("pjrt", 2, timeout=90)
+    try:
+        with pytest.raises(ReplicaDied, match=r"(?s)exited with code -6.*Termination timeout for `all gather"):
+            world.run(torch_ddp_xla_url_task)
+    finally:
+        world.close()
+    assert "XLA aborts the host (Termination timeout for all gather" in TORCH_DDP_ON_PJRT
 
 
 SPAWN_SCRIPT = textwrap.dedent("""
@@ -256,22 +449,29 @@ SPAWN_SCRIPT = textwrap.dedent("""
         xla.XlaCollectives(dev).all_reduce_(t)
         xla.mark_step(dev)
         b = ranks.bindings()
-        print(tag, index, b.global_ordinal, b.world_size, dist.get_rank(), dist.get_world_size(),
-              t.cpu().item(), flush=True)
+        pg = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else ("none", "none")
+        row = [tag, index, b.global_ordinal, b.world_size, b.process_index, *pg, t.cpu().item(),
+               os.environ.get("XLA_ENABLE_PARAM_ALIASING")]
+        os.write(1, (" ".join(map(str, row)) + "\\n").encode())  # one write: replica threads interleave print()
 
     if __name__ == "__main__":
-        spawn(fn, args=("row",), nprocs=3, init_torch_distributed=True)
-        print("done", flush=True)
+        spawn(fn, args=("row",), nprocs=3, init_torch_distributed=sys.argv[1] == "1")
+        import torch.distributed as dist
+        print("done", dist.is_initialized(), flush=True)
 """)
 
 
 @pytest.mark.pjrt
-def test_spawn_runs_every_replica_with_one_process_group(tmp_path):
+@pytest.mark.parametrize("init", [True, False], ids=["init_torch_distributed", "no_process_group"])
+def test_spawn_runs_every_replica(tmp_path, init):
+    """ddp_impl.xla.spawn both ways: with init_torch_distributed one xla group per process
+    (rank = process index 0, world 1) that is gone afterwards; without, no group at all."""
     _available(3)
     script = tmp_path / "spawn_main.py"
     script.write_text(SPAWN_SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+    env.pop("XLA_ENABLE_PARAM_ALIASING", None)
+    proc = subprocess.Popen([sys.executable, str(script), "1" if init else "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=180)
@@ -286,5 +486,7 @@ def test_spawn_runs_every_replica_with_one_process_group(tmp_path):
             pass
     assert proc.returncode == 0, out[-3000:]
     rows = sorted(tuple(line.split()[1:]) for line in out.splitlines() if line.startswith("row "))
-    assert rows == [(str(i), str(i), "3", "0", "1", "3.0") for i in range(3)], out[-3000:]
-    assert "done" in out
+    pg = ("0", "1") if init else ("none", "none")
+    # ordinal, global ordinal, world size, process index, pg rank/size, all-reduce, aliasing
+    assert rows == [(str(i), str(i), "3", "0", *pg, "3.0", "0") for i in range(3)], out[-3000:]
+    assert "done False" in out
