@@ -106,7 +106,8 @@ def _wrap_xla_recipe(module, ctx, kwargs):
     _xla_broadcast(list(module.parameters()) + (list(module.buffers()) if broadcast_buffers else []))
     if broadcast_buffers and any(True for _ in module.buffers()):
         # Upstream DDP's buffer semantics (rank 0's buffers before every synced
-        # forward); the bare recipe broadcasts buffers only at the start.
+        # forward); the bare recipe broadcasts buffers only at the start, and
+        # fails buffer_parity from step 2 (measured: batchnorm, W=2, max dev 0.076).
         def sync_buffers(mod, args):
             import torch
             if torch.is_grad_enabled():

@@ -45,6 +45,15 @@ TOLERANCES = [
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="~2.2 MB of weights: several 1 MB buckets"),
     Tolerance("*", "batchnorm", "float32", lr=0.1, steps=10, global_batch=24,
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="buffers: running stats"),
+    # PJRT: XLA's BatchNorm statistics round differently from CPU torch's, and tiny
+    # per-replica batches amplify it: with 3 samples a replica (global batch 24 at
+    # W=8) parameters deviated 1.3e-5 from the CPU reference for every DDP (CPU
+    # runtime: 9e-8). With >= 6 samples a replica (global batch 48) the measured
+    # noise is <= 6e-8 at W=2, 4, 8, parameters move >= 0.064 and every mutant
+    # is still killed; so the setup, not atol, changes.
+    Tolerance("pjrt", "batchnorm", "float32", lr=0.1, steps=10, global_batch=48,
+              atol=1e-5, rtol=0.0, loss_atol=1e-5,
+              note="buffers: running stats; >= 6 samples per replica up to W=8 (XLA BatchNorm)"),
     Tolerance("*", "frozen", "float32", lr=0.1, steps=10, global_batch=24,
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="first layer requires_grad=False"),
     Tolerance("*", "tied", "float32", lr=0.1, steps=10, global_batch=24,

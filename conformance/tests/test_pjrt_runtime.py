@@ -490,3 +490,28 @@ def test_spawn_runs_every_replica(tmp_path, init):
     # ordinal, global ordinal, world size, process index, pg rank/size, all-reduce, aliasing
     assert rows == [(str(i), str(i), "3", "0", *pg, "3.0", "0") for i in range(3)], out[-3000:]
     assert "done False" in out
+
+
+@pytest.mark.pjrt
+def test_cli_puts_cpu_and_pjrt_in_one_table(tmp_path):
+    """``python -m conformance run --runtime cpu,pjrt``: one table, one JSON, both runtimes."""
+    import json
+    _available(2)
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.Popen([sys.executable, "-m", "conformance", "run", "--runtime", "cpu,pjrt",
+                             "--models", "linear", "--json", str(report)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=10)
+        pytest.fail(f"conformance run did not finish within 300 s:\n{out[-3000:]}")
+    assert proc.returncode == 0, out[-3000:]
+    rows = {(v["runtime"], v["impl"], v["status"]) for v in json.loads(report.read_text())["verdicts"]}
+    assert rows == {("cpu", "torch", "pass"), ("cpu", "ref", "pass"), ("pjrt", "ref", "pass"),
+                    ("pjrt", "xla_recipe", "pass"), ("pjrt", "torch", "unsupported")}, rows
+    table = [ln.split() for ln in out.splitlines() if ln.startswith("param_parity")]
+    assert {(t[2], t[3]) for t in table} == {("torch", "cpu"), ("ref", "cpu"), ("ref", "pjrt"),
+                                             ("xla_recipe", "pjrt"), ("torch", "pjrt")}
