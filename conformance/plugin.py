@@ -67,6 +67,10 @@ def _hypothesis_profiles() -> str | None:
     common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     settings.register_profile("ci", max_examples=200, derandomize=True, database=None,
                               print_blob=True, **common)
+    # PJRT recompiles for every new tensor shape: 200 examples per property cost
+    # ~19 min there on 2 cores, so CI's pjrt env runs 50 (derandomized likewise).
+    settings.register_profile("ci-pjrt", max_examples=50, derandomize=True, database=None,
+                              print_blob=True, **common)
     settings.register_profile("dev", max_examples=25, database=db, **common)
     settings.register_profile("thorough", max_examples=2000, database=db, **common)
     name = os.environ.get("HYPOTHESIS_PROFILE")
@@ -76,7 +80,7 @@ def _hypothesis_profiles() -> str | None:
         elif settings.get_current_profile_name() == "default":
             settings.load_profile("dev")
     except InvalidArgument:
-        return f"HYPOTHESIS_PROFILE={name!r}: unknown profile; the kit registers ci, dev, thorough"
+        return f"HYPOTHESIS_PROFILE={name!r}: unknown profile; the kit registers ci, ci-pjrt, dev, thorough"
     return None
 
 
