@@ -7,7 +7,10 @@ reduced, so ``bench_throughput.py`` can measure what a change would buy before
 anyone touches ``ddp_impl/ddp.py``:
 
 * :class:`FlatRefDDP` - gradients are reduced once, at the end of backward, in
-  one flattened all-reduce per dtype (the floor's communication pattern);
+  one all-reduce per dtype (the floor's communication pattern): a flattened
+  buffer on torch.distributed, a coalesced in-place list all-reduce on XLA
+  (``xm.all_reduce`` of the gradient list, as ``xm.reduce_gradients``; a
+  flatten/unflatten there costs more than it saves);
 * :class:`BucketedAsyncRefDDP` - (torch.distributed only) gradients are packed
   into buckets in backward order and each full bucket is all-reduced with
   ``async_op=True`` while backward continues; the end of backward waits
@@ -28,7 +31,7 @@ import ddp_impl
 
 
 class FlatRefDDP(ddp_impl.DistributedDataParallel):
-    """The reference DDP with one flattened all-reduce (per dtype) at the end of backward."""
+    """The reference DDP with one all-reduce (per dtype) at the end of backward."""
 
     def _on_grad_ready(self, param):
         if self.find_unused_parameters:
@@ -49,12 +52,25 @@ class FlatRefDDP(ddp_impl.DistributedDataParallel):
         groups: dict = {}
         for p in params:
             groups.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        xla = type(self.collectives).__name__ == "XlaCollectives"
         for (_, _), ps in sorted(groups.items(), key=lambda kv: str(kv[0])):
             grads = [p.grad for p in ps]
+            if xla:  # one coalesced all-reduce of the list, in place (as xm.reduce_gradients)
+                self._xla_reduce(grads)
+                continue
             flat = _flatten_dense_tensors(grads)
             self.collectives.all_reduce_(flat, scale=self._grad_scale())
             for g, red in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 g.copy_(red)
+
+    def _xla_reduce(self, grads):
+        import torch_xla.core.xla_model as xm
+        if self.collectives.world_size == 1:
+            for g in grads:
+                g.mul_(self._grad_scale())
+            return
+        xm.all_reduce(xm.REDUCE_SUM, grads, scale=self._grad_scale(),
+                      pin_layout=getattr(self.collectives, "pin_layout", True))
 
 
 class BucketedAsyncRefDDP(ddp_impl.DistributedDataParallel):

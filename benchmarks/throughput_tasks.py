@@ -157,6 +157,7 @@ def bench_task(ctx, variant: str, model: str, global_batch: int, warmup: int, st
                 return {"unsupported": why}
             wrapped = impl.wrap(net, rctx, dict(ddp_kwargs))
             after_backward = impl.after_backward
+            ctx.mark_step()  # run the construction's broadcasts on their own (as the harness does)
         opt = torch.optim.SGD(wrapped.parameters(), lr=lr)
 
         def step(i):
