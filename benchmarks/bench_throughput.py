@@ -52,9 +52,9 @@ TARGET_VS_TORCH = 1.05   # ref throughput / upstream (baseline) throughput, same
 TARGET_VS_FLOOR = 1.10   # ref step time / floor step time
 DEFAULT_OUT = os.path.join("benchmarks", "results", "throughput.json")
 FLOORS = ("floor:local", "floor:allreduce", "floor:fused")
-# What the JSON keeps of each run without --detail (enough to recompute medians and paired ratios).
-RUN_KEYS = ("round", "variant", "step_ms", "examples_per_s_per_replica", "load1", "cpu_others_cores",
-            "unsupported")
+# What the JSON keeps of each run without --detail (enough to recompute medians and paired
+# ratios; examples/s per replica = local_batch / step_ms * 1000).
+RUN_KEYS = ("round", "variant", "step_ms", "load1", "cpu_others_cores", "unsupported")
 
 
 # --- machine load ----------------------------------------------------------------

@@ -69,8 +69,14 @@ class FlatRefDDP(ddp_impl.DistributedDataParallel):
             for g in grads:
                 g.mul_(self._grad_scale())
             return
-        xm.all_reduce(xm.REDUCE_SUM, grads, scale=self._grad_scale(),
+        # Reduce fresh tensors and copy back: an in-place all-reduce straight on
+        # a gradient that backward accumulated in place (after no_sync) is lost
+        # on torch_xla 2.9 (measured: the no_sync feature check fails).
+        bufs = [g.clone() for g in grads]
+        xm.all_reduce(xm.REDUCE_SUM, bufs, scale=self._grad_scale(),
                       pin_layout=getattr(self.collectives, "pin_layout", True))
+        for g, b in zip(grads, bufs):
+            g.copy_(b)
 
 
 class BucketedAsyncRefDDP(ddp_impl.DistributedDataParallel):
