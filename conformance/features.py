@@ -1,56 +1,25 @@
-"""The feature table: every documented DDP behaviour beyond plain parity.
+"""Replica tasks and judges of the feature cases (the rows are in ``conformance/cases.py``).
 
-A feature is either a *parity variant* (the parity harness with other models
-or options, judged by the check table) or a *task* (a replica task plus a
-judge that builds :class:`~conformance.checks.Check` rows on the fly, so the
-same :func:`~conformance.checks.evaluate` - tolerances, vacuity guard, margin -
-decides). Each row names the mutants it must kill (see
-``conformance/mutants.py``). Semantics mirrored: PyTorch's
+A feature case is either a *parity variant* (the standard training loop with
+other models, keywords or setups, judged by the check table) or a *task* here
+(a replica task plus a judge that builds :class:`~conformance.checks.Check`
+rows on the fly, so the same :func:`~conformance.checks.judge` - tolerances,
+vacuity guard, margin - decides). Semantics mirrored: PyTorch's
 ``torch/testing/_internal/distributed/distributed_test.py`` (module-state sync,
 buffer broadcast, unused parameters, no_sync, join, comm hooks, SyncBatchNorm).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 
-from .checks import Check, evaluate
-from .harness import (RANK_BUFFER_OFFSET, RANK_SEED_STRIDE, flat_buffers, flat_params, to_device,
-                      unsupported_reason)
+from .checks import Check, judge
+from .harness import RANK_BUFFER_OFFSET, RANK_SEED_STRIDE, flat_buffers, flat_params, to_device, wrap
 from .tolerances import lookup
 
 SEED = 4321
 LOCAL_BATCH = 6
 UNEVEN_BASE_STEPS = 3   # replica r trains UNEVEN_BASE_STEPS + r batches under join()
 JOIN_TIMEOUT_S = 30.0   # bound for the join feature (its mutant hangs by design)
-
-
-@dataclass(frozen=True)
-class Feature:
-    """One feature row.
-
-    Attributes:
-        name: table key and test id.
-        description: what DDP must do.
-        mutants: mutant names the feature's checks must kill.
-        model: the model the feature runs on.
-        parity: RunSpec overrides for a parity variant (``None`` for a task).
-        task: replica task ``f(ctx, impl, **args) -> dict`` (task features).
-        judge: ``f(results, impl, runtime) -> list[Verdict]`` (task features).
-        timeout: bound on the task in seconds (``None``: the world's default).
-    """
-
-    name: str
-    description: str
-    mutants: tuple
-    model: str = "linear"
-    parity: dict | None = None
-    task: Callable | None = None
-    judge: Callable | None = None
-    args: dict = field(default_factory=dict)
-    timeout: float | None = None
 
 
 # --- helpers ------------------------------------------------------------------
@@ -63,10 +32,11 @@ def _build(ctx, model, rank_seeded=True):
 
 
 def _wrap(ctx, impl, module, requires=(), **kwargs):
+    """Wrap with the implementation ``impl``; raises Unsupported (see harness.wrap)."""
     from .impls import resolve_impl
-    ddp = resolve_impl(impl).wrap(module, ctx, kwargs)
+    ddp = wrap(resolve_impl(impl), module, ctx, kwargs, requires)
     ctx.mark_step()  # XLA: run the construction's collectives before any read-back
-    return ddp, unsupported_reason(ddp, impl, requires)
+    return ddp
 
 
 def _batch(model, step, world_size, rank):
@@ -87,7 +57,7 @@ def _judge(name, results, expected, impl, runtime, model, tol, movement, per_ran
     check = Check(name, name, lambda reps, ref: (np.stack([r[name][None] for r in reps]),
                                                  expected[:, None] if per_rank else expected[None]),
                   lambda t: (t.atol, t.rtol), movement=lambda ref: movement)
-    return evaluate(check, results, {}, tol, impl=impl, runtime=runtime, model=model)
+    return judge(check, results, {}, tol, case="", impl=impl, runtime=runtime, model=model)
 
 
 # --- module-state sync at construction ---------------------------------------
@@ -95,9 +65,8 @@ def _judge(name, results, expected, impl, runtime, model, tol, movement, per_ran
 def task_state_sync(ctx, impl):
     m = _build(ctx, "batchnorm")
     before = np.concatenate([flat_params(m), flat_buffers(m)])
-    ddp, why = _wrap(ctx, impl, m)
-    return {"unsupported": why} if why else {
-        "before": before, "after": np.concatenate([flat_params(m), flat_buffers(m)])}
+    _wrap(ctx, impl, m)
+    return {"before": before, "after": np.concatenate([flat_params(m), flat_buffers(m)])}
 
 
 def judge_state_sync(results, impl, runtime):
@@ -112,9 +81,7 @@ def judge_state_sync(results, impl, runtime):
 def task_buffers_on(ctx, impl):
     import torch
     m = _build(ctx, "batchnorm", rank_seeded=False)
-    ddp, why = _wrap(ctx, impl, m, broadcast_buffers=True)
-    if why:
-        return {"unsupported": why}
+    ddp = _wrap(ctx, impl, m, broadcast_buffers=True)
     bn = m[1]
     bn.momentum = 0.0  # forward then leaves running stats as they were broadcast
     with torch.no_grad():
@@ -139,9 +106,7 @@ def judge_buffers_on(results, impl, runtime):
 def task_unused(ctx, impl):
     import torch.nn.functional as F
     m = _build(ctx, "unused")
-    ddp, why = _wrap(ctx, impl, m, requires=("find_unused_parameters",), find_unused_parameters=True)
-    if why:
-        return {"unsupported": why}
+    ddp = _wrap(ctx, impl, m, requires=("find_unused_parameters",), find_unused_parameters=True)
     x, y, _, _ = _batch("unused", 0, ctx.world_size, ctx.rank)
     F.mse_loss(ddp(x.to(ctx.device), use_branch=ctx.rank == 0), y.to(ctx.device)).backward()
     ctx.mark_step()
@@ -175,9 +140,7 @@ def judge_unused(results, impl, runtime):
 def task_no_sync(ctx, impl):
     import torch.nn.functional as F
     m = _build(ctx, "linear")
-    ddp, why = _wrap(ctx, impl, m, requires=("no_sync",))
-    if why:
-        return {"unsupported": why}
+    ddp = _wrap(ctx, impl, m, requires=("no_sync",))
     xa, ya, _, _ = _batch("linear", 0, ctx.world_size, ctx.rank)
     xb, yb, _, _ = _batch("linear", 1, ctx.world_size, ctx.rank)
     with ddp.no_sync():
@@ -220,9 +183,7 @@ def task_join(ctx, impl, lr=0.1):
     import torch
     import torch.nn.functional as F
     m = _build(ctx, "linear")
-    ddp, why = _wrap(ctx, impl, m, requires=("join",))
-    if why:
-        return {"unsupported": why}
+    ddp = _wrap(ctx, impl, m, requires=("join",))
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
     with ddp.join():
         for step in range(UNEVEN_BASE_STEPS + ctx.rank):
@@ -261,49 +222,3 @@ def _join_reference(world_size, lr=0.1):
 def judge_join(results, impl, runtime):
     ref, moved = _join_reference(len(results))
     return [_judge("params", results, ref, impl, runtime, "linear", lookup(runtime, "linear"), moved)]
-
-
-# --- the table ---------------------------------------------------------------
-
-FEATURES = {f.name: f for f in [
-    Feature("state_sync", "replicas built from their own seeds differ before wrapping and hold "
-            "rank 0's parameters and buffers bit-identically after construction",
-            ("no_initial_broadcast",), "batchnorm", task=task_state_sync, judge=judge_state_sync),
-    Feature("broadcast_buffers_on", "broadcast_buffers=True: a buffer rank 0 changes is on every "
-            "replica after the next forward", ("buffers_not_broadcast",), "batchnorm",
-            task=task_buffers_on, judge=judge_buffers_on),
-    Feature("broadcast_buffers_off", "broadcast_buffers=False: buffers stay local and parity holds "
-            "with the matching reference", ("buffers_always_broadcast",), "batchnorm",
-            parity={"broadcast_buffers": False}),
-    Feature("unused_parameters", "find_unused_parameters=True: a globally unused parameter keeps "
-            "grad None; a locally unused one is reduced as zeros", ("unused_zero_filled", "unused_skipped"),
-            "unused", task=task_unused, judge=judge_unused),
-    Feature("no_sync", "inside no_sync gradients stay local; the next synced backward reduces the "
-            "accumulated gradients", ("no_sync_ignored", "no_sync_sticky"), task=task_no_sync,
-            judge=judge_no_sync),
-    Feature("bucket_view", "gradient_as_bucket_view=True with many small buckets keeps parity",
-            ("dropped_bucket",), "mlp",
-            parity={"ddp_kwargs": (("gradient_as_bucket_view", True), ("bucket_cap_mb", 0.25)),
-                    "requires": ("gradient_as_bucket_view", "bucket_cap_mb")}),
-    Feature("static_graph", "static_graph=True keeps parity", ("static_graph_stale",), "mlp",
-            parity={"ddp_kwargs": (("static_graph", True),), "requires": ("static_graph",)}),
-    Feature("join", "uneven inputs under join(): no hang, and parameters equal the reference with "
-            "upstream's divide-by-initial-world-size semantics", ("join_dropped",),
-            task=task_join, judge=judge_join, timeout=JOIN_TIMEOUT_S),
-    Feature("comm_hook", "a registered plain-averaging comm hook equals the default",
-            ("comm_hook_no_divide",), parity={"comm_hook": "allreduce"}),
-    Feature("sync_batchnorm", "SyncBatchNorm over replicas equals BatchNorm on the global batch "
-            "(outputs via parameters/loss, running stats, gradients)", ("sync_bn_local_stats",),
-            "batchnorm", parity={"sync_bn": True}),
-    Feature("mixed_precision", "bfloat16 autocast forward keeps parity at the bf16 tolerance",
-            ("wrong_count",), parity={"dtype": "bf16-autocast", "autocast": "bfloat16"}),
-    Feature("checkpoint_ddp", "state_dict of the DDP wrapper ('module.' prefix) saved mid-run and "
-            "reloaded gives the uninterrupted trajectory; optimizer state equal on all replicas",
-            ("state_dict_drops_buffers",), "batchnorm", parity={"checkpoint": "ddp", "momentum": 0.9}),
-    Feature("checkpoint_module", "the same with the inner module's state_dict (no prefix)",
-            ("stale_gradient",), "batchnorm", parity={"checkpoint": "module", "momentum": 0.9}),
-    Feature("frozen_params", "parameters with requires_grad=False stay frozen; parity holds",
-            ("unfreezes_params",), "frozen", parity={}),
-    Feature("tied_weights", "tied (shared) weights stay tied; parity holds",
-            ("unties_shared_weights",), "tied", parity={}),
-]}

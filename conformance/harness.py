@@ -8,6 +8,7 @@ the replica's shard of each global batch and returns the trajectory as numpy.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -22,7 +23,14 @@ RANK_BUFFER_OFFSET = 0.5
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything that defines one training run (picklable, hashable)."""
+    """Everything that defines one training run (picklable, hashable).
+
+    ``setups`` names rows of :data:`conformance.setups.SETUPS` (SyncBatchNorm,
+    comm hook, autocast, checkpoint, ...): each brings its own model conversion,
+    forward context and per-step action, so this loop has no feature branches.
+    ``requires`` lists DDP keywords / methods the case needs the implementation
+    to honour (else the case is ``unsupported``).
+    """
 
     impl: str
     model: str
@@ -32,14 +40,10 @@ class RunSpec:
     seed: int
     dtype: str = "float32"
     broadcast_buffers: bool = True
-    # Feature options (see conformance.features):
     ddp_kwargs: tuple = ()      # extra DDP keywords as ((name, value), ...)
     requires: tuple = ()        # keywords/methods the implementation must honour
-    comm_hook: str = ""         # "allreduce": torch's default all-reduce comm hook
-    autocast: str = ""          # "bfloat16": forward under torch.autocast
     momentum: float = 0.0       # SGD momentum (optimizer state for checkpoints)
-    checkpoint: str = ""        # "ddp" / "module": save+reload mid-run from that state_dict
-    sync_bn: bool = False       # convert BatchNorm to the implementation's SyncBatchNorm
+    setups: tuple = ()          # names in conformance.setups.SETUPS
 
     @classmethod
     def from_table(cls, runtime: str, impl: str, model: str, dtype: str = "float32", **overrides):
@@ -111,20 +115,46 @@ def to_cpu(obj):
     return obj
 
 
-def unsupported_reason(ddp, impl_name: str, requires) -> str | None:
-    """Why ``ddp`` cannot serve a feature needing ``requires``, or ``None``.
+#: DDP methods a case may require (an implementation without one is unsupported).
+DDP_METHODS = ("join", "register_comm_hook", "no_sync")
 
-    A keyword counts as unsupported when the implementation reports it in
-    ``ddp.ignored_kwargs`` (the reference DDP does, with a warning); a method
-    (``join``, ``register_comm_hook``, ``no_sync``) when the object lacks it.
+
+def require(ddp, impl, requires) -> None:
+    """Raise :class:`~conformance.errors.Unsupported` if ``ddp`` (built by the
+    :class:`~conformance.impls.Impl` ``impl``) cannot serve ``requires``.
+
+    A keyword is unsupported when the implementation's row lists it in
+    ``ignores`` (the reference DDP accepts some torch keywords and ignores them,
+    with a warning); a user's DDP that does not honour a keyword must raise
+    ``TypeError`` on it, which :func:`wrap` turns into ``Unsupported``. A method
+    (``join``, ``register_comm_hook``, ``no_sync``) is unsupported when missing.
     """
-    ignored = set(getattr(ddp, "ignored_kwargs", None) or ())
+    from .errors import Unsupported
     for need in requires:
-        if need in ignored:
-            return f"{impl_name} ignores constructor argument {need}"
-        if need in ("join", "register_comm_hook", "no_sync") and not callable(getattr(ddp, need, None)):
-            return f"{impl_name} has no {need}()"
-    return None
+        if need in impl.ignores:
+            raise Unsupported(f"{impl.name} ignores constructor argument {need}")
+        if need in DDP_METHODS and not callable(getattr(ddp, need, None)):
+            raise Unsupported(f"{impl.name} has no {need}()")
+
+
+def wrap(impl, module, ctx, kwargs: dict, requires=()):
+    """``impl.wrap(module, ctx, kwargs)``, then :func:`require`.
+
+    Raises:
+        Unsupported: a required keyword is refused with ``TypeError`` (the
+            constructor contract: refuse what you do not implement) or ignored,
+            or a required method is missing.
+    """
+    from .errors import Unsupported
+    try:
+        ddp = impl.wrap(module, ctx, dict(kwargs))
+    except TypeError as exc:
+        refused = [k for k in kwargs if k in str(exc)]
+        if refused:
+            raise Unsupported(f"{impl.name} refuses keyword {refused[0]}: {exc}") from None
+        raise
+    require(ddp, impl, requires)
+    return ddp
 
 
 def make_optimizer(params, run: RunSpec):
@@ -140,30 +170,55 @@ def flat_optimizer_state(opt) -> np.ndarray:
     return torch.cat(ts).numpy() if ts else np.zeros(0)
 
 
-def _autocast(run: RunSpec, device):
-    import contextlib
-
-    import torch
-    if not run.autocast:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, run.autocast))
-
-
-def _wrap(impl, model, ctx, run: RunSpec):
-    from fixtures.models import MODELS
-    kwargs = dict(MODELS[run.model].ddp_kwargs, broadcast_buffers=run.broadcast_buffers)
-    kwargs.update(dict(run.ddp_kwargs))
-    ddp = impl.wrap(model, ctx, kwargs)
-    if run.comm_hook:
-        if callable(getattr(ddp, "register_comm_hook", None)):
-            ddp.register_comm_hook(None, comm_hook(run.comm_hook))
-    return ddp
+def state_digest(*arrays) -> str:
+    """SHA-1 of the bytes of ``arrays`` (replica agreement compares bits, cheaply)."""
+    import hashlib
+    h = hashlib.sha1()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
-def comm_hook(name: str):
-    """Communication hooks by name (torch's ``ddp_comm_hooks``)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    return {"allreduce": default_hooks.allreduce_hook}[name]
+class Loop:
+    """The state of one replica's training loop, handed to setups' hooks.
+
+    Attributes: ``ctx``, ``run``, ``impl`` (the Impl row), ``model`` (the inner
+    module), ``ddp`` (the wrapped model), ``opt``, ``setups``.
+    """
+
+    def __init__(self, ctx, run: RunSpec, impl, setups):
+        self.ctx, self.run, self.impl, self.setups = ctx, run, impl, setups
+        self.model = self.ddp = self.opt = None
+
+    def fresh_model(self, salt: int = 0):
+        """The run's model as this replica builds it: rank 0 from the run's seed,
+        rank r from ``seed + RANK_SEED_STRIDE * r`` with buffers offset by
+        ``RANK_BUFFER_OFFSET * r`` (only a DDP that broadcasts module states matches)."""
+        from fixtures import build_model
+        r = self.ctx.rank
+        m = to_device(build_model(self.run.model, seed=self.run.seed + RANK_SEED_STRIDE * r + salt,
+                                  perturb_buffers=RANK_BUFFER_OFFSET * r + salt), self.ctx.device)
+        for s in self.setups:
+            m = s.prepare_model(m, self)
+        return m
+
+    def wrap(self):
+        """Wrap :attr:`model`, run the construction's collectives, build the optimizer."""
+        from fixtures.models import MODELS
+        kwargs = dict(MODELS[self.run.model].ddp_kwargs, broadcast_buffers=self.run.broadcast_buffers)
+        kwargs.update(dict(self.run.ddp_kwargs))
+        requires = tuple(self.run.requires) + tuple(r for s in self.setups for r in s.requires)
+        with contextlib.ExitStack() as stack:
+            for s in self.setups:
+                stack.enter_context(s.construction_context(self))
+            self.ddp = wrap(self.impl, self.model, self.ctx, kwargs, requires)
+        for s in self.setups:
+            s.after_wrap(self)
+        # Run the construction's broadcasts before reading parameters back: on XLA a
+        # read (.cpu()) of a pending collective would compile it outside the step
+        # lock, per replica, and the replicas' collectives would never meet.
+        self.ctx.mark_step()
+        self.opt = make_optimizer(self.ddp.parameters(), self.run)
 
 
 def train_replica(ctx, spec: dict) -> dict:
@@ -172,82 +227,47 @@ def train_replica(ctx, spec: dict) -> dict:
     Returns a dict with ``params`` float32 ``[steps+1, P]`` (after DDP
     construction, then after each step), ``losses`` float64 ``[steps]`` (this
     replica's local mean loss), ``buffers`` float64 ``[steps+1, B]``, ``optim``
-    (final optimizer state, float64) and ``shard`` (the shard index trained on);
-    or ``{"unsupported": reason}`` when the implementation cannot serve the run.
-    With ``checkpoint`` set, after step ``steps // 2`` the model and optimizer are
-    saved (``torch.save``), rebuilt from other seeds, reloaded, re-wrapped.
-    """
-    import io
+    (final optimizer state, float64), ``optim_digests`` (SHA-1 of the optimizer
+    state after each step) and ``shard`` (the shard index trained on).
 
-    import torch
+    Raises:
+        Unsupported: the implementation cannot serve the run (see :func:`wrap`).
+    """
     import torch.nn.functional as F
 
-    from fixtures import build_model, global_batch, shard
+    from fixtures import global_batch, shard
 
     from .impls import resolve_impl
+    from .setups import SETUPS
 
     run = RunSpec(**spec)
-    impl = resolve_impl(run.impl)
-
-    def fresh_model(salt=0):
-        m = to_device(build_model(run.model, seed=run.seed + RANK_SEED_STRIDE * ctx.rank + salt,
-                                  perturb_buffers=RANK_BUFFER_OFFSET * ctx.rank + salt), ctx.device)
-        if run.sync_bn:
-            m = impl.sync_batchnorm(m, ctx)
-        return m
-
-    if run.sync_bn and impl.sync_batchnorm is None:
-        return {"unsupported": f"{run.impl} has no SyncBatchNorm"}
-    model = fresh_model()
-    try:
-        ddp = _wrap(impl, model, ctx, run)
-    except ValueError as exc:
-        if run.sync_bn and "SyncBatchNorm" in str(exc):  # torch's refuses CPU modules
-            return {"unsupported": f"{type(exc).__name__}: {exc}"}
-        raise
-    why = unsupported_reason(ddp, run.impl, run.requires + (("register_comm_hook",) if run.comm_hook else ()))
-    if why:
-        return {"unsupported": why}
-    # Run the construction's broadcasts before reading parameters back: on XLA a
-    # read (.cpu()) of a pending collective would compile it outside the step
-    # lock, per replica, and the replicas' collectives would never meet.
-    ctx.mark_step()
-    opt = make_optimizer(ddp.parameters(), run)
-    which = impl.shard_rank(ctx)
-    params, losses, buffers = [flat_params(model)], [], [flat_buffers(model)]
+    loop = Loop(ctx, run, resolve_impl(run.impl), [SETUPS[n] for n in run.setups])
+    loop.model = loop.fresh_model()
+    loop.wrap()
+    which = loop.impl.shard_rank(ctx)
+    params, losses, buffers = [flat_params(loop.model)], [], [flat_buffers(loop.model)]
+    digests = []
     for step in range(run.steps):
         x, y = global_batch(run.model, run.seed, step, run.global_batch)
         xs = shard(x, which, ctx.world_size).to(ctx.device)
         ys = shard(y, which, ctx.world_size).to(ctx.device)
-        opt.zero_grad(set_to_none=True)
-        try:
-            with _autocast(run, ctx.device):
-                out = ddp(xs)
-        except ValueError as exc:
-            if run.sync_bn and step == 0 and "SyncBatchNorm" in str(exc):
-                return {"unsupported": f"{type(exc).__name__}: {exc}"}  # e.g. torch's on CPU
-            raise
+        loop.opt.zero_grad(set_to_none=True)
+        with contextlib.ExitStack() as stack:
+            for s in loop.setups:
+                stack.enter_context(s.forward_context(loop, step))
+            out = loop.ddp(xs)
         loss = F.mse_loss(out.float(), ys)
         loss.backward()
-        if impl.after_backward is not None:
-            impl.after_backward(ddp, opt, ctx)
-        opt.step()
+        if loop.impl.after_backward is not None:
+            loop.impl.after_backward(loop.ddp, loop.opt, ctx)
+        loop.opt.step()
         ctx.mark_step()
         losses.append(float(loss.detach().cpu()))
-        params.append(flat_params(model))
-        buffers.append(flat_buffers(model))
-        if run.checkpoint and step == run.steps // 2:
-            blob = io.BytesIO()
-            state = ddp.state_dict() if run.checkpoint == "ddp" else model.state_dict()  # the inner module
-            torch.save(to_cpu({"model": state, "optim": opt.state_dict()}), blob)
-            blob.seek(0)
-            saved = torch.load(blob, map_location="cpu")  # load_state_dict copies to the device
-            model = fresh_model(salt=1)
-            torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
-            model.load_state_dict(saved["model"])
-            ddp = _wrap(impl, model, ctx, run)
-            ctx.mark_step()
-            opt = make_optimizer(ddp.parameters(), run)
-            opt.load_state_dict(saved["optim"])
+        params.append(flat_params(loop.model))
+        buffers.append(flat_buffers(loop.model))
+        digests.append(state_digest(flat_optimizer_state(loop.opt)))
+        for s in loop.setups:
+            s.after_step(loop, step)
     return {"params": np.stack(params), "losses": np.asarray(losses),
-            "buffers": np.stack(buffers), "optim": flat_optimizer_state(opt), "shard": which}
+            "buffers": np.stack(buffers), "optim": flat_optimizer_state(loop.opt),
+            "optim_digests": digests, "shard": which}

@@ -37,6 +37,8 @@ class Impl:
         mutant: True for the deliberately broken implementations.
         sync_batchnorm: ``f(module, ctx) -> module`` converting BatchNorm layers to
             the implementation's SyncBatchNorm (``None``: it has none).
+        ignores: DDP keywords the implementation accepts but does not honour
+            (a case requiring one is ``unsupported``).
     """
 
     name: str
@@ -47,6 +49,7 @@ class Impl:
     shard_rank: Callable = _replica_rank
     mutant: bool = False
     sync_batchnorm: Callable | None = None
+    ignores: frozenset = frozenset()
 
 
 # Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
@@ -83,9 +86,9 @@ def _ref_sync_bn(module, ctx):
 
 
 # --- torch_xla's own data-parallel recipe (PJRT only) ------------------------
-# No wrapper module: the model itself is returned. Keywords the recipe has no
-# counterpart for are reported in ``ignored_kwargs`` (read by the harness's
-# unsupported_reason, so a feature that needs one comes out "unsupported").
+# No wrapper module: the model itself is returned. A keyword the recipe has no
+# counterpart for is refused with TypeError (the constructor contract), which the
+# harness reports as unsupported.
 XLA_RECIPE_KWARGS = frozenset({"broadcast_buffers"})
 
 
@@ -102,6 +105,9 @@ def _xla_broadcast(tensors):
 
 
 def _wrap_xla_recipe(module, ctx, kwargs):
+    other = sorted(k for k in kwargs if k not in XLA_RECIPE_KWARGS)
+    if other:
+        raise TypeError(f"xla_recipe has no counterpart for keyword(s) {', '.join(other)}")
     broadcast_buffers = kwargs.get("broadcast_buffers", True)
     _xla_broadcast(list(module.parameters()) + (list(module.buffers()) if broadcast_buffers else []))
     if broadcast_buffers and any(True for _ in module.buffers()):
@@ -113,7 +119,6 @@ def _wrap_xla_recipe(module, ctx, kwargs):
             if torch.is_grad_enabled():
                 _xla_broadcast(list(mod.buffers()))
         module.register_forward_pre_hook(sync_buffers)
-    module.ignored_kwargs = {k: v for k, v in kwargs.items() if k not in XLA_RECIPE_KWARGS}
     return module
 
 
@@ -128,6 +133,11 @@ def _xla_recipe_after_backward(model, optimizer, ctx):
     xm.reduce_gradients(optimizer)  # all_reduce(SUM, grads, scale=1/W, pin_layout=True)
 
 
+def _ref_ignores() -> frozenset:
+    from ddp_impl.ddp import IGNORED_TORCH_DDP_KWARGS
+    return frozenset(IGNORED_TORCH_DDP_KWARGS)
+
+
 def _user_wrapper(cls):
     def wrap(module, ctx, kwargs):
         return cls(module, **kwargs)
@@ -137,8 +147,8 @@ def _user_wrapper(cls):
 IMPLS = {i.name: i for i in [
     Impl("torch", "torch.nn.parallel.DistributedDataParallel", _wrap_torch,
          sync_batchnorm=_torch_sync_bn, unsupported={"pjrt": TORCH_DDP_ON_PJRT}),
-    Impl("ref", "ddp_impl.DistributedDataParallel (per-parameter all-reduce hooks)", _wrap_ref,
-         sync_batchnorm=_ref_sync_bn),
+    Impl("ref", "ddp_impl.DistributedDataParallel (the kit's reference DDP)", _wrap_ref,
+         sync_batchnorm=_ref_sync_bn, ignores=_ref_ignores()),
     Impl("xla_recipe", "torch_xla's data-parallel recipe: no wrapper, parameters (and buffers) "
          "broadcast from replica 0, xm.reduce_gradients(optimizer) before optimizer.step()",
          _wrap_xla_recipe, after_backward=_xla_recipe_after_backward,
@@ -161,7 +171,6 @@ def resolve_impl(spec: str) -> Impl:
     """
     spec = spec.strip()
     if spec.startswith("mutant:"):
-        from .mutants import mutant_impl
         return mutant_impl(spec[len("mutant:"):])
     if spec in IMPLS:
         return IMPLS[spec]
@@ -186,3 +195,31 @@ def parse_impls(specs: str) -> list[Impl]:
     if not names:
         raise ImplSpecError("--ddp is empty; name at least one implementation")
     return [resolve_impl(n) for n in names]
+
+
+def mutant_impl(name: str) -> Impl:
+    """The :class:`Impl` row of catalog mutant ``name`` (``conformance.mutants``).
+
+    Raises:
+        ImplSpecError: unknown mutant.
+    """
+    from .mutants import MUTANTS
+    if name not in MUTANTS:
+        raise ImplSpecError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
+    m = MUTANTS[name]
+
+    def wrap(module, ctx, kwargs):
+        cls = m.ddp_class if isinstance(m.ddp_class, type) else m.ddp_class()
+        if m.torch_based:
+            return cls(module, **kwargs)
+        return cls(module, collectives=ctx.collectives, **kwargs)
+    extra = {"shard_rank": m.shard_rank} if m.shard_rank else {}
+    if m.sync_bn:
+        extra["sync_batchnorm"] = lambda module, ctx: m.sync_bn().convert_sync_batchnorm(module, ctx.collectives)
+    elif not m.torch_based:
+        extra["sync_batchnorm"] = _ref_sync_bn
+    if m.torch_based:  # upstream DDP underneath: cannot run where torch's DDP cannot
+        extra["unsupported"] = {"pjrt": TORCH_DDP_ON_PJRT}
+    else:
+        extra["ignores"] = _ref_ignores() - frozenset(m.honours)
+    return Impl(f"mutant:{name}", m.description, wrap, mutant=True, **extra)

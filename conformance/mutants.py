@@ -1,10 +1,11 @@
 """The mutant catalog: deliberately broken DDPs every check table must kill.
 
 Each mutant is the reference DDP (:class:`ddp_impl.DistributedDataParallel`)
-with one seam broken, or a correct DDP fed the wrong shard. Operators follow
-real data-parallel bugs (cf. DeepCrime's catalogue of DL faults). ``killed_by``
-names the checks expected to catch it; the self-test requires at least one check
-to fail (not merely turn vacuous) on at least one model.
+with one seam broken, a torch DDP with one method broken, or a correct DDP fed
+the wrong shard. Operators follow real data-parallel bugs (cf. DeepCrime's
+catalogue of DL faults). Which cases must kill a mutant is stated in one place
+only: the ``must_kill`` column of the case table (``conformance/cases.py``),
+which checks at import that every mutant here is named by some case.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import torch
 
 from ddp_impl import DistributedDataParallel as RefDDP
 
-from .impls import Impl, ImplSpecError
 
 
 class NoGradSync(RefDDP):
@@ -278,82 +278,46 @@ class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
     returning one (for torch-DDP-based mutants, built lazily); ``torch_based``
     ones are constructed without the replica's collectives; ``sync_bn`` is the
-    SyncBatchNorm class the mutant converts BatchNorm layers to."""
+    SyncBatchNorm class the mutant converts BatchNorm layers to; ``honours``
+    lists torch DDP keywords the mutant implements although the reference
+    ignores them (so cases requiring them run)."""
 
     name: str
     description: str
     ddp_class: object
-    killed_by: tuple
     shard_rank: object = None
     torch_based: bool = False
     sync_bn: object = None
+    honours: tuple = ()
 
 
 MUTANTS = {m.name: m for m in [
-    Mutant("no_grad_sync", NoGradSync.__doc__, NoGradSync, ("param_parity", "loss_parity")),
-    Mutant("sum_not_mean", SumNotMean.__doc__, SumNotMean, ("param_parity",)),
-    Mutant("wrong_count", WrongCount.__doc__, WrongCount, ("param_parity",)),
-    Mutant("no_initial_broadcast", NoInitialBroadcast.__doc__, NoInitialBroadcast,
-           ("param_parity", "loss_parity")),
-    Mutant("buffers_not_broadcast", BuffersNotBroadcast.__doc__, BuffersNotBroadcast,
-           ("buffer_parity",)),
-    Mutant("last_param_unsynced", LastParamUnsynced.__doc__, LastParamUnsynced, ("param_parity",)),
-    Mutant("scale_twice", ScaleTwice.__doc__, ScaleTwice, ("param_parity",)),
-    Mutant("stale_gradient", StaleGradient.__doc__, StaleGradient, ("param_parity", "loss_parity")),
+    Mutant("no_grad_sync", NoGradSync.__doc__, NoGradSync),
+    Mutant("sum_not_mean", SumNotMean.__doc__, SumNotMean),
+    Mutant("wrong_count", WrongCount.__doc__, WrongCount),
+    Mutant("no_initial_broadcast", NoInitialBroadcast.__doc__, NoInitialBroadcast),
+    Mutant("buffers_not_broadcast", BuffersNotBroadcast.__doc__, BuffersNotBroadcast),
+    Mutant("last_param_unsynced", LastParamUnsynced.__doc__, LastParamUnsynced),
+    Mutant("scale_twice", ScaleTwice.__doc__, ScaleTwice),
+    Mutant("stale_gradient", StaleGradient.__doc__, StaleGradient),
     Mutant("shard_mixup", "Correct DDP, but every replica trains on shard 0 (rank binding "
-           "returns 0).", RefDDP, ("param_parity", "loss_parity"), shard_rank=_shard_zero),
-    Mutant("clip_local_grad", ClipLocalGrad.__doc__, ClipLocalGrad, ("param_parity", "loss_parity")),
-    # Feature mutants: each proves a check of conformance.features can fail.
-    Mutant("buffers_always_broadcast", BuffersAlwaysBroadcast.__doc__, BuffersAlwaysBroadcast,
-           ("broadcast_buffers_off",)),
-    Mutant("unused_zero_filled", UnusedZeroFilled.__doc__, UnusedZeroFilled, ("unused_parameters",)),
-    Mutant("unused_skipped", UnusedSkipped.__doc__, UnusedSkipped, ("unused_parameters",)),
-    Mutant("no_sync_ignored", NoSyncIgnored.__doc__, NoSyncIgnored, ("no_sync",)),
-    Mutant("no_sync_sticky", NoSyncSticky.__doc__, NoSyncSticky, ("no_sync",)),
-    Mutant("dropped_bucket", DroppedBucket.__doc__, DroppedBucket, ("bucket_view",)),
-    Mutant("static_graph_stale", StaticGraphStale.__doc__, StaticGraphStale, ("static_graph",)),
-    Mutant("unfreezes_params", UnfreezesParams.__doc__, UnfreezesParams, ("frozen_params",)),
-    Mutant("unties_shared_weights", UntiesSharedWeights.__doc__, UntiesSharedWeights, ("tied_weights",)),
-    Mutant("state_dict_drops_buffers", StateDictDropsBuffers.__doc__, StateDictDropsBuffers,
-           ("checkpoint_ddp",)),
+           "returns 0).", RefDDP, shard_rank=_shard_zero),
+    Mutant("clip_local_grad", ClipLocalGrad.__doc__, ClipLocalGrad),
+    Mutant("buffers_always_broadcast", BuffersAlwaysBroadcast.__doc__, BuffersAlwaysBroadcast),
+    Mutant("unused_zero_filled", UnusedZeroFilled.__doc__, UnusedZeroFilled),
+    Mutant("unused_skipped", UnusedSkipped.__doc__, UnusedSkipped),
+    Mutant("no_sync_ignored", NoSyncIgnored.__doc__, NoSyncIgnored),
+    Mutant("no_sync_sticky", NoSyncSticky.__doc__, NoSyncSticky),
+    Mutant("dropped_bucket", DroppedBucket.__doc__, DroppedBucket,
+           honours=("bucket_cap_mb", "gradient_as_bucket_view")),
+    Mutant("static_graph_stale", StaticGraphStale.__doc__, StaticGraphStale, honours=("static_graph",)),
+    Mutant("unfreezes_params", UnfreezesParams.__doc__, UnfreezesParams),
+    Mutant("unties_shared_weights", UntiesSharedWeights.__doc__, UntiesSharedWeights),
+    Mutant("state_dict_drops_buffers", StateDictDropsBuffers.__doc__, StateDictDropsBuffers),
     Mutant("comm_hook_no_divide", "torch DDP whose registered comm hook all-reduces but forgets "
-           "to divide.", _comm_hook_no_divide, ("comm_hook",), torch_based=True),
+           "to divide.", _comm_hook_no_divide, torch_based=True),
     Mutant("join_dropped", "torch DDP whose join() does nothing: the replica with more batches "
-           "hangs in an all-reduce.", _join_dropped, ("join",), torch_based=True),
-    Mutant("sync_bn_local_stats", SyncBNLocalStats.__doc__, SyncBNLocalStats, ("sync_batchnorm",),
+           "hangs in an all-reduce.", _join_dropped, torch_based=True),
+    Mutant("sync_bn_local_stats", SyncBNLocalStats.__doc__, SyncBNLocalStats,
            sync_bn=_local_stats_bn_class),
 ]}
-
-# Mutants of the plain parity table; feature mutants are run by their features.
-PARITY_MUTANTS = tuple(MUTANTS)[:10]
-
-
-def mutant_impl(name: str) -> Impl:
-    """The :class:`~conformance.impls.Impl` row of mutant ``name``.
-
-    Raises:
-        ImplSpecError: unknown mutant.
-    """
-    if name not in MUTANTS:
-        raise ImplSpecError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
-    m = MUTANTS[name]
-
-    def wrap(module, ctx, kwargs):
-        cls = m.ddp_class if isinstance(m.ddp_class, type) else m.ddp_class()
-        if m.torch_based:
-            return cls(module, **kwargs)
-        return cls(module, collectives=ctx.collectives, **kwargs)
-    extra = {"shard_rank": m.shard_rank} if m.shard_rank else {}
-    if m.sync_bn:
-        extra["sync_batchnorm"] = lambda module, ctx: m.sync_bn().convert_sync_batchnorm(module, ctx.collectives)
-    elif not m.torch_based:
-        extra["sync_batchnorm"] = _ref_sync_bn
-    if m.torch_based:  # upstream DDP underneath: cannot run where torch's DDP cannot
-        from .impls import TORCH_DDP_ON_PJRT
-        extra["unsupported"] = {"pjrt": TORCH_DDP_ON_PJRT}
-    return Impl(f"mutant:{name}", m.description, wrap, mutant=True, **extra)
-
-
-def _ref_sync_bn(module, ctx):
-    from ddp_impl.sync_batchnorm import SyncBatchNorm
-    return SyncBatchNorm.convert_sync_batchnorm(module, ctx.collectives)

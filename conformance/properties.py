@@ -466,12 +466,13 @@ def broadcast_task(ctx, *, impl: str, widths, seed: int) -> dict:
 
 def no_sync_task(ctx, *, impl: str, widths, seed: int, x, y) -> dict:
     """Property 5: ``len(x) - 1`` backward passes under ``ddp.no_sync()``, then
-    one synced backward; returns the gradients (``{"unsupported": why}`` when
-    the DDP has no ``no_sync``)."""
+    one synced backward; returns the gradients. Raises ``Unsupported`` when the
+    DDP has no ``no_sync``."""
     module = build_mlp(widths, seed)
     row, ddp, opt = _wrap(impl, module, ctx)
-    if not hasattr(ddp, "no_sync"):
-        return {"unsupported": f"{type(ddp).__name__} has no no_sync()"}
+    if not callable(getattr(ddp, "no_sync", None)):
+        from .errors import Unsupported
+        raise Unsupported(f"{impl} has no no_sync()")
     s, w = row.shard_rank(ctx), ctx.world_size
     for j in range(len(x) - 1):
         with ddp.no_sync():
@@ -531,7 +532,7 @@ def _fmt(a) -> str:
     return np.array2string(np.asarray(a), threshold=64, precision=9, max_line_width=120)
 
 
-def check_allreduce_mean(ex: AllReduceExample, results: list) -> None:
+def check_allreduce_mean(ex: AllReduceExample, results: list, measure: Measure | None = None) -> None:
     """Property 1 oracle: every replica holds the same bits, the input's dtype
     and shape, and lies within :func:`allreduce_bound` of the float64 mean."""
     n = ex.world_size
@@ -553,6 +554,8 @@ def check_allreduce_mean(ex: AllReduceExample, results: list) -> None:
     exact = xs.astype(np.float64).sum(axis=0) / n
     bound = allreduce_bound(xs, ex.dtype)
     err = np.abs(got[0].astype(np.float64) - exact)
+    if measure is not None:
+        measure.add(err, bound)
     bad = np.flatnonzero(~(err <= bound))
     if len(bad):
         i = int(bad[np.argmax(err[bad] / np.maximum(bound[bad], 1e-300))])
@@ -563,10 +566,31 @@ def check_allreduce_mean(ex: AllReduceExample, results: list) -> None:
             f"|error| {err[i]:.6g} > bound {bound[i]:.6g}\nresult (replica 0):\n{_fmt(got[0].reshape(ex.shape))}")
 
 
+class Measure:
+    """Worst use of a bound over a property's examples: ``ratio`` = max |dev| / bound,
+    with the deviation and bound at that element (the verdict's max dev and atol)."""
+
+    def __init__(self):
+        self.ratio, self.dev, self.bound, self.examples = 0.0, 0.0, float("nan"), 0
+
+    def add(self, dev: np.ndarray, bound: np.ndarray) -> None:
+        dev, bound = np.asarray(dev, np.float64).reshape(-1), np.asarray(bound, np.float64).reshape(-1)
+        if not dev.size:
+            return
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(dev == 0, 0.0, dev / bound)
+        i = int(np.nanargmax(np.where(np.isnan(r), np.inf, r)))
+        if not (r[i] <= self.ratio):
+            self.ratio, self.dev, self.bound = float(r[i]), float(dev[i]), float(bound[i])
+        elif np.isnan(self.bound):
+            self.bound = float(bound[i])
+
+
 def compare_grads(actual: list, expected: list, tol: GradTolerance, *, scale: float = 1.0,
-                  what: str) -> None:
+                  what: str, measure: Measure | None = None) -> None:
     """Assert ``[(name, grad)]`` lists agree within ``grad_bound(expected, tol, scale)``;
-    the message names ``what``, the parameter, the worst element and both tensors."""
+    the message names ``what``, the parameter, the worst element and both tensors.
+    ``measure`` (optional) records the worst use of the bound."""
     assert [n for n, _ in actual] == [n for n, _ in expected], \
         f"{what}: parameters {[n for n, _ in actual]} != {[n for n, _ in expected]}"
     for (name, a), (_, e) in zip(actual, expected):
@@ -575,6 +599,8 @@ def compare_grads(actual: list, expected: list, tol: GradTolerance, *, scale: fl
         a64, e64 = np.asarray(a, np.float64), np.asarray(e, np.float64)
         dev = np.abs(a64 - e64)
         bound = grad_bound(e64, tol, scale)
+        if measure is not None:
+            measure.add(dev, bound)
         bad = ~(dev <= bound)
         if bad.any():
             i = np.unravel_index(int(np.argmax(np.where(bad, dev / bound, -1))), np.shape(a))

@@ -134,13 +134,19 @@ def reference_run(spec: RunSpec, world_size: int, runtime: str | None = None) ->
     (the buffers each rank should hold after each step). Cached per spec.
     """
     from fixtures.models import MODELS
-    w = world_size if MODELS[spec.model].batch_coupled and not spec.sync_bn else 1
+
+    from .setups import SETUPS
+    over = {}
+    for name in spec.setups:
+        over.update(SETUPS[name].reference)
+    autocast, sync_bn = over.get("autocast", ""), over.get("sync_bn", False)
+    w = world_size if MODELS[spec.model].batch_coupled and not sync_bn else 1
     quirks = frozenset()
     if runtime is not None:
         from .runtimes import get_runtime
         quirks = frozenset(get_runtime(runtime).reference_quirks)
     out = _reference(spec.model, spec.lr, spec.steps, spec.global_batch, spec.seed, w,
-                     spec.broadcast_buffers, spec.momentum, spec.autocast, spec.sync_bn, quirks)
+                     spec.broadcast_buffers, spec.momentum, autocast, sync_bn, quirks)
     if w != world_size:
         out = dict(out, buffers=np.repeat(out["buffers"], world_size, axis=1))
     return out
