@@ -2,11 +2,11 @@
 the noise of correct runs and the signal of the mutant catalog.
 
 For one (runtime, world size, model, correct implementation) it runs, with the
-same harness as ``run`` (:class:`conformance.runner.Runner`, a
+same harness as ``run`` (:func:`conformance.evaluate.evaluate` on the ``parity.<model>`` case, a
 :class:`~conformance.harness.RunSpec` whose ``seed`` is overridden):
 
 * the correct implementation over ``N`` seeds (``table seed + k``, k < N), and
-* every mutant of the parity catalog (:data:`conformance.mutants.PARITY_MUTANTS`)
+* every mutant of the parity catalog (``must_kill`` of the parity cases)
   over the same seeds,
 
 and records every applicable check's per-step deviation from the single-device
@@ -77,6 +77,38 @@ def _num(x):
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+def parity_mutants() -> list[str]:
+    """Mutants some parity case must kill (table order)."""
+    from .cases import CASES
+    out = []
+    for c in CASES.values():
+        if c.family == "parity":
+            out += [m for m in c.must_kill if m not in out]
+    return out
+
+
+class ParityRunner:
+    """``verdicts(runtime, w, impl, model, dtype, **overrides) -> {check: Verdict}`` of the
+    case ``parity.<model>`` through :func:`conformance.evaluate.evaluate` (replica
+    agreement left out: it has no deviation scale)."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def verdicts(self, runtime, w, impl, model, dtype="float32", **overrides):
+        from .cases import CASES
+        from .checks import AGREEMENT
+        from .evaluate import evaluate
+        vs = evaluate(CASES[f"parity.{model}"], impl, runtime, w, self.session, **overrides)
+        return {v.check: v for v in vs if v.check != AGREEMENT}
+
+    def forget(self):
+        self.session.forget()
+
+    def close(self):
+        self.session.close()
+
+
 def calibrate(runner, runtime: str, world_size: int, model: str, impl: str, seeds: list[int],
               dtype: str = "float32", progress=None, memo: dict | None = None) -> dict:
     """Run the calibration of one (runtime, world size, model, impl); return its JSON dict.
@@ -85,14 +117,12 @@ def calibrate(runner, runtime: str, world_size: int, model: str, impl: str, seed
     (a dict) keeps the mutants' verdicts across calls, so calibrating several
     correct implementations on one model runs every mutant once.
     """
-    from .mutants import MUTANTS, PARITY_MUTANTS
-    from .runner import checks_for
-    from .harness import RunSpec
+    from .cases import CASES
     from .tolerances import lookup
 
     tol = lookup(runtime, model, dtype)
     atol = tol.atol
-    applicable = checks_for(model, RunSpec.from_table(runtime, impl, model, dtype))
+    case = CASES[f"parity.{model}"] if f"parity.{model}" in CASES else None
     problems = []
     correct, noise, noise_at, by_check = [], 0.0, None, {}
     for seed in seeds:
@@ -114,11 +144,10 @@ def calibrate(runner, runtime: str, world_size: int, model: str, impl: str, seed
 
     mutants, excluded = [], []
     signal, signal_at = float("inf"), None
-    for name in PARITY_MUTANTS:
-        documented = [c for c in MUTANTS[name].killed_by if c in applicable]
-        if not documented:
-            excluded.append({"mutant": name, "reason": f"none of its documented checks "
-                             f"({', '.join(MUTANTS[name].killed_by)}) applies to model {model}"})
+    for name in parity_mutants():
+        if case is None or name not in case.must_kill:
+            excluded.append({"mutant": name, "reason": f"the case table does not require parity.{model} "
+                             "to kill it (see its row's must_kill)"})
             continue
         runs, weakest, weakest_at, silent = [], float("inf"), None, []
         for seed in seeds:
@@ -216,10 +245,11 @@ def cmd_calibrate(args) -> int:
     """The ``calibrate`` subcommand (see the module docstring)."""
     from fixtures.models import MODELS
 
-    from .cli import UsageError, _split
+    from .errors import UsageError
+    from .errors import split_list as _split
+    from .evaluate import Session
     from .impls import ImplSpecError, parse_impls
     from .report import environment
-    from .runner import Runner
     from .runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
     from .tolerances import MIN_WORLD_SIZE, lookup
     from .world import WorldPool
@@ -258,7 +288,7 @@ def cmd_calibrate(args) -> int:
             except KeyError as exc:
                 raise UsageError(str(exc.args[0])) from None
 
-    runner = Runner(WorldPool())
+    runner = ParityRunner(Session(WorldPool()))
     cals, memo = [], {}
     t0 = time.monotonic()
     try:

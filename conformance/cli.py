@@ -1,127 +1,126 @@
-"""``python -m conformance``: run the checks, the mutant self-test, and reports.
+"""``python -m conformance``: run the case table, the mutant kill matrix, and reports.
 
-Exit codes: 0 every verdict pass/unsupported/skip (and every mutant killed);
-1 some verdict fail/vacuous or a mutant survived; 2 bad input (one line on stderr).
+Exit codes: 0 every verdict pass/unsupported/skip/xfail (and, with ``--mutants``,
+every mutant killed by every case that must kill it); 1 some verdict fail or
+vacuous, or a mutant survived; 2 bad input (one ``error:`` line on stderr).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from .tolerances import MIN_WORLD_SIZE
+from .errors import UsageError, split_list
 
 
-class UsageError(Exception):
-    """Bad command-line input; ``str(exc)`` is the one line printed."""
+class _ErrorParser(argparse.ArgumentParser):
+    """argparse that reports bad input as one ``error:`` line (exit 2), no usage wall."""
+
+    def error(self, message):
+        raise UsageError(message)
 
 
-def _split(v):
-    return [x.strip() for x in v.split(",") if x.strip()]
-
-
-def _parse_targets(args):
-    from fixtures.models import MODELS, PARITY_MODELS
-
-    from .impls import ImplSpecError, parse_impls
-    from .runtimes import DEFAULTS, RUNTIMES, RuntimeUnavailable, get_runtime
-    runtimes = _split(args.runtime)
-    if not runtimes:
-        raise UsageError("--runtime is empty")
-    if getattr(args, "launcher", "spawn") == "env":  # the world is the launcher's processes
-        from .external import EXTERNAL_RUNTIMES, LauncherEnvError, launcher_world_size
-        try:
-            launched = launcher_world_size()
-        except LauncherEnvError as exc:
-            raise UsageError(f"--launcher env: {exc}") from None
-        if args.world_size is None:
-            args.world_size = str(launched)
-        elif _split(args.world_size) != [str(launched)]:
-            raise UsageError(f"--launcher env: --world-size {args.world_size}: the launcher started "
-                             f"{launched} processes (WORLD_SIZE={launched}); omit --world-size")
-        for rt in runtimes:
-            if rt in RUNTIMES and rt not in EXTERNAL_RUNTIMES:
-                raise UsageError(f"--launcher env: runtime {rt} cannot run under an external launcher "
-                                 f"(only {', '.join(EXTERNAL_RUNTIMES)})")
+def _progress(total: int, quiet: bool):
+    """A tqdm bar on stderr (off with --quiet or when stderr is not a terminal)."""
+    if quiet or not sys.stderr.isatty():
+        return None
     try:
-        sizes = [int(w) for w in _split(args.world_size or "2")]
-    except ValueError:
-        raise UsageError(f"--world-size: not a comma list of integers: {args.world_size!r}") from None
-    if not sizes or min(sizes) < MIN_WORLD_SIZE:
-        raise UsageError(f"--world-size: parity checks need world size >= {MIN_WORLD_SIZE}, got {args.world_size!r}")
-    models = _split(args.models) if args.models else list(PARITY_MODELS)
-    for m in models:
-        if m not in MODELS:
-            raise UsageError(f"--models: unknown model {m!r}; known: {', '.join(MODELS)}")
-    targets = []
-    for rt in runtimes:
-        if rt not in RUNTIMES:
-            raise UsageError(f"--runtime: unknown runtime {rt!r}; known: {', '.join(RUNTIMES)}")
-        for w in sizes:
-            try:
-                get_runtime(rt).check(w)
-            except RuntimeUnavailable as exc:
-                raise UsageError(f"--runtime {rt}: {exc}") from None
-        try:
-            impls = [i.name for i in parse_impls(args.ddp or ",".join(DEFAULTS[rt]["impls"]))]
-        except ImplSpecError as exc:
-            raise UsageError(str(exc)) from None
-        targets += [(rt, w, impls) for w in sizes]
-    return targets, models
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="case", file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
 def cmd_run(args) -> int:
     if getattr(args, "repeat", None) is not None:  # flakiness sweep (conformance/repeat.py)
         from .repeat import cmd_repeat
         return cmd_repeat(args)
-    from .mutants import PARITY_MUTANTS
-    from .report import kill_matrix_text, verdict_table, write_json
+    from .cases import CASES, select
+    from .evaluate import Session, evaluate
     from .external import ExternalPool, root_decides
-    from .rankcheck import rank_check, summary
-    from .runner import Runner
+    from .mutants import MUTANTS
+    from .options import parse_targets
+    from .property_cases import profile_examples
+    from .report import apply_expected_failures, counts, exit_code, kill_matrix_text, \
+        read_expected_failures, verdict_table, write_json
     from .selftest import kill_rows
     from .world import WorldPool
 
-    targets, models = _parse_targets(args)
-    # --launcher env: this process is one replica of the world torchrun started;
-    # every process runs this same code, rank 0 evaluates, prints and writes.
-    env_launch = getattr(args, "launcher", "spawn") == "env"
+    cases = select(split_list(args.only), split_list(args.skip))
+    targets = parse_targets(args.runtime, args.world_size, args.ddp, args.launcher)
+    profile_examples(args.profile)  # validates the name
+    expected = read_expected_failures(args.expected_failures) if args.expected_failures else set()
+    if args.replica_timeout is not None:
+        if args.replica_timeout <= 0:
+            raise UsageError(f"--replica-timeout: need seconds > 0, got {args.replica_timeout:g}")
+        os.environ["CONFORMANCE_TIMEOUT"] = str(args.replica_timeout)
+    env_launch = args.launcher == "env"
     pool = ExternalPool(targets[0][0]) if env_launch else WorldPool()
-    runner = Runner(pool)
-    verdicts, kills, ranks = [], [], []
+    session = Session(pool, profile=args.profile)
+    verdicts, kills = [], []
+    n_mutant = sum(1 for m in MUTANTS for c in cases if m in c.must_kill) if args.mutants else 0
+    bar = _progress(sum(len(impls) * len(cases) + n_mutant for _, _, impls in targets),
+                    args.quiet or env_launch)
+    tick = (lambda: bar.update(1)) if bar else None
     try:
         for rt, w, impls in targets:
-            if getattr(args, "ranks", False):
-                ranks.append(rank_check(pool.get(rt, w)))
             for impl in impls:
-                for model in models:
-                    verdicts += runner.verdicts(rt, w, impl, model).values()
+                for case in cases:
+                    if bar:
+                        bar.set_description(f"{case.name} {impl} {rt} W={w}")
+                    verdicts += evaluate(case, impl, rt, w, session)
+                    tick and tick()
             if args.mutants:
-                kills += kill_rows(runner, rt, w, list(PARITY_MUTANTS), models)
+                kills += kill_rows(rt, w, session, cases=cases, progress=tick)
+        if bar:
+            bar.close()
 
         def report():
+            warnings = apply_expected_failures(verdicts, expected)
             print(verdict_table(verdicts))
-            from .checks import CHECKS
             if kills:
-                print("\nmutant kill matrix (KILL = the check failed on some model)")
-                print(kill_matrix_text(kills, list(CHECKS)))
-            for check in ranks:
-                print("\n" + summary(check))
-            extra = {"ranks": ranks} if ranks else {}
+                print("\nmutant kill matrix (every catalog mutant x every case that must kill it)")
+                print(kill_matrix_text(kills))
+            extra = {"cases": sorted({c.name for c in cases}), "profile": args.profile}
             if env_launch and pool.world is not None:
                 extra["launch"] = pool.world.launch_info()
             write_json(args.json, verdicts, kills, extra)
+            _write_diagnoses(args.json, verdicts + [v for k in kills for v in k.verdicts])
+            for w_ in warnings:
+                print(f"warning: {w_}", file=sys.stderr)
             print(f"\nJSON report: {args.json}")
-            bad = [v for v in verdicts if v.status in ("fail", "vacuous")]
-            survivors = [m for _, _, m, vs in kills if not any(v.status == "fail" for v in vs)]
-            counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "vacuous", "unsupported", "skip")}
-            print(", ".join(f"{n} {s}" for s, n in counts.items())
-                  + (f"; {len(kills) - len(survivors)}/{len(kills)} mutants killed" if kills else "")
-                  + (f"; rank invariants {'ok' if not any(c['violations'] for c in ranks) else 'VIOLATED'}"
-                     if ranks else ""))
-            return 1 if bad or survivors or any(c["violations"] for c in ranks) else 0
+            c = counts(verdicts)
+            from .report import kill_summary
+            ks = kill_summary(kills)
+            print(", ".join(f"{n} {s}" for s, n in c.items() if n or s in ("pass", "fail"))
+                  + (f"; mutants: {sum(r == 'killed' for r in ks.values())} killed, "
+                     f"{sum(r == 'SURVIVED' for r in ks.values())} survived, "
+                     f"{sum(r == 'unsupported' for r in ks.values())} unsupported" if kills else ""))
+            return exit_code(verdicts, kills)
         return root_decides(pool, report)  # the same exit code on every launched process
     finally:
-        runner.close()
+        if bar:
+            bar.close()
+        session.close()
+
+
+def _write_diagnoses(json_path: str, verdicts) -> None:
+    """Full failure texts (replica tracebacks, stacks, counterexamples) next to the JSON."""
+    failing = [v for v in verdicts if v.diagnosis and v.status in ("fail", "xfail", "vacuous")]
+    path = os.path.splitext(json_path)[0] + ".failures.txt"
+    if not failing:
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    seen, parts = set(), []
+    for v in failing:
+        if (v.case, v.impl, v.runtime, v.world_size, v.diagnosis) in seen:
+            continue
+        seen.add((v.case, v.impl, v.runtime, v.world_size, v.diagnosis))
+        parts.append(f"=== {v.id}: {v.status}: {v.reason}\n{v.diagnosis}\n")
+    with open(path, "w") as f:
+        f.write("\n".join(parts))
+    print(f"failure details: {path}")
 
 
 def cmd_ranks(args) -> int:
@@ -130,23 +129,33 @@ def cmd_ranks(args) -> int:
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the check table and print the verdict table")
+    p = _ErrorParser(prog="python -m conformance", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_ErrorParser)
+    run = sub.add_parser("run", help="run the case table and print the verdict table")
     run.add_argument("--runtime", default="cpu", help="comma list: cpu, pjrt, xrt (default cpu)")
     run.add_argument("--ddp", default=None, help="comma list of implementations: torch, ref, "
                      "mutant:<name>, package.module:Class (default: the runtime's)")
     run.add_argument("--world-size", default=None, help="comma list of world sizes >= 2 (default 2; "
                      "with --launcher env the launcher's WORLD_SIZE)")
-    run.add_argument("--models", default=None, help="comma list of models (default: all)")
-    run.add_argument("--mutants", action="store_true", help="also run the mutant catalog (kill matrix)")
+    run.add_argument("--only", default=None, help="comma list of tags: run only cases carrying one "
+                     "(a family: parity, feature, property, invariant, scenario; a model; a feature "
+                     "such as no_sync; a case name)")
+    run.add_argument("--skip", default=None, help="comma list of tags: leave out cases carrying one")
+    run.add_argument("--mutants", action="store_true", help="also run the kill matrix: every catalog "
+                     "mutant through every selected case that must kill it")
+    run.add_argument("--expected-failures", default=None, metavar="FILE",
+                     help="verdict ids (one a line, # comments) whose failure is expected: reported "
+                     "xfail; ids that no longer fail or no longer exist are warned about")
+    run.add_argument("--profile", default=None, help="example budget of the property and scenario "
+                     "cases: dev (default), ci, ci-pjrt, thorough (env CONFORMANCE_PROFILE)")
+    run.add_argument("--replica-timeout", type=float, default=None, metavar="S",
+                     help="seconds one task may take on a world (default 120; env CONFORMANCE_TIMEOUT)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     run.add_argument("--json", default="conformance-report.json", help="JSON report path")
     run.add_argument("--launcher", choices=("spawn", "env"), default="spawn",
                      help="spawn: start the world's processes here (default); env: this process is one "
                      "replica of a world an env:// launcher started (torchrun ... -m conformance run "
                      "--launcher env); rank 0 prints and writes the report")
-    run.add_argument("--ranks", action="store_true",
-                     help="also check every world's rank bindings (invariants; reports go to the JSON)")
     run.add_argument("--repeat", type=int, default=None, metavar="N",
                      help="flakiness sweep: rerun the correct implementations N times, seed = table "
                      "seed + k (see conformance/repeat.py); exit 1 on any non-passing verdict")
@@ -168,8 +177,8 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -38,7 +38,7 @@ KILL_COLOURS = {"KILL": "#c8e6c9", "vac": "#ffcc80", "-": "#ffffff", "n/a": "#f5
 
 
 def _load(path: str) -> dict:
-    from .cli import UsageError
+    from .errors import UsageError
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -442,7 +442,7 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
 
 
 def cmd_report(args) -> int:
-    from .cli import UsageError
+    from .errors import UsageError
     try:
         import matplotlib  # noqa: F401
     except ImportError:

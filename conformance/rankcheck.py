@@ -65,7 +65,8 @@ def cmd_ranks(args) -> int:
     """``python -m conformance ranks``: print every replica's bindings; exit 1 on a violation."""
     import json
 
-    from .cli import UsageError, _split
+    from .errors import UsageError
+    from .errors import split_list as _split
     from .external import root_decides
     from .runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
     runtime = args.runtime

@@ -17,10 +17,20 @@ import sys
 import time
 
 
+def _parity_cases(args):
+    """The parity cases ``--only`` / ``--skip`` select (``--repeat`` sweeps seeds of
+    the standard training run)."""
+    from .cases import select
+    from .errors import split_list
+    return [c for c in select(split_list(args.only), split_list(args.skip)) if c.family == "parity"]
+
+
 def cmd_repeat(args) -> int:
-    from .cli import UsageError, _parse_targets
+    from .calibrate import ParityRunner
+    from .errors import UsageError
+    from .evaluate import Session
+    from .options import parse_targets
     from .report import environment
-    from .runner import Runner
     from .tolerances import lookup
     from .world import WorldPool
 
@@ -31,13 +41,14 @@ def cmd_repeat(args) -> int:
         raise UsageError("--repeat runs on worlds the kit spawns; it cannot run under --launcher env")
     if args.mutants:
         raise UsageError("--repeat reruns the correct implementations; drop --mutants")
-    targets, models = _parse_targets(args)
+    targets = parse_targets(args.runtime, args.world_size, args.ddp)
+    models = [c.model for c in _parity_cases(args)]
     for _, _, impls in targets:
         for impl in impls:
             if impl.startswith("mutant:"):
                 raise UsageError(f"--repeat: {impl} is a mutant; --repeat measures correct implementations")
 
-    runner = Runner(WorldPool())
+    runner = ParityRunner(Session(WorldPool()))
     cells: dict = {}
     failures, done, runs = [], 0, 0
     t0 = time.monotonic()

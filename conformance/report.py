@@ -1,50 +1,153 @@
-"""Text tables and the JSON report of a conformance run."""
+"""One verdict-table renderer, one kill-matrix builder and one JSON builder for
+every face (CLI, pytest plugin, absltest, HTML report), plus expected-failures files."""
 from __future__ import annotations
 
 import json
 import platform
 import sys
 import time
+from dataclasses import dataclass, field
 
-from .checks import Verdict
+from .errors import UsageError
+from .verdict import BAD, STATUSES, Verdict
+
+#: Version of the JSON report layout (docs/report-format.md).
+SCHEMA_VERSION = 2
 
 
-def _fmt(x, spec=".2e"):
+def fmt(x, spec=".2e") -> str:
     return "-" if x is None or x != x else ("inf" if x == float("inf") else format(x, spec))
 
 
+def verdict_cells(v: Verdict) -> dict:
+    """The cells of one verdict row, as every table (text and HTML) shows them."""
+    return {"case": v.case, "check": v.check, "model": v.model, "impl": v.impl, "runtime": v.runtime,
+            "W": str(v.world_size), "status": v.status, "max dev": fmt(v.max_dev), "atol": fmt(v.atol),
+            "margin": fmt(v.margin, ".3g"), "first bad step": "-" if v.first_bad_step is None else str(v.first_bad_step),
+            "replica": "-" if v.replica is None else str(v.replica), "reason": v.reason}
+
+
+def text_table(rows: list[dict], wrap_last: int = 90) -> str:
+    if not rows:
+        return "(no rows)"
+    head = list(rows[0])
+    lines = [head] + [[str(r[h]) for h in head] for r in rows]
+    lines = [ln[:-1] + [ln[-1][:wrap_last]] for ln in lines]
+    widths = [max(len(ln[i]) for ln in lines) for i in range(len(head) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(ln, widths)) + "  " + ln[-1] for ln in lines)
+
+
 def verdict_table(verdicts: list[Verdict]) -> str:
-    """One line per verdict: check, model, impl, runtime, W, status, max dev, atol, margin."""
-    head = ("check", "model", "impl", "runtime", "W", "status", "max_dev", "atol", "margin", "reason")
-    rows = [head] + [(v.check, v.model, v.impl, v.runtime, str(v.world_size), v.status,
-                      _fmt(v.max_dev), _fmt(v.atol), _fmt(v.margin, ".3g"), v.reason[:70])
-                     for v in verdicts]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+    """One line per verdict: case, check, model, impl, runtime, W, status, max dev, atol, margin,
+    first bad step, deviating replica, reason."""
+    return text_table([verdict_cells(v) for v in verdicts])
 
 
-def kill_cells(verdicts: list[Verdict], checks: list[str]) -> dict[str, str]:
-    """Per check: ``KILL`` if it failed on some model, ``vac`` if only vacuous, ``-`` if it passed,
-    ``n/a`` if it did not run (no verdict, or only unsupported/skip ones)."""
-    cells = {}
-    for c in checks:  # a feature's "<feature>.<check>" counts under <check>
-        st = {v.status for v in verdicts if v.check.split(".")[-1] == c} - {"unsupported", "skip"}
-        cells[c] = "KILL" if "fail" in st else "vac" if "vacuous" in st else "-" if st else "n/a"
-    return cells
+def counts(verdicts: list[Verdict]) -> dict:
+    return {s: sum(v.status == s for v in verdicts) for s in STATUSES}
 
 
-def kill_matrix_text(rows: list[tuple], checks: list[str]) -> str:
-    """Rows ``(runtime, world_size, mutant, verdicts)`` as a mutant x check matrix."""
-    head = ["mutant", "runtime"] + checks + ["killed"]
-    lines = [head]
-    for runtime, w, mutant, verdicts in rows:
-        cells = kill_cells(verdicts, checks)
-        ran = any(v.status not in ("unsupported", "skip") for v in verdicts)
-        lines.append([mutant, f"{runtime}-w{w}"] + [cells[c] for c in checks]
-                     + ["yes" if "KILL" in cells.values() else "NO" if ran else "unsupported"])
-    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in lines)
+# --- kill matrix ----------------------------------------------------------------
 
+@dataclass
+class KillRow:
+    """One (mutant, case that must kill it) cell on one runtime and world size."""
+
+    runtime: str
+    world_size: int
+    mutant: str
+    case: str
+    verdicts: list = field(default_factory=list)
+
+    @property
+    def result(self) -> str:
+        """``KILL`` (a verdict failed), ``survived`` (it ran and nothing failed) or
+        ``unsupported``/``skip`` (it could not run: the reason is in the verdicts)."""
+        st = {v.status for v in self.verdicts}
+        if "fail" in st or "xfail" in st:
+            return "KILL"
+        ran = st - {"unsupported", "skip"}
+        if ran:
+            return "survived"
+        return "unsupported" if "unsupported" in st else "skip"
+
+    def reason(self) -> str:
+        if self.result in ("unsupported", "skip"):
+            return next((v.reason for v in self.verdicts if v.reason), "")
+        killers = [v.check for v in self.verdicts if v.status == "fail"]
+        return ("killed by " + ", ".join(killers)) if killers else \
+            "; ".join(f"{v.check} {v.status}" for v in self.verdicts)
+
+    def to_json(self) -> dict:
+        return {"runtime": self.runtime, "world_size": self.world_size, "mutant": self.mutant,
+                "case": self.case, "result": self.result, "verdicts": [v.to_json() for v in self.verdicts]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "KillRow":
+        return cls(d["runtime"], d["world_size"], d["mutant"], d["case"],
+                   [Verdict.from_json(v) for v in d["verdicts"]])
+
+
+def kill_summary(rows: list[KillRow]) -> dict:
+    """Per (mutant, runtime, W): ``killed`` (every case that must kill it did),
+    ``SURVIVED`` (some case that ran did not), ``unsupported`` (nothing could run)."""
+    out: dict = {}
+    for r in rows:
+        key = (r.mutant, r.runtime, r.world_size)
+        out.setdefault(key, []).append(r.result)
+    res = {}
+    for key, results in out.items():
+        if "survived" in results:
+            res[key] = "SURVIVED"
+        elif "KILL" in results:
+            res[key] = "killed"
+        else:
+            res[key] = "unsupported"
+    return res
+
+
+def kill_matrix_text(rows: list[KillRow]) -> str:
+    """Every mutant x every case that must kill it, on each runtime and world size."""
+    summ = kill_summary(rows)
+    table = [{"mutant": r.mutant, "runtime": f"{r.runtime}-w{r.world_size}", "case": r.case,
+              "result": r.result, "mutant verdict": summ[(r.mutant, r.runtime, r.world_size)],
+              "reason": r.reason()} for r in rows]
+    return text_table(table)
+
+
+# --- expected failures ------------------------------------------------------------
+
+def read_expected_failures(path: str) -> set[str]:
+    """Verdict ids (one a line, ``#`` comments, blank lines ignored).
+
+    Raises:
+        UsageError: the file cannot be read.
+    """
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"--expected-failures: cannot read {path!r}: {exc.strerror or exc}") from None
+    return {ln.split("#", 1)[0].strip() for ln in lines} - {""}
+
+
+def apply_expected_failures(verdicts: list[Verdict], expected: set[str]) -> list[str]:
+    """Turn listed ``fail`` verdicts into ``xfail``; return warnings for listed ids
+    that did not fail (no longer fail) or match no verdict (no longer exist)."""
+    seen, warnings = set(), []
+    for v in verdicts:
+        if v.id in expected:
+            seen.add(v.id)
+            if v.status == "fail":
+                v.status = "xfail"
+                v.reason = "expected failure: " + v.reason
+            else:
+                warnings.append(f"expected failure {v.id} no longer fails (status {v.status})")
+    warnings += [f"expected failure {i} matches no verdict of this run" for i in sorted(expected - seen)]
+    return warnings
+
+
+# --- JSON ---------------------------------------------------------------------------
 
 def environment() -> dict:
     env = {"python": sys.version.split()[0], "platform": platform.platform()}
@@ -61,24 +164,32 @@ def environment() -> dict:
     return env
 
 
-def verdict_from_json(d: dict) -> Verdict:
-    """Inverse of :meth:`Verdict.to_json` (``None`` numbers come back as NaN)."""
-    nums = ("max_dev", "atol", "margin", "movement")
-    return Verdict(**{k: (float("nan") if k in nums and v is None else v) for k, v in d.items()})
-
-
-def write_json(path: str, verdicts: list[Verdict], kill_rows: list[tuple] = (), extra: dict | None = None) -> dict:
-    """Write the report; return the dict written."""
-    from .checks import CHECKS
+def build_json(verdicts: list[Verdict], kill_rows: list[KillRow] = (), extra: dict | None = None) -> dict:
+    """The run report (layout: docs/report-format.md)."""
     from .tolerances import TOLERANCES
-    doc = {"kit": "ddp-conformance", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    doc = {"kit": "ddp-conformance", "schema": SCHEMA_VERSION,
+           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "environment": environment(),
            "tolerances": [t.__dict__ for t in TOLERANCES],
+           "counts": counts(verdicts),
            "verdicts": [v.to_json() for v in verdicts],
-           "kill_matrix": [{"runtime": r, "world_size": w, "mutant": m,
-                            "cells": kill_cells(vs, list(CHECKS)),
-                            "verdicts": [v.to_json() for v in vs]} for r, w, m, vs in kill_rows]}
+           "kill_matrix": [r.to_json() for r in kill_rows],
+           "kill_summary": [{"mutant": m, "runtime": rt, "world_size": w, "result": res}
+                            for (m, rt, w), res in kill_summary(list(kill_rows)).items()]}
     doc.update(extra or {})
+    return doc
+
+
+def write_json(path: str, verdicts: list[Verdict], kill_rows: list[KillRow] = (), extra: dict | None = None) -> dict:
+    """Write :func:`build_json`'s report to ``path``; return it."""
+    doc = build_json(verdicts, kill_rows, extra)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     return doc
+
+
+def exit_code(verdicts: list[Verdict], kill_rows: list[KillRow] = ()) -> int:
+    """0 unless a verdict is fail/vacuous or a mutant survived a case that must kill it."""
+    bad = any(v.status in BAD for v in verdicts)
+    survived = any(r == "SURVIVED" for r in kill_summary(list(kill_rows)).values())
+    return 1 if bad or survived else 0

@@ -1,20 +1,24 @@
-"""Mutant self-test: run every mutant through every check on every model."""
+"""The kill matrix: every catalog mutant through every case that must kill it."""
 from __future__ import annotations
 
-from fixtures.models import PARITY_MODELS
-
-from .mutants import PARITY_MUTANTS
+from .report import KillRow
 
 
-def mutant_verdicts(runner, runtime: str, world_size: int, mutant: str, models=None) -> list:
-    """All verdicts of ``mutant:<mutant>`` over ``models`` (default: every model)."""
-    out = []
-    for model in models or list(PARITY_MODELS):
-        out += list(runner.verdicts(runtime, world_size, f"mutant:{mutant}", model).values())
-    return out
+def kill_rows(runtime: str, world_size: int, session=None, mutants=None, cases=None, progress=None) -> list[KillRow]:
+    """``KillRow`` per (mutant, case whose ``must_kill`` names it) on one runtime and world size.
 
-
-def kill_rows(runner, runtime: str, world_size: int, mutants=None, models=None) -> list[tuple]:
-    """``[(runtime, world_size, mutant, verdicts)]`` for the kill matrix."""
-    return [(runtime, world_size, m, mutant_verdicts(runner, runtime, world_size, m, models))
-            for m in (mutants or list(PARITY_MUTANTS))]
+    ``mutants`` / ``cases`` restrict the matrix (default: the whole catalog and table).
+    """
+    from .cases import CASES
+    from .evaluate import evaluate
+    from .mutants import MUTANTS
+    allowed = None if cases is None else {c.name for c in cases}
+    rows = []
+    for m in mutants or list(MUTANTS):
+        for case in CASES.values():
+            if m in case.must_kill and (allowed is None or case.name in allowed):
+                rows.append(KillRow(runtime, world_size, m, case.name,
+                                    evaluate(case, f"mutant:{m}", runtime, world_size, session)))
+                if progress:
+                    progress()
+    return rows

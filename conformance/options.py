@@ -1,0 +1,80 @@
+"""Validation of the options every face shares (CLI, pytest plugin, absltest):
+runtimes, world sizes, implementations. Bad input raises
+:class:`~conformance.errors.UsageError` with the one line to print."""
+from __future__ import annotations
+
+from .errors import UsageError, split_list
+from .tolerances import MIN_WORLD_SIZE
+
+
+def parse_world_sizes(value: str | None, default: str = "2") -> list[int]:
+    try:
+        sizes = [int(w) for w in split_list(value or default)]
+    except ValueError:
+        raise UsageError(f"--world-size: not a comma list of integers: {value!r}") from None
+    if not sizes or min(sizes) < MIN_WORLD_SIZE:
+        raise UsageError(f"--world-size: parity checks need world size >= {MIN_WORLD_SIZE}, got {value!r}")
+    return sizes
+
+
+def parse_impl_names(value: str | None, runtime: str) -> list[str]:
+    """Implementation specs (default: the runtime's); each resolved once to validate it."""
+    from .impls import ImplSpecError, parse_impls
+    from .runtimes import DEFAULTS
+    try:
+        return [i.name for i in parse_impls(value or ",".join(DEFAULTS[runtime]["impls"]))]
+    except ImplSpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> list[str]:
+    """Runtime names; with ``strict`` a runtime that cannot run here is a usage error."""
+    from .runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
+    runtimes = split_list(value)
+    if not runtimes:
+        raise UsageError("--runtime is empty")
+    for rt in runtimes:
+        if rt not in RUNTIMES:
+            raise UsageError(f"--runtime: unknown runtime {rt!r}; known: {', '.join(RUNTIMES)}")
+        if strict:
+            for w in sizes:
+                try:
+                    get_runtime(rt).check(w)
+                except RuntimeUnavailable as exc:
+                    raise UsageError(f"--runtime {rt}: {exc}") from None
+    return runtimes
+
+
+def parse_targets(runtime: str | None, world_size: str | None, ddp: str | None,
+                  launcher: str = "spawn") -> list[tuple[str, int, list[str]]]:
+    """``[(runtime, world_size, [impl, ...])]`` for the CLI and absltest faces.
+
+    With ``launcher="env"`` the world is the launcher's processes: the world size
+    is ``WORLD_SIZE`` and only runtimes that run under a launcher are accepted.
+
+    Raises:
+        UsageError: any bad value (one line).
+    """
+    runtimes = split_list(runtime)
+    if launcher == "env":
+        from .external import EXTERNAL_RUNTIMES, LauncherEnvError, launcher_world_size
+        from .runtimes import RUNTIMES
+        try:
+            launched = launcher_world_size()
+        except LauncherEnvError as exc:
+            raise UsageError(f"--launcher env: {exc}") from None
+        if world_size is None:
+            world_size = str(launched)
+        elif split_list(world_size) != [str(launched)]:
+            raise UsageError(f"--launcher env: --world-size {world_size}: the launcher started "
+                             f"{launched} processes (WORLD_SIZE={launched}); omit --world-size")
+        for rt in runtimes:
+            if rt in RUNTIMES and rt not in EXTERNAL_RUNTIMES:
+                raise UsageError(f"--launcher env: runtime {rt} cannot run under an external launcher "
+                                 f"(only {', '.join(EXTERNAL_RUNTIMES)})")
+    sizes = parse_world_sizes(world_size)
+    out = []
+    for rt in parse_runtimes(runtime, sizes):
+        impls = parse_impl_names(ddp, rt)
+        out += [(rt, w, impls) for w in sizes]
+    return out
