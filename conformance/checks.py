@@ -155,7 +155,8 @@ def judge_agreement(replicas: list, *, case: str, impl: str, runtime: str, model
                         first = (s + 1, r, "optimizer state")
                     break
     max_dev = float(per_step.max()) if per_step.size else 0.0
-    v = Verdict(**base, status="pass", max_dev=max_dev, atol=atol,
+    moved = float(np.nanmax(np.abs(p0[-1] - p0[0]))) if p0.size else 0.0
+    v = Verdict(**base, status="pass", max_dev=max_dev, atol=atol, movement=moved,
                 margin=(atol / max_dev if max_dev > 0 else float("inf")), per_step=[float(x) for x in per_step[1:]])
     if first is not None:
         step, r, what = first
@@ -165,4 +166,6 @@ def judge_agreement(replicas: list, *, case: str, impl: str, runtime: str, model
         v.reason = f"replica {r}'s {what} differ from replica 0's {when} (tolerance {atol:g})"
     elif w < MIN_WORLD_SIZE:
         v.status, v.reason = "vacuous", f"world size {w} < {MIN_WORLD_SIZE}: nothing to agree on"
+    elif not moved > 0:
+        v.status, v.reason = "vacuous", "replica 0's parameters never changed: agreement cannot fail"
     return v

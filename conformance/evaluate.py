@@ -123,6 +123,9 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
                         diagnosis=diagnosis, family=case.family) for c in case.checks]
 
     why = case.skip_reason(runtime, impl)
+    if case.kind == "property" and type(session.pool).__name__ == "ExternalPool":
+        why = ("property cases need a world the kit spawns: Hypothesis draws each example from the "
+               "result of the last one, which only the root process of a launcher-built world sees")
     if why:
         return each("skip", why)
     try:

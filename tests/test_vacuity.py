@@ -24,6 +24,7 @@ def test_tiny_lr_is_vacuous_not_pass(runtime, world_pool, runner):
     world_pool.get(runtime, 2)
     for impl in CASES[runtime] + ("mutant:no_grad_sync",):
         verdicts = runner.verdicts(runtime, 2, impl, "linear", lr=1e-100)
+        assert set(verdicts) == {"param_parity", "loss_parity"}
         assert {v.status for v in verdicts.values()} == {"vacuous"}, verdicts
         assert "cannot fail" in verdicts["param_parity"].reason
 
@@ -41,3 +42,12 @@ def test_failure_wins_over_vacuity(runtime, world_pool, runner):
     world_pool.get(runtime, 2)
     v = runner.verdicts(runtime, 2, "mutant:no_initial_broadcast", "linear", steps=1)["param_parity"]
     assert v.status == "fail" and v.first_bad_step == 1
+
+
+def test_agreement_is_vacuous_when_nothing_moves(runtime, world_pool, conformance_session):
+    from conformance.cases import CASES
+    from conformance.evaluate import evaluate
+    world_pool.get(runtime, 2)
+    (v,) = [v for v in evaluate(CASES["parity.linear"], "ref", runtime, 2, conformance_session, lr=1e-100)
+            if v.check == "agreement"]
+    assert v.status == "vacuous" and "never changed" in v.reason

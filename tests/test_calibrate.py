@@ -7,7 +7,7 @@ import pytest
 
 from conformance.calibrate import calibrate, summary_text
 from conformance.checks import Verdict
-from conformance.mutants import PARITY_MUTANTS
+from conformance.calibrate import parity_mutants
 
 pytestmark = pytest.mark.cpu
 
@@ -24,7 +24,7 @@ class FakeRunner:
         self.calls.append((impl, over["seed"]))
         out = {}
         for check, dev in self.devs(impl, over["seed"]).items():
-            out[check] = Verdict(check, impl, runtime, model, w, "fail" if dev > ATOL else "pass",
+            out[check] = Verdict(f"parity.{model}", check, impl, runtime, model, w, "fail" if dev > ATOL else "pass",
                                  max_dev=dev, atol=ATOL, margin=ATOL / dev, per_step=[dev / 2, dev])
         return out
 
@@ -49,7 +49,7 @@ def test_definitions_on_a_fake_table():
     }
     runner = FakeRunner(table(silent_then_seen))
     memo = {}
-    cal = calibrate(runner, "cpu", 2, "linear", "ref", [0, 1], memo=memo)
+    cal = calibrate(runner, "cpu", 2, "mlp", "ref", [0, 1], memo=memo)
     assert cal["noise"] == 2e-7 and cal["noise_at"] == {"check": "loss_parity", "seed": 1}
     assert cal["noise_by_check"] == {"param_parity": 2e-8, "loss_parity": 2e-7}
     # signal: the weakest mutant's weakest non-silent seed, its largest killing check
@@ -57,7 +57,7 @@ def test_definitions_on_a_fake_table():
                                                            "check": "param_parity"}
     clip = next(m for m in cal["mutants"] if m["mutant"] == "clip_local_grad")
     assert clip["silent_seeds"] == [0] and not clip.get("excluded")
-    # buffers_not_broadcast's only documented check does not apply to linear
+    # the case table does not require parity.mlp to kill buffers_not_broadcast
     assert [e["mutant"] for e in cal["excluded"]] == ["buffers_not_broadcast"]
     assert cal["ok"], cal["problems"]
     assert cal["atol_over_noise"] == pytest.approx(50) and cal["signal_over_atol"] == pytest.approx(100)
@@ -66,7 +66,7 @@ def test_definitions_on_a_fake_table():
     assert "noise floor  2e-07" in text and "signal       0.001" in text and "verdict: OK" in text
     # a second implementation reuses the mutants' runs
     n = len(runner.calls)
-    calibrate(runner, "cpu", 2, "linear", "torch", [0, 1], memo=memo)
+    calibrate(runner, "cpu", 2, "mlp", "torch", [0, 1], memo=memo)
     assert len(runner.calls) - n == 2 and all(i == "torch" for i, _ in runner.calls[n:])
 
 
@@ -82,11 +82,11 @@ def test_a_mutant_below_atol_fails_the_gate():
 
 def test_a_mutant_that_never_triggers_is_excluded():
     never = {"clip_local_grad": lambda seed: {"param_parity": 3e-8, "loss_parity": 1.5e-7}}
-    cal = calibrate(FakeRunner(table(never)), "cpu", 2, "linear", "ref", [0, 1])
+    cal = calibrate(FakeRunner(table(never)), "cpu", 2, "mlp", "ref", [0, 1])
     assert cal["ok"], cal["problems"]
     reasons = {e["mutant"]: e["reason"] for e in cal["excluded"]}
     assert "indistinguishable from a correct run" in reasons["clip_local_grad"]
-    assert len(cal["mutants"]) == len(PARITY_MUTANTS) - 1  # excluded (b) keeps its runs, marked
+    assert len(cal["mutants"]) == len(parity_mutants()) - 1  # excluded (b) keeps its runs, marked
 
 
 def run_cli(*args, cwd=None, timeout=600):
@@ -124,7 +124,7 @@ def test_calibrate_bad_input_exit_2(args, needle):
 
 def test_repeat_passes_for_a_correct_implementation(tmp_path):
     out = tmp_path / "repeat.json"
-    r = run_cli("run", "--ddp", "ref", "--models", "linear", "--repeat", "3", "--json", str(out))
+    r = run_cli("run", "--ddp", "ref", "--only", "linear", "--repeat", "3", "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "3/3 repetitions" in r.stdout and "no flakiness seen" in r.stdout
     doc = json.loads(out.read_text())
@@ -134,7 +134,7 @@ def test_repeat_passes_for_a_correct_implementation(tmp_path):
 
 
 def test_repeat_reports_a_failing_implementation(tmp_path):
-    r = run_cli("run", "--ddp", "conformance.mutants:NoGradSync", "--models", "linear", "--repeat", "2",
+    r = run_cli("run", "--ddp", "conformance.mutants:NoGradSync", "--only", "linear", "--repeat", "2",
                 "--json", str(tmp_path / "r.json"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "NOT PASSING at seed 1234" in r.stdout and "NOT PASSING at seed 1235" in r.stdout

@@ -1,0 +1,41 @@
+"""The conformance suite: every case of the table x implementation x runtime x world
+size (``pytest --pyargs conformance --conformance-ddp mypkg:MyDDP``), and the kill
+matrix: every catalog mutant must fail every case that must kill it."""
+import pytest
+
+from conformance.verdict import BAD
+
+
+def test_case(conformance_case, conformance_session, conformance_log, conformance_expected):
+    from conformance.evaluate import evaluate
+    from conformance.report import apply_expected_failures
+    case, impl, runtime, w = conformance_case
+    verdicts = evaluate(case, impl, runtime, w, conformance_session)
+    warnings = apply_expected_failures(verdicts, {i for i in conformance_expected
+                                                  if i.startswith(case.name + ":")})
+    conformance_log[0].extend(verdicts)  # --conformance-json, summary
+    for text in warnings:
+        if "no longer fails" in text:
+            import warnings as w_
+            w_.warn(text)
+    bad = [v for v in verdicts if v.status in BAD]
+    if bad:
+        details = "\n".join(dict.fromkeys(v.diagnosis for v in bad if v.diagnosis))
+        pytest.fail("\n".join(v.summary() for v in bad) + ("\n\n" + details if details else ""),
+                    pytrace=False)
+    if any(v.status == "xfail" for v in verdicts):
+        pytest.xfail("; ".join(v.summary() for v in verdicts if v.status == "xfail"))
+    if all(v.status in ("unsupported", "skip") for v in verdicts):
+        pytest.skip(f"{verdicts[0].status}: {verdicts[0].reason}")
+
+
+def test_mutant_killed(conformance_kill, conformance_session, conformance_log):
+    from conformance.evaluate import evaluate
+    from conformance.report import KillRow
+    mutant, case, runtime, w = conformance_kill
+    row = KillRow(runtime, w, mutant, case.name, evaluate(case, f"mutant:{mutant}", runtime, w, conformance_session))
+    conformance_log[1].append(row)
+    if row.result in ("unsupported", "skip"):
+        pytest.skip(f"{row.result}: {row.reason()}")
+    assert row.result == "KILL", (f"mutant {mutant} survived {case.name}, which must kill it:\n"
+                                  + "\n".join(v.summary() for v in row.verdicts))

@@ -1,0 +1,9 @@
+"""Fixtures of the kit's own meta-tests (not installed with the kit)."""
+import pytest
+
+
+@pytest.fixture(scope="session")
+def runner(conformance_session):
+    """``verdicts(runtime, w, impl, model, **overrides) -> {check: Verdict}`` of ``parity.<model>``."""
+    from conformance.calibrate import ParityRunner
+    return ParityRunner(conformance_session)
