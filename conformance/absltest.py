@@ -1,0 +1,158 @@
+"""absltest face of the kit: the case table as ``absltest`` tests (pytorch/xla's own
+tests are ``absltest`` + ``parameterized`` files run as ``python test_x.py``).
+
+Run the kit::
+
+    python -m conformance.absltest --runtime=pjrt --ddp=mypkg:MyDDP [--world_size=2,4]
+        [--only=parity,no_sync] [--skip=properties] [--profile=ci] [--expected_failures=FILE]
+
+or subclass it in your own test file and run that file::
+
+    from conformance.absltest import ConformanceTestCase, main
+
+    class MyDDPConformance(ConformanceTestCase):
+        DDP = "mypkg.ddp:MyDDP"      # the default of --ddp for this class
+
+    if __name__ == "__main__":
+        main()
+
+One test method per case of the table (``test_parity_linear``,
+``test_feature_no_sync``, ...); each runs the case for every (runtime, world
+size, implementation) the flags select, as a ``subTest``, through
+:func:`conformance.evaluate.evaluate` - the same verdicts as the CLI and the
+pytest plugin. A fail or vacuous verdict fails the subtest with every verdict's
+summary and the replicas' diagnosis; unsupported / skip verdicts skip it with the
+reason; an expected failure (``--expected_failures``) passes as expected.
+Bad flag values print one ``error:`` line and exit with code 2.
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+
+from absl import flags
+from absl.testing import absltest, parameterized
+
+from .cases import CASES
+from .errors import UsageError, split_list
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("runtime", "cpu", "comma list of runtimes: cpu, pjrt, xrt")
+flags.DEFINE_string("ddp", None, "comma list of DDP implementations (default: the class's DDP, "
+                    "else the runtime's)")
+flags.DEFINE_string("world_size", None, "comma list of world sizes >= 2 (default 2)")
+flags.DEFINE_string("only", None, "comma list of tags: run only cases carrying one")
+flags.DEFINE_string("skip", None, "comma list of tags: leave out cases carrying one")
+flags.DEFINE_string("profile", None, "example budget of property cases: dev, ci, ci-pjrt, thorough")
+flags.DEFINE_string("expected_failures", None, "file of verdict ids whose failure is expected")
+
+_SESSION = None
+
+
+def _session():
+    global _SESSION
+    if _SESSION is None:
+        from .evaluate import Session
+        _SESSION = Session(profile=FLAGS.profile)
+        atexit.register(_SESSION.close)
+    return _SESSION
+
+
+def _method_name(case_name: str) -> str:
+    return "test_" + case_name.replace(".", "_")
+
+
+class ConformanceTestCase(parameterized.TestCase):
+    """Base class: one test method per case of the table. Set ``DDP`` (a ``--ddp``
+    spec) in a subclass to make it the default implementation under test."""
+
+    DDP: str | None = None
+
+    def _targets(self):
+        from .options import parse_targets
+        return parse_targets(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or self.DDP)
+
+    def _run_case(self, name: str):
+        from .cases import select
+        from .evaluate import evaluate
+        from .report import apply_expected_failures, read_expected_failures
+        from .verdict import BAD
+        case = CASES[name]
+        if case not in select(split_list(FLAGS.only), split_list(FLAGS.skip)):
+            self.skipTest(f"{name} not selected by --only/--skip")
+        expected = read_expected_failures(FLAGS.expected_failures) if FLAGS.expected_failures else set()
+        for runtime, w, impls in self._targets():
+            for impl in impls:
+                with self.subTest(impl=impl, runtime=runtime, world_size=w):
+                    verdicts = evaluate(case, impl, runtime, w, _session())
+                    apply_expected_failures(verdicts, {i for i in expected if i.startswith(name + ":")})
+                    bad = [v for v in verdicts if v.status in BAD]
+                    if bad:
+                        details = "\n".join(dict.fromkeys(v.diagnosis for v in bad if v.diagnosis))
+                        self.fail("\n".join(v.summary() for v in bad) + ("\n\n" + details if details else ""))
+                    if all(v.status in ("unsupported", "skip") for v in verdicts):
+                        self.skipTest(f"{verdicts[0].status}: {verdicts[0].reason}")
+
+
+def _add_methods(cls):
+    for name, case in CASES.items():
+        def test(self, _name=name):
+            self._run_case(_name)
+        test.__name__ = _method_name(name)
+        test.__doc__ = f"{name}: {case.description}"
+        setattr(cls, test.__name__, test)
+
+
+# Test methods go on subclasses only: the base class, imported into a user's test
+# module, must not run the table a second time.
+ConformanceTestCase.__init_subclass__ = classmethod(lambda cls, **kw: _add_methods(cls))
+
+
+def validate_flags(argv: list[str]) -> list[str]:
+    """Parse and check the flags; return the arguments left for unittest.
+
+    Raises:
+        UsageError: bad input (one line).
+    """
+    try:
+        rest = FLAGS(argv, known_only=False)
+    except flags.Error as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    from .cases import select
+    from .options import parse_targets
+    from .property_cases import profile_examples
+    from .report import read_expected_failures
+    select(split_list(FLAGS.only), split_list(FLAGS.skip))
+    profile_examples(FLAGS.profile)
+    if FLAGS.expected_failures:
+        read_expected_failures(FLAGS.expected_failures)
+    parse_targets(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or _default_ddp())
+    return rest
+
+
+def _default_ddp():
+    """``DDP`` of the ConformanceTestCase subclasses in ``__main__`` (first one), if any."""
+    main_mod = sys.modules.get("__main__")
+    for obj in vars(main_mod).values() if main_mod else ():
+        if isinstance(obj, type) and issubclass(obj, ConformanceTestCase) and obj.DDP:
+            return obj.DDP
+    return None
+
+
+def main(argv=None) -> None:
+    """Validate the flags (one ``error:`` line, exit 2, on bad input), then ``absltest.main()``."""
+    argv = list(sys.argv if argv is None else argv)
+    try:
+        rest = validate_flags(argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    absltest.main(argv=rest)
+
+
+class KitConformance(ConformanceTestCase):
+    """The kit's table for ``python -m conformance.absltest --ddp=...``."""
+
+
+if __name__ == "__main__":
+    main()
