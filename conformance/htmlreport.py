@@ -33,8 +33,9 @@ import os
 
 ZERO_FLOOR = 1e-10   # a deviation of exactly 0 is drawn here on the log axis
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ef9a9a", "vacuous": "#ffcc80",
-                  "unsupported": "#e0e0e0", "skip": "#bbdefb"}
-KILL_COLOURS = {"KILL": "#c8e6c9", "vac": "#ffcc80", "-": "#ffffff", "n/a": "#f5f5f5"}
+                  "unsupported": "#e0e0e0", "skip": "#bbdefb", "xfail": "#f8bbd0"}
+# Kill-matrix results (conformance.report.KillRow.result): survived is the red one.
+KILL_COLOURS = {"KILL": "#c8e6c9", "survived": "#ef9a9a", "unsupported": "#e0e0e0", "skip": "#bbdefb"}
 
 
 def _load(path: str) -> dict:
@@ -97,7 +98,7 @@ def sensitivity_series(run: dict) -> dict:
 
     by_mutant: dict = {}
     for v in run["verdicts"]:
-        if "." in v["check"]:  # feature verdicts are not parity trajectories
+        if v.get("family") != "parity" or v["check"] == "agreement":  # parity trajectories only
             continue
         if _is_mutant(v["impl"]):
             by_mutant.setdefault((_panel(v), v["impl"][7:], v["model"]), []).append(v)
@@ -107,7 +108,7 @@ def sensitivity_series(run: dict) -> dict:
             s["lines"].append((f"{v['impl']} (correct)", "correct", v["per_step"]))
     for row in run["kill_matrix"]:
         for v in row["verdicts"]:
-            if "." in v["check"] or not _is_mutant(v["impl"]):
+            if v.get("family") != "parity" or v["check"] == "agreement" or not _is_mutant(v["impl"]):
                 continue
             by_mutant.setdefault((_panel(v), row["mutant"], v["model"]), []).append(v)
     for (panel, mutant, model), vs in by_mutant.items():
@@ -285,17 +286,20 @@ def _cell(status: str, body: str, title: str = "") -> str:
 
 
 def conformance_table(verdicts: list[dict]) -> str:
-    """Rows (check, model), columns (implementation, runtime-wW) of the non-mutant verdicts."""
-    vs = [v for v in verdicts if not _is_mutant(v["impl"])]
+    """Rows (case, check), columns (implementation, runtime-wW) of the non-mutant verdicts;
+    cells from :func:`conformance.report.verdict_cells` (the text table's cells)."""
+    from .report import verdict_cells
+    from .verdict import Verdict
+    vs = [Verdict.from_json(v) for v in verdicts if not _is_mutant(v["impl"])]
     cols, rows, cells = [], [], {}
     for v in vs:
-        col, row = (v["impl"], _panel(v)), (v["check"], v["model"])
+        col, row = (v.impl, f"{v.runtime}-w{v.world_size}"), (v.case, v.check)
         cols += [col] if col not in cols else []
         rows += [row] if row not in rows else []
         cells[(row, col)] = v
     if not vs:
         return "<p>No verdicts of correct implementations in the input.</p>"
-    out = ['<table id="conformance-table"><thead><tr><th>check</th><th>model</th>']
+    out = ['<table id="conformance-table"><thead><tr><th>case</th><th>check</th>']
     out += [f"<th>{html.escape(i)}<br><small>{html.escape(r)}</small></th>" for i, r in cols]
     out.append("</tr></thead><tbody>")
     for row in rows:
@@ -305,43 +309,37 @@ def conformance_table(verdicts: list[dict]) -> str:
             if v is None:
                 out.append("<td></td>")
                 continue
-            body = f"<b>{html.escape(v['status'])}</b>"
-            if v.get("max_dev") is not None:
-                body += (f"<br><small>dev {_fmt(v['max_dev'])} / atol {_fmt(v.get('atol'))}"
-                         + (f" · margin {_fmt(v.get('margin'), '.3g')}x" if v.get("margin") is not None else "")
-                         + "</small>")
-            if v.get("reason"):
-                body += f"<br><small>{html.escape(v['reason'][:120])}</small>"
-            out.append(_cell(v["status"], body, v.get("reason", "")))
+            c = verdict_cells(v)
+            body = f"<b>{html.escape(c['status'])}</b>"
+            if c["max dev"] != "-":
+                body += (f"<br><small>dev {c['max dev']} / atol {c['atol']} · margin {c['margin']}x"
+                         + (f" · step {c['first bad step']}" if c["first bad step"] != "-" else "")
+                         + (f" · replica {c['replica']}" if c["replica"] != "-" else "") + "</small>")
+            if c["reason"]:
+                body += f"<br><small>{html.escape(c['reason'][:120])}</small>"
+            out.append(_cell(v.status, body, c["reason"]))
         out.append("</tr>")
     out.append("</tbody></table>")
     return "".join(out)
 
 
-def _kill_cells(vs: list[dict], checks: list[str]) -> dict:
-    cells = {}
-    for c in checks:
-        st = {v["status"] for v in vs if v["check"].split(".")[-1] == c}
-        cells[c] = "KILL" if "fail" in st else "vac" if "vacuous" in st else "-" if st else "n/a"
-    return cells
-
-
 def kill_table(rows: list[dict]) -> str:
-    """The mutant x check kill matrix (cells recomputed from each row's verdicts)."""
+    """Every mutant x every case that must kill it (the CLI's kill matrix, same cells)."""
     if not rows:
         return "<p>No mutants in the input (run with <code>--mutants</code>).</p>"
-    from .checks import CHECKS
-    names = list(CHECKS) + sorted({v["check"].split(".")[-1] for r in rows for v in r["verdicts"]} - set(CHECKS))
-    out = ['<table id="kill-matrix"><thead><tr><th>mutant</th><th>runtime</th>']
-    out += [f"<th>{html.escape(c)}</th>" for c in names] + ["<th>killed</th></tr></thead><tbody>"]
-    for r in rows:
-        cells = _kill_cells(r["verdicts"], names)
-        killed = "KILL" in cells.values()
-        out.append(f'<tr class="kill-row"><td>{html.escape(r["mutant"])}</td>'
-                   f"<td>{html.escape(r['runtime'])}-w{r['world_size']}</td>")
-        out += [f'<td style="background:{KILL_COLOURS[cells[c]]}">{cells[c]}</td>' for c in names]
-        out.append(f'<td style="background:{"#c8e6c9" if killed else "#ef9a9a"}"><b>'
-                   f'{"yes" if killed else "NO"}</b></td></tr>')
+    from .report import KillRow, kill_summary
+    krs = [KillRow.from_json(r) for r in rows]
+    summ = kill_summary(krs)
+    out = ['<table id="kill-matrix"><thead><tr><th>mutant</th><th>runtime</th><th>case</th>'
+           '<th>result</th><th>mutant verdict</th><th>reason</th></tr></thead><tbody>']
+    for r in krs:
+        res, verdict = r.result, summ[(r.mutant, r.runtime, r.world_size)]
+        colour = {"killed": "#c8e6c9", "SURVIVED": "#ef9a9a"}.get(verdict, "#e0e0e0")
+        out.append(f'<tr class="kill-row"><td>{html.escape(r.mutant)}</td>'
+                   f"<td>{html.escape(r.runtime)}-w{r.world_size}</td><td>{html.escape(r.case)}</td>"
+                   f'<td style="background:{KILL_COLOURS[res]}">{html.escape(res)}</td>'
+                   f'<td style="background:{colour}"><b>{html.escape(verdict)}</b></td>'
+                   f"<td><small>{html.escape(r.reason()[:160])}</small></td></tr>")
     out.append("</tbody></table>")
     return "".join(out)
 
@@ -397,7 +395,9 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
         plot_calibrations(cals, paths["calibration"])
     counts = {s: sum(v["status"] == s for v in run["verdicts"] if not _is_mutant(v["impl"]))
               for s in STATUS_COLOURS}
-    killed = sum(any(v["status"] == "fail" for v in r["verdicts"]) for r in run["kill_matrix"])
+    from .report import KillRow, kill_summary
+    summ = kill_summary([KillRow.from_json(r) for r in run["kill_matrix"]])
+    killed = sum(v == "killed" for v in summ.values())
     env = run["environments"][0] if run["environments"] else {}
     parts = [
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -406,17 +406,18 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
         '<p class="meta">' + html.escape(", ".join(f"{k} {v}" for k, v in env.items() if v)) + "<br>"
         + html.escape("inputs: " + ", ".join(os.path.basename(s) for s in sources)) + "</p>",
         '<p id="summary">' + html.escape(", ".join(f"{n} {s}" for s, n in counts.items())
-                                         + (f"; {killed}/{len(run['kill_matrix'])} mutants killed"
+                                         + (f"; {killed}/{len(summ)} mutants killed"
                                             if run["kill_matrix"] else "")) + "</p>",
         '<p class="legend">' + "".join(f'<span style="background:{c}">{s}</span>'
                                        for s, c in STATUS_COLOURS.items()) + "</p>",
         "<h2>Conformance table</h2>",
-        "<p>Rows: check × model; columns: implementation × runtime-world size. A cell gives the "
-        "status, the largest deviation from the single-device reference, the atol and the margin "
-        "(atol / deviation).</p>",
+        "<p>Rows: case × check; columns: implementation × runtime-world size. A cell gives the "
+        "status, the largest deviation from the single-device reference, the atol, the margin "
+        "(atol / deviation), the first bad step and the deviating replica.</p>",
         conformance_table(run["verdicts"]),
         "<h2>Mutant kill matrix</h2>",
-        "<p>KILL: the check failed on some model; vac: only vacuous; -: it passed; n/a: not run.</p>",
+        "<p>Every catalog mutant through every case that must kill it. KILL: a verdict of the case "
+        "failed; survived: it ran and nothing failed; unsupported/skip: it could not run (reason).</p>",
         kill_table(run["kill_matrix"]),
         "<h2>Sensitivity</h2>",
         "<p>Per-step deviation on a log axis: the correct implementations (black; "

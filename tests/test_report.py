@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from conformance.checks import Verdict
+from conformance.report import KillRow
+from conformance.verdict import Verdict
 from conformance.report import write_json
 
 pytestmark = pytest.mark.cpu
@@ -41,9 +42,9 @@ def chromium():
 def _verdict(check, impl, model, dev, atol=1e-5, steps=5, status=None, w=2, runtime="cpu"):
     per_step = [dev * (k + 1) / steps for k in range(steps)]
     st = status or ("fail" if dev > atol else "pass")
-    return Verdict(check, impl, runtime, model, w, st, max_dev=dev, atol=atol,
+    return Verdict(f"parity.{model}", check, impl, runtime, model, w, st, max_dev=dev, atol=atol,
                    margin=atol / dev if dev else math.inf, movement=0.5, per_step=per_step,
-                   reason="synthetic" if st != "pass" else "")
+                   reason="synthetic" if st != "pass" else "", family="parity")
 
 
 @pytest.fixture
@@ -52,12 +53,16 @@ def run_json(tmp_path):
     verdicts = [_verdict(c, i, m, 2e-8) for i in ("torch", "ref") for m in ("linear", "batchnorm")
                 for c in ("param_parity", "loss_parity")]
     verdicts.append(_verdict("buffer_parity", "ref", "batchnorm", 0.0))
-    verdicts.append(Verdict("buffer_parity", "torch", "cpu", "batchnorm", 2, "unsupported", reason="no buffers"))
-    kills = [("cpu", 2, "no_grad_sync", [_verdict("param_parity", "mutant:no_grad_sync", m, 3e-2)
-                                         for m in ("linear", "batchnorm")]),
-             ("cpu", 2, "buffers_not_broadcast",
-              [_verdict("param_parity", "mutant:buffers_not_broadcast", "linear", 2e-8),
-               _verdict("buffer_parity", "mutant:buffers_not_broadcast", "batchnorm", 0.5)])]
+    verdicts.append(Verdict("parity.batchnorm", "buffer_parity", "torch", "cpu", "batchnorm", 2, "unsupported",
+                            reason="no buffers", family="parity"))
+    kills = [KillRow("cpu", 2, "no_grad_sync", f"parity.{m}",
+                     [_verdict("param_parity", "mutant:no_grad_sync", m, 3e-2)]) for m in ("linear", "batchnorm")]
+    kills.append(KillRow("cpu", 2, "buffers_not_broadcast", "parity.batchnorm",
+                         [_verdict("param_parity", "mutant:buffers_not_broadcast", "batchnorm", 2e-8),
+                          _verdict("buffer_parity", "mutant:buffers_not_broadcast", "batchnorm", 0.5)]))
+    kills.append(KillRow("cpu", 2, "join_dropped", "feature.join",
+                         [Verdict("feature.join", "params", "mutant:join_dropped", "cpu", "linear", 2,
+                                  "unsupported", reason="synthetic: no join")]))
     path = tmp_path / "run.json"
     write_json(str(path), verdicts, kills)
     return path
@@ -88,12 +93,16 @@ def test_report_renders_in_headless_chromium(run_json, tmp_path):
                          timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
-    # the conformance table: one row per (check, model), statuses as coloured cells
+    # the conformance table: one row per (case, check), statuses as coloured cells
     rows = re.findall(r'<tr class="verdict-row">(.*?)</tr>', html, re.S)
     assert len(rows) == 5, html[:3000]
-    assert any("param_parity" in row and "linear" in row for row in rows)
+    assert any("param_parity" in row and "parity.linear" in row for row in rows)
     assert 'class="status-pass"' in html and 'class="status-unsupported"' in html
-    assert len(re.findall(r'<tr class="kill-row">', html)) == 2
+    kill_rows = re.findall(r'<tr class="kill-row">(.*?)</tr>', html, re.S)
+    assert len(kill_rows) == 4
+    # an unsupported mutant is grey "unsupported", not a red NO
+    join = next(r for r in kill_rows if "join_dropped" in r)
+    assert "unsupported" in join and "#ef9a9a" not in join
     probe = re.search(r'<pre id="probe">(.*?)</pre>', html, re.S)
     assert probe, "the probe script did not run (no <pre id=probe> in the dumped DOM)"
     images = json.loads(probe.group(1).replace("&quot;", '"'))
