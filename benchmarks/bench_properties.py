@@ -2,7 +2,7 @@
 """Property checks on a persistent world vs a fresh process group per example.
 
 Examples/second of property 1 (``allreduce_mean``, see
-``conformance/tests/test_properties.py``) evaluated two ways on the same
+``conformance/property_cases.py``) evaluated two ways on the same
 examples:
 
 * **persistent** - one :class:`conformance.world.World` started once (its

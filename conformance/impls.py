@@ -54,7 +54,7 @@ class Impl:
 
 # Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
 # group, in the PJRT topology the kit runs (1 process x W replica threads).
-# Measured on torch 2.9.0 + torch_xla 2.9.0 by conformance/tests/test_pjrt_runtime.py
+# Measured on torch 2.9.0 + torch_xla 2.9.0 by tests/test_pjrt_runtime.py
 # (test_torch_ddp_on_pjrt_*), which keeps this text honest.
 TORCH_DDP_ON_PJRT = (
     "unsupported topology: DDP() raises IndexError: list index out of range in "

@@ -1,6 +1,6 @@
 """Property checks of gradient sync: strategies, World tasks and oracles.
 
-The Hypothesis tests in ``conformance/tests/test_properties.py`` draw examples
+The Hypothesis tests in ``conformance/property_cases.py`` draw examples
 in the test process with the strategies here, ship them to every replica of a
 session's persistent :class:`~conformance.world.World` with
 ``world.run(<task>, impl=..., **payload)`` and judge the replicas' answers with

@@ -334,7 +334,7 @@ class XlaCollectives:
         # functionalization layer, and the write is lost when the tensor is a view
         # of another (e.g. a gradient accumulated in place under no_sync: measured
         # on 2.9, the replicas kept their local gradients; the kit's no_sync feature
-        # check on PJRT, conformance/tests/test_features.py, catches it).
+        # check on PJRT, the feature cases catch it).
         reduced = xm.all_reduce(xm.REDUCE_SUM, tensor, scale=float(scale), pin_layout=self.pin_layout)
         with torch.no_grad():
             tensor.copy_(reduced)
