@@ -13,7 +13,9 @@ A row says how it is evaluated (``kind``):
   single-device reference by the check table and by replica agreement;
 * ``task`` - the row's own replica task and judge (``task``, ``judge``);
 * ``property`` - a Hypothesis property (:mod:`conformance.property_cases`);
-* ``invariant`` - the rank-binding invariants of the world.
+* ``invariant`` - the rank-binding invariants of the world;
+* ``scenario`` - generated training scenarios (:mod:`conformance.scenarios`):
+  explicit ones, then Hypothesis-drawn ones, against the DDP-semantics oracle.
 
 ``must_kill`` names the catalog mutants the case must fail: the only place the
 mutant <-> case relation is stored. The table is validated when built: a
@@ -27,7 +29,7 @@ from typing import Callable
 
 #: Case families (also tags).
 FAMILIES = ("parity", "feature", "property", "invariant", "scenario")
-KINDS = ("train", "task", "property", "invariant")
+KINDS = ("train", "task", "property", "invariant", "scenario")
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,12 @@ def _property(name, description, must_kill):
                 checks=("property",), tags=("properties",), must_kill=must_kill)
 
 
+def _scenario(name, description, space, must_kill, tags=()):
+    return Case(f"scenario.{name}", "scenario", description, "scenario", "scenario", args={"space": space},
+                checks=("params", "buffers", "optimizer_state", "agreement"), tags=("scenarios",) + tags,
+                must_kill=must_kill)
+
+
 def _build() -> dict[str, Case]:
     from . import features as F
     P = ("no_grad_sync", "sum_not_mean", "wrong_count", "no_initial_broadcast", "last_param_unsynced",
@@ -184,6 +192,17 @@ def _build() -> dict[str, Case]:
                   "micro-batches' global-batch gradients", ("no_grad_sync",)),
         _property("scale_linearity", "scaling every replica's loss by c scales the synced gradient by c",
                   ("clip_local_grad",)),
+        _scenario("core", "generated runs: uneven local batches, accumulation windows, rank-dependent "
+                  "branches and hook order, unused parameters, buffer rebinding, loss scale, checkpoint "
+                  "reload, SGD/momentum/Adam/AdamW, up to 120 steps; every step equals DDP's semantics "
+                  "on one device and replicas agree bit for bit", {},
+                  ("no_grad_sync", "sum_not_mean", "unused_accum_dropped", "arrival_order_pairing",
+                   "cached_buffer_list", "replica_drift", "late_desync", "batch_weighted",
+                   "fp16_allreduce")),
+        _scenario("buckets", "the same with small gradient buckets and gradient_as_bucket_view",
+                  {"ddp_extra": ("buckets",)}, ("dropped_bucket",), tags=("buckets",)),
+        _scenario("comm_hook", "the same with torch's all-reduce comm hook registered",
+                  {"ddp_extra": ("comm_hook",)}, ("comm_hook_no_divide",), tags=("comm_hook",)),
         Case("invariant.ranks", "invariant", "every replica's rank bindings satisfy the invariants "
              "(global ordinals 0..W-1, process indices 0..P-1, local ordinals per host, "
              "torch.distributed rank = process index)", "invariant", tolerance="exact",
@@ -209,7 +228,7 @@ def _validate(rows: list[Case]) -> dict[str, Case]:
             raise bad(f"family {c.family!r} must be one of {FAMILIES} and prefix the name")
         if c.kind not in KINDS:
             raise bad(f"unknown kind {c.kind!r}")
-        if c.model != "-" and c.model not in MODELS:
+        if c.model not in ("-", "scenario") and c.model not in MODELS:
             raise bad(f"unknown model {c.model!r}")
         if c.tolerance not in keys:
             raise bad(f"unknown tolerance key {c.tolerance!r}; known: {', '.join(sorted(keys))}")

@@ -84,6 +84,7 @@ def cmd_run(args) -> int:
             extra = {"cases": sorted({c.name for c in cases}), "profile": args.profile}
             if env_launch and pool.world is not None:
                 extra["launch"] = pool.world.launch_info()
+            _write_scenarios(args.json, verdicts)
             write_json(args.json, verdicts, kills, extra)
             _write_diagnoses(args.json, verdicts + [v for k in kills for v in k.verdicts])
             for w_ in warnings:
@@ -104,6 +105,25 @@ def cmd_run(args) -> int:
         session.close()
 
 
+def _write_scenarios(json_path: str, verdicts) -> None:
+    """The minimal failing scenario of each failing scenario case, as a replayable file."""
+    import json
+    done = set()
+    for v in verdicts:
+        if v.example is None or v.status not in ("fail", "xfail"):
+            continue
+        key = (v.case, v.impl, v.runtime, v.world_size)
+        path = (os.path.splitext(json_path)[0] + f".{v.case}-{v.impl}-{v.runtime}-w{v.world_size}.json"
+                ).replace(":", "_").replace("/", "_")
+        if key not in done:
+            done.add(key)
+            with open(path, "w") as f:
+                json.dump({"case": v.case, "impl": v.impl, "runtime": v.runtime, "scenario": v.example}, f, indent=1)
+            print(f"minimal failing scenario: {path}\n  reproduce: python -m conformance replay {path} "
+                  f"--ddp {v.impl} --runtime {v.runtime}")
+        v.diagnosis = v.diagnosis.replace("SCENARIO.json", path)
+
+
 def _write_diagnoses(json_path: str, verdicts) -> None:
     """Full failure texts (replica tracebacks, stacks, counterexamples) next to the JSON."""
     failing = [v for v in verdicts if v.diagnosis and v.status in ("fail", "xfail", "vacuous")]
@@ -121,6 +141,53 @@ def _write_diagnoses(json_path: str, verdicts) -> None:
     with open(path, "w") as f:
         f.write("\n".join(parts))
     print(f"failure details: {path}")
+
+
+def cmd_replay(args) -> int:
+    """Rerun one scenario (a file written by a failing scenario case, or hand-made)."""
+    from .evaluate import Session
+    from .impls import resolve_impl
+    from .options import parse_targets
+    from .property_cases import Target
+    from .report import exit_code, verdict_table
+    from .scenarios import ScenarioError, judge_scenario, load_scenario, scenario_task
+    from .tolerances import lookup
+    from .errors import Unsupported
+    from .world import ReplicaError
+    try:
+        sc = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        raise UsageError(f"{args.scenario}: {exc}" if not str(exc).startswith(args.scenario) else str(exc)) from None
+    targets = parse_targets(args.runtime, str(sc.world_size), args.ddp)
+    session = Session()
+    verdicts = []
+    try:
+        for rt, w, impls in targets:
+            for impl in impls:
+                base = dict(case="replay", impl=impl, runtime=rt, model="scenario", world_size=w)
+                try:
+                    if resolve_impl(impl).unsupported.get(rt):
+                        raise Unsupported(resolve_impl(impl).unsupported[rt])
+                    res = session.run(rt, w, scenario_task, impl=impl, scenario=sc.to_json())
+                    vs = judge_scenario(sc, res, lookup(rt, "scenario"),
+                                        agreement_atol=lookup(rt, "scenario", "agreement").atol)
+                except Unsupported as exc:
+                    from .verdict import Verdict
+                    vs = [Verdict(check="scenario", status="unsupported", reason=exc.reason, **base)]
+                except ReplicaError as exc:
+                    from .evaluate import replica_error_text
+                    from .verdict import Verdict
+                    summary, text = replica_error_text(exc)
+                    vs = [Verdict(check="scenario", status="fail", reason=summary, diagnosis=text, **base)]
+                for v in vs:
+                    for k, val in base.items():
+                        setattr(v, k, val)
+                verdicts += vs
+    finally:
+        session.close()
+    print(f"scenario {args.scenario}: {len(sc.steps)} step(s), world size {sc.world_size}")
+    print(verdict_table(verdicts))
+    return exit_code(verdicts)
 
 
 def cmd_ranks(args) -> int:
@@ -169,6 +236,12 @@ def build_parser():
     ranks.add_argument("--launcher", choices=("spawn", "env"), default="spawn", help="as for run")
     ranks.add_argument("--json", default=None, help="also write the reports to this JSON file")
     ranks.set_defaults(func=cmd_ranks)
+    replay = sub.add_parser("replay", help="rerun one scenario JSON (e.g. the minimal failing one a "
+                            "scenario case wrote) against implementations")
+    replay.add_argument("scenario", help="scenario JSON file")
+    replay.add_argument("--ddp", default=None, help="comma list of implementations (default: the runtime's)")
+    replay.add_argument("--runtime", default="cpu", help="cpu or pjrt (default cpu)")
+    replay.set_defaults(func=cmd_replay)
     from .calibrate import add_parser as add_calibrate
     from .htmlreport import add_parser as add_report
     add_calibrate(sub)

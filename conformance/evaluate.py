@@ -123,7 +123,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
                         diagnosis=diagnosis, family=case.family) for c in case.checks]
 
     why = case.skip_reason(runtime, impl)
-    if case.kind == "property" and type(session.pool).__name__ == "ExternalPool":
+    if case.kind in ("property", "scenario") and type(session.pool).__name__ == "ExternalPool":
         why = ("property cases need a world the kit spawns: Hypothesis draws each example from the "
                "result of the last one, which only the root process of a launcher-built world sees")
     if why:
@@ -204,4 +204,16 @@ def _invariant(case, impl, runtime, w, session, overrides):
     return [v]
 
 
-_EVALUATORS = {"train": _train, "task": _task, "property": _property, "invariant": _invariant}
+def _scenario(case, impl, runtime, w, session, overrides):
+    from .property_cases import DEFAULT_PROFILE, Target
+    from .scenarios import SCENARIO_EXAMPLES, Space, run_scenario_case
+    from .tolerances import lookup
+    import os
+    profile = session.profile or os.environ.get("CONFORMANCE_PROFILE") or DEFAULT_PROFILE
+    target = Target(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
+    return run_scenario_case(Space(**case.args.get("space", {})), target, lookup(runtime, "scenario"),
+                             lookup(runtime, "scenario", "agreement").atol, SCENARIO_EXAMPLES[profile])
+
+
+_EVALUATORS = {"train": _train, "task": _task, "property": _property, "invariant": _invariant,
+               "scenario": _scenario}

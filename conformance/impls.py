@@ -218,8 +218,8 @@ def mutant_impl(name: str) -> Impl:
         extra["sync_batchnorm"] = lambda module, ctx: m.sync_bn().convert_sync_batchnorm(module, ctx.collectives)
     elif not m.torch_based:
         extra["sync_batchnorm"] = _ref_sync_bn
-    if m.torch_based:  # upstream DDP underneath: cannot run where torch's DDP cannot
-        extra["unsupported"] = {"pjrt": TORCH_DDP_ON_PJRT}
+    if m.torch_based:  # torch.distributed underneath: cannot run where torch's DDP cannot
+        extra["unsupported"] = m.unsupported or {"pjrt": TORCH_DDP_ON_PJRT}
     else:
         extra["ignores"] = _ref_ignores() - frozenset(m.honours)
     return Impl(f"mutant:{name}", m.description, wrap, mutant=True, **extra)

@@ -15,6 +15,11 @@ import torch
 
 from ddp_impl import DistributedDataParallel as RefDDP
 
+from . import mutants_scratch as S
+
+SCRATCH_ON_PJRT = ("written on torch.distributed (gloo collectives); the PJRT world has no "
+                   "process-per-replica torch.distributed group")
+
 
 
 class NoGradSync(RefDDP):
@@ -289,6 +294,7 @@ class Mutant:
     torch_based: bool = False
     sync_bn: object = None
     honours: tuple = ()
+    unsupported: dict | None = None
 
 
 MUTANTS = {m.name: m for m in [
@@ -320,4 +326,11 @@ MUTANTS = {m.name: m for m in [
            "hangs in an all-reduce.", _join_dropped, torch_based=True),
     Mutant("sync_bn_local_stats", SyncBNLocalStats.__doc__, SyncBNLocalStats,
            sync_bn=_local_stats_bn_class),
+    # Scenario kinds, on a from-scratch DDP (conformance/mutants_scratch.py).
+    *[Mutant(name, cls.__doc__, cls, torch_based=True, unsupported={"pjrt": SCRATCH_ON_PJRT})
+      for name, cls in (("unused_accum_dropped", S.UnusedAccumDropped),
+                        ("arrival_order_pairing", S.ArrivalOrderPairing),
+                        ("cached_buffer_list", S.CachedBufferList), ("replica_drift", S.ReplicaDrift),
+                        ("late_desync", S.LateDesync), ("batch_weighted", S.BatchWeighted),
+                        ("fp16_allreduce", S.Fp16AllReduce))],
 ]}

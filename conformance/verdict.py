@@ -32,6 +32,7 @@ class Verdict:
         per_step: max deviation per step (plots).
         diagnosis: full text of a failure (replica exceptions, stacks, the
             shrunk counterexample); the table shows only ``reason``.
+        example: the minimal failing scenario (JSON) of a scenario case.
     """
 
     case: str
@@ -51,6 +52,7 @@ class Verdict:
     per_step: list = field(default_factory=list)
     diagnosis: str = ""
     family: str = ""
+    example: dict | None = None
 
     def __post_init__(self):
         if self.status not in STATUSES:

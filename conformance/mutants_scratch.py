@@ -1,0 +1,199 @@
+"""Mutants of the scenario kinds, on a compact from-scratch DDP (not the reference).
+
+:class:`ScratchDDP` is a small correct DDP written directly on torch.distributed:
+module-state broadcast at construction; buffers broadcast before a forward when the
+previous forward was synced (torch's ``require_forward_param_sync``); ``no_sync()``;
+at the end of every synced backward one all-reduce of all gradients, flattened in
+parameter order, divided by the world size; ``find_unused_parameters`` with a
+used mask in which a parameter holding an accumulated gradient counts as used.
+Keywords it does not implement raise ``TypeError`` (the kit's constructor
+contract). Each subclass below breaks it in one way a field report did; sharing no
+code with ``ddp_impl`` keeps the reference's own faults from hiding theirs.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class ScratchDDP(nn.Module):
+    """Correct base (see the module docstring). CPU runtime (gloo) only."""
+
+    def __init__(self, module: nn.Module, broadcast_buffers: bool = True, find_unused_parameters: bool = False):
+        super().__init__()
+        self.module = module
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self._sync_grads = True
+        self._sync_next_forward = True
+        self._queued = False
+        self._fired: list = []
+        self.synced_steps = 0
+        with torch.no_grad():
+            for t in list(module.parameters()) + (list(module.buffers()) if broadcast_buffers else []):
+                dist.broadcast(t.data, 0)
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+
+    # -- buffers ---------------------------------------------------------------
+    def _current_buffers(self):
+        return list(self.module.buffers())
+
+    def forward(self, *args, **kwargs):
+        if self.broadcast_buffers and torch.is_grad_enabled() and self._sync_next_forward:
+            with torch.no_grad():
+                for b in self._current_buffers():
+                    dist.broadcast(b, 0)
+        self._sync_next_forward = torch.is_grad_enabled() and self._sync_grads
+        self._last_batch = args[0].shape[0] if args and torch.is_tensor(args[0]) else 1
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        old, self._sync_grads = self._sync_grads, False
+        try:
+            yield
+        finally:
+            self._sync_grads = old
+
+    # -- gradients -------------------------------------------------------------
+    def _on_grad(self, p):
+        if not self._sync_grads:
+            return
+        self._fired.append(p)
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+
+    def _used(self, params):
+        """Per parameter: did this replica produce (or accumulate) a gradient?"""
+        return [p.grad is not None for p in params]
+
+    def _order(self, params):
+        """The order gradients are packed in (parameter order: the same on every replica)."""
+        return params
+
+    @torch.no_grad()
+    def _finish(self):
+        self._queued = False
+        self.synced_steps += 1
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        used = torch.tensor([float(u) for u in self._used(params)])
+        if self.find_unused_parameters:
+            dist.all_reduce(used)
+        elif not bool(used.all()):
+            names = [n for (n, p), u in zip(self.module.named_parameters(), used) if p.requires_grad and not u]
+            raise RuntimeError(f"parameters without gradient and find_unused_parameters=False: {names}")
+        live = [p for p, u in zip(params, used.tolist()) if u > 0]
+        order = self._order(live)
+        self._fired = []
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in order])
+        flat = self._reduce(flat)
+        off = 0
+        for p in order:
+            g = flat[off:off + p.numel()].view_as(p).clone()
+            off += p.numel()
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.copy_(g)
+
+    def _reduce(self, flat):
+        dist.all_reduce(flat)
+        return flat / self.world_size
+
+
+class UnusedAccumDropped(ScratchDDP):
+    """find_unused_parameters: "used" means a hook fired in the synced backward, so a
+    parameter used only in the no_sync micro-steps of the window counts as unused and
+    its accumulated gradient is never averaged (replicas drift apart)."""
+
+    def _used(self, params):
+        fired = {id(p) for p in self._fired}
+        return [id(p) in fired for p in params]
+
+    @torch.no_grad()
+    def _finish(self):
+        fired = {id(p) for p in self._fired}
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        keep = {id(p): p.grad for p in params if id(p) not in fired}
+        for p in params:  # hide accumulated-only gradients from the reduction, restore them after
+            if id(p) in keep:
+                p.grad = None
+        super()._finish()
+        for p in params:
+            if id(p) in keep and p.grad is None:
+                p.grad = keep[id(p)]
+
+
+class ArrivalOrderPairing(ScratchDDP):
+    """Packs gradients into the flat buffer in the order their hooks fired: with
+    rank-dependent control flow the replicas' slots hold different parameters, so
+    equal-sized parameters are averaged with each other (silently)."""
+
+    @torch.no_grad()
+    def _finish(self):
+        fired = list(self._fired)
+        self._fired_order = fired
+        super()._finish()
+
+    def _order(self, params):
+        fired = [p for p in getattr(self, "_fired_order", []) if any(p is q for q in params)]
+        rest = [p for p in params if not any(p is q for q in fired)]
+        return fired + rest
+
+
+class CachedBufferList(ScratchDDP):
+    """Caches the module's buffer list at construction and broadcasts those objects:
+    a model that assigns new buffer tensors in forward gets the stale ones broadcast."""
+
+    def __init__(self, module, **kw):
+        super().__init__(module, **kw)
+        self._cached = list(module.buffers())
+
+    def _current_buffers(self):
+        return self._cached
+
+
+class ReplicaDrift(ScratchDDP):
+    """From the second synced step, replica r scales its synced gradient by
+    (1 + 1e-6 r): parity stays within atol, replicas stop being identical."""
+
+    def _reduce(self, flat):
+        out = super()._reduce(flat)
+        return out * (1 + 1e-6 * self.rank) if self.synced_steps >= 2 else out
+
+
+class LateDesync(ScratchDDP):
+    """Stops synchronising gradients from the 41st synced step on."""
+
+    def _reduce(self, flat):
+        return flat if self.synced_steps > 40 else super()._reduce(flat)
+
+
+class BatchWeighted(ScratchDDP):
+    """Weights each replica's gradient by its local batch size (sum of n_r g_r / sum n_r)
+    instead of DDP's equal average of the replicas' local-mean gradients: identical
+    with equal shards, wrong with uneven ones."""
+
+    def _reduce(self, flat):
+        n = torch.tensor([float(self._last_batch)])
+        dist.all_reduce(n)
+        flat = flat * float(self._last_batch)
+        dist.all_reduce(flat)
+        return flat / n
+
+
+class Fp16AllReduce(ScratchDDP):
+    """All-reduces gradients in float16 (a compression hook without scaling): large
+    loss scales overflow to inf, small gradients lose precision."""
+
+    def _reduce(self, flat):
+        half = flat.half()
+        dist.all_reduce(half)
+        return half.float() / self.world_size
