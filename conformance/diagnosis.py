@@ -90,7 +90,7 @@ class Progress:
 
     def begin(self, task, fn_name: str) -> None:
         with self._lock:
-            for k in ("step", "phase", "last_collective", "in_collective", "since"):
+            for k in ("step", "phase", "last_collective", "in_collective", "since", "failed_in"):
                 self.state.pop(k, None)
             self.state.update(task=task, fn=fn_name, collectives=0, state="running",
                               tid=self.state.get("tid") or threading.get_ident())
@@ -109,8 +109,10 @@ class Progress:
             self.state["since"] = time.monotonic()
             self._flush()
 
-    def leave(self) -> None:
+    def leave(self, failed: bool = False) -> None:
         with self._lock:
+            if failed:  # the exception came out of this collective (e.g. a peer vanished)
+                self.state["failed_in"] = self.state.get("in_collective")
             self.state["in_collective"] = None
             self.state["since"] = None
             self._flush()
@@ -139,9 +141,12 @@ class RecordingCollectives:
         def call(*args, **kwargs):
             self._progress.enter(name + (f" {_shape(args[0])}" if args else ""))
             try:
-                return method(*args, **kwargs)
-            finally:
-                self._progress.leave()
+                value = method(*args, **kwargs)
+            except BaseException:
+                self._progress.leave(failed=True)
+                raise
+            self._progress.leave()
+            return value
         call.__name__ = name
         return call
 
@@ -165,11 +170,14 @@ def recorded_step_sync(mark_step, progress: Progress):
     """``mark_step`` that records itself as a collective wait (on XLA the lazy
     collectives run, and block, inside the step sync)."""
     def step_sync():
-        progress.enter("mark_step")
+        last = progress.state.get("last_collective") or ""
+        progress.enter("mark_step" + (f" after {last}" if last and not last.startswith("mark_step") else ""))
         try:
             mark_step()
-        finally:
-            progress.leave()
+        except BaseException:
+            progress.leave(failed=True)
+            raise
+        progress.leave()
     return step_sync
 
 
@@ -184,7 +192,7 @@ def failure_info(exc: BaseException, progress: Progress | None = None) -> dict:
     if progress is not None:
         st = progress.state
         info.update(step=st.get("step"), phase=st.get("phase"), last_collective=st.get("last_collective"),
-                    in_collective=st.get("in_collective"))
+                    in_collective=st.get("in_collective") or st.get("failed_in"))
     return info
 
 

@@ -85,6 +85,13 @@ class Runtime:
     # Measured ways the runtime's own ops differ from CPU PyTorch, which the
     # single-device reference must reproduce (see conformance.reference.QUIRKS).
     reference_quirks: frozenset = frozenset()
+    # Seconds a replica may wait inside one collective while a peer is elsewhere
+    # before the World reports the peer as hung (None: only the task timeout).
+    # Must be below the runtime's own collective timeout, so the World names the
+    # peer instead of reporting the waiter's timeout error or abort.
+    collective_bound: float | None = None
+    # True where collectives are lazy and run (and block) in ctx.mark_step (XLA).
+    step_sync_runs_collectives = False
 
     def check(self, world_size: int) -> None:
         """Raise :class:`RuntimeUnavailable` (one line) if this world cannot run here."""
