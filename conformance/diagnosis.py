@@ -171,7 +171,7 @@ def recorded_step_sync(mark_step, progress: Progress):
     collectives run, and block, inside the step sync)."""
     def step_sync():
         last = progress.state.get("last_collective") or ""
-        progress.enter("mark_step" + (f" after {last}" if last and not last.startswith("mark_step") else ""))
+        progress.enter("mark_step" + (f" (after {last})" if last and not last.startswith("mark_step") else ""))
         try:
             mark_step()
         except BaseException:

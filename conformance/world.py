@@ -457,6 +457,14 @@ class World:
             died = [d for d in diag if d["status"] == "died"]
             for d in died:
                 d["culprit"] = True
+            suspects = []
+            for h in {d["host"] for d in died}:  # a host of several replicas (PJRT threads)
+                ds = [d for d in died if d["host"] == h]
+                outside = [d for d in ds if not d.get("in_collective")]
+                if len(ds) > 1 and 0 < len(outside) < len(ds):
+                    for d in ds:  # the ones its peers waited for
+                        d["culprit"] = d in outside
+                    suspects += outside
             hosts = sorted({d["host"] for d in died})
             parts = []
             for h in hosts:
@@ -471,6 +479,10 @@ class World:
             # What each replica was doing: who waited in a collective, who was elsewhere.
             doing = [f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in diag
                      if dg.where(d)]
+            if suspects:
+                parts.append("; ".join(f"suspect replica {d['rank']}: outside any collective "
+                                        f"({dg.where(d) or 'no progress noted'}) while its peers waited in one"
+                                        for d in suspects))
             return (f"{head}: {len(died)} replica(s) died: " + "; ".join(parts)
                     + (f" [{'; '.join(doing)}]" if doing else "")), ReplicaDied
         genuine = {r: i for r, i in raised.items() if not i.get("in_collective")} or raised

@@ -114,8 +114,8 @@ def test_fault_is_classified_and_named(runtime, how):
     assert text in str(err), f"{how}: {text!r} missing from the report"
     if status is not None:
         named = [d for d in err.diagnosis if d.get("culprit")]
-        assert [d["rank"] for d in named] == [K] or (runtime == "pjrt" and how == "exit"), summary
-        assert err.diagnosis[K]["status"] == status or (runtime == "pjrt" and status == "died"), summary
+        assert [d["rank"] for d in named] == [K], summary
+        assert err.diagnosis[K]["status"] == status, summary
     if how == "raise":
         d = err.diagnosis[K]
         assert d["exception_type"] == "ValueError" and "raise ValueError" in d["traceback"]
@@ -150,6 +150,7 @@ def test_replica_killed_from_outside(runtime):
     assert elapsed <= TIMEOUT_S + SLACK_S
     assert "killed by SIGKILL" in err.summary() and f"replica {K}" in err.summary()
     assert err.diagnosis[K]["status"] == "died" and err.diagnosis[K]["signal"] == "SIGKILL"
+    assert [d["rank"] for d in err.diagnosis if d["culprit"]] == [K]
     assert _gone(pids)
 
 
