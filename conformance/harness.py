@@ -199,6 +199,7 @@ def train_replica(ctx, spec: dict) -> dict:
     if run.sync_bn and impl.sync_batchnorm is None:
         return {"unsupported": f"{run.impl} has no SyncBatchNorm"}
     model = fresh_model()
+    ctx.note(step=None, phase="DDP construction")
     try:
         ddp = _wrap(impl, model, ctx, run)
     except ValueError as exc:
@@ -220,6 +221,7 @@ def train_replica(ctx, spec: dict) -> dict:
         xs = shard(x, which, ctx.world_size).to(ctx.device)
         ys = shard(y, which, ctx.world_size).to(ctx.device)
         opt.zero_grad(set_to_none=True)
+        ctx.note(step=step, phase="forward")
         try:
             with _autocast(run, ctx.device):
                 out = ddp(xs)
@@ -228,9 +230,11 @@ def train_replica(ctx, spec: dict) -> dict:
                 return {"unsupported": f"{type(exc).__name__}: {exc}"}  # e.g. torch's on CPU
             raise
         loss = F.mse_loss(out.float(), ys)
+        ctx.note(phase="backward")  # DDP's gradient all-reduces run here
         loss.backward()
         if impl.after_backward is not None:
             impl.after_backward(ddp, opt, ctx)
+        ctx.note(phase="optimizer step")
         opt.step()
         ctx.mark_step()
         losses.append(float(loss.detach().cpu()))
