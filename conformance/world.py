@@ -479,6 +479,18 @@ class World:
             # What each replica was doing: who waited in a collective, who was elsewhere.
             doing = [f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in diag
                      if dg.where(d)]
+            # An abort inside a collective whose peers sit in a different one (gloo's
+            # "Received data size doesn't match"): name both sides of the mismatch.
+            for d in died:
+                if d["signal"] == "SIGABRT" and d.get("in_collective"):
+                    other = [o for o in diag if o not in died and o.get("last_collective")
+                             and o.get("last_collective") != d.get("last_collective")]
+                    for o in other:
+                        o["culprit"] = True
+                    if other:
+                        parts.append("collective mismatch: " + " vs ".join(
+                            f"replica {x['rank']} in {x['last_collective']} (step {x.get('step')})"
+                            for x in [d] + other))
             if suspects:
                 parts.append("; ".join(f"suspect replica {d['rank']}: outside any collective "
                                         f"({dg.where(d) or 'no progress noted'}) while its peers waited in one"
