@@ -41,6 +41,7 @@ import sys
 import threading
 
 from .runtimes import RuntimeUnavailable, get_runtime
+from .diagnosis import blank as blank_diagnosis, details as diagnosis_details
 from .world import DEFAULT_TIMEOUT, ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, _die_with_parent
 
 # What a launcher must set (torchrun does; so do `python -m torch.distributed.run`
@@ -220,13 +221,15 @@ class ExternalWorld:
         finally:
             watchdog.cancel()
         if not ok:  # the launcher's log shows it at once, not only after the gather
-            print(f"--- replica {rank} raised in task {self._tasks}:\n{value}", flush=True, file=sys.stderr)
+            value = dict(value, rank=rank, host=self.members[rank]["host"], pid=os.getpid())
+            print(f"--- replica {rank} raised in task {self._tasks}:\n{value['traceback']}", flush=True,
+                  file=sys.stderr)
         gathered = [None] * self.world_size if self.is_root else None
         try:
             dist.gather_object((ok, value), gathered, dst=0, group=group)
             errors = None
             if self.is_root:
-                errors = [f"--- replica {r} raised:\n{v}" for r, (good, v) in enumerate(gathered) if not good]
+                errors = [v for good, v in gathered if not good]
             status = [errors or None]
             dist.broadcast_object_list(status, src=0, group=group)
         except Exception as exc:
@@ -242,7 +245,16 @@ class ExternalWorld:
                               f"before delivering its result; see the launcher's log: {text}") from None
         if status[0]:
             self.broken = True
-            raise ReplicaFailed(f"{self.describe()}: {len(status[0])} replica(s) raised\n" + "\n".join(status[0]))
+            diag = []
+            for v in status[0]:
+                d = blank_diagnosis(v["rank"]) | {k: v.get(k) for k in ("host", "pid", "exception_type",
+                                                                          "exception_message", "traceback")}
+                diag.append(d | {"status": "raised", "culprit": True, "task": self._tasks})
+            head = "; ".join(f"replica {d['rank']} raised {d['exception_type']}: "
+                             f"{(d['exception_message'] or '').strip().splitlines()[0][:300] if d['exception_message'] else ''}"
+                             for d in diag)
+            raise ReplicaFailed(f"{self.describe()}: {len(diag)} replica(s) raised; {head}\n"
+                                + diagnosis_details(diag), diag)
         return [v for _, v in gathered] if self.is_root else None
 
     def _dump_stacks(self, task, fn, limit):

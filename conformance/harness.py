@@ -243,6 +243,7 @@ def train_replica(ctx, spec: dict) -> dict:
     run = RunSpec(**spec)
     loop = Loop(ctx, run, resolve_impl(run.impl), [SETUPS[n] for n in run.setups])
     loop.model = loop.fresh_model()
+    ctx.note(step=None, phase="DDP construction")
     loop.wrap()
     which = loop.impl.shard_rank(ctx)
     params, losses, buffers = [flat_params(loop.model)], [], [flat_buffers(loop.model)]
@@ -252,14 +253,17 @@ def train_replica(ctx, spec: dict) -> dict:
         xs = shard(x, which, ctx.world_size).to(ctx.device)
         ys = shard(y, which, ctx.world_size).to(ctx.device)
         loop.opt.zero_grad(set_to_none=True)
+        ctx.note(step=step, phase="forward")
         with contextlib.ExitStack() as stack:
             for s in loop.setups:
                 stack.enter_context(s.forward_context(loop, step))
             out = loop.ddp(xs)
         loss = F.mse_loss(out.float(), ys)
+        ctx.note(phase="backward")  # DDP's gradient all-reduces run here
         loss.backward()
         if loop.impl.after_backward is not None:
             loop.impl.after_backward(loop.ddp, loop.opt, ctx)
+        ctx.note(phase="optimizer step")
         loop.opt.step()
         ctx.mark_step()
         losses.append(float(loss.detach().cpu()))

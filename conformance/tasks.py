@@ -54,3 +54,38 @@ def fail_on(ctx, rank, how="raise", seconds=30.0) -> int:
         if how == "exit":
             os._exit(3)
     return ctx.rank
+
+
+FAULTS = ("none", "raise", "exit", "sleep", "skip_collective")
+
+
+def fault(ctx, rank, how="raise", at_step=1, steps=3, seconds=600.0) -> int:
+    """A training-shaped loop with one injected fault: the kit's fault-injection task.
+
+    Every replica runs ``steps`` steps of: ``forward`` (noted with
+    ``ctx.note``), an all-reduce of a ``float32[4 + step]`` tensor (sizes differ
+    per step, like a DDP's per-parameter all-reduces), ``ctx.mark_step()``.
+    Replica ``rank`` misbehaves in the forward of step ``at_step``, by ``how``:
+    ``raise`` (``ValueError``), ``exit`` (``os._exit(3)``), ``sleep``
+    (``seconds``, i.e. hangs), ``skip_collective`` (skips that step's
+    all-reduce), ``none``. Returns the replica's rank.
+    """
+    import torch
+    if how not in FAULTS:
+        raise ValueError(f"unknown fault {how!r}; known: {', '.join(FAULTS)}")
+    for step in range(steps):
+        ctx.note(step=step, phase="forward")
+        faulty = ctx.rank == rank and step == at_step
+        if faulty and how == "raise":
+            raise ValueError(f"injected fault on replica {rank} at step {step}")
+        if faulty and how == "exit":
+            os._exit(3)
+        if faulty and how == "sleep":
+            time.sleep(seconds)
+        t = torch.full((4 + step,), float(ctx.rank + 1)).to(ctx.device)
+        ctx.note(phase="gradient all-reduce")
+        if not (faulty and how == "skip_collective"):
+            ctx.collectives.all_reduce_(t)
+        ctx.mark_step()
+        ctx.note(phase="optimizer")
+    return ctx.rank

@@ -2,16 +2,40 @@
 
 A :class:`World` starts its host processes once (one per replica on the CPU
 runtime; one per host with a thread per replica on PJRT), then runs many tasks
-on them. Every wait is bounded: a task that does not finish within its timeout
-gets every host's Python stacks dumped (``faulthandler`` on ``SIGUSR1``) and the
-world killed; a host that dies is reported with its exit code and log tail; a
-replica that raises is reported with its traceback. After any of these the world
-is marked broken and must be replaced (:class:`WorldPool` does that).
+on them. Every wait is bounded, and every failure is classified and diagnosed
+per replica (:attr:`ReplicaError.diagnosis`):
 
-Hosts ignore SIGINT (the parent owns Ctrl-C and kills them) and die with their
-parent (``PR_SET_PDEATHSIG`` plus a watchdog thread), so no orphans remain.
-Rendezvous uses a file in a private temporary directory, never a port, so many
-worlds (pytest-xdist workers) coexist on one machine.
+* a replica that raises reports its exception to the parent at once (the
+  host sends it before the other replicas finish); the parent waits
+  :data:`RAISE_GRACE` seconds for simultaneous failures, then tears the world
+  down: :class:`ReplicaFailed` names the replica(s) that raised, with type,
+  message and traceback; replicas blocked in a collective it left are
+  ``aborted-by-peer``;
+* a host process that exits is :class:`ReplicaDied` with its exit code or
+  signal, its Python stacks when the death was a fatal signal (``faulthandler``
+  is enabled in every host: an abort by gloo or XLA dumps every thread), and
+  what each replica was doing (step, phase, last collective);
+* :class:`ReplicaTimeout` only when a bound really passed: the task's
+  ``timeout``, or the runtime's *collective bound*
+  (:attr:`conformance.runtimes.base.Runtime.collective_bound`): a replica that
+  has waited that long inside a collective while a peer is elsewhere (still
+  computing, or returned from the task) means that peer hung or skipped the
+  collective. The bound is below the runtime's own collective timeout (gloo's
+  error, XLA's abort), so the report names the peer, not the waiter.
+
+Each replica's progress (task, step, phase, last collective; tasks add to it
+with :meth:`ReplicaContext.note <conformance.runtimes.base.ReplicaContext.note>`)
+lives in a shared file the parent reads after a failure
+(:mod:`conformance.diagnosis`). After any failure the world is broken and must
+be replaced (:class:`WorldPool` does that).
+
+Hosts ignore SIGINT (the parent owns Ctrl-C: an interrupted :meth:`World.run`
+kills the hosts) and die with their parent (``PR_SET_PDEATHSIG`` plus a
+watchdog thread), so no orphans remain. Hosts drop the parent's launcher
+variables (:data:`LAUNCHER_VARS`): a kit-spawned world is never part of a
+torchrun launch it happens to be started from. Rendezvous uses a file in a
+private temporary directory, never a port, so many worlds (pytest-xdist
+workers) coexist on one machine.
 
 This module imports torch only inside host processes.
 """
@@ -22,40 +46,81 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import traceback
 from multiprocessing.connection import wait as wait_any
 
+from . import diagnosis as dg
+
 DEFAULT_TIMEOUT = float(os.environ.get("CONFORMANCE_TIMEOUT", 120))
 START_TIMEOUT = float(os.environ.get("CONFORMANCE_START_TIMEOUT", 180))
-# After one replica fails, how long the others get to finish before the world
-# is declared stuck (they may be blocked in a collective the failed one left).
-FAILURE_GRACE = 10.0
-LOG_TAIL_LINES = 40
+# After the first replica raised (or a host died), how long the parent waits
+# for other replicas' simultaneous reports before it tears the world down.
+# Short: the others are most likely blocked in a collective the failed one left.
+RAISE_GRACE = 2.0
+# How often the parent reads the progress board while waiting (collective bound).
+POLL_S = 0.5
+LOG_TAIL_LINES = 200
+# Variables of an env:// launcher (torchrun) that a kit-spawned host must not
+# inherit from its parent: they would override the host's own rank layout
+# (e.g. GROUP_RANK=1 labels every replica "host 1").
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                 "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
 class ReplicaError(RuntimeError):
-    """A task did not complete on every replica; the message names which and why."""
+    """A task did not complete on every replica.
+
+    ``str(exc)`` is :meth:`summary` followed by :meth:`details`.
+
+    Attributes:
+        diagnosis: one ``dict`` per replica, by rank, with the keys of
+            :data:`conformance.diagnosis.DIAGNOSIS_KEYS` (``None`` when
+            unknown): ``rank``, ``host``, ``pid``, ``status`` (``raised``,
+            ``hung``, ``died``, ``aborted-by-peer``, ``ok``), ``task``,
+            ``step``, ``phase``, ``last_collective``, ``collectives`` (entered
+            in the task), ``in_collective``, ``waited_s``, ``exception_type``,
+            ``exception_message``, ``traceback``, ``stacks`` (faulthandler,
+            this replica's thread), ``exit_code``, ``signal``, ``log_tail``
+            (its host's last :data:`LOG_TAIL_LINES` lines), plus ``culprit``
+            (bool: named in the summary). Empty when the failure is not
+            per-replica (e.g. a broken world reused).
+    """
+
+    def __init__(self, message: str, diagnosis: list[dict] | None = None):
+        self._summary, _, rest = message.partition("\n")
+        self._details = rest
+        self.diagnosis = diagnosis or []
+        text = self._summary + (f"\n{rest}" if rest else "")
+        super().__init__(text)
+
+    def summary(self) -> str:
+        """One line: the world, the failure kind, the replica(s) to blame and the exception."""
+        return self._summary
+
+    def details(self) -> str:
+        """Full text: per replica status, place, exception, traceback, stacks, log tail."""
+        return self._details
 
 
 class ReplicaFailed(ReplicaError):
-    """A replica raised; the message holds its traceback."""
+    """A replica raised; the diagnosis holds its exception and traceback."""
 
 
 class ReplicaTimeout(ReplicaError):
-    """A replica did not answer in time; the message holds every host's stacks."""
+    """A bound passed: the task's timeout, or a replica waited in a collective a
+    peer never entered for the runtime's collective bound; stacks of every replica."""
 
 
 class ReplicaDied(ReplicaError):
-    """A host process exited; the message holds its exit code and log tail."""
+    """A host process exited; the diagnosis holds its exit code or signal, stacks, log tail."""
 
 
 def _tail(path, lines=LOG_TAIL_LINES):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return ""
+    return dg.tail(path, lines)
 
 
 def _die_with_parent(parent_pid):
@@ -64,7 +129,6 @@ def _die_with_parent(parent_pid):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    import threading
 
     def watch():
         while os.getppid() == parent_pid:
@@ -73,8 +137,20 @@ def _die_with_parent(parent_pid):
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
+def _instrument(ctx, board, host, runtime):
+    """Give a replica its progress slot; record its collectives (and XLA step syncs)."""
+    p = board.slot(ctx.rank, host=host, pid=os.getpid(),
+                   tid=ctx.extra.get("thread_ident") or threading.get_ident())
+    ctx.progress = p
+    ctx.collectives = dg.RecordingCollectives(ctx.collectives, p)
+    if runtime.step_sync_runs_collectives:
+        ctx.mark_step = dg.recorded_step_sync(ctx.mark_step, p)
+
+
 def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid):
     """Entry point of a host process (spawned; runs until told to stop)."""
+    for var in LAUNCHER_VARS:  # before anything reads them (torch.distributed, ranks)
+        os.environ.pop(var, None)
     log_fd = os.open(os.path.join(workdir, f"host{host}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -82,15 +158,26 @@ def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid):
     _die_with_parent(parent_pid)
     import faulthandler
     stacks = open(os.path.join(workdir, f"host{host}.stacks"), "w")
+    # Fatal signals (an abort by gloo or XLA, a segfault) dump every thread's
+    # Python stack; SIGUSR1 is the parent asking for them.
+    faulthandler.enable(file=stacks, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     os.environ.update(env)
+    send_lock = threading.Lock()
+
+    def send(msg):
+        with send_lock:
+            conn.send(msg)
     try:
         from .runtimes import get_runtime
         runtime = get_runtime(runtime_name)
         replicas = runtime.setup_host(host, world_size, workdir)
-        conn.send(("ready", [r.rank for r in replicas]))
+        board = dg.ProgressBoard(os.path.join(workdir, "progress"))
+        for ctx in replicas:
+            _instrument(ctx, board, host, runtime)
+        send(("ready", [r.rank for r in replicas]))
     except BaseException:
-        conn.send(("error", traceback.format_exc()))
+        send(("error", traceback.format_exc()))
         return
     while True:
         try:
@@ -100,8 +187,11 @@ def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid):
         if msg is None:
             break
         task_id, fn, payload = msg
-        results = runtime.execute(replicas, fn, payload)
-        conn.send(("done", task_id, results))
+
+        def on_raise(rank, info, task_id=task_id):  # at once, from the replica's thread
+            send(("raised", task_id, rank, info))
+        results = runtime.execute(replicas, fn, payload, on_raise=on_raise, task=task_id)
+        send(("done", task_id, results))
     runtime.teardown_host(replicas)
 
 
@@ -124,11 +214,14 @@ class World:
         self.world_size = world_size
         self.timeout = timeout
         self.broken = False
+        self.hosts = []
         adapter = get_runtime(runtime)
         adapter.check(world_size)
+        self.collective_bound = adapter.collective_bound
         self.workdir = tempfile.mkdtemp(prefix=f"ddpconf-{runtime}{world_size}-")
+        self._board = os.path.join(self.workdir, "progress")
+        dg.create_board(self._board, world_size)
         ctx = mp.get_context("spawn")
-        self.hosts = []
         try:
             for host, env in enumerate(adapter.host_envs(world_size)):
                 parent, child = ctx.Pipe()
@@ -137,10 +230,11 @@ class World:
                 proc.start()
                 child.close()
                 self.hosts.append((proc, parent))
-            self._ordinals = self._collect("ready", None, START_TIMEOUT)
+            self._ranks = self._collect_ready(START_TIMEOUT)
         except BaseException:
             self.close()
             raise
+        self._host_of = {r: h for h, ranks in enumerate(self._ranks) for r in ranks}
         self._next_task = 0
 
     # --- running tasks ---------------------------------------------------
@@ -152,43 +246,42 @@ class World:
 
         Raises:
             ReplicaFailed / ReplicaTimeout / ReplicaDied: see the classes; the
-                world is then broken.
+                world is then broken. ``KeyboardInterrupt`` kills the hosts
+                first, then propagates.
         """
         if self.broken:
             raise ReplicaError(f"{self.describe()} is broken by an earlier failure")
         self._next_task += 1
         task = self._next_task
-        for proc, conn in self.hosts:
-            try:
-                conn.send((task, fn, payload))
-            except (BrokenPipeError, OSError):
-                pass  # reported by _collect as a dead host
-        per_host = self._collect("done", task, timeout or self.timeout)
-        results = [None] * self.world_size
-        errors = []
-        for rows in per_host:
-            for ordinal, ok, value in rows:
-                if ok:
-                    results[ordinal] = value
-                else:
-                    errors.append(f"--- replica {ordinal} raised:\n{value}")
-        if errors:
+        try:
+            for proc, conn in self.hosts:
+                try:
+                    conn.send((task, fn, payload))
+                except (BrokenPipeError, OSError):
+                    pass  # reported by _collect_task as a dead host
+            results = self._collect_task(task, getattr(fn, "__name__", str(fn)), timeout or self.timeout)
+        except ReplicaError:
+            raise
+        except BaseException:  # Ctrl-C or a bug here: never leave hosts running a task
             self._break()
-            raise ReplicaFailed(f"{self.describe()}: {len(errors)} replica(s) raised\n" + "\n".join(errors))
+            raise
         return results
 
-    def _collect(self, kind, task, timeout):
-        """Wait for one ``kind`` message from every host, bounded by ``timeout``."""
+    def _collect_ready(self, timeout):
+        """Wait for every host's start-up answer (its ranks), bounded by ``timeout``."""
         deadline = time.monotonic() + timeout
-        pending = {i: h for i, h in enumerate(self.hosts)}
         got = {}
-        while pending:
+        while len(got) < len(self.hosts):
             left = deadline - time.monotonic()
+            pending = [i for i in range(len(self.hosts)) if i not in got]
             if left <= 0:
-                self._fail_stuck(ReplicaTimeout, f"no answer within {timeout:.0f} s", pending)
-            ready = wait_any([c for _, c in pending.values()] + [p.sentinel for p, _ in pending.values()],
+                self._break()
+                raise ReplicaTimeout(f"{self.describe()}: host(s) {pending} did not start within "
+                                     f"{timeout:.0f} s\n" + self._logs(pending))
+            ready = wait_any([self.hosts[i][1] for i in pending] + [self.hosts[i][0].sentinel for i in pending],
                              timeout=left)
-            for i, (proc, conn) in list(pending.items()):
+            for i in pending:
+                proc, conn = self.hosts[i]
                 msg = None
                 if conn in ready or conn.poll():
                     try:
@@ -198,33 +291,264 @@ class World:
                 if msg is None:
                     if proc.sentinel in ready or not proc.is_alive():
                         proc.join(1)
-                        why = (f"{self.describe()}: host {i} (pid {proc.pid}) exited with code "
-                               f"{proc.exitcode}; log tail:\n{self.log_tail(i)}")
                         self._break()
-                        raise ReplicaDied(why)
+                        code, sig = dg.exit_description(proc.exitcode)
+                        raise ReplicaDied(f"{self.describe()}: host {i} (pid {proc.pid}) exited with code "
+                                          f"{code}{f' ({sig})' if sig else ''} while starting\n" + self._logs([i]))
                     continue
                 if msg[0] == "error":
                     self._break()
-                    raise ReplicaFailed(f"{self.describe()}: host {i} failed to start:\n{msg[1]}")
-                if msg[0] != kind or (task is not None and msg[1] != task):
-                    continue  # a stale answer of an earlier task
-                got[i] = msg[-1]
-                del pending[i]
-                if got and pending and kind == "done" and any(not ok for rows in got.values() for _, ok, _ in rows):
-                    deadline = min(deadline, time.monotonic() + FAILURE_GRACE)
+                    raise ReplicaFailed(f"{self.describe()}: host {i} failed to start\n{msg[1]}"
+                                        + self._logs([i]))
+                got[i] = msg[1]
         return [got[i] for i in range(len(self.hosts))]
 
-    def _fail_stuck(self, exc, why, pending):
-        parts = [f"{self.describe()}: {why}; stuck host(s) {sorted(pending)}"]
-        for proc, _ in self.hosts:
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGUSR1)
-        time.sleep(1.0)
-        for i in range(len(self.hosts)):
-            parts.append(f"--- host {i} stacks:\n{_tail(os.path.join(self.workdir, f'host{i}.stacks'), 400)}")
-            parts.append(f"--- host {i} log tail:\n{self.log_tail(i)}")
+    def _logs(self, hosts):
+        return "".join(f"\n--- host {i} log tail:\n{self.log_tail(i)}" for i in hosts)
+
+    def _collect_task(self, task, name, timeout):
+        """Wait for task ``task`` on every host; classify and raise on any failure."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        pending = set(range(len(self.hosts)))
+        rows_by_host, raised, dead = {}, {}, {}
+        failed_at = None
+        hang = None
+        while pending:
+            now = time.monotonic()
+            if failed_at is not None and now >= failed_at + RAISE_GRACE:
+                break
+            if now >= deadline:
+                break
+            if self.collective_bound is not None and failed_at is None:
+                hang = self._collective_hang(task, pending, rows_by_host, now)
+                if hang:
+                    break
+            limit = min(deadline, failed_at + RAISE_GRACE if failed_at is not None else deadline) - now
+            ready = wait_any([self.hosts[i][1] for i in pending] + [self.hosts[i][0].sentinel for i in pending],
+                             timeout=max(0.0, min(POLL_S, limit)))
+            for i in sorted(pending):
+                proc, conn = self.hosts[i]
+                got_any = False
+                while True:
+                    try:
+                        if not (conn in ready or conn.poll()):
+                            break
+                        msg = conn.recv()
+                    except (EOFError, OSError):
+                        break
+                    ready = ()  # poll() from now on
+                    got_any = True
+                    if msg[0] == "raised" and msg[1] == task:
+                        raised.setdefault(msg[2], msg[3])
+                        failed_at = failed_at or time.monotonic()
+                    elif msg[0] == "done" and msg[1] == task:
+                        rows_by_host[i] = msg[2]
+                        for rank, ok, value in msg[2]:
+                            if not ok:
+                                raised.setdefault(rank, value if isinstance(value, dict) else
+                                                  {"exception_type": None, "traceback": str(value)})
+                                failed_at = failed_at or time.monotonic()
+                        pending.discard(i)
+                        break
+                if i in pending and not got_any and not proc.is_alive():
+                    proc.join(1)
+                    dead[i] = proc.exitcode
+                    pending.discard(i)
+                    failed_at = failed_at or time.monotonic()
+        elapsed = time.monotonic() - t0
+        if not raised and not dead and not pending:
+            results = [None] * self.world_size
+            for rows in rows_by_host.values():
+                for rank, _, value in rows:
+                    results[rank] = value
+            return results
+        self._fail(task, name, timeout, elapsed, pending, rows_by_host, raised, dead, hang)
+
+    def _collective_hang(self, task, pending, rows_by_host, now):
+        """A replica waited in a collective longer than the collective bound while a
+        peer is elsewhere: ``(board, waiting ranks)``, else ``None``."""
+        board = dg.read_board(self._board, self.world_size)
+        current = [b for b in board if b.get("task") == task]
+        waiting = [b["rank"] for b in current
+                   if b.get("in_collective") and b.get("since") and now - b["since"] > self.collective_bound]
+        if not waiting:
+            return None
+        elsewhere = [r for r in range(self.world_size)
+                     if not board[r].get("in_collective") or board[r].get("task") != task]
+        # All inside collectives, but not the same one: they will never meet.
+        mismatch = len({(b.get("collectives"), (b.get("in_collective") or "").split(" ")[0])
+                        for b in current if b.get("in_collective")}) > 1
+        return (board, waiting) if elsewhere or mismatch else None
+
+    # --- diagnosis -------------------------------------------------------
+    def _dump_stacks(self, hosts):
+        """Ask live ``hosts`` for their Python stacks (faulthandler on SIGUSR1); wait
+        until the dumps stop growing (at most 3 s)."""
+        paths = {i: os.path.join(self.workdir, f"host{i}.stacks") for i in hosts}
+        for i in hosts:
+            try:
+                os.kill(self.hosts[i][0].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        last, stable_since = None, None
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            sizes = {i: (os.path.getsize(p) if os.path.exists(p) else 0) for i, p in paths.items()}
+            if sizes == last and all(sizes.values()):
+                if time.monotonic() - stable_since >= 0.2:
+                    break
+            else:
+                last, stable_since = sizes, time.monotonic()
+
+    def _fail(self, task, name, timeout, elapsed, pending, rows_by_host, raised, dead, hang):
+        now = time.monotonic()
+        alive = [i for i in range(len(self.hosts)) if i not in dead and self.hosts[i][0].is_alive()]
+        self._dump_stacks(alive)
+        board = dg.read_board(self._board, self.world_size)
+        diag = []
+        for rank in range(self.world_size):
+            host = self._host_of.get(rank, rank)
+            proc = self.hosts[host][0]
+            b = board[rank] if board[rank].get("task") == task else {}
+            d = dg.blank(rank) | {"host": host, "pid": proc.pid, "task": task, "culprit": False}
+            for k in ("step", "phase", "last_collective", "collectives", "in_collective"):
+                d[k] = b.get(k)
+            if b.get("in_collective") and b.get("since"):
+                d["waited_s"] = round(now - b["since"], 1)
+            dump = _read(os.path.join(self.workdir, f"host{host}.stacks"))
+            if dump:
+                d["stacks"] = dg.thread_stacks(dump).get(b.get("tid") or board[rank].get("tid")) or dump
+            d["log_tail"] = self.log_tail(host)
+            if rank in raised:
+                info = raised[rank]
+                for k in ("exception_type", "exception_message", "traceback"):
+                    d[k] = info.get(k)
+                for k in ("step", "phase", "last_collective", "in_collective"):
+                    if info.get(k) is not None or k == "in_collective":
+                        d[k] = info.get(k)
+                d["waited_s"] = None
+                d["status"] = "raised"
+            elif host in dead:
+                d["exit_code"], d["signal"] = dg.exit_description(dead[host])
+                d["status"] = "died"
+            elif host in pending:  # its host still runs the task: this replica may have returned
+                d["status"] = "ok" if b.get("state") == "returned" else "hung"
+            else:
+                d["status"] = "ok"
+            diag.append(d)
+        summary, cls = self._classify(diag, name, timeout, elapsed, raised, dead, hang)
         self._break()
-        raise exc("\n".join(parts))
+        raise cls(f"{summary}\n{dg.details(diag)}", diag)
+
+    def _classify(self, diag, name, timeout, elapsed, raised, dead, hang):
+        """Decide the error class and the replicas to blame; set statuses; return the summary."""
+        head = f"{self.describe()}: task {name}"
+        by = {d["rank"]: d for d in diag}
+        waiting = [d for d in diag if d["status"] == "hung" and d.get("in_collective")]
+        if dead:
+            # A replica that raised inside a collective after a host died was cut off by it.
+            for d in diag:
+                if d["status"] == "raised" and d.get("in_collective"):
+                    d["status"] = "aborted-by-peer"
+                elif d["status"] == "hung":
+                    d["status"] = "aborted-by-peer"
+            died = [d for d in diag if d["status"] == "died"]
+            for d in died:
+                d["culprit"] = True
+            suspects = []
+            for h in {d["host"] for d in died}:  # a host of several replicas (PJRT threads)
+                ds = [d for d in died if d["host"] == h]
+                outside = [d for d in ds if not d.get("in_collective")]
+                if len(ds) > 1 and 0 < len(outside) < len(ds):
+                    for d in ds:  # the ones its peers waited for
+                        d["culprit"] = d in outside
+                    suspects += outside
+            hosts = sorted({d["host"] for d in died})
+            parts = []
+            for h in hosts:
+                ds = [d for d in died if d["host"] == h]
+                d0 = ds[0]
+                how = (f"killed by {d0['signal']}" if d0["signal"] else f"exited with code {d0['exit_code']}")
+                ranks = ", ".join(str(d["rank"]) for d in ds)
+                last = [ln.strip() for ln in (d0.get("log_tail") or "").splitlines() if ln.strip()]
+                if d0["signal"] == "SIGABRT" and last:  # the runtime's own words (gloo, XLA)
+                    how += f" ({last[-1][:300]})"
+                parts.append(f"replica {ranks} (host {h}, pid {d0['pid']}) died: {how}")
+            # What each replica was doing: who waited in a collective, who was elsewhere.
+            doing = [f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in diag
+                     if dg.where(d)]
+            # An abort inside a collective whose peers sit in a different one (gloo's
+            # "Received data size doesn't match"): name both sides of the mismatch.
+            for d in died:
+                if d["signal"] == "SIGABRT" and d.get("in_collective"):
+                    other = [o for o in diag if o not in died and o.get("last_collective")
+                             and o.get("last_collective") != d.get("last_collective")]
+                    for o in other:
+                        o["culprit"] = True
+                    if other:
+                        parts.append("collective mismatch: " + " vs ".join(
+                            f"replica {x['rank']} in {x['last_collective']} (step {x.get('step')})"
+                            for x in [d] + other))
+            if suspects:
+                parts.append("; ".join(f"suspect replica {d['rank']}: outside any collective "
+                                        f"({dg.where(d) or 'no progress noted'}) while its peers waited in one"
+                                        for d in suspects))
+            return (f"{head}: {len(died)} replica(s) died: " + "; ".join(parts)
+                    + (f" [{'; '.join(doing)}]" if doing else "")), ReplicaDied
+        genuine = {r: i for r, i in raised.items() if not i.get("in_collective")} or raised
+        if raised:
+            for d in diag:
+                if d["status"] == "raised" and d["rank"] not in genuine:
+                    d["status"] = "aborted-by-peer"
+                elif d["status"] == "hung":
+                    d["status"] = "aborted-by-peer"  # torn down: most likely blocked on the failed one
+            parts = []
+            for r in sorted(genuine):
+                d = by[r]
+                d["culprit"] = True
+                place = "; ".join(x for x in (f"host {d['host']}, pid {d['pid']}", dg.where(d)) if x)
+                parts.append(f"replica {r} raised {d['exception_type']}: "
+                             f"{_first_line(d['exception_message'])} [{place}]")
+            return f"{head}: {len(genuine)} replica(s) raised; " + "; ".join(parts), ReplicaFailed
+        # A hang: the task bound passed, or a replica waited past the collective bound.
+        if hang:
+            board, waiters = hang
+            culprits = [d for d in diag if d["rank"] not in waiters
+                        and not (d.get("in_collective") and d["status"] == "hung")]
+            why = (f"replica(s) {waiters} waited in a collective for more than the collective bound "
+                   f"({self.collective_bound:.0f} s, below the runtime's own collective timeout) "
+                   f"after {elapsed:.1f} s of the task")
+            if not culprits:  # every replica waits, in different collectives: name the odd ones out
+                counts = [d.get("collectives") for d in diag]
+                modal = [c for c in set(counts) if counts.count(c) > len(counts) / 2]
+                culprits = [d for d in diag if not modal or d.get("collectives") != modal[0]]
+                why += "; the replicas wait in different collectives (a replica skipped or added one)"
+        else:
+            culprits = [d for d in diag if d["status"] == "hung" and not d.get("in_collective")]
+            if waiting and not culprits:  # everyone pending waits in a collective: who left it?
+                culprits = [d for d in diag if d["status"] == "ok"] or waiting
+            elif not culprits:
+                culprits = [d for d in diag if d["status"] == "hung"]
+            why = f"no answer within {timeout:.0f} s (task bound; {elapsed:.1f} s elapsed)"
+        for d in diag:
+            if d["status"] == "hung" and d not in culprits:
+                d["status"] = "aborted-by-peer"  # blocked in a collective, waiting for a culprit
+        parts = []
+        for d in culprits:
+            d["culprit"] = True
+            if d["status"] == "ok":
+                parts.append(f"replica {d['rank']} returned from the task after {d.get('collectives') or 0} "
+                             f"collective(s) while others wait in one ({dg.where(d) or 'no progress noted'})")
+            else:
+                d["status"] = "hung"
+                parts.append(f"replica {d['rank']} hung ({dg.where(d) or 'no progress noted'})")
+        waits = [f"replica {d['rank']} in {d['last_collective'] or d['in_collective']}"
+                 + (f" for {d['waited_s']:.1f} s" if d.get("waited_s") is not None else "")
+                 for d in diag if d.get("in_collective") and d not in culprits]
+        return (f"{head}: {why}; " + "; ".join(parts)
+                + (f"; waiting: {', '.join(waits)}" if waits else "")), ReplicaTimeout
 
     # --- lifecycle -------------------------------------------------------
     def describe(self) -> str:
@@ -262,6 +586,19 @@ class World:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _first_line(text):
+    text = (text or "").strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 class WorldPool:

@@ -304,7 +304,8 @@ def test_replica_exception_is_reported_with_its_traceback():
     with World("pjrt", 2, timeout=60) as world:
         with pytest.raises(ReplicaFailed, match="boom from replica 1") as info:
             world.run(raise_on_one)
-        assert "after replica(s) [1] raised" in str(info.value)
+        assert "1 replica(s) raised; replica 1 raised ValueError" in info.value.summary()
+        assert [d["status"] for d in info.value.diagnosis] == ["aborted-by-peer", "raised"]
         assert world.broken
 
 

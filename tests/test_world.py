@@ -60,7 +60,8 @@ def test_stuck_replica_times_out_with_stack(fresh_world):
     with pytest.raises(ReplicaTimeout) as err:
         fresh_world.run(fail_on, timeout=3, rank=0, how="sleep", seconds=60)
     assert time.monotonic() - t0 < 15
-    assert "fail_on" in str(err.value) and "host 0 stacks" in str(err.value)
+    assert "fail_on" in str(err.value) and "replica 0 Python stacks" in str(err.value)
+    assert "replica 0 hung" in err.value.summary()
     assert _gone(fresh_world.pids())
 
 

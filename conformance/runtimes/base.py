@@ -1,7 +1,6 @@
 """The runtime adapter interface and the per-replica context tasks receive."""
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,6 +23,9 @@ class ReplicaContext:
         mark_step: call after each optimizer step (a no-op except on XLA, where
             it cuts and runs the lazy graph).
         extra: runtime-specific state.
+        progress: where :meth:`note` writes (a
+            :class:`conformance.diagnosis.Progress`, set by the World's host;
+            ``None`` elsewhere, and then :meth:`note` is a no-op).
     """
 
     runtime: str
@@ -34,6 +36,45 @@ class ReplicaContext:
     bindings: Any
     mark_step: Callable[[], None] = lambda: None
     extra: dict = field(default_factory=dict)
+    progress: Any = None
+
+    def note(self, **fields) -> None:
+        """Record where this replica is, e.g. ``ctx.note(step=3, phase="backward")``.
+
+        Cheap (one small write to shared memory); a failure report names the
+        last values noted (``step``, ``phase`` and any other JSON-able field).
+        """
+        if self.progress is not None:
+            self.progress.update(**fields)
+
+
+def run_task(ctx: ReplicaContext, fn, payload: dict, on_raise=None, task=None) -> tuple:
+    """Run ``fn(ctx, **payload)`` on one replica; return ``(rank, ok, value)``.
+
+    On an exception ``value`` is :func:`conformance.diagnosis.failure_info`
+    (type, message, traceback, step/phase/last collective), and
+    ``on_raise(rank, value)`` is called at once, before the other replicas
+    finish (they may be blocked in a collective this one left).
+    """
+    from ..diagnosis import failure_info
+    p = ctx.progress
+    if p is not None:
+        p.begin(task, getattr(fn, "__name__", str(fn)))
+    try:
+        value = fn(ctx, **payload)
+    except BaseException as exc:
+        info = failure_info(exc, p)
+        if p is not None:
+            p.update(state="raised")
+        if on_raise is not None:
+            try:
+                on_raise(ctx.rank, info)
+            except Exception:  # a closed pipe: the parent is gone or tearing down
+                pass
+        return ctx.rank, False, info
+    if p is not None:
+        p.update(state="returned")
+    return ctx.rank, True, value
 
 
 class Runtime:
@@ -44,6 +85,13 @@ class Runtime:
     # Measured ways the runtime's own ops differ from CPU PyTorch, which the
     # single-device reference must reproduce (see conformance.reference.QUIRKS).
     reference_quirks: frozenset = frozenset()
+    # Seconds a replica may wait inside one collective while a peer is elsewhere
+    # before the World reports the peer as hung (None: only the task timeout).
+    # Must be below the runtime's own collective timeout, so the World names the
+    # peer instead of reporting the waiter's timeout error or abort.
+    collective_bound: float | None = None
+    # True where collectives are lazy and run (and block) in ctx.mark_step (XLA).
+    step_sync_runs_collectives = False
 
     def check(self, world_size: int) -> None:
         """Raise :class:`RuntimeUnavailable` (one line) if this world cannot run here."""
@@ -59,18 +107,13 @@ class Runtime:
         """Initialise the runtime inside host process ``host``; return its replicas."""
         raise NotImplementedError
 
-    def execute(self, replicas: list[ReplicaContext], fn, payload: dict) -> list[tuple]:
-        """Run ``fn(ctx, **payload)`` on each replica of this host.
+    def execute(self, replicas: list[ReplicaContext], fn, payload: dict, on_raise=None,
+                task=None) -> list[tuple]:
+        """Run ``fn(ctx, **payload)`` on each replica of this host (see :func:`run_task`).
 
-        Returns ``[(rank, ok, value_or_traceback_text), ...]``.
+        Returns ``[(rank, ok, value_or_failure_info), ...]``.
         """
-        out = []
-        for ctx in replicas:
-            try:
-                out.append((ctx.rank, True, fn(ctx, **payload)))
-            except BaseException:
-                out.append((ctx.rank, False, traceback.format_exc()))
-        return out
+        return [run_task(ctx, fn, payload, on_raise, task) for ctx in replicas]
 
     def teardown_host(self, replicas: list[ReplicaContext]) -> None:
         """Release runtime resources before the host exits."""

@@ -18,6 +18,11 @@ COLLECTIVE_TIMEOUT_S = float(os.environ.get("CONFORMANCE_COLLECTIVE_TIMEOUT", 60
 class CpuRuntime(Runtime):
     name = "cpu"
     max_world_size = 16
+    # The World's collective bound is shorter than gloo's own timeout: a replica
+    # left waiting in an all-reduce by a hung peer would otherwise raise gloo's
+    # "Timed out waiting ... for recv" first, and the report would blame the
+    # waiter instead of the peer.
+    collective_bound = 0.8 * COLLECTIVE_TIMEOUT_S
 
     def host_envs(self, world_size):
         return [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),

@@ -19,9 +19,25 @@ optimizer step and before reading back (``.cpu()``) anything computed from a
 collective; the adapter calls it once more after every successful task so no
 pending graph leaks into the next task.
 
-XLA aborts the process when a collective times out (``Termination timeout for
-all reduce``); that kills only the host, and the World reports ``ReplicaDied``
-with the log tail (replica tracebacks are also written to the log at once).
+Failures. A replica that raises is reported to the World at once
+(:func:`conformance.runtimes.base.run_task`'s ``on_raise``), while the other
+replica threads may still be blocked in a collective it left; the World then
+kills the host. A replica that never reaches a collective (hung, or skipped it)
+is the harder case: XLA:CPU aborts the whole process when a collective's
+rendezvous is not complete within its *termination timeout* (``Termination
+timeout for `all-reduce` of 10 seconds exceeded ... only 1 of them arrived``,
+then SIGABRT). In torch_xla 2.9's XLA that timeout is fixed at about 10 s: the
+``xla_cpu_collective_call_terminate_timeout_seconds`` flag of later XLA releases
+is absent from its ``_XLAC`` library (checked with ``strings``), so it cannot be
+raised. The kit's bound is therefore the shorter one:
+:attr:`PjrtRuntime.collective_bound` (:data:`COLLECTIVE_BOUND_S`, 6 s) is
+measured from the moment a replica enters ``ctx.mark_step`` (where XLA's lazy
+collectives run), which is no later than its arrival at XLA's rendezvous; so
+when a replica has waited that long while a peer is elsewhere, the World dumps
+every thread's stack, names the peer as hung and kills the host before XLA's
+abort. If XLA aborts anyway (all replicas inside mismatched collectives),
+``faulthandler`` (enabled in every host) writes every replica thread's stack and
+the World reports ``ReplicaDied`` with them and the log tail.
 """
 from __future__ import annotations
 
@@ -32,15 +48,14 @@ import threading
 import time
 import traceback
 
-from .base import ReplicaContext, Runtime, RuntimeUnavailable
+from .base import ReplicaContext, Runtime, RuntimeUnavailable, run_task
 
-# After one replica raised, how long the others get to finish before the task is
-# reported as failed (they may be blocked in a collective the failed one left;
-# below XLA's own ~10 s collective termination timeout so the traceback wins).
-FAILURE_GRACE_S = 5.0
-# Bound on one task inside the host; the World's own (smaller, by default)
-# timeout normally fires first and kills the host with its stacks.
-TASK_TIMEOUT_S = float(os.environ.get("CONFORMANCE_TIMEOUT", 120)) * 2
+# XLA:CPU's collective termination timeout in torch_xla 2.9 (fixed; measured,
+# see the module docstring): the host aborts when a rendezvous waits this long.
+XLA_CPU_COLLECTIVE_ABORT_S = 10.0
+# The World's collective bound on this runtime: shorter than XLA's abort, with
+# room for the stack dump and the kill (module docstring).
+COLLECTIVE_BOUND_S = float(os.environ.get("CONFORMANCE_PJRT_COLLECTIVE_BOUND", 6.0))
 # Bound on the start-up self-test collective (includes one compilation).
 STARTUP_TIMEOUT_S = 120.0
 
@@ -74,7 +89,7 @@ class _ReplicaThread:
             runtime="pjrt", rank=bindings.global_ordinal, world_size=bindings.world_size,
             device=dev, collectives=xla.XlaCollectives(dev, bindings), bindings=bindings,
             mark_step=lambda: xla.mark_step(dev),
-            extra={"thread": threading.current_thread().name,
+            extra={"thread": threading.current_thread().name, "thread_ident": threading.get_ident(),
                    "torch_xla_version": torch_xla.__version__})
 
     def _main(self):
@@ -88,16 +103,18 @@ class _ReplicaThread:
             item = self.inbox.get()
             if item is _STOP:
                 return
-            fn, payload, reply = item
-            try:
-                value = fn(self.ctx, **payload)
-                self.ctx.mark_step()  # flush leftovers so the next task starts clean
-                reply.put((self.ctx.rank, True, value))
-            except BaseException:
-                tb = traceback.format_exc()
-                print(f"--- replica {self.ctx.rank} ({self.device}) raised:\n{tb}",
+            fn, payload, reply, on_raise, task = item
+
+            def with_flush(ctx, **kw):  # flush leftovers so the next task starts clean
+                value = fn(ctx, **kw)
+                ctx.mark_step()
+                return value
+            with_flush.__name__ = getattr(fn, "__name__", "task")
+            rank, ok, value = run_task(self.ctx, with_flush, payload, on_raise, task)
+            if not ok:  # also in the host log at once
+                print(f"--- replica {rank} ({self.device}) raised:\n{value['traceback']}",
                       file=sys.stderr, flush=True)
-                reply.put((self.ctx.rank, False, tb))
+            reply.put((rank, ok, value))
 
 
 def _self_test(ctx):
@@ -122,6 +139,8 @@ class PjrtRuntime(Runtime):
     # variance (CPU PyTorch: unbiased); measured, pinned by
     # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.
     reference_quirks = frozenset({"bn_running_var_biased"})
+    collective_bound = COLLECTIVE_BOUND_S  # below XLA's abort (module docstring)
+    step_sync_runs_collectives = True
 
     def check(self, world_size):
         super().check(world_size)
@@ -173,31 +192,28 @@ class PjrtRuntime(Runtime):
             raise RuntimeError(f"PJRT replica ordinals {[c.rank for c in replicas]} are not 0..{world_size - 1}")
         for rank, ok, value in self.execute(replicas, _self_test, {}, timeout=STARTUP_TIMEOUT_S):
             if not ok:
-                raise RuntimeError(f"PJRT start-up collective failed on replica {rank}:\n{value}")
+                raise RuntimeError(f"PJRT start-up collective failed on replica {rank}:\n{value['traceback']}")
         return replicas
 
-    def execute(self, replicas, fn, payload, timeout=None):
+    def execute(self, replicas, fn, payload, on_raise=None, task=None, timeout=None):
+        """Run the task on every replica thread; ``on_raise`` is called from the
+        raising thread at once. Without ``timeout`` the wait is bounded by the
+        World, which kills this host; with it (start-up), unfinished replicas
+        raise ``TimeoutError``."""
         by_rank = {t.ctx.rank: t for t in self._threads}
         reply: queue.Queue = queue.Queue()  # fresh per task: no stale answers
         for c in replicas:
-            by_rank[c.rank].inbox.put((fn, payload, reply))
-        limit = timeout or TASK_TIMEOUT_S
-        deadline = time.monotonic() + limit
+            by_rank[c.rank].inbox.put((fn, payload, reply, on_raise, task))
+        deadline = None if timeout is None else time.monotonic() + timeout
         results = {}
         while len(results) < len(replicas):
             try:
-                rank, ok, value = reply.get(timeout=max(0.0, deadline - time.monotonic()))
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                rank, ok, value = reply.get(timeout=left)
             except queue.Empty:
-                failed = sorted(r for r, (ok, _) in results.items() if not ok)
-                why = (f"did not finish within {FAILURE_GRACE_S:.0f} s after replica(s) {failed} raised"
-                       if failed else f"did not finish within {limit:.0f} s")
-                for c in replicas:
-                    if c.rank not in results:
-                        results[c.rank] = (False, f"replica {c.rank} ({c.device}) {why}")
-                break
+                missing = sorted(c.rank for c in replicas if c.rank not in results)
+                raise TimeoutError(f"PJRT replica(s) {missing} did not finish within {timeout:.0f} s") from None
             results[rank] = (ok, value)
-            if not ok:
-                deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
         return [(c.rank, *results[c.rank]) for c in replicas]
 
     def teardown_host(self, replicas):
