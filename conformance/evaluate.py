@@ -211,8 +211,9 @@ def _scenario(case, impl, runtime, w, session, overrides):
     import os
     profile = session.profile or os.environ.get("CONFORMANCE_PROFILE") or DEFAULT_PROFILE
     target = Target(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
-    return run_scenario_case(Space(**case.args.get("space", {})), target, lookup(runtime, "scenario"),
-                             lookup(runtime, "scenario", "agreement").atol, SCENARIO_EXAMPLES[profile])
+    space = Space(**case.args.get("space", {}))
+    return run_scenario_case(space, target, lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol,
+                             max(1, round(SCENARIO_EXAMPLES[profile] * space.budget)))
 
 
 _EVALUATORS = {"train": _train, "task": _task, "property": _property, "invariant": _invariant,
