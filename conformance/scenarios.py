@@ -611,7 +611,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
     Raises:
         Unsupported: the implementation cannot serve the scenarios.
     """
-    from hypothesis import HealthCheck, Phase, example, given, settings
+    from hypothesis import HealthCheck, Phase, given, settings
 
     from .errors import Unsupported
     from .verdict import Verdict
@@ -634,14 +634,19 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
                     v.check not in worst or v.max_dev > worst[v.check].max_dev):
                 worst[v.check] = v
 
+    # Generated scenarios first (a failure is shrunk to a minimal scenario), then the
+    # explicit ones (deterministic coverage of every dimension; reported as they are).
     test = given(sc=scenarios(target.world_size, space))(check)
-    for e in reversed(explicit_scenarios(target.world_size, space)):
-        test = example(sc=e)(test)
     test = settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-                    phases=[p for p in Phase if p != Phase.explain],
+                    phases=[p for p in Phase if p not in (Phase.explain, Phase.explicit)],
                     suppress_health_check=list(HealthCheck))(test)
+
+    def explicit():
+        for e in explicit_scenarios(target.world_size, space):
+            check(e)
     try:
         test()
+        explicit()
     except Exception as exc:
         if isinstance(target.error, Unsupported):
             raise target.error from None
@@ -659,7 +664,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
                            f"{blob}\nreproduce: python -m conformance replay SCENARIO.json --ddp {target.impl} "
                            f"--runtime {target.runtime}")
             if v.status == "fail":
-                v.reason = f"after {state['examples']} example(s): {v.reason}"
+                v.reason = f"scenario of {len(sc.steps)} step(s): {v.reason}"
         return vs
     n = state["examples"]
     out = []
