@@ -134,7 +134,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         return each("skip", f"runtime {runtime}: {exc}")
     from .world import ReplicaError
     try:
-        if row.unsupported.get(runtime):
+        if row.unsupported.get(runtime) and case.kind != "invariant":  # rank bindings need no DDP
             raise Unsupported(row.unsupported[runtime])
         verdicts = _EVALUATORS[case.kind](case, impl, runtime, world_size, session, overrides)
     except Unsupported as exc:
@@ -211,7 +211,12 @@ def _scenario(case, impl, runtime, w, session, overrides):
     import os
     profile = session.profile or os.environ.get("CONFORMANCE_PROFILE") or DEFAULT_PROFILE
     target = Target(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
+    from dataclasses import replace
+
+    from .runtimes import get_runtime
     space = Space(**case.args.get("space", {}))
+    if get_runtime(runtime).uniform_graphs:
+        space = replace(space, rank_uniform=True)
     return run_scenario_case(space, target, lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol,
                              max(1, round(SCENARIO_EXAMPLES[profile] * space.budget)))
 

@@ -508,6 +508,7 @@ class Space:
     ddp_extra: tuple = ()        # ("buckets",) and/or ("comm_hook",)
     max_steps: int = 120
     budget: float = 1.0          # fraction of the profile's example budget
+    rank_uniform: bool = False   # equal local batches and plans on every replica (XLA runtimes)
 
 
 def scenarios(world_size: int, space: Space):
@@ -541,8 +542,12 @@ def scenarios(world_size: int, space: Space):
             k = draw(st.integers(1, 3))
             micro = []
             for _ in range(k):
-                batch = [draw(st.integers(1, 6)) for _ in range(world_size)]
-                plans = [draw(plan(find_unused)) for _ in range(world_size)]
+                if space.rank_uniform:
+                    batch = [draw(st.integers(1, 6))] * world_size
+                    plans = [draw(plan(find_unused))] * world_size
+                else:
+                    batch = [draw(st.integers(1, 6)) for _ in range(world_size)]
+                    plans = [draw(plan(find_unused)) for _ in range(world_size)]
                 micro.append({"batch": batch, "plan": plans})
             pattern.append({"micro": micro})
         # One run in ten is long (faults that start late); the explicit scenarios hold one too.
@@ -591,6 +596,11 @@ def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
            find_unused=True, checkpoint_at=2, loss_scale_log2=20),
     ]
     for s in out:
+        if space.rank_uniform:  # the same batch size and plan on every replica (replica 0's)
+            for step in s.steps:
+                for m in step["micro"]:
+                    m["batch"] = [m["batch"][0]] * w
+                    m["plan"] = [list(m["plan"][0]) for _ in range(w)]
         s.validate()
     return out
 

@@ -85,6 +85,10 @@ class Runtime:
     # Measured ways the runtime's own ops differ from CPU PyTorch, which the
     # single-device reference must reproduce (see conformance.reference.QUIRKS).
     reference_quirks: frozenset = frozenset()
+    # True where every replica must run the same graph for its collectives to meet
+    # (XLA's in-process CPU collectives, PJRT_CPU_NOTES.md cause 1): generated
+    # scenarios then keep batch sizes and control flow equal across replicas.
+    uniform_graphs: bool = False
     # Seconds a replica may wait inside one collective while a peer is elsewhere
     # before the World reports the peer as hung (None: only the task timeout).
     # Must be below the runtime's own collective timeout, so the World names the

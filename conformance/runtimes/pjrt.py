@@ -139,6 +139,7 @@ class PjrtRuntime(Runtime):
     # variance (CPU PyTorch: unbiased); measured, pinned by
     # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.
     reference_quirks = frozenset({"bn_running_var_biased"})
+    uniform_graphs = True
     collective_bound = COLLECTIVE_BOUND_S  # below XLA's abort (module docstring)
     step_sync_runs_collectives = True
 
