@@ -113,8 +113,8 @@ def _write_scenarios(json_path: str, verdicts) -> None:
         if v.example is None or v.status not in ("fail", "xfail"):
             continue
         key = (v.case, v.impl, v.runtime, v.world_size)
-        path = (os.path.splitext(json_path)[0] + f".{v.case}-{v.impl}-{v.runtime}-w{v.world_size}.json"
-                ).replace(":", "_").replace("/", "_")
+        name = f"{v.case}-{v.impl}-{v.runtime}-w{v.world_size}".replace(":", "_").replace("/", "_")
+        path = f"{os.path.splitext(json_path)[0]}.{name}.json"
         if key not in done:
             done.add(key)
             with open(path, "w") as f:
