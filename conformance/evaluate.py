@@ -153,6 +153,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
 def _train(case, impl, runtime, w, session, overrides):
     from .checks import AGREEMENT, CHECKS, judge, judge_agreement
     from .harness import RunSpec
+    from .impls import resolve_impl
     from .reference import reference_run
     from .tolerances import lookup
     spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.run, **overrides))
@@ -162,8 +163,13 @@ def _train(case, impl, runtime, w, session, overrides):
     ref = reference_run(spec, w, runtime)
     tol = lookup(runtime, case.model, case.tolerance)
     out = []
+    row = resolve_impl(impl)
     for name in case.checks:
-        if name == AGREEMENT:
+        if name == AGREEMENT and not row.holds_copies:
+            out.append(Verdict(case.name, name, impl, runtime, case.model, w, "skip",
+                               reason=f"{impl} shards parameters over replicas (no copies to agree); the kit "
+                                      "reads gathered full tensors"))
+        elif name == AGREEMENT:
             out.append(judge_agreement(reps, case=case.name, impl=impl, runtime=runtime, model=case.model,
                                        atol=lookup(runtime, case.model, "agreement").atol))
         else:

@@ -59,10 +59,13 @@ class RunSpec:
 
 
 def flat_params(module) -> np.ndarray:
-    """All parameters of ``module`` concatenated, float32 ``[P]`` on the host."""
+    """All parameters of ``module`` concatenated, float32 ``[P]`` on the host
+    (full tensors, in ``parameters()`` order, also for DTensor-sharded ones)."""
     import torch
+    # Sharded (DTensor) parameters are gathered first: a collective, every replica reads.
+    ps = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in module.parameters()]
     # .cpu() first: on XLA a dtype cast would be a device graph compiled per read.
-    return torch.cat([p.detach().cpu().float().reshape(-1) for p in module.parameters()]).numpy()
+    return torch.cat([p.detach().cpu().float().reshape(-1) for p in ps]).numpy()
 
 
 def flat_buffers(module) -> np.ndarray:
@@ -131,6 +134,8 @@ def require(ddp, impl, requires) -> None:
     """
     from .errors import Unsupported
     for need in requires:
+        if need in impl.unsupported_features:
+            raise Unsupported(f"{impl.name}: {impl.unsupported_features[need]}")
         if need in impl.ignores:
             raise Unsupported(f"{impl.name} ignores constructor argument {need}")
         if need in DDP_METHODS and not callable(getattr(ddp, need, None)):
@@ -162,12 +167,25 @@ def make_optimizer(params, run: RunSpec):
     return torch.optim.SGD(params, lr=run.lr, momentum=run.momentum)
 
 
-def flat_optimizer_state(opt) -> np.ndarray:
-    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64."""
+def flat_optimizer_state(opt, state_dict=None) -> np.ndarray:
+    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64;
+    from ``state_dict["state"]`` (per parameter index) when a full state dict is given."""
     import torch
-    ts = [v.detach().cpu().double().reshape(-1) for st in opt.state.values()
+    states = opt.state.values() if state_dict is None else [
+        state_dict["state"][k] for k in sorted(state_dict["state"])]
+    ts = [v.detach().cpu().double().reshape(-1) for st in states
           for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
     return torch.cat(ts).numpy() if ts else np.zeros(0)
+
+
+def optimizer_state_dict(impl, opt, ctx) -> dict:
+    """The optimizer's full state dict (``Impl.optimizer_state_dict`` for sharded ones)."""
+    return impl.optimizer_state_dict(opt, ctx) if impl.optimizer_state_dict else opt.state_dict()
+
+
+def optimizer_state(impl, opt, ctx) -> np.ndarray:
+    """:func:`flat_optimizer_state` of the full state (collective for sharded optimizers)."""
+    return flat_optimizer_state(opt, optimizer_state_dict(impl, opt, ctx) if impl.optimizer_state_dict else None)
 
 
 def state_digest(*arrays) -> str:
@@ -218,7 +236,7 @@ class Loop:
         # read (.cpu()) of a pending collective would compile it outside the step
         # lock, per replica, and the replicas' collectives would never meet.
         self.ctx.mark_step()
-        self.opt = make_optimizer(self.ddp.parameters(), self.run)
+        self.opt = (self.impl.make_optimizer or make_optimizer)(self.ddp.parameters(), self.run)
 
 
 def train_replica(ctx, spec: dict) -> dict:
@@ -257,10 +275,14 @@ def train_replica(ctx, spec: dict) -> dict:
         with contextlib.ExitStack() as stack:
             for s in loop.setups:
                 stack.enter_context(s.forward_context(loop, step))
-            out = loop.ddp(xs)
-        loss = F.mse_loss(out.float(), ys)
-        ctx.note(phase="backward")  # DDP's gradient all-reduces run here
-        loss.backward()
+            if loop.impl.forward_backward is not None:  # one compiled forward+loss+backward
+                loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: F.mse_loss(out.float(), ys))
+            else:
+                out = loop.ddp(xs)
+        if loop.impl.forward_backward is None:
+            loss = F.mse_loss(out.float(), ys)
+            ctx.note(phase="backward")  # DDP's gradient all-reduces run here
+            loss.backward()
         if loop.impl.after_backward is not None:
             loop.impl.after_backward(loop.ddp, loop.opt, ctx)
         ctx.note(phase="optimizer step")
@@ -269,9 +291,9 @@ def train_replica(ctx, spec: dict) -> dict:
         losses.append(float(loss.detach().cpu()))
         params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
-        digests.append(state_digest(flat_optimizer_state(loop.opt)))
+        digests.append(state_digest(optimizer_state(loop.impl, loop.opt, ctx)))
         for s in loop.setups:
             s.after_step(loop, step)
     return {"params": np.stack(params), "losses": np.asarray(losses),
-            "buffers": np.stack(buffers), "optim": flat_optimizer_state(loop.opt),
+            "buffers": np.stack(buffers), "optim": optimizer_state(loop.impl, loop.opt, ctx),
             "optim_digests": digests, "shard": which}

@@ -9,48 +9,9 @@ group (CPU runtime) or XLA runtime (PJRT) is initialised.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Callable
 
 
-class ImplSpecError(ValueError):
-    """A ``--ddp`` spec that names nothing usable; ``str(exc)`` is one line."""
-
-
-def _replica_rank(ctx):
-    return ctx.rank
-
-
-@dataclass(frozen=True)
-class Impl:
-    """One DDP implementation under test.
-
-    Attributes:
-        name: the spec that selects it.
-        description: one line for reports.
-        wrap: ``wrap(module, ctx, ddp_kwargs) -> module`` builds the wrapped model.
-        after_backward: optional ``f(model, optimizer, ctx)`` run between
-            backward and ``optimizer.step()`` (recipes that sync there).
-        unsupported: runtime name -> reason the implementation cannot run there.
-        shard_rank: which shard of the global batch a replica trains on
-            (the replica's global ordinal; mutants may break this).
-        mutant: True for the deliberately broken implementations.
-        sync_batchnorm: ``f(module, ctx) -> module`` converting BatchNorm layers to
-            the implementation's SyncBatchNorm (``None``: it has none).
-        ignores: DDP keywords the implementation accepts but does not honour
-            (a case requiring one is ``unsupported``).
-    """
-
-    name: str
-    description: str
-    wrap: Callable
-    after_backward: Callable | None = None
-    unsupported: dict = field(default_factory=dict)
-    shard_rank: Callable = _replica_rank
-    mutant: bool = False
-    sync_batchnorm: Callable | None = None
-    ignores: frozenset = frozenset()
-
+from .implrow import Impl, ImplSpecError, torch_sync_bn, wrap_torch_ddp
 
 # Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
 # group, in the PJRT topology the kit runs (1 process x W replica threads).
@@ -65,19 +26,9 @@ TORCH_DDP_ON_PJRT = (
     "1 of W arrived)")
 
 
-def _wrap_torch(module, ctx, kwargs):
-    import torch.nn.parallel
-    return torch.nn.parallel.DistributedDataParallel(module, **kwargs)
-
-
 def _wrap_ref(module, ctx, kwargs):
     import ddp_impl
     return ddp_impl.DistributedDataParallel(module, collectives=ctx.collectives, **kwargs)
-
-
-def _torch_sync_bn(module, ctx):
-    import torch
-    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
 
 def _ref_sync_bn(module, ctx):
@@ -145,8 +96,8 @@ def _user_wrapper(cls):
 
 
 IMPLS = {i.name: i for i in [
-    Impl("torch", "torch.nn.parallel.DistributedDataParallel", _wrap_torch,
-         sync_batchnorm=_torch_sync_bn, unsupported={"pjrt": TORCH_DDP_ON_PJRT}),
+    Impl("torch", "torch.nn.parallel.DistributedDataParallel", wrap_torch_ddp,
+         sync_batchnorm=torch_sync_bn, unsupported={"pjrt": TORCH_DDP_ON_PJRT}),
     Impl("ref", "ddp_impl.DistributedDataParallel (the kit's reference DDP)", _wrap_ref,
          sync_batchnorm=_ref_sync_bn, ignores=_ref_ignores()),
     Impl("xla_recipe", "torch_xla's data-parallel recipe: no wrapper, parameters (and buffers) "
@@ -155,6 +106,15 @@ IMPLS = {i.name: i for i in [
          unsupported={"cpu": "needs the XLA runtime (torch_xla: xm.collective_broadcast, "
                              "xm.reduce_gradients); run it with --runtime pjrt"}),
 ]}
+
+
+def _add_targets():
+    from .targets import target_rows
+    for row in target_rows():
+        IMPLS[row.name] = row
+
+
+_add_targets()
 
 
 def register(impl: Impl) -> None:

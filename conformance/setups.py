@@ -99,12 +99,13 @@ class CheckpointSetup(Setup):
     def after_step(self, loop, step):
         import torch
 
-        from .harness import to_cpu
+        from .harness import optimizer_state_dict, to_cpu
         if step != loop.run.steps // 2:
             return
         blob = io.BytesIO()
         state = loop.ddp.state_dict() if self.source == "ddp" else loop.model.state_dict()
-        torch.save(to_cpu({"model": state, "optim": loop.opt.state_dict()}), blob)
+        optim = optimizer_state_dict(loop.impl, loop.opt, loop.ctx)
+        torch.save(to_cpu({"model": state, "optim": optim}), blob)
         blob.seek(0)
         saved = torch.load(blob, map_location="cpu")  # load_state_dict copies to the device
         loop.model = loop.fresh_model(salt=1)
