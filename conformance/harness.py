@@ -55,10 +55,13 @@ class RunSpec:
 
 
 def flat_params(module) -> np.ndarray:
-    """All parameters of ``module`` concatenated, float32 ``[P]`` on the host."""
+    """All parameters of ``module`` concatenated, float32 ``[P]`` on the host
+    (full tensors, in ``parameters()`` order, also for DTensor-sharded ones)."""
     import torch
+    # Sharded (DTensor) parameters are gathered first: a collective, every replica reads.
+    ps = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in module.parameters()]
     # .cpu() first: on XLA a dtype cast would be a device graph compiled per read.
-    return torch.cat([p.detach().cpu().float().reshape(-1) for p in module.parameters()]).numpy()
+    return torch.cat([p.detach().cpu().float().reshape(-1) for p in ps]).numpy()
 
 
 def flat_buffers(module) -> np.ndarray:
@@ -115,11 +118,19 @@ def unsupported_reason(ddp, impl_name: str, requires) -> str | None:
     """Why ``ddp`` cannot serve a feature needing ``requires``, or ``None``.
 
     A keyword counts as unsupported when the implementation reports it in
-    ``ddp.ignored_kwargs`` (the reference DDP does, with a warning); a method
-    (``join``, ``register_comm_hook``, ``no_sync``) when the object lacks it.
+    ``ddp.ignored_kwargs`` (the reference DDP does, with a warning) or the
+    implementation's row lists it in ``Impl.unsupported_features``; a method
+    (``join``, ``register_comm_hook``, ``no_sync``) when the object lacks it. A
+    wrap that cannot serve the run at all sets ``ddp.conformance_unsupported``.
     """
+    if getattr(ddp, "conformance_unsupported", None):  # set by a wrap that cannot serve this run
+        return f"{impl_name}: {ddp.conformance_unsupported}"
+    from .impls import IMPLS
+    lacks = IMPLS[impl_name].unsupported_features if impl_name in IMPLS else {}
     ignored = set(getattr(ddp, "ignored_kwargs", None) or ())
     for need in requires:
+        if need in lacks:
+            return f"{impl_name}: {lacks[need]}"
         if need in ignored:
             return f"{impl_name} ignores constructor argument {need}"
         if need in ("join", "register_comm_hook", "no_sync") and not callable(getattr(ddp, need, None)):
@@ -132,10 +143,13 @@ def make_optimizer(params, run: RunSpec):
     return torch.optim.SGD(params, lr=run.lr, momentum=run.momentum)
 
 
-def flat_optimizer_state(opt) -> np.ndarray:
-    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64."""
+def flat_optimizer_state(opt, state_dict=None) -> np.ndarray:
+    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64;
+    from ``state_dict["state"]`` (per parameter index) when a full state dict is given."""
     import torch
-    ts = [v.detach().cpu().double().reshape(-1) for st in opt.state.values()
+    states = opt.state.values() if state_dict is None else [
+        state_dict["state"][k] for k in sorted(state_dict["state"])]
+    ts = [v.detach().cpu().double().reshape(-1) for st in states
           for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
     return torch.cat(ts).numpy() if ts else np.zeros(0)
 
@@ -212,7 +226,8 @@ def train_replica(ctx, spec: dict) -> dict:
     # read (.cpu()) of a pending collective would compile it outside the step
     # lock, per replica, and the replicas' collectives would never meet.
     ctx.mark_step()
-    opt = make_optimizer(ddp.parameters(), run)
+    new_optimizer = impl.make_optimizer or make_optimizer
+    opt = new_optimizer(ddp.parameters(), run)
     which = impl.shard_rank(ctx)
     params, losses, buffers = [flat_params(model)], [], [flat_buffers(model)]
     for step in range(run.steps):
@@ -222,13 +237,17 @@ def train_replica(ctx, spec: dict) -> dict:
         opt.zero_grad(set_to_none=True)
         try:
             with _autocast(run, ctx.device):
-                out = ddp(xs)
+                if impl.forward_backward is not None:
+                    loss = impl.forward_backward(ddp, xs, lambda out: F.mse_loss(out.float(), ys))
+                else:
+                    out = ddp(xs)
         except ValueError as exc:
             if run.sync_bn and step == 0 and "SyncBatchNorm" in str(exc):
                 return {"unsupported": f"{type(exc).__name__}: {exc}"}  # e.g. torch's on CPU
             raise
-        loss = F.mse_loss(out.float(), ys)
-        loss.backward()
+        if impl.forward_backward is None:
+            loss = F.mse_loss(out.float(), ys)
+            loss.backward()
         if impl.after_backward is not None:
             impl.after_backward(ddp, opt, ctx)
         opt.step()
@@ -239,7 +258,7 @@ def train_replica(ctx, spec: dict) -> dict:
         if run.checkpoint and step == run.steps // 2:
             blob = io.BytesIO()
             state = ddp.state_dict() if run.checkpoint == "ddp" else model.state_dict()  # the inner module
-            torch.save(to_cpu({"model": state, "optim": opt.state_dict()}), blob)
+            torch.save(to_cpu({"model": state, "optim": _optim_state(impl, opt, ctx)}), blob)
             blob.seek(0)
             saved = torch.load(blob, map_location="cpu")  # load_state_dict copies to the device
             model = fresh_model(salt=1)
@@ -247,7 +266,13 @@ def train_replica(ctx, spec: dict) -> dict:
             model.load_state_dict(saved["model"])
             ddp = _wrap(impl, model, ctx, run)
             ctx.mark_step()
-            opt = make_optimizer(ddp.parameters(), run)
+            opt = new_optimizer(ddp.parameters(), run)
             opt.load_state_dict(saved["optim"])
     return {"params": np.stack(params), "losses": np.asarray(losses),
-            "buffers": np.stack(buffers), "optim": flat_optimizer_state(opt), "shard": which}
+            "buffers": np.stack(buffers), "shard": which,
+            "optim": flat_optimizer_state(opt, impl.optimizer_state_dict and _optim_state(impl, opt, ctx))}
+
+
+def _optim_state(impl, opt, ctx) -> dict:
+    """The optimizer's full state dict (``Impl.optimizer_state_dict`` for sharded ones)."""
+    return impl.optimizer_state_dict(opt, ctx) if impl.optimizer_state_dict else opt.state_dict()

@@ -37,6 +37,18 @@ class Impl:
         mutant: True for the deliberately broken implementations.
         sync_batchnorm: ``f(module, ctx) -> module`` converting BatchNorm layers to
             the implementation's SyncBatchNorm (``None``: it has none).
+        make_optimizer: ``f(params, run) -> torch.optim.Optimizer`` (``run`` a
+            ``RunSpec``: ``lr``, ``momentum``); ``None``: plain SGD.
+        optimizer_state_dict: ``f(optimizer, ctx) -> dict``, the full (unsharded)
+            ``state_dict()`` on every replica, read for checkpoints and the
+            optimizer_state check; may run collectives. ``None``: ``state_dict()``.
+        forward_backward: ``f(model, inputs, loss_fn) -> loss`` running forward,
+            ``loss_fn(output)`` and backward as one step (compiled steps);
+            ``None``: the harness calls them in turn.
+        unsupported_features: kit feature name (a DDP keyword or ``no_sync``,
+            ``join``, ``register_comm_hook``) -> why the implementation lacks it.
+        holds_copies: every replica holds full parameter copies (``False`` for
+            sharded parameters, which the kit reads via ``DTensor.full_tensor()``).
     """
 
     name: str
@@ -47,6 +59,11 @@ class Impl:
     shard_rank: Callable = _replica_rank
     mutant: bool = False
     sync_batchnorm: Callable | None = None
+    make_optimizer: Callable | None = None
+    optimizer_state_dict: Callable | None = None
+    forward_backward: Callable | None = None
+    unsupported_features: dict = field(default_factory=dict)
+    holds_copies: bool = True
 
 
 # Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
@@ -186,3 +203,6 @@ def parse_impls(specs: str) -> list[Impl]:
     if not names:
         raise ImplSpecError("--ddp is empty; name at least one implementation")
     return [resolve_impl(n) for n in names]
+
+
+from . import targets  # noqa: E402,F401  (registers PyTorch's shipped data-parallel rows)

@@ -1,0 +1,212 @@
+"""Implementation rows for PyTorch's shipped data-parallel paths (CPU runtime).
+
+Registered into :data:`conformance.impls.IMPLS` on import (``impls`` imports this
+module at its end). Every row runs on the CPU runtime (gloo); on other runtimes
+it is ``unsupported`` with the reason. Semantics mirrored, per row:
+
+* ``torch_compile`` - ``torch.compile(DistributedDataParallel(m))`` with dynamo's
+  default ``optimize_ddp`` (DDPOptimizer: the graph is split at bucket boundaries,
+  the C++ reducer all-reduces), ``torch/_dynamo/backends/distributed.py``;
+* ``torch_compiled_autograd`` - "compiled DDP": DDP built under
+  ``torch._dynamo.config.optimize_ddp = "python_reducer"`` (the C++ reducer is
+  replaced by per-parameter post-accumulate-grad hooks issuing functional
+  all-reduces) and one ``torch.compile``'d forward+loss+backward function with
+  ``torch._dynamo.config.compiled_autograd = True`` (the compiled autograd
+  tutorial's recipe);
+* ``replicate`` - ``torch.distributed._composable.replicate`` (a DDP behind
+  module hooks, DDP keywords passed through);
+* ``fsdp2`` / ``fsdp2_no_reshard`` - ``torch.distributed.fsdp.fully_shard`` on a
+  1-D CPU device mesh over the world, each child module with parameters sharded
+  as its own group, then the root; ``reshard_after_forward`` True / False;
+* ``zero`` - torch DDP with ``torch.distributed.optim.ZeroRedundancyOptimizer``
+  (SGD state sharded over replicas).
+
+Process-global dynamo settings are changed only inside ``config.patch`` blocks
+and dynamo's caches are reset at every compiled wrap, so rows sharing one
+persistent world process do not leak compiled code or modes into each other.
+"""
+from __future__ import annotations
+
+from .impls import Impl, register
+
+CPU_ONLY = "the row is measured on the CPU runtime (gloo) only; run it with --runtime cpu"
+NOT_ON = {"pjrt": CPU_ONLY, "xrt": CPU_ONLY}
+
+
+# --- torch.compile(DDP(m)), default optimize_ddp (DDPOptimizer) ---------------
+
+def _fresh_dynamo():
+    import torch
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+
+def _wrap_torch_compile(module, ctx, kwargs):
+    import torch
+    _fresh_dynamo()
+    ddp = torch.nn.parallel.DistributedDataParallel(module, **kwargs)
+    return torch.compile(ddp)
+
+
+def _require_compiled(model, optimizer, ctx):
+    """after_backward of the compiled rows: a run that compiled no graph (every
+    frame skipped, or the recompile limit hit) is eager DDP, so refuse it
+    rather than pass it as compiled."""
+    import torch
+    c = torch._dynamo.utils.counters
+    if not c["stats"]["unique_graphs"]:
+        raise RuntimeError("torch.compile produced no graph: the step ran eagerly")
+    if getattr(model, "_conformance_compiled_autograd", False) and not c["compiled_autograd"]["captures"]:
+        raise RuntimeError("compiled autograd captured no backward: the backward ran eagerly")
+
+
+# --- compiled DDP: optimize_ddp="python_reducer" + compiled autograd ----------
+
+COMPILED_DDP_CONFIG = {"optimize_ddp": "python_reducer", "compiled_autograd": True}
+
+
+def _wrap_compiled_autograd(module, ctx, kwargs):
+    import torch
+    _fresh_dynamo()
+    with torch._dynamo.config.patch(**COMPILED_DDP_CONFIG):
+        ddp = torch.nn.parallel.DistributedDataParallel(module, **kwargs)  # reads the mode here
+
+    def step(inputs, loss_fn):
+        loss = loss_fn(ddp(inputs))
+        loss.backward()
+        return loss.detach()
+    ddp._conformance_step = torch.compile(step)
+    ddp._conformance_compiled_autograd = True
+    return ddp
+
+
+def _compiled_forward_backward(model, inputs, loss_fn):
+    import torch
+    with torch._dynamo.config.patch(**COMPILED_DDP_CONFIG):
+        return model._conformance_step(inputs, loss_fn)
+
+
+# The kit's task features (state_sync, broadcast_buffers_on, unused_parameters,
+# no_sync, join) call the wrapped model and backward() directly: on this row
+# that is python_reducer DDP run eagerly, not the compiled step.
+_EAGER_TASKS = ("the kit's {} task runs eager forward/backward; on this row that is python_reducer "
+                "DDP outside the compiled step, not compiled DDP")
+
+
+# --- composable replicate() ---------------------------------------------------
+
+def _wrap_replicate(module, ctx, kwargs):
+    from torch.distributed._composable.replicate import replicate
+    return replicate(module, **kwargs)
+
+
+# --- FSDP2 fully_shard on a CPU mesh ------------------------------------------
+
+# DDP keywords/methods fully_shard has no counterpart for (the kit's names).
+FSDP2_LACKS = {
+    "find_unused_parameters": "fully_shard has no find_unused_parameters (unused parameters "
+                              "get no gradient; it reduce-scatters what backward produced)",
+    "gradient_as_bucket_view": "fully_shard has no gradient buckets (gradient_as_bucket_view)",
+    "bucket_cap_mb": "fully_shard has no gradient buckets (bucket_cap_mb); it groups by module",
+    "static_graph": "fully_shard has no static_graph",
+    "no_sync": "fully_shard has no no_sync(); its counterpart is set_requires_gradient_sync(False), "
+               "which the kit's no_sync task does not call",
+    "join": "fully_shard has no join() (uneven inputs are unsupported)",
+    "register_comm_hook": "fully_shard has no DDP comm hooks (register_comm_hook)",
+}
+FSDP2_NO_BUFFER_BROADCAST = (
+    "fully_shard does not broadcast buffers (DDP's broadcast_buffers=True: rank 0's buffers before "
+    "every forward), and this module has buffers; with broadcast_buffers=False it runs")
+
+
+def _fsdp2_wrap(reshard):
+    def wrap(module, ctx, kwargs):
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        broadcast_buffers = kwargs.get("broadcast_buffers", True)
+        has_buffers = any(True for _ in module.buffers())
+        # fully_shard has no module-state sync (DDP broadcasts rank 0's state at
+        # construction); FSDP2's documented way to start from one state is to load
+        # rank 0's full state dict with broadcast_from_rank0. Buffers only with
+        # broadcast_buffers, as upstream DDP's construction sync.
+        full = {k: v.detach().clone() for k, v in module.state_dict().items()
+                if broadcast_buffers or k in dict(module.named_parameters())}
+        mesh = init_device_mesh("cpu", (ctx.world_size,))
+        # One group per child holding parameters (so reshard_after_forward acts on
+        # non-root groups), unless a parameter is shared between children (tied).
+        owners = {}
+        for child in module.children():
+            for p in child.parameters():
+                owners.setdefault(id(p), set()).add(id(child))
+        if all(len(o) == 1 for o in owners.values()):
+            for child in module.children():
+                if any(True for _ in child.parameters()):
+                    fully_shard(child, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+        set_model_state_dict(module, full if dist.get_rank() == 0 else {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                      strict=bool(broadcast_buffers or not has_buffers)))
+        if broadcast_buffers and has_buffers:
+            module.conformance_unsupported = FSDP2_NO_BUFFER_BROADCAST
+        module.ignored_kwargs = {k: v for k, v in kwargs.items() if k in FSDP2_LACKS}
+        return module
+    return wrap
+
+
+# --- ZeroRedundancyOptimizer --------------------------------------------------
+
+def _zero_optimizer(params, run):
+    import torch
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=run.lr,
+                                   momentum=run.momentum)
+
+
+def _zero_state_dict(opt, ctx):
+    """The full (consolidated) optimizer state on every replica: one
+    ``consolidate_state_dict(to=r)`` per rank (each is a collective), so every
+    replica's state can be compared, not only rank 0's. Each call drops what an
+    earlier one consolidated, so a rank reads its copy right after its own."""
+    out = None
+    for r in range(ctx.world_size):
+        opt.consolidate_state_dict(to=r)
+        if r == ctx.rank:
+            out = opt.state_dict()
+    return out
+
+
+def _register():
+    from .impls import _torch_sync_bn, _wrap_torch
+    rows = [
+        Impl("torch_compile", "torch.compile(torch.nn.parallel.DistributedDataParallel(m)), default "
+             "optimize_ddp (DDPOptimizer splits graphs at bucket boundaries; C++ reducer)",
+             _wrap_torch_compile, after_backward=_require_compiled, sync_batchnorm=_torch_sync_bn,
+             unsupported=NOT_ON),
+        Impl("torch_compiled_autograd", "compiled DDP: DDP built with optimize_ddp='python_reducer', "
+             "one torch.compile'd forward+loss+backward with compiled_autograd=True",
+             _wrap_compiled_autograd, after_backward=_require_compiled, sync_batchnorm=_torch_sync_bn,
+             unsupported=NOT_ON, forward_backward=_compiled_forward_backward,
+             unsupported_features={k: _EAGER_TASKS.format(k) for k in
+                                   ("find_unused_parameters", "no_sync", "join")}),
+        Impl("replicate", "torch.distributed._composable.replicate(m, **ddp_kwargs)", _wrap_replicate,
+             sync_batchnorm=_torch_sync_bn, unsupported=NOT_ON),
+        Impl("zero", "torch DDP + torch.distributed.optim.ZeroRedundancyOptimizer(SGD); optimizer "
+             "state read after consolidate_state_dict to every rank", _wrap_torch,
+             sync_batchnorm=_torch_sync_bn, unsupported=NOT_ON, make_optimizer=_zero_optimizer,
+             optimizer_state_dict=_zero_state_dict),
+    ]
+    for reshard, name in ((True, "fsdp2"), (False, "fsdp2_no_reshard")):
+        rows.append(Impl(
+            name, f"torch.distributed.fsdp.fully_shard(reshard_after_forward={reshard}) per child "
+            "module and root on a 1-D CPU mesh; rank 0's state loaded with set_model_state_dict("
+            "broadcast_from_rank0); parameters read as DTensor.full_tensor()",
+            _fsdp2_wrap(reshard), sync_batchnorm=_torch_sync_bn, unsupported=NOT_ON, holds_copies=False,
+            unsupported_features=dict(FSDP2_LACKS)))
+    for row in rows:
+        register(row)
+
+
+_register()
