@@ -16,7 +16,7 @@ from .correct_ddp import CorrectDDP
 class TiedWeightsTwiceDDP(CorrectDDP):
     def __init__(self, module, **kwargs):
         super().__init__(module, **kwargs)
-        self._occurrences = [p for p in module.parameters(remove_duplicate=False)
+        self._occurrences = [p for _, p in module.named_parameters(remove_duplicate=False)
                              if p.requires_grad]
 
     def _write_back(self, b, idx, flat, used):
