@@ -3,7 +3,9 @@
 ``CorrectDDP(module, **ddp_kwargs)`` follows the constructor contract and the documented
 semantics of ``torch.nn.parallel.DistributedDataParallel`` (torch >= 2.1, CPU/gloo):
 
-* construction broadcasts every parameter and buffer from rank 0 of the group (``init_sync``);
+* construction broadcasts every parameter from rank 0 of the group (``init_sync``), and every
+  buffer too when ``broadcast_buffers`` (torch >= 2.1 leaves buffers alone otherwise:
+  pytorch/pytorch#111138);
 * after each synced backward the gradients are all-reduced and divided by the world size
   (mean over replicas), bucket by bucket in a fixed parameter order, whatever the order in which
   the autograd hooks fired;
@@ -118,9 +120,11 @@ class CorrectDDP(nn.Module, Joinable):
         self._comm_hook = None
         self._join_work = None
         self._divide_by_initial = True
-        if init_sync:
+        if init_sync:  # buffers only with broadcast_buffers, as torch >= 2.1 (pytorch#111138)
+            state = list(module.parameters())
+            state += list(module.buffers()) if self.broadcast_buffers else []
             with torch.no_grad():
-                for t in list(module.parameters()) + list(module.buffers()):
+                for t in state:
                     self._broadcast(t, 0)
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._on_grad)
