@@ -69,7 +69,7 @@ CATALOG = [
     Entry("buffers_wrong_rank", "buffers_wrong_rank:BuffersWrongRankDDP", "f",
           "per-forward buffer broadcast from the last rank instead of rank 0",
           "buffer parity, model with buffers (batchnorm), broadcast_buffers on",
-          "https://github.com/pytorch/pytorch/issues/63916", False),
+          "https://github.com/pytorch/pytorch/issues/63916", True),
     Entry("no_sync_sticky", "no_sync_sticky:NoSyncStickyDDP", "g",
           "no_sync also disables the next (synchronising) backward",
           "no_sync accumulation window",
