@@ -18,10 +18,16 @@ from .correct_ddp import CorrectDDP
 class BatchWeightedDDP(CorrectDDP):
     def forward(self, *inputs, **kwargs):
         if inputs and torch.is_tensor(inputs[0]) and torch.is_grad_enabled():
-            self._local_n = inputs[0].shape[0]
-        return super().forward(*inputs, **kwargs)
+            self._local_n = inputs[0].shape[0] if inputs[0].dim() else 1
+        out = super().forward(*inputs, **kwargs)
+        # inside join() the extra batch-size all-reduce would have no shadow on a joined replica
+        # (a gloo abort, not a numeric fault): keep the correct path there
+        self._joining = self._join_work is not None
+        return out
 
     def _reduce_bucket(self, b, idx, divisor):
+        if getattr(self, "_joining", False):
+            return super()._reduce_bucket(b, idx, divisor)
         n = torch.tensor([float(getattr(self, "_local_n", 1))])
         total = n.clone()
         dist.all_reduce(total, group=self.process_group)
