@@ -1,0 +1,120 @@
+"""Catalog of the outside DDPs: one correct, the rest each with one fault (a data table).
+
+Columns of ``Entry``:
+  name       short id (used by ``catch_rate.py --only`` and as the pytest id)
+  spec       ``module:Class`` under ``tests.outside`` (what ``--ddp`` receives)
+  letter     the fault's letter in the brief ('' for the correct DDP)
+  kind       the fault, in DDP terms ('' for the correct DDP)
+  dimension  the run dimension that should expose it (feature, model, world size, steps...)
+  source     the public bug report / discussion it is modelled on
+  main_caught  measured on the current kit: does ``python -m conformance run --runtime cpu
+             --ddp <spec>`` exit 1? ``None`` for the correct DDP (expected exit 0). Entries with
+             False are xfail(strict=True) in tests/test_outside.py; flip to True as the kit
+             improves.
+  pytest_caught  the same for the pytest face (``catch_rate.py --face pytest``: the parity,
+             feature and property modules with ``--ddp <spec> -m cpu -k 'not mutant'``).
+             hook_order_pairing is caught there by the unused-parameters feature, whose
+             replicas use different parameter sets (so their hook arrival orders differ).
+
+Expected outcome: CorrectDDP passes (exit 0); every faulty entry should fail (exit 1).
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    spec: str
+    letter: str
+    kind: str
+    dimension: str
+    source: str
+    main_caught: Optional[bool]
+    pytest_caught: Optional[bool] = None
+
+    @property
+    def faulty(self) -> bool:
+        return bool(self.kind)
+
+    @property
+    def ddp(self) -> str:
+        """The ``--ddp`` argument: ``tests.outside.<module>:<Class>``."""
+        return f"tests.outside.{self.spec}"
+
+
+PKG = "tests.outside"
+
+CATALOG = [
+    Entry("correct", "correct_ddp:CorrectDDP", "", "", "every check: must pass",
+          "https://pytorch.org/docs/stable/notes/ddp.html", None),
+    Entry("accum_wrong_average", "accum_wrong_average:AccumWrongAverageDDP", "a",
+          "divides the accumulated gradient by micro-steps x world size",
+          "no_sync / gradient accumulation",
+          "https://github.com/karpathy/build-nanogpt/pull/30", False, True),
+    Entry("comm_hook_double_divide", "comm_hook_double_divide:CommHookDoubleDivideDDP", "b",
+          "divides a comm hook's (already averaged) result by the world size again",
+          "register_comm_hook (allreduce_hook)",
+          "https://github.com/pytorch/pytorch/pull/42400", False, True),
+    Entry("tied_weights_twice", "tied_weights_twice:TiedWeightsTwiceDDP", "c",
+          "a shared parameter is reduced per occurrence: gradient 2x the mean",
+          "model with tied weights",
+          "https://github.com/pytorch/pytorch/pull/51929", False, True),
+    Entry("static_graph_first_iter", "static_graph_first_iter:StaticGraphFirstIterDDP", "d",
+          "static_graph=True: first iteration not all-reduced",
+          "static_graph=True, step 1",
+          "https://github.com/Lightning-AI/pytorch-lightning/issues/18086", False, True),
+    Entry("bucket_view_stale", "bucket_view_stale:BucketViewStaleDDP", "e",
+          "gradient_as_bucket_view=True: reduced bucket not refreshed, stale grads from step 2",
+          "gradient_as_bucket_view=True, >= 2 steps with zero_grad(set_to_none)",
+          "https://github.com/pytorch/xla/issues/8841", False, True),
+    Entry("buffers_wrong_rank", "buffers_wrong_rank:BuffersWrongRankDDP", "f",
+          "per-forward buffer broadcast from the last rank instead of rank 0",
+          "buffer parity, model with buffers (batchnorm), broadcast_buffers on",
+          "https://github.com/pytorch/pytorch/issues/63916", True, True),
+    Entry("no_sync_sticky", "no_sync_sticky:NoSyncStickyDDP", "g",
+          "no_sync also disables the next (synchronising) backward",
+          "no_sync accumulation window",
+          "https://github.com/facebookresearch/ClassyVision/pull/706", False, True),
+    Entry("unused_zero_filled", "unused_zero_filled:UnusedZeroFilledDDP", "h",
+          "globally unused parameters get a zero gradient instead of None",
+          "find_unused_parameters=True with a globally unused parameter",
+          "https://github.com/pytorch/pytorch/pull/28883", False, True),
+    Entry("checkpoint_assign", "checkpoint_assign:CheckpointAssignDDP", "i",
+          "load_state_dict swaps parameter tensors: optimizer and hooks left on stale tensors",
+          "checkpoint save/reload into the same DDP, training continues",
+          "https://github.com/pytorch/pytorch/pull/53224", False, False),
+    Entry("join_drops_grads", "join_drops_grads:JoinDropsGradsDDP", "j",
+          "join(): replicas still training drop their reduced gradients",
+          "join() with uneven numbers of batches",
+          "https://github.com/pytorch/pytorch/pull/42577", False, True),
+    Entry("unused_in_accumulation", "unused_in_accumulation:UnusedInAccumulationDDP", "k",
+          "used-parameter map reset each micro-step: accumulated grad of a parameter unused in "
+          "the synced micro-step never averaged",
+          "find_unused_parameters x no_sync, used set changing between micro-steps",
+          "https://github.com/pytorch/pytorch/issues/69031", False, False),
+    Entry("hook_order_pairing", "hook_order_pairing:HookOrderPairingDDP", "l",
+          "gradients packed in hook arrival order: mismatched pairing under rank-dependent "
+          "control flow",
+          "model with rank-dependent control flow",
+          "https://github.com/deepspeedai/DeepSpeed/issues/1186", False, True),
+    Entry("cached_buffers", "cached_buffers:CachedBuffersDDP", "m",
+          "buffer list cached at construction: a buffer rebound in forward is not broadcast",
+          "buffer parity, model that rebinds a buffer in forward",
+          "https://github.com/pytorch/pytorch/issues/63916", False, False),
+    Entry("replica_drift", "replica_drift:ReplicaDriftDDP", "n",
+          "replica r scales its synced gradient by (1 + 1e-6 r) from step 2 on",
+          "replica agreement (every replica vs replica 0), tight tolerance",
+          "https://github.com/pytorch/pytorch/issues/112152", False, False),
+    Entry("late_fault", "late_fault:LateFaultDDP", "o",
+          "synchronisation lost from synced step 41 on",
+          "run length >= 41 steps",
+          "https://github.com/pytorch/pytorch/pull/72843", False, False),
+    Entry("batch_weighted", "batch_weighted:BatchWeightedDDP", "p",
+          "replica gradients weighted by local batch size instead of an equal average",
+          "uneven local batch sizes",
+          "https://github.com/pytorch/pytorch/issues/37359", False, False),
+]
+
+BY_NAME = {e.name: e for e in CATALOG}
