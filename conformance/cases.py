@@ -175,6 +175,10 @@ def _build() -> dict[str, Case]:
         _feature_train("checkpoint_module", "the same with the inner module's state_dict (no prefix)",
                        "batchnorm", {"setups": ("checkpoint_module",), "momentum": 0.9},
                        ("stale_gradient",), tags=("checkpoint",)),
+        _feature_train("checkpoint_resume", "the DDP wrapper's and optimizer's state_dicts loaded back into "
+                       "the same live objects mid-run (a rollback) continue the uninterrupted trajectory",
+                       "linear", {"setups": ("checkpoint_resume",), "momentum": 0.9}, ("load_assigns",),
+                       tags=("checkpoint",)),
         _feature_train("frozen_params", "parameters with requires_grad=False stay frozen; parity holds",
                        "frozen", {}, ("unfreezes_params",)),
         _feature_train("tied_weights", "tied (shared) weights stay tied; parity holds", "tied", {},

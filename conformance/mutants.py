@@ -261,6 +261,14 @@ def _join_dropped():
     return JoinDropped
 
 
+class LoadAssigns(RefDDP):
+    """``load_state_dict`` swaps in the checkpoint's tensors (``assign=True``) instead of
+    copying into the live parameters: the optimizer keeps updating the old ones."""
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        return super().load_state_dict(state_dict, strict=strict, assign=True)
+
+
 class SyncBNLocalStats(RefDDP):
     """Converts BatchNorm to SyncBatchNorm but normalises with local statistics."""
 
@@ -320,6 +328,7 @@ MUTANTS = {m.name: m for m in [
     Mutant("unfreezes_params", UnfreezesParams.__doc__, UnfreezesParams),
     Mutant("unties_shared_weights", UntiesSharedWeights.__doc__, UntiesSharedWeights),
     Mutant("state_dict_drops_buffers", StateDictDropsBuffers.__doc__, StateDictDropsBuffers),
+    Mutant("load_assigns", LoadAssigns.__doc__, LoadAssigns),
     Mutant("comm_hook_no_divide", "torch DDP whose registered comm hook all-reduces but forgets "
            "to divide.", _comm_hook_no_divide, torch_based=True),
     Mutant("join_dropped", "torch DDP whose join() does nothing: the replica with more batches "

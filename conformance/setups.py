@@ -119,10 +119,38 @@ class _ModuleCheckpoint(CheckpointSetup):
     source = "module"
 
 
+class ResumeInPlaceSetup(Setup):
+    """After step ``steps // 2`` the DDP wrapper's and the optimizer's state_dicts are
+    saved (``torch.save``), the live parameters are then overwritten (as a run that
+    went on and is rolled back), and the saved state is loaded back into the *same*
+    DDP and optimizer objects, which keep training: the trajectory must be the
+    uninterrupted one (the optimizer must still be updating the model's tensors)."""
+
+    def after_step(self, loop, step):
+        import torch
+
+        from .harness import optimizer_state_dict, to_cpu
+        if step != loop.run.steps // 2:
+            return
+        blob = io.BytesIO()
+        torch.save(to_cpu({"model": loop.ddp.state_dict(),
+                           "optim": optimizer_state_dict(loop.impl, loop.opt, loop.ctx)}), blob)
+        blob.seek(0)
+        saved = torch.load(blob, map_location="cpu")
+        with torch.no_grad():
+            for p in loop.model.parameters():
+                p.add_(1.0)
+        loop.ctx.mark_step()
+        loop.ddp.load_state_dict(saved["model"])
+        loop.opt.load_state_dict(saved["optim"])
+        loop.ctx.mark_step()
+
+
 SETUPS = {s.name: s for s in [
     SyncBatchNormSetup("sync_bn", reference={"sync_bn": True}),
     CommHookSetup("comm_hook_allreduce", requires=("register_comm_hook",)),
     AutocastSetup("autocast_bf16", reference={"autocast": "bfloat16"}),
     CheckpointSetup("checkpoint_ddp"),
     _ModuleCheckpoint("checkpoint_module"),
+    ResumeInPlaceSetup("checkpoint_resume"),
 ]}

@@ -32,12 +32,11 @@ sys.path.insert(0, str(REPO))
 from tests.outside.catalog import CATALOG, BY_NAME  # noqa: E402
 
 # The kit's pytest option naming the DDP under test (may become "--conformance-ddp").
-PYTEST_DDP_OPTION = "--ddp"
+PYTEST_DDP_OPTION = "--conformance-ddp"
 # What the pytest face runs: the DDP-dependent modules, without the kit's own mutant tests
 # (they do not depend on --ddp). Override with --pytest-args.
-PYTEST_TARGETS = ["conformance.tests.test_parity", "conformance.tests.test_features",
-                  "conformance.tests.test_properties"]
-PYTEST_DEFAULT_ARGS = ["-k", "not mutant", "-p", "no:cacheprovider"]
+PYTEST_TARGETS = ["conformance"]
+PYTEST_DEFAULT_ARGS = ["-k", "test_case", "-p", "no:cacheprovider"]
 DEFAULT_TIMEOUT_S = 600
 FAILED_LINES_KEPT = 8
 
