@@ -188,9 +188,13 @@ class CorrectDDP(nn.Module, Joinable):
     def forward(self, *inputs, **kwargs):
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self._join_work = Join.notify_join_context(self)
-            if self.broadcast_buffers:
-                self._sync_buffers(joined=False)
-        return self.module(*inputs, **kwargs)
+        # As torch's DDP: buffers are broadcast before a forward when the previous
+        # forward was a synced training one (the start of an accumulation window).
+        if self.broadcast_buffers and getattr(self, "require_forward_param_sync", True):
+            self._sync_buffers(joined=False)
+        out = self.module(*inputs, **kwargs)
+        self.require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        return out
 
     # ---- buffers ---------------------------------------------------------------------------
     def _buffer_source(self, joined):
