@@ -501,7 +501,7 @@ def test_cli_puts_cpu_and_pjrt_in_one_table(tmp_path):
     report = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     proc = subprocess.Popen([sys.executable, "-m", "conformance", "run", "--runtime", "cpu,pjrt",
-                             "--models", "linear", "--json", str(report)], cwd=tmp_path, env=env,
+                             "--only", "parity.linear", "--quiet", "--json", str(report)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=300)
@@ -513,6 +513,6 @@ def test_cli_puts_cpu_and_pjrt_in_one_table(tmp_path):
     rows = {(v["runtime"], v["impl"], v["status"]) for v in json.loads(report.read_text())["verdicts"]}
     assert rows == {("cpu", "torch", "pass"), ("cpu", "ref", "pass"), ("pjrt", "ref", "pass"),
                     ("pjrt", "xla_recipe", "pass"), ("pjrt", "torch", "unsupported")}, rows
-    table = [ln.split() for ln in out.splitlines() if ln.startswith("param_parity")]
-    assert {(t[2], t[3]) for t in table} == {("torch", "cpu"), ("ref", "cpu"), ("ref", "pjrt"),
+    table = [ln.split() for ln in out.splitlines() if ln.startswith("parity.linear") and " param_parity " in ln]
+    assert {(t[3], t[4]) for t in table} == {("torch", "cpu"), ("ref", "cpu"), ("ref", "pjrt"),
                                              ("xla_recipe", "pjrt"), ("torch", "pjrt")}
