@@ -33,15 +33,13 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
   no replica used stays untouched (``None``); a locally unused one is reduced
   as zeros. Without it, a parameter that gets no gradient is a ``RuntimeError``
   at the end of backward (upstream errors too);
-* ``static_graph`` is accepted as a hint: buckets never change here, so it
-  changes nothing.
+* ``static_graph`` is a hint: buckets never change here, so it changes nothing.
 
 Written against :class:`ddp_impl.collectives.Collectives`: the same code runs on
-torch.distributed (gloo; truly asynchronous all-reduces) and lazily on torch_xla
-(PJRT; handles come back complete, one graph per step). Overridable seams
-(``_grad_scale``, ``_sync_module_states``, ``_sync_buffers``, ``_reduce_bucket``,
-``_launch_ready``, ``_set_grad``, ``_global_use_counts``) are where the kit's
-mutants break it on purpose.
+torch.distributed (gloo; asynchronous all-reduces) and lazily on torch_xla (PJRT;
+complete handles, one graph per step). The seams ``_grad_scale``,
+``_sync_module_states``, ``_sync_buffers``, ``_reduce_bucket``, ``_launch_ready``,
+``_set_grad`` and ``_global_use_counts`` are where the kit's mutants break it.
 """
 from __future__ import annotations
 
@@ -54,8 +52,7 @@ from torch import nn
 
 from .collectives import Collectives, TorchDistributedCollectives, all_reduce_async, default_collectives
 
-# Keywords of torch.nn.parallel.DistributedDataParallel that this class accepts
-# for drop-in use but does not implement.
+# torch DDP keywords accepted for drop-in use but not implemented (warned about).
 IGNORED_TORCH_DDP_KWARGS = frozenset({
     "device_ids", "output_device", "dim", "check_reduction",
     "delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision",
@@ -200,8 +197,8 @@ class DistributedDataParallel(nn.Module):
     def _set_grad(self, param: nn.Parameter, reduced: torch.Tensor) -> None:
         """Make ``param.grad`` hold ``reduced`` (shaped like ``param``: the
         replica mean), as a bucket view with ``gradient_as_bucket_view``."""
-        # A new tensor for every parameter (not copy_ into the old gradient): the
-        # same ops on every replica, whichever held a gradient (XLA: one graph).
+        # A new tensor (not copy_ into the old one): the same ops on every replica,
+        # whichever held a gradient (XLA: identical graphs).
         param.grad = reduced if self.gradient_as_bucket_view else reduced.clone()
 
     # --- backward --------------------------------------------------------
@@ -218,7 +215,7 @@ class DistributedDataParallel(nn.Module):
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
         if id(param) in self._ready:
-            raise RuntimeError(f"parameter {self._names.get(id(param))} received a gradient twice "
+            raise RuntimeError(f"parameter {self._names[id(param)]} received a gradient twice "
                                "in one backward (upstream DDP rejects this too)")
         self._ready.add(id(param))
         bucket, j = self._where[id(param)]
@@ -246,6 +243,11 @@ class DistributedDataParallel(nn.Module):
         self._sync()
         return used.cpu().tolist()
 
+    def _wait_all(self) -> None:
+        for h in self._handles:
+            if h is not None:
+                h.wait()
+
     def _sync(self) -> None:
         sync = getattr(self.collectives, "sync", None)
         if sync is not None:
@@ -257,30 +259,22 @@ class DistributedDataParallel(nn.Module):
         try:
             skip = set()
             if self.find_unused_parameters:
-                for b in self._buckets:  # slots without this backward's hook
+                for b in self._buckets:  # slots no hook filled: accumulated, or zeros
                     for p, slot in zip(b.params, b.slots):
-                        if id(p) in self._ready or p.grad is slot:
-                            continue
-                        if p.grad is None:
-                            slot.zero_()
-                        else:
-                            slot.copy_(p.grad)
+                        if id(p) not in self._ready and p.grad is not slot:
+                            slot.zero_() if p.grad is None else slot.copy_(p.grad)
                 params = [p for b in self._buckets for p in b.params]
                 skip = {id(p) for p, n in zip(params, self._global_use_counts(params)) if n == 0}
             elif len(self._ready) < len(self._where):
-                for h in self._handles:  # leave no collective in flight
-                    if h is not None:
-                        h.wait()
-                missing = [self._names.get(id(p)) for b in self._buckets for p in b.params
+                self._wait_all()  # leave no collective in flight
+                missing = [self._names[id(p)] for b in self._buckets for p in b.params
                            if id(p) not in self._ready]
                 raise RuntimeError(
                     f"parameter(s) {missing} received no gradient in this backward; pass "
                     "find_unused_parameters=True if some parameters are unused (upstream DDP "
                     "errors too)")
             self._launch_ready(final=True)
-            for h in self._handles:
-                if h is not None:
-                    h.wait()
+            self._wait_all()
             for b in self._buckets:
                 for p, slot in zip(b.params, b.slots):
                     if id(p) not in skip:
