@@ -54,13 +54,12 @@ from .collectives import Collectives, TorchDistributedCollectives, all_reduce_as
 
 # torch DDP keywords accepted for drop-in use but not implemented (warned about).
 IGNORED_TORCH_DDP_KWARGS = frozenset({
-    "device_ids", "output_device", "dim", "check_reduction",
-    "delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision",
-    "device_mesh", "init_sync", "skip_all_reduce_unused_params",
-})
+    "device_ids", "output_device", "dim", "check_reduction", "delay_all_reduce_named_params",
+    "param_to_hook_all_reduce", "mixed_precision", "device_mesh", "init_sync",
+    "skip_all_reduce_unused_params"})
 DEFAULT_BUCKET_CAP_MB = 25.0
-FIRST_BUCKET_BYTES = 2 ** 20  # upstream's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 MB = 2 ** 20
+FIRST_BUCKET_BYTES = MB  # upstream's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 
 @dataclass
@@ -90,7 +89,7 @@ def assign_buckets(params, cap_bytes: float, first_cap_bytes: float) -> list[lis
             done.append(open_.pop(key))
             size[key] = 0
             closed.add(key)
-    return done + [b for b in open_.values() if b]
+    return done + list(open_.values())
 
 
 class DistributedDataParallel(nn.Module):
@@ -197,9 +196,14 @@ class DistributedDataParallel(nn.Module):
     def _set_grad(self, param: nn.Parameter, reduced: torch.Tensor) -> None:
         """Make ``param.grad`` hold ``reduced`` (shaped like ``param``: the
         replica mean), as a bucket view with ``gradient_as_bucket_view``."""
-        # A new tensor (not copy_ into the old one): the same ops on every replica,
-        # whichever held a gradient (XLA: identical graphs).
-        param.grad = reduced if self.gradient_as_bucket_view else reduced.clone()
+        if self.gradient_as_bucket_view:
+            param.grad = reduced
+        elif param.grad is None or self.find_unused_parameters:
+            # A new tensor whether or not this replica held a gradient: the same
+            # ops on every replica (XLA: identical graphs).
+            param.grad = reduced.clone()
+        else:  # every replica holds one (else backward raised): reuse its memory
+            param.grad.copy_(reduced)
 
     # --- backward --------------------------------------------------------
     def _reset(self) -> None:
@@ -227,16 +231,13 @@ class DistributedDataParallel(nn.Module):
 
     @torch.no_grad()
     def _global_use_counts(self, params) -> list[float]:
-        """How many replicas hold a gradient of each of ``params`` (host floats).
-
-        The mask is all-reduced and read back on the host, because whether a
-        gradient stays ``None`` is a host decision. Lazy runtimes (XLA) need the
-        collectives' optional ``sync()`` twice: before the all-reduce, to run
-        this replica's own forward/backward (and bucket fills), which may differ
-        between replicas, so that the all-reduce's graph - and the buckets'
-        after it - is the same everywhere; and before the read, which would
-        otherwise compile the collective per replica outside the step lock.
-        """
+        """How many replicas hold a gradient of each of ``params`` (host floats:
+        whether a gradient stays ``None`` is a host decision). Lazy runtimes (XLA)
+        need the optional ``sync()`` twice: before the all-reduce, to run this
+        replica's own forward/backward and bucket fills (which differ between
+        replicas) so that the all-reduce's graph, and the buckets' after it, is
+        the same everywhere; before the read, which would otherwise compile the
+        collective per replica outside the step lock (``ddp_impl.xla``)."""
         used = torch.tensor([float(p.grad is not None) for p in params])
         self._sync()
         used = self.collectives.all_reduce_(used.to(self._buckets[0].flat.device))
