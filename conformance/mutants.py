@@ -92,15 +92,10 @@ class ClipLocalGrad(RefDDP):
 
     max_norm = 1.0
 
-    @torch.no_grad()
     def _launch_ready(self, final=False):
         if not final:  # the local norm is known only when backward is done
             return
-        flats = [b.flat for b in self._buckets]  # every local gradient, not yet reduced
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(f) for f in flats]))
-        coef = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)
-        for f in flats:
-            f.mul_(coef)
+        torch.nn.utils.clip_grad_norm_([p for b in self._buckets for p in b.params], self.max_norm)
         super()._launch_ready(final)
 
 
@@ -128,8 +123,8 @@ class UnusedSkipped(RefDDP):
     """Locally unused parameters are not reduced (replicas that used one keep
     their local gradient)."""
 
-    def _global_use_counts(self, params):
-        counts = super()._global_use_counts(params)
+    def _global_use_counts(self, params, used):
+        counts = super()._global_use_counts(params, used)
         w = self.collectives.world_size
         self._partly_used = {id(p) for p, n in zip(params, counts) if 0 < n < w}
         return counts

@@ -6,21 +6,16 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
 
 * construction broadcasts every parameter (and, with ``broadcast_buffers``, every
   buffer) from rank 0 (module-state sync, as ``init_sync=True``);
-* parameters that require grad are split into *buckets* at construction: in
-  reverse registration order (roughly the order backward produces gradients),
-  one dtype/device per bucket, a bucket closed once it holds ``bucket_cap_mb``
-  MiB (1 MiB for the first one when the cap is the default, as upstream's
-  ``_DEFAULT_FIRST_BUCKET_BYTES``). The assignment is never rebuilt, so it is
-  the same on every replica;
-* when a gradient is ready (post-accumulate-grad hook) it is copied into its
-  bucket's flat buffer; a complete bucket is all-reduced asynchronously, but
-  bucket ``i`` is launched only after buckets ``0..i-1`` (a fixed order on every
-  replica even when hooks fire in a rank-dependent order). At the end of
-  backward every handle is waited for and each ``.grad`` is written from its
-  bucket, summed and scaled by ``1 / world_size`` (mean over replicas);
-* ``gradient_as_bucket_view=True``: after the first synced backward ``p.grad``
-  *is* a view of its bucket's buffer (no copies; the next backward accumulates
-  into it in place);
+* parameters that require grad are split into *buckets* at construction (see
+  :func:`assign_buckets`), never rebuilt: the same on every replica;
+* a gradient's post-accumulate-grad hook marks it ready; a complete bucket is
+  packed into its flat buffer and all-reduced asynchronously, but bucket ``i``
+  only after buckets ``0..i-1`` (a fixed order on every replica even when hooks
+  fire in a rank-dependent order). At the end of backward every handle is
+  waited for and each ``.grad`` written from its bucket: the sum over replicas
+  scaled by ``1 / world_size``;
+* ``gradient_as_bucket_view=True``: after a synced backward ``p.grad`` *is* a
+  view of its bucket buffer (the next backward accumulates into it in place);
 * ``broadcast_buffers=True`` broadcasts buffers from rank 0 before a forward
   that runs with grad enabled outside :meth:`no_sync` (upstream's
   ``require_forward_param_sync``);
@@ -75,11 +70,12 @@ class Bucket:
 
 
 def assign_buckets(params, cap_bytes: float, first_cap_bytes: float) -> list[list]:
-    """Split ``params`` into buckets: reverse order, one dtype/device per bucket,
-    a bucket closed once it holds ``>= cap`` bytes (upstream's
-    ``_compute_bucket_assignment_by_size`` rule); the first closed bucket of a
-    dtype/device uses ``first_cap_bytes``. Returns lists of parameters, in
-    launch order (closed buckets, then the partial ones by first use)."""
+    """Split ``params`` into buckets: reverse registration order (roughly backward's),
+    one dtype/device per bucket, a bucket closed once it holds ``>= cap`` bytes
+    (upstream's ``_compute_bucket_assignment_by_size`` rule); the first of a
+    dtype/device closes at ``first_cap_bytes`` (upstream: 1 MiB,
+    ``_DEFAULT_FIRST_BUCKET_BYTES``, with the default cap). Returns lists of
+    parameters in launch order (closed buckets, then the partial ones)."""
     done, open_, size, closed = [], {}, {}, set()
     for p in reversed(list(params)):
         key = (p.dtype, p.device)
@@ -154,7 +150,7 @@ class DistributedDataParallel(nn.Module):
             flat = torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
             slots = [s.view_as(p) for s, p in zip(flat.split([p.numel() for p in ps]), ps)]
             self._buckets.append(Bucket(i, ps, flat, slots))
-        self._where = {id(p): (b, j) for b in self._buckets for j, p in enumerate(b.params)}
+        self._bucket_of = {id(p): b.index for b in self._buckets for p in b.params}
         self._names = {id(p): n for n, p in self.module.named_parameters()}
         self._reset()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
@@ -187,10 +183,12 @@ class DistributedDataParallel(nn.Module):
         return all_reduce_async(self.collectives, bucket.flat, scale=self._grad_scale())
 
     def _launch_ready(self, final: bool = False) -> None:
-        """Launch every complete bucket whose predecessors are launched (all the
-        remaining ones when ``final``: the end of backward)."""
+        """Pack and launch every complete bucket whose predecessors are launched
+        (all the remaining ones when ``final``: the end of backward)."""
         while self._next < len(self._buckets) and (final or self._pending[self._next] == 0):
-            self._handles.append(self._reduce_bucket(self._buckets[self._next]))
+            bucket = self._buckets[self._next]
+            self._pack(bucket)
+            self._handles.append(self._reduce_bucket(bucket))
             self._next += 1
 
     def _set_grad(self, param: nn.Parameter, reduced: torch.Tensor) -> None:
@@ -206,6 +204,18 @@ class DistributedDataParallel(nn.Module):
             param.grad.copy_(reduced)
 
     # --- backward --------------------------------------------------------
+    def _pack(self, bucket: Bucket) -> None:
+        """Copy the bucket's gradients into ``bucket.flat`` (one ``cat``; XLA: no
+        chain of slice writes). Bucket views are there already; a ``None``
+        gradient (no replica used it) packs as zeros."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
+        if not any(g is s for g, s in zip(grads, bucket.slots)):
+            torch.cat([g.reshape(-1) for g in grads], out=bucket.flat)
+            return
+        for g, s in zip(grads, bucket.slots):
+            if g is not s:
+                s.copy_(g)
+
     def _reset(self) -> None:
         self._pending = [len(b.params) for b in self._buckets]
         self._ready: set[int] = set()
@@ -222,23 +232,19 @@ class DistributedDataParallel(nn.Module):
             raise RuntimeError(f"parameter {self._names[id(param)]} received a gradient twice "
                                "in one backward (upstream DDP rejects this too)")
         self._ready.add(id(param))
-        bucket, j = self._where[id(param)]
-        if param.grad is not bucket.slots[j]:  # with a bucket view it already is the slot
-            bucket.slots[j].copy_(param.grad)
-        self._pending[bucket.index] -= 1
+        self._pending[self._bucket_of[id(param)]] -= 1
         if not self.find_unused_parameters:
             self._launch_ready()
 
     @torch.no_grad()
-    def _global_use_counts(self, params) -> list[float]:
-        """How many replicas hold a gradient of each of ``params`` (host floats:
-        whether a gradient stays ``None`` is a host decision). Lazy runtimes (XLA)
-        need the optional ``sync()`` twice: before the all-reduce, to run this
-        replica's own forward/backward and bucket fills (which differ between
-        replicas) so that the all-reduce's graph, and the buckets' after it, is
-        the same everywhere; before the read, which would otherwise compile the
-        collective per replica outside the step lock (``ddp_impl.xla``)."""
-        used = torch.tensor([float(p.grad is not None) for p in params])
+    def _global_use_counts(self, params, used) -> list[float]:
+        """How many replicas have ``used`` true for each of ``params`` (host floats:
+        a ``None`` gradient is a host decision). Lazy runtimes (XLA) ``sync()``
+        twice: before the all-reduce, to run this replica's own (rank-dependent)
+        backward and zero fills, so the all-reduce's graph and the buckets' after
+        it are the same everywhere; before the read, which would otherwise compile
+        the collective per replica outside the step lock (``ddp_impl.xla``)."""
+        used = torch.tensor([float(u) for u in used])
         self._sync()
         used = self.collectives.all_reduce_(used.to(self._buckets[0].flat.device))
         self._sync()
@@ -260,13 +266,16 @@ class DistributedDataParallel(nn.Module):
         try:
             skip = set()
             if self.find_unused_parameters:
-                for b in self._buckets:  # slots no hook filled: accumulated, or zeros
-                    for p, slot in zip(b.params, b.slots):
-                        if id(p) not in self._ready and p.grad is not slot:
-                            slot.zero_() if p.grad is None else slot.copy_(p.grad)
                 params = [p for b in self._buckets for p in b.params]
-                skip = {id(p) for p, n in zip(params, self._global_use_counts(params)) if n == 0}
-            elif len(self._ready) < len(self._where):
+                used = [p.grad is not None for p in params]  # this backward's, or accumulated
+                for p, u in zip(params, used):
+                    if not u:  # locally unused: reduced as zeros (XLA: filled before the sync)
+                        p.grad = torch.zeros_like(p)
+                for p, n in zip(params, self._global_use_counts(params, used)):
+                    if n == 0:  # no replica used it: untouched
+                        p.grad = None
+                        skip.add(id(p))
+            elif len(self._ready) < len(self._bucket_of):
                 self._wait_all()  # leave no collective in flight
                 missing = [self._names[id(p)] for b in self._buckets for p in b.params
                            if id(p) not in self._ready]
@@ -294,11 +303,8 @@ class DistributedDataParallel(nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Skip the gradient all-reduce inside the block; gradients accumulate.
-
-        Matches ``torch.nn.parallel.DistributedDataParallel.no_sync``: the first
-        backward outside the block reduces the accumulated gradients.
-        """
+        """Skip the gradient all-reduce inside the block; gradients accumulate
+        (upstream's ``no_sync``: the next synced backward reduces them)."""
         old = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
