@@ -15,7 +15,7 @@ Usage (a script, not a test; run from the repository root)::
     python benchmarks/bench_throughput.py                  # CPU runtime: ref, torch
     python benchmarks/bench_throughput.py --runtime pjrt   # PJRT (torch_xla 2.9 env): ref, xla_recipe
     python benchmarks/bench_throughput.py --global-batch 24,64,96 --profile \
-        --impls 'ref,torch,flat=benchmarks.prototypes:FlatRefDDP' --quiet-below 0.3
+        --impls 'ref,torch,torch[bucket_cap_mb=1]' --quiet-below 0.3
 
 Both write into one JSON file (``--out``, default
 ``benchmarks/results/throughput.json``): each run replaces its runtime's entry
@@ -120,7 +120,7 @@ def parse_variant(text: str):
     """``[label=]spec[[k=v,...]]`` -> ``(label, spec, kwargs tuple)``; values are Python literals.
 
     The label defaults to the text itself: ``torch[bucket_cap_mb=1]``,
-    ``flat=benchmarks.prototypes:FlatRefDDP``.
+    ``mine=mypkg.ddp:MyDDP``.
     """
     m = re.fullmatch(r"\s*(?:([\w.-]+)=)?([^\[\]=]+?)\s*(?:\[(.*)\])?\s*", text)
     if not m:

@@ -25,8 +25,8 @@ SCRATCH_ON_PJRT = ("written on torch.distributed (gloo collectives); the PJRT wo
 class NoGradSync(RefDDP):
     """Gradients are never all-reduced: every replica trains on its shard alone."""
 
-    def _reduce_grad(self, param):
-        pass
+    def _reduce_bucket(self, bucket):
+        return None  # no all-reduce: each gradient is written back as computed locally
 
 
 class SumNotMean(RefDDP):
@@ -67,21 +67,27 @@ class BuffersNotBroadcast(RefDDP):
 class LastParamUnsynced(RefDDP):
     """Every parameter's gradient is synced except the last one's."""
 
-    def _reduce_grad(self, param):
-        if param is not list(self.module.parameters())[-1]:
-            super()._reduce_grad(param)
+    @torch.no_grad()
+    def _reduce_bucket(self, bucket):
+        last = list(self.module.parameters())[-1]
+        for p, slot in zip(bucket.params, bucket.slots):
+            if p is last:  # its local gradient, before the bucket is reduced in place
+                self._last_local = slot.clone()
+        return super()._reduce_bucket(bucket)
+
+    def _set_grad(self, param, reduced):
+        last = param is list(self.module.parameters())[-1]
+        super()._set_grad(param, self.__dict__.pop("_last_local") if last else reduced)
 
 
 class StaleGradient(RefDDP):
     """The step applies the previous step's synced gradient (zero at step 1)."""
 
     @torch.no_grad()
-    def _reduce_grad(self, param):
-        super()._reduce_grad(param)
-        fresh = param.grad.clone()
+    def _set_grad(self, param, reduced):
         stale = getattr(param, "_stale_grad", None)
-        param.grad.copy_(stale if stale is not None else torch.zeros_like(fresh))
-        param._stale_grad = fresh
+        super()._set_grad(param, stale if stale is not None else torch.zeros_like(reduced))
+        param._stale_grad = reduced.clone()
 
 
 class ClipLocalGrad(RefDDP):
@@ -91,19 +97,11 @@ class ClipLocalGrad(RefDDP):
 
     max_norm = 1.0
 
-    def _reduce_grad(self, param):
-        pending = self.__dict__.setdefault("_clip_pending", [])
-        if not pending:  # the local norm is known only when backward is done
-            torch.autograd.Variable._execution_engine.queue_callback(self._clip_then_reduce)
-        pending.append(param)
-
-    @torch.no_grad()
-    def _clip_then_reduce(self):
-        order = {id(p): i for i, p in enumerate(self.module.parameters())}
-        pending = sorted(self.__dict__.pop("_clip_pending"), key=lambda p: order[id(p)])
-        torch.nn.utils.clip_grad_norm_(pending, self.max_norm)
-        for p in pending:
-            super()._reduce_grad(p)
+    def _launch_ready(self, final=False):
+        if not final:  # the local norm is known only when backward is done
+            return
+        torch.nn.utils.clip_grad_norm_([p for b in self._buckets for p in b.params], self.max_norm)
+        super()._launch_ready(final)
 
 
 class BuffersAlwaysBroadcast(RefDDP):
@@ -130,14 +128,15 @@ class UnusedSkipped(RefDDP):
     """Locally unused parameters are not reduced (replicas that used one keep
     their local gradient)."""
 
-    @torch.no_grad()
-    def _finalize_backward(self):
-        self._finalize_queued = False
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        counts = self._global_use_counts(params)
-        for p, count in zip(params, counts):
-            if count == self.collectives.world_size:  # bug: only the all-used ones
-                self._reduce_grad(p)
+    def _global_use_counts(self, params, used):
+        counts = super()._global_use_counts(params, used)
+        w = self.collectives.world_size
+        self._partly_used = {id(p) for p, n in zip(params, counts) if 0 < n < w}
+        return counts
+
+    def _set_grad(self, param, reduced):
+        if id(param) not in self.__dict__.get("_partly_used", ()):  # bug: only the all-used ones
+            super()._set_grad(param, reduced)
 
 
 class NoSyncIgnored(RefDDP):
@@ -161,36 +160,20 @@ class DroppedBucket(RefDDP):
     """Honours ``bucket_cap_mb`` (buckets of parameters in reverse order, as
     upstream) but never all-reduces bucket 1."""
 
-    def __init__(self, module, *, bucket_cap_mb=25.0, gradient_as_bucket_view=False, **kw):
-        super().__init__(module, **kw)
-        cap, size, bucket = bucket_cap_mb * 2 ** 20, 0, 0
-        self._bucket = {}
-        for p in reversed([p for p in module.parameters() if p.requires_grad]):
-            if size and size + p.numel() * p.element_size() > cap:
-                bucket, size = bucket + 1, 0
-            size += p.numel() * p.element_size()
-            self._bucket[id(p)] = bucket
-
-    def _reduce_grad(self, param):
-        if self._bucket.get(id(param)) != 1:
-            super()._reduce_grad(param)
+    def _reduce_bucket(self, bucket):
+        return None if bucket.index == 1 else super()._reduce_bucket(bucket)
 
 
 class StaticGraphStale(RefDDP):
     """Honours ``static_graph`` by caching each parameter's first reduced
     gradient and replaying it on later steps."""
 
-    def __init__(self, module, *, static_graph=False, **kw):
-        super().__init__(module, **kw)
-        self._cache = {}
-
     @torch.no_grad()
-    def _reduce_grad(self, param):
-        if id(param) in self._cache:
-            param.grad.copy_(self._cache[id(param)])
-            return
-        super()._reduce_grad(param)
-        self._cache[id(param)] = param.grad.clone()
+    def _set_grad(self, param, reduced):
+        cache = self.__dict__.setdefault("_cache", {})
+        if id(param) not in cache:
+            cache[id(param)] = reduced.clone()
+        super()._set_grad(param, cache[id(param)].clone())
 
 
 class UnfreezesParams(RefDDP):

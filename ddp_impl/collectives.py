@@ -40,6 +40,43 @@ class Collectives(Protocol):
     # Optional: ``sync()`` runs pending (lazy) collectives so their results can be
     # read on the host; implementations whose collectives are eager omit it
     # (:class:`ddp_impl.xla.XlaCollectives` has it: a step sync).
+    # Optional: ``all_reduce_async_(tensor, *, scale=1.0)`` starts the same
+    # all-reduce and returns a handle whose ``wait()`` completes it (sum, then
+    # scale) and returns ``tensor``; the tensor must not be touched before. Without
+    # it :func:`all_reduce_async` falls back to the blocking ``all_reduce_``.
+
+
+class Completed:
+    """Handle of an all-reduce that is already done (or lazily recorded, on XLA)."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def wait(self):
+        return self.tensor
+
+
+class _Pending:
+    """Handle of a torch.distributed ``async_op=True`` all-reduce; applies the scale on wait."""
+
+    def __init__(self, work, tensor, scale):
+        self.work, self.tensor, self.scale = work, tensor, scale
+
+    def wait(self):
+        self.work.wait()
+        if self.scale != 1.0:
+            self.tensor.mul_(self.scale)
+        return self.tensor
+
+
+def all_reduce_async(collectives, tensor, *, scale=1.0):
+    """Start ``collectives``' all-reduce of ``tensor`` (sum, then ``scale``); return
+    a handle with ``wait()``. Uses the optional ``all_reduce_async_`` method when the
+    collectives have it, else the blocking ``all_reduce_`` and a completed handle."""
+    start = getattr(collectives, "all_reduce_async_", None)
+    if start is not None:
+        return start(tensor, scale=scale)
+    return Completed(collectives.all_reduce_(tensor, scale=scale))
 
 
 class TorchDistributedCollectives:
@@ -66,6 +103,11 @@ class TorchDistributedCollectives:
         if scale != 1.0:
             tensor.mul_(scale)
         return tensor
+
+    def all_reduce_async_(self, tensor, *, scale=1.0):
+        """``all_reduce_`` with ``async_op=True``: returns a handle; ``wait()`` it."""
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        return _Pending(work, tensor, scale)
 
     def broadcast_(self, tensor, src=0):
         dist.broadcast(tensor, src=src, group=self.group)

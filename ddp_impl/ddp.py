@@ -1,53 +1,98 @@
-"""Reference data-parallel wrapper: per-parameter gradient all-reduce hooks.
+"""Reference data-parallel wrapper: gradient buckets all-reduced in a fixed order.
 
 Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
-2.x, ``torch/nn/parallel/distributed.py``):
+2.x, ``torch/nn/parallel/distributed.py`` and its C++ reducer,
+``torch/csrc/distributed/c10d/reducer.cpp``):
 
 * construction broadcasts every parameter (and, with ``broadcast_buffers``, every
   buffer) from rank 0 (module-state sync, as ``init_sync=True``);
-* after each parameter's gradient is accumulated, it is all-reduced and divided
-  by the world size (mean over replicas), so with equal local batches and a
-  mean-reduced loss every replica holds the gradient of the global batch;
+* parameters that require grad are split into *buckets* at construction (see
+  :func:`assign_buckets`), never rebuilt: the same on every replica;
+* a gradient's post-accumulate-grad hook marks it ready; a complete bucket is
+  packed into its flat buffer and all-reduced asynchronously, but bucket ``i``
+  only after buckets ``0..i-1`` (a fixed order on every replica even when hooks
+  fire in a rank-dependent order). At the end of backward every handle is
+  waited for and each ``.grad`` written from its bucket: the sum over replicas
+  scaled by ``1 / world_size``;
+* ``gradient_as_bucket_view=True``: after a synced backward ``p.grad`` *is* a
+  view of its bucket buffer (the next backward accumulates into it in place);
 * ``broadcast_buffers=True`` broadcasts buffers from rank 0 before a forward
   that runs with grad enabled outside :meth:`no_sync` (upstream's
   ``require_forward_param_sync``);
-* :meth:`no_sync` lets gradients accumulate locally; the first backward after it
-  reduces the accumulated gradients;
-* ``find_unused_parameters=True`` defers the reduction to the end of backward,
-  all-reduces a "used" mask first, leaves the gradient of a parameter no
-  replica used untouched (``None``) and reduces a locally unused one as zeros
-  (upstream's semantics for globally vs locally unused parameters).
+* :meth:`no_sync` lets gradients accumulate locally; the first synced backward
+  after it reduces the accumulated gradients;
+* ``find_unused_parameters=True`` defers every bucket to the end of backward and
+  all-reduces a "used" mask first: a parameter counts as used on a replica when
+  it holds a gradient (this backward's or one accumulated under ``no_sync``,
+  as upstream's ``local_used_map`` spans the accumulation window). A gradient
+  no replica used stays untouched (``None``); a locally unused one is reduced
+  as zeros. Without it, a parameter that gets no gradient is a ``RuntimeError``
+  at the end of backward (upstream errors too);
+* ``static_graph`` is a hint: buckets never change here, so it changes nothing.
 
-The class is written against :class:`ddp_impl.collectives.Collectives`, so the
-same code runs on torch.distributed (gloo) and on torch_xla (PJRT). Overridable
-seams (``_sync_module_states``, ``_reduce_grad``, ``_sync_buffers``,
-``_grad_scale``) are where the kit's mutants break it on purpose.
+Written against :class:`ddp_impl.collectives.Collectives`: the same code runs on
+torch.distributed (gloo; asynchronous all-reduces) and lazily on torch_xla (PJRT;
+complete handles, one graph per step). The seams ``_grad_scale``,
+``_sync_module_states``, ``_sync_buffers``, ``_reduce_bucket``, ``_launch_ready``,
+``_set_grad`` and ``_global_use_counts`` are where the kit's mutants break it.
 """
 from __future__ import annotations
 
 import contextlib
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from .collectives import Collectives, TorchDistributedCollectives, default_collectives
+from .collectives import Collectives, TorchDistributedCollectives, all_reduce_async, default_collectives
 
-# Keywords of torch.nn.parallel.DistributedDataParallel that this class accepts
-# for drop-in use but does not implement.
+# torch DDP keywords accepted for drop-in use but not implemented (warned about).
 IGNORED_TORCH_DDP_KWARGS = frozenset({
-    "device_ids", "output_device", "dim", "bucket_cap_mb",
-    "check_reduction", "gradient_as_bucket_view", "static_graph",
-    "delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision",
-    "device_mesh", "init_sync", "skip_all_reduce_unused_params",
-})
+    "device_ids", "output_device", "dim", "check_reduction", "delay_all_reduce_named_params",
+    "param_to_hook_all_reduce", "mixed_precision", "device_mesh", "init_sync",
+    "skip_all_reduce_unused_params"})
+DEFAULT_BUCKET_CAP_MB = 25.0
+MB = 2 ** 20
+FIRST_BUCKET_BYTES = MB  # upstream's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+@dataclass
+class Bucket:
+    """One gradient bucket: ``params`` share the 1-D ``flat`` buffer (their
+    dtype and device); ``slots[j]`` is the view of ``flat`` shaped like
+    ``params[j]``; ``index`` is the launch position (0 first)."""
+
+    index: int
+    params: list
+    flat: torch.Tensor
+    slots: list = field(default_factory=list)
+
+
+def assign_buckets(params, cap_bytes: float, first_cap_bytes: float) -> list[list]:
+    """Split ``params`` into buckets: reverse registration order (roughly backward's),
+    one dtype/device per bucket, a bucket closed once it holds ``>= cap`` bytes
+    (upstream's ``_compute_bucket_assignment_by_size`` rule); the first of a
+    dtype/device closes at ``first_cap_bytes`` (upstream: 1 MiB,
+    ``_DEFAULT_FIRST_BUCKET_BYTES``, with the default cap). Returns lists of
+    parameters in launch order (closed buckets, then the partial ones)."""
+    done, open_, size, closed = [], {}, {}, set()
+    for p in reversed(list(params)):
+        key = (p.dtype, p.device)
+        open_.setdefault(key, []).append(p)
+        size[key] = size.get(key, 0) + p.numel() * p.element_size()
+        if size[key] >= (cap_bytes if key in closed else first_cap_bytes):
+            done.append(open_.pop(key))
+            size[key] = 0
+            closed.add(key)
+    return done + list(open_.values())
 
 
 class DistributedDataParallel(nn.Module):
     """Wrap ``module`` so that its gradients are averaged across replicas.
 
     Args:
-        module: the model; its parameters may have any shape and floating dtype.
+        module: the model; parameters of any shape and floating dtype.
         collectives: the :class:`Collectives` to use (default: the runtime's, see
             :func:`ddp_impl.collectives.default_collectives`).
         broadcast_buffers: broadcast buffers from rank 0 before each synced
@@ -56,18 +101,25 @@ class DistributedDataParallel(nn.Module):
             replicas (see the module docstring); costs one extra all-reduce.
         process_group: a torch.distributed group; shorthand for
             ``collectives=TorchDistributedCollectives(process_group)``.
+        bucket_cap_mb: bucket size in MiB (default 25, as upstream).
+        gradient_as_bucket_view: make ``p.grad`` a view of its bucket buffer.
+        static_graph: a hint that the graph is the same every iteration.
         **kwargs: other ``torch.nn.parallel.DistributedDataParallel`` keywords are
-            accepted and ignored with one ``UserWarning`` naming each of them.
+            accepted and ignored with one ``UserWarning`` naming each of them
+            (listed in ``self.ignored_kwargs``).
 
     Raises:
         TypeError: for a keyword torch's DDP does not have either, or when both
             ``collectives`` and ``process_group`` are given.
-        RuntimeError: when no runtime is initialised.
+        RuntimeError: when no runtime is initialised; at the end of a synced
+            backward, without ``find_unused_parameters``, when a parameter
+            received no gradient (named in the message).
     """
 
     def __init__(self, module: nn.Module, *, collectives: Collectives | None = None,
                  broadcast_buffers: bool = True, process_group=None,
-                 find_unused_parameters: bool = False, **kwargs):
+                 find_unused_parameters: bool = False, bucket_cap_mb: float | None = None,
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False, **kwargs):
         super().__init__()
         unknown = sorted(set(kwargs) - IGNORED_TORCH_DDP_KWARGS)
         if unknown:
@@ -86,13 +138,22 @@ class DistributedDataParallel(nn.Module):
         self.collectives = collectives
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = static_graph
         self.ignored_kwargs = dict(kwargs)
-        self._ready: set[int] = set()
-        self._finalize_queued = False
         self.require_backward_grad_sync = True
-        self._sync_module_states()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
-                       for p in self.module.parameters() if p.requires_grad]
+        self._sync_module_states()  # first: a mutant may replace parameter objects
+        cap = (DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * MB
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        self._buckets = []
+        for i, ps in enumerate(assign_buckets(params, cap, FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap)):
+            flat = torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+            slots = [s.view_as(p) for s, p in zip(flat.split([p.numel() for p in ps]), ps)]
+            self._buckets.append(Bucket(i, ps, flat, slots))
+        self._bucket_of = {id(p): b.index for b in self._buckets for p in b.params}
+        self._names = {id(p): n for n, p in self.module.named_parameters()}
+        self._reset()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
 
     # --- seams -----------------------------------------------------------
     def _grad_scale(self) -> float:
@@ -111,46 +172,88 @@ class DistributedDataParallel(nn.Module):
 
     @torch.no_grad()
     def _sync_buffers(self) -> None:
-        """Broadcast every buffer from rank 0 (``broadcast_buffers=True``)."""
+        """Broadcast every buffer from rank 0. Reads ``module.buffers()`` now: a
+        forward may have rebound a buffer to a new tensor."""
         for b in self.module.buffers():
             self.collectives.broadcast_(b, src=0)
 
-    @torch.no_grad()
-    def _reduce_grad(self, param: nn.Parameter) -> None:
-        """All-reduce ``param.grad`` in place to the mean over replicas."""
-        self.collectives.all_reduce_(param.grad, scale=self._grad_scale())
+    def _reduce_bucket(self, bucket: Bucket):
+        """Start the all-reduce of ``bucket.flat`` (sum, then ``_grad_scale()``);
+        return a handle whose ``wait()`` completes it (or ``None``: nothing to wait)."""
+        return all_reduce_async(self.collectives, bucket.flat, scale=self._grad_scale())
 
-    # --- nn.Module / DDP API --------------------------------------------
+    def _launch_ready(self, final: bool = False) -> None:
+        """Pack and launch every complete bucket whose predecessors are launched
+        (all the remaining ones when ``final``: the end of backward)."""
+        while self._next < len(self._buckets) and (final or self._pending[self._next] == 0):
+            bucket = self._buckets[self._next]
+            self._pack(bucket)
+            self._handles.append(self._reduce_bucket(bucket))
+            self._next += 1
+
+    def _set_grad(self, param: nn.Parameter, reduced: torch.Tensor) -> None:
+        """Make ``param.grad`` hold ``reduced`` (shaped like ``param``: the
+        replica mean), as a bucket view with ``gradient_as_bucket_view``."""
+        if self.gradient_as_bucket_view:
+            param.grad = reduced
+        elif param.grad is None or self.find_unused_parameters:
+            # A new tensor whether or not this replica held a gradient: the same
+            # ops on every replica (XLA: identical graphs).
+            param.grad = reduced.clone()
+        else:  # every replica holds one (else backward raised): reuse its memory
+            param.grad.copy_(reduced)
+
+    # --- backward --------------------------------------------------------
+    def _pack(self, bucket: Bucket) -> None:
+        """Copy the bucket's gradients into ``bucket.flat`` (one ``cat``; XLA: no
+        chain of slice writes). Bucket views are there already; a ``None``
+        gradient (no replica used it) packs as zeros."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
+        if not any(g is s for g, s in zip(grads, bucket.slots)):
+            torch.cat([g.reshape(-1) for g in grads], out=bucket.flat)
+            return
+        for g, s in zip(grads, bucket.slots):
+            if g is not s:
+                s.copy_(g)
+
+    def _reset(self) -> None:
+        self._pending = [len(b.params) for b in self._buckets]
+        self._ready: set[int] = set()
+        self._next, self._handles, self._queued = 0, [], False
+
+    @torch.no_grad()
     def _on_grad_ready(self, param: nn.Parameter) -> None:
-        if not self.require_backward_grad_sync or param.grad is None:
-            return
-        if not self.find_unused_parameters:
-            self._reduce_grad(param)
-            return
-        self._ready.add(id(param))
-        if not self._finalize_queued:
-            self._finalize_queued = True
+        if not self.require_backward_grad_sync:
+            return  # no_sync: the gradient just accumulates
+        if not self._queued:
+            self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+        if id(param) in self._ready:
+            raise RuntimeError(f"parameter {self._names[id(param)]} received a gradient twice "
+                               "in one backward (upstream DDP rejects this too)")
+        self._ready.add(id(param))
+        self._pending[self._bucket_of[id(param)]] -= 1
+        if not self.find_unused_parameters:
+            self._launch_ready()
 
     @torch.no_grad()
-    def _global_use_counts(self, params) -> list[float]:
-        """How many replicas used each of ``params`` in this backward (host floats).
-
-        The mask is all-reduced and read back on the host, because whether a
-        gradient stays ``None`` is a host decision. Lazy runtimes (XLA) need the
-        collectives' optional ``sync()`` twice: before the all-reduce, to run
-        this replica's own forward/backward, which may differ between replicas
-        (that is why parameters go unused), so that the all-reduce's graph is
-        the same everywhere; and before the read, which would otherwise compile
-        the collective per replica outside the step lock (``ddp_impl.xla``).
-        """
-        used = torch.tensor([float(id(p) in self._ready) for p in params])
-        self._ready.clear()
-        device = params[0].device if params else used.device
+    def _global_use_counts(self, params, used) -> list[float]:
+        """How many replicas have ``used`` true for each of ``params`` (host floats:
+        a ``None`` gradient is a host decision). Lazy runtimes (XLA) ``sync()``
+        twice: before the all-reduce, to run this replica's own (rank-dependent)
+        backward and zero fills, so the all-reduce's graph and the buckets' after
+        it are the same everywhere; before the read, which would otherwise compile
+        the collective per replica outside the step lock (``ddp_impl.xla``)."""
+        used = torch.tensor([float(u) for u in used])
         self._sync()
-        used = self.collectives.all_reduce_(used.to(device))
+        used = self.collectives.all_reduce_(used.to(self._buckets[0].flat.device))
         self._sync()
         return used.cpu().tolist()
+
+    def _wait_all(self) -> None:
+        for h in self._handles:
+            if h is not None:
+                h.wait()
 
     def _sync(self) -> None:
         sync = getattr(self.collectives, "sync", None)
@@ -159,40 +262,49 @@ class DistributedDataParallel(nn.Module):
 
     @torch.no_grad()
     def _finalize_backward(self) -> None:
-        """End of backward with ``find_unused_parameters``: reduce in a fixed order."""
-        self._finalize_queued = False
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        reduce = []
-        for p, count in zip(params, self._global_use_counts(params)):
-            if count == 0:
-                continue  # globally unused: gradient untouched
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            reduce.append(p)
-        if getattr(self.collectives, "sync", None) is not None:
-            # Lazy runtimes (XLA): every replica's reduction graph must be the same,
-            # but a gradient from backward is a view (its in-place update adds view
-            # ops to the graph) and a fresh zero one is not. Plain copies, run by the
-            # sync, make all of them device data of the same kind.
-            for p in reduce:
-                p.grad = p.grad.clone()
-            self._sync()
-        for p in reduce:
-            self._reduce_grad(p)
+        """End of a synced backward: launch what is left in bucket order, wait, write grads."""
+        try:
+            skip = set()
+            if self.find_unused_parameters:
+                params = [p for b in self._buckets for p in b.params]
+                used = [p.grad is not None for p in params]  # this backward's, or accumulated
+                for p, u in zip(params, used):
+                    if not u:  # locally unused: reduced as zeros (XLA: filled before the sync)
+                        p.grad = torch.zeros_like(p)
+                for p, n in zip(params, self._global_use_counts(params, used)):
+                    if n == 0:  # no replica used it: untouched
+                        p.grad = None
+                        skip.add(id(p))
+            elif len(self._ready) < len(self._bucket_of):
+                self._wait_all()  # leave no collective in flight
+                missing = [self._names[id(p)] for b in self._buckets for p in b.params
+                           if id(p) not in self._ready]
+                raise RuntimeError(
+                    f"parameter(s) {missing} received no gradient in this backward; pass "
+                    "find_unused_parameters=True if some parameters are unused (upstream DDP "
+                    "errors too)")
+            self._launch_ready(final=True)
+            self._wait_all()
+            for b in self._buckets:
+                for p, slot in zip(b.params, b.slots):
+                    if id(p) not in skip:
+                        self._set_grad(p, slot)
+        finally:
+            self._reset()
 
+    # --- nn.Module / DDP API ---------------------------------------------
     def forward(self, *args, **kwargs):
-        if (self.broadcast_buffers and torch.is_grad_enabled()
-                and self.require_backward_grad_sync):
-            self._sync_buffers()
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            if self._queued:  # an earlier backward raised before its end
+                self._reset()
+            if self.broadcast_buffers:
+                self._sync_buffers()
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Skip the gradient all-reduce inside the block; gradients accumulate.
-
-        Matches ``torch.nn.parallel.DistributedDataParallel.no_sync``: the first
-        backward outside the block reduces the accumulated gradients.
-        """
+        """Skip the gradient all-reduce inside the block; gradients accumulate
+        (upstream's ``no_sync``: the next synced backward reduces them)."""
         old = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:

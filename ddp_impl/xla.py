@@ -279,6 +279,7 @@ class XlaCollectives:
       view (a gradient accumulated in place is one). With one replica
       it only applies the scale (``xm.all_reduce`` returns early and would
       ignore it).
+    * ``all_reduce_async_``: the same, returning an already-complete handle.
     * ``all_gather``: a real XLA all-gather (``pin_layout=False``; the pinned
       variant pads by the Python ordinal, which makes graphs differ per
       replica), split into one tensor per rank. Values are copied, not summed:
@@ -339,6 +340,13 @@ class XlaCollectives:
         with torch.no_grad():
             tensor.copy_(reduced)
         return tensor
+
+    def all_reduce_async_(self, tensor, *, scale=1.0):
+        """:meth:`all_reduce_`, recorded lazily like every XLA op; the handle it
+        returns is already complete (no host sync per call: the collective runs
+        with the step's graph)."""
+        from .collectives import Completed
+        return Completed(self.all_reduce_(tensor, scale=scale))
 
     def _gather(self, tensor):
         import torch_xla.core.xla_model as xm

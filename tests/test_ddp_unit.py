@@ -54,7 +54,7 @@ def test_gradients_are_all_reduced_to_the_mean():
     x = torch.randn(5, 3)
     ddp(x).sum().backward()
     reduces = [c for c in coll.calls if c[0] == "all_reduce"]
-    assert len(reduces) == len(list(ddp.module.parameters()))
+    assert len(reduces) == len(ddp._buckets) == 1  # a small model: one bucket
     assert {c[2] for c in reduces} == {0.5}
     # the fake's other replica holds 3x our gradient: the mean is 2x ours
     ref = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
@@ -85,16 +85,17 @@ def test_no_sync_accumulates_then_reduces_once():
         ddp(torch.randn(4, 3)).sum().backward()
     assert coll.calls == []
     ddp(torch.randn(4, 3)).sum().backward()
-    assert len(coll.calls) == len(list(ddp.module.parameters()))
+    assert len(coll.calls) == len(ddp._buckets)
 
 
 def test_ignored_kwargs_are_named_in_one_warning():
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        ddp, _ = make(bucket_cap_mb=1, static_graph=True)
+        ddp, _ = make(check_reduction=True, dim=0, bucket_cap_mb=1, static_graph=True,
+                      gradient_as_bucket_view=True)
     msgs = [str(w.message) for w in rec if issubclass(w.category, UserWarning)]
-    assert len(msgs) == 1 and "bucket_cap_mb=1" in msgs[0] and "static_graph=True" in msgs[0]
-    assert ddp.ignored_kwargs == {"bucket_cap_mb": 1, "static_graph": True}
+    assert len(msgs) == 1 and "check_reduction=True" in msgs[0] and "dim=0" in msgs[0]
+    assert ddp.ignored_kwargs == {"check_reduction": True, "dim": 0}  # honoured ones are not listed
 
 
 def test_unknown_kwarg_is_a_type_error():
@@ -110,3 +111,61 @@ def test_collectives_and_process_group_are_exclusive():
 def test_without_runtime_a_clear_error():
     with pytest.raises(RuntimeError, match="not initialised"):
         DistributedDataParallel(nn.Linear(2, 2))
+
+
+def mlp():
+    torch.manual_seed(0)  # weights of 64x64 floats: 16 KiB each
+    return nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64))
+
+
+def test_buckets_follow_cap_in_reverse_registration_order():
+    net = mlp()
+    ddp = DistributedDataParallel(net, collectives=RecordingCollectives(), bucket_cap_mb=16 / 1024)
+    names = {id(p): n for n, p in net.named_parameters()}
+    got = [[names[id(p)] for p in b.params] for b in ddp._buckets]
+    # a bucket closes once it holds >= 16 KiB: at every weight, walking backwards
+    assert got == [["4.bias", "4.weight"], ["2.bias", "2.weight"], ["0.bias", "0.weight"]]
+    assert [b.flat.numel() for b in ddp._buckets] == [64 * 65] * 3
+    default = DistributedDataParallel(mlp(), collectives=RecordingCollectives())
+    assert len(default._buckets) == 1  # 25 MiB (first bucket 1 MiB) holds the whole model
+
+
+def test_one_all_reduce_per_bucket_in_bucket_order():
+    ddp = DistributedDataParallel(mlp(), collectives=RecordingCollectives(), bucket_cap_mb=16 / 1024)
+    ddp.collectives.calls.clear()
+    ddp(torch.randn(5, 64)).sum().backward()
+    assert ddp.collectives.calls == [("all_reduce", (64 * 65,), 0.5)] * 3
+
+
+def test_gradient_as_bucket_view_makes_grads_bucket_views():
+    ddp = DistributedDataParallel(mlp(), collectives=RecordingCollectives(), bucket_cap_mb=16 / 1024,
+                                  gradient_as_bucket_view=True)
+    x = torch.randn(5, 64)
+    ddp(x).sum().backward()
+    first = {n: p.grad.clone() for n, p in ddp.module.named_parameters()}
+    for b in ddp._buckets:
+        for p in b.params:
+            flat = b.flat
+            assert flat.data_ptr() <= p.grad.data_ptr() < flat.data_ptr() + flat.numel() * flat.element_size()
+    ddp(x).sum().backward()  # accumulates into the views, then reduces them in place
+    for n, p in ddp.module.named_parameters():
+        torch.testing.assert_close(p.grad, 3 * first[n])  # (2g + g) * (1 + 3) / 2
+
+
+class Skippy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x, skip_b=False):
+        return self.a(x) if skip_b else self.b(self.a(x))
+
+
+def test_parameter_without_gradient_raises_naming_it():
+    ddp = DistributedDataParallel(Skippy(), collectives=RecordingCollectives())
+    with pytest.raises(RuntimeError, match=r"b\.weight.*find_unused_parameters=True"):
+        ddp(torch.randn(5, 4), skip_b=True).sum().backward()
+    ddp.module.zero_grad(set_to_none=True)
+    ddp.collectives.calls.clear()
+    ddp(torch.randn(5, 4)).sum().backward()  # the next step is not poisoned
+    assert [c[0] for c in ddp.collectives.calls] == ["all_reduce"]

@@ -1,0 +1,176 @@
+"""Regression tests of the reference DDP on a real two-replica CPU world (gloo).
+
+Each pins a fault an earlier reference had: an accumulated gradient of a
+parameter unused in the synced micro-step left unreduced, gradients paired by
+hook arrival order, a missing gradient, and buffers rebound in forward.
+"""
+import numpy as np
+import pytest
+
+from conformance.tolerances import lookup
+
+pytestmark = pytest.mark.cpu
+
+TINY_BUCKETS_MB = 1e-6  # every parameter closes its own bucket
+
+
+@pytest.fixture
+def world2(world_pool):
+    return world_pool.get("cpu", 2)
+
+
+def _batch(rank, step, n=6, features=10):
+    import torch
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(n, features, generator=g), torch.randn(n, 4, generator=g)
+
+
+def _grads(module):
+    """Every gradient as float64 numbers, ``None`` read as NaN, keyed by name."""
+    return {n: (p.grad.detach().double().numpy().copy() if p.grad is not None
+                else np.full(tuple(p.shape), np.nan)) for n, p in module.named_parameters()}
+
+
+def _assert_replicas_hold_the_mean(results, atol):
+    local = [r["local"] for r in results]
+    for r in results:
+        for name, got in r["ddp"].items():
+            want = np.mean([loc[name] for loc in local], axis=0)  # NaN: no replica used it
+            np.testing.assert_allclose(got, want, rtol=0, atol=atol, equal_nan=True, err_msg=name)
+
+
+# --- an accumulated gradient counts as used (find_unused_parameters) --------
+
+def task_unused_in_last_micro_step(ctx):
+    import copy
+
+    import torch.nn.functional as F
+
+    from ddp_impl import DistributedDataParallel
+    from fixtures import build_model
+    m = build_model("unused", seed=7)
+    ddp = DistributedDataParallel(m, collectives=ctx.collectives, find_unused_parameters=True)
+    local = copy.deepcopy(m)  # after the construction broadcast: rank 0's weights
+    (xa, ya), (xb, yb) = _batch(ctx.rank, 0), _batch(ctx.rank, 1)
+    with ddp.no_sync():  # `branch` is used only in this micro-step
+        F.mse_loss(ddp(xa, use_branch=True), ya).backward()
+    F.mse_loss(ddp(xb, use_branch=False), yb).backward()
+    F.mse_loss(local(xa, use_branch=True), ya).backward()
+    F.mse_loss(local(xb, use_branch=False), yb).backward()
+    return {"ddp": _grads(m), "local": _grads(local)}
+
+
+def test_gradient_accumulated_under_no_sync_is_averaged(world2):
+    results = world2.run(task_unused_in_last_micro_step)
+    spread = np.max(np.abs(results[0]["local"]["branch.weight"] - results[1]["local"]["branch.weight"]))
+    assert spread > 100 * lookup("cpu", "unused").atol  # replicas really differ before the sync
+    _assert_replicas_hold_the_mean(results, lookup("cpu", "unused").atol)
+    assert np.isnan(results[0]["ddp"]["never.weight"]).all()  # globally unused: stays None
+
+
+# --- buckets pair parameter i with parameter i, whatever the hook order -----
+
+def task_rank_dependent_hook_order(ctx, bucket_cap_mb):
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from ddp_impl import DistributedDataParallel
+
+    class TwoBranches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(10, 4), nn.Linear(10, 4)
+
+        def forward(self, x, a_first):  # backward runs the later-built branch first
+            if a_first:
+                ya = self.a(x)
+                yb = self.b(x)
+            else:
+                yb = self.b(x)
+                ya = self.a(x)
+            return ya + 3.0 * yb
+
+    torch.manual_seed(ctx.rank)  # the construction broadcast makes them equal
+    m = TwoBranches()
+    ddp = DistributedDataParallel(m, collectives=ctx.collectives, bucket_cap_mb=bucket_cap_mb)
+    local = copy.deepcopy(m)
+    order = []
+    for n, p in m.named_parameters():  # runs after DDP's own hook
+        p.register_post_accumulate_grad_hook(lambda p, n=n: order.append(n))
+    x, y = _batch(ctx.rank, 0)
+    F.mse_loss(ddp(x, a_first=ctx.rank == 0), y).backward()
+    F.mse_loss(local(x, a_first=True), y).backward()
+    return {"ddp": _grads(m), "local": _grads(local), "order": order}
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [TINY_BUCKETS_MB, None], ids=["bucket-per-param", "one-bucket"])
+def test_rank_dependent_hook_order_keeps_pairs(world2, bucket_cap_mb):
+    results = world2.run(task_rank_dependent_hook_order, bucket_cap_mb=bucket_cap_mb)
+    assert results[0]["order"] != results[1]["order"]  # the hooks really fired in another order
+    _assert_replicas_hold_the_mean(results, lookup("cpu", "unused").atol)
+
+
+# --- a missing gradient is an error, not a hang ------------------------------
+
+def task_missing_gradient(ctx):
+    import torch.nn.functional as F
+
+    from ddp_impl import DistributedDataParallel
+    from fixtures import build_model
+    m = build_model("unused", seed=7)
+    ddp = DistributedDataParallel(m, collectives=ctx.collectives, bucket_cap_mb=TINY_BUCKETS_MB)
+    x, y = _batch(ctx.rank, 0)
+    try:
+        F.mse_loss(ddp(x), y).backward()  # `never` gets no gradient anywhere
+        message = None
+    except RuntimeError as exc:
+        message = str(exc)
+    m2 = build_model("unused", seed=7)
+    m2.never.requires_grad_(False)
+    F.mse_loss(DistributedDataParallel(m2, collectives=ctx.collectives)(x), y).backward()
+    return {"message": message, "synced": m2.head.weight.grad.sum().item()}  # the world still works
+
+
+def test_missing_gradient_raises_naming_the_parameter(world2):
+    results = world2.run(task_missing_gradient, timeout=60)
+    for r in results:
+        assert r["message"] and "never.weight" in r["message"] and "never.bias" in r["message"]
+    assert results[0]["synced"] == results[1]["synced"]
+
+
+# --- buffers are read at broadcast time --------------------------------------
+
+def task_rebound_buffer(ctx):
+    import torch
+    from torch import nn
+
+    from ddp_impl import DistributedDataParallel
+
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(10, 4)
+            self.register_buffer("step_count", torch.zeros(()))
+
+        def forward(self, x):
+            self.step_count = self.step_count + 1  # rebinds the buffer to a new tensor
+            return self.lin(x)
+
+    m = Counter()
+    ddp = DistributedDataParallel(m, collectives=ctx.collectives)
+    if ctx.rank == 1:
+        m.step_count = torch.tensor(100.0)  # a new object, not the one seen at construction
+    counts = []
+    for step in range(3):
+        ddp(_batch(ctx.rank, step)[0])
+        counts.append(m.step_count.item())
+        if ctx.rank == 1:
+            m.step_count.add_(5.0)  # edits the object the last forward created
+    return counts
+
+
+def test_buffer_rebound_in_forward_is_broadcast(world2):
+    assert world2.run(task_rebound_buffer) == [[1.0, 2.0, 3.0]] * 2  # rank 0's count everywhere
