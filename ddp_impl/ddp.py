@@ -17,8 +17,8 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
 * ``gradient_as_bucket_view=True``: after a synced backward ``p.grad`` *is* a
   view of its bucket buffer (the next backward accumulates into it in place);
 * ``broadcast_buffers=True`` broadcasts buffers from rank 0 before a forward
-  that runs with grad enabled outside :meth:`no_sync` (upstream's
-  ``require_forward_param_sync``);
+  when the previous forward was a synced one with grad enabled (or there was none):
+  the start of an accumulation window, as upstream's ``require_forward_param_sync``;
 * :meth:`no_sync` lets gradients accumulate locally; the first synced backward
   after it reduces the accumulated gradients;
 * ``find_unused_parameters=True`` defers every bucket to the end of backward and
@@ -95,8 +95,8 @@ class DistributedDataParallel(nn.Module):
         module: the model; parameters of any shape and floating dtype.
         collectives: the :class:`Collectives` to use (default: the runtime's, see
             :func:`ddp_impl.collectives.default_collectives`).
-        broadcast_buffers: broadcast buffers from rank 0 before each synced
-            forward (default ``True``, as upstream).
+        broadcast_buffers: broadcast buffers from rank 0 before a forward that
+            follows a synced one (default ``True``, as upstream).
         find_unused_parameters: tolerate parameters unused on some or all
             replicas (see the module docstring); costs one extra all-reduce.
         process_group: a torch.distributed group; shorthand for
@@ -142,6 +142,7 @@ class DistributedDataParallel(nn.Module):
         self.static_graph = static_graph
         self.ignored_kwargs = dict(kwargs)
         self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
         self._sync_module_states()  # first: a mutant may replace parameter objects
         cap = (DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * MB
         params = [p for p in self.module.parameters() if p.requires_grad]
@@ -294,12 +295,13 @@ class DistributedDataParallel(nn.Module):
 
     # --- nn.Module / DDP API ---------------------------------------------
     def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled() and self.require_backward_grad_sync:
-            if self._queued:  # an earlier backward raised before its end
-                self._reset()
-            if self.broadcast_buffers:
-                self._sync_buffers()
-        return self.module(*args, **kwargs)
+        if torch.is_grad_enabled() and self.require_backward_grad_sync and self._queued:
+            self._reset()  # an earlier backward raised before its end
+        if self.broadcast_buffers and self.require_forward_param_sync:
+            self._sync_buffers()
+        out = self.module(*args, **kwargs)
+        self.require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        return out
 
     @contextlib.contextmanager
     def no_sync(self):
