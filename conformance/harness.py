@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .state import (flat_buffers, flat_optimizer_state, flat_params, optimizer_state,  # noqa: F401
+                    optimizer_state_dict, state_digest, to_cpu, to_device)
 from .tolerances import lookup
 
 # Rank r != 0 builds its model from seed + RANK_SEED_STRIDE * r and adds
@@ -56,66 +58,6 @@ class RunSpec:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def flat_params(module) -> np.ndarray:
-    """All parameters of ``module`` concatenated, float32 ``[P]`` on the host
-    (full tensors, in ``parameters()`` order, also for DTensor-sharded ones)."""
-    import torch
-    # Sharded (DTensor) parameters are gathered first: a collective, every replica reads.
-    ps = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in module.parameters()]
-    # .cpu() first: on XLA a dtype cast would be a device graph compiled per read.
-    return torch.cat([p.detach().cpu().float().reshape(-1) for p in ps]).numpy()
-
-
-def flat_buffers(module) -> np.ndarray:
-    """All buffers of ``module`` concatenated as float64 ``[B]`` (``[0]`` when none)."""
-    import torch
-    bufs = [b.detach().cpu().double().reshape(-1) for b in module.buffers()]
-    return torch.cat(bufs).numpy() if bufs else np.zeros(0)
-
-
-def to_device(module, device):
-    """``module.to(device)``, keeping tied (shared) parameters tied.
-
-    Moving to an XLA device gives every module its own new Parameter (the CPU
-    and XLA tensors are not shallow-copy compatible), so a weight shared by two
-    modules becomes two (measured on torch_xla 2.9); the sharing is restored here
-    as it was on the CPU module.
-    """
-    ties = {}
-    for mod_name, mod in module.named_modules(remove_duplicate=False):
-        for name, p in mod._parameters.items():
-            if p is not None:
-                ties.setdefault(id(p), []).append((mod_name, name))
-    module = module.to(device)
-    mods = dict(module.named_modules(remove_duplicate=False))
-    for places in ties.values():
-        (m0, n0), rest = places[0], places[1:]
-        first = mods[m0]._parameters[n0]
-        for m, n in rest:
-            if mods[m]._parameters[n] is not first:
-                mods[m]._parameters[n] = first
-    return module
-
-
-def to_cpu(obj):
-    """``obj`` (nested dicts/lists of tensors) with every tensor copied to the host,
-    as ``torch_xla``'s ``xm.save`` does before saving: XLA-device storages cannot
-    be restored by ``torch.load``."""
-    import copy
-
-    import torch
-    if torch.is_tensor(obj):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        out = copy.copy(obj)  # same type and attributes (a state_dict's _metadata)
-        for k, v in obj.items():
-            out[k] = to_cpu(v)
-        return out
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj
 
 
 #: DDP methods a case may require (an implementation without one is unsupported).
@@ -165,36 +107,6 @@ def wrap(impl, module, ctx, kwargs: dict, requires=()):
 def make_optimizer(params, run: RunSpec):
     import torch
     return torch.optim.SGD(params, lr=run.lr, momentum=run.momentum)
-
-
-def flat_optimizer_state(opt, state_dict=None) -> np.ndarray:
-    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64;
-    from ``state_dict["state"]`` (per parameter index) when a full state dict is given."""
-    import torch
-    states = opt.state.values() if state_dict is None else [
-        state_dict["state"][k] for k in sorted(state_dict["state"])]
-    ts = [v.detach().cpu().double().reshape(-1) for st in states
-          for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
-    return torch.cat(ts).numpy() if ts else np.zeros(0)
-
-
-def optimizer_state_dict(impl, opt, ctx) -> dict:
-    """The optimizer's full state dict (``Impl.optimizer_state_dict`` for sharded ones)."""
-    return impl.optimizer_state_dict(opt, ctx) if impl.optimizer_state_dict else opt.state_dict()
-
-
-def optimizer_state(impl, opt, ctx) -> np.ndarray:
-    """:func:`flat_optimizer_state` of the full state (collective for sharded optimizers)."""
-    return flat_optimizer_state(opt, optimizer_state_dict(impl, opt, ctx) if impl.optimizer_state_dict else None)
-
-
-def state_digest(*arrays) -> str:
-    """SHA-1 of the bytes of ``arrays`` (replica agreement compares bits, cheaply)."""
-    import hashlib
-    h = hashlib.sha1()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
 
 
 class Loop:

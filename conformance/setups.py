@@ -99,7 +99,7 @@ class CheckpointSetup(Setup):
     def after_step(self, loop, step):
         import torch
 
-        from .harness import optimizer_state_dict, to_cpu
+        from .state import optimizer_state_dict, to_cpu
         if step != loop.run.steps // 2:
             return
         blob = io.BytesIO()
@@ -129,7 +129,7 @@ class ResumeInPlaceSetup(Setup):
     def after_step(self, loop, step):
         import torch
 
-        from .harness import optimizer_state_dict, to_cpu
+        from .state import optimizer_state_dict, to_cpu
         if step != loop.run.steps // 2:
             return
         blob = io.BytesIO()

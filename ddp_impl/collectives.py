@@ -12,6 +12,8 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
+from .types import Completed  # noqa: F401  (re-exported)
+
 
 @runtime_checkable
 class Collectives(Protocol):
@@ -44,16 +46,6 @@ class Collectives(Protocol):
     # all-reduce and returns a handle whose ``wait()`` completes it (sum, then
     # scale) and returns ``tensor``; the tensor must not be touched before. Without
     # it :func:`all_reduce_async` falls back to the blocking ``all_reduce_``.
-
-
-class Completed:
-    """Handle of an all-reduce that is already done (or lazily recorded, on XLA)."""
-
-    def __init__(self, tensor):
-        self.tensor = tensor
-
-    def wait(self):
-        return self.tensor
 
 
 class _Pending:

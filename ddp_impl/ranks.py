@@ -25,23 +25,11 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from .types import RankBindings  # noqa: F401  (re-exported)
 
 RUNTIMES = ("torch", "pjrt", "xrt")
 
 _XRT_VARS = ("XRT_TPU_CONFIG", "XRT_WORKERS", "XRT_SHARD_WORLD_SIZE", "XRT_DEVICE_MAP")
-
-
-@dataclass(frozen=True)
-class RankBindings:
-    """One replica's view of the world; every field an ``int``."""
-
-    process_index: int
-    process_count: int
-    global_ordinal: int
-    local_ordinal: int
-    world_size: int
-    local_device_count: int
 
 
 _thread = threading.local()

@@ -63,7 +63,7 @@ import threading
 
 import torch
 
-from .ranks import RankBindings
+from .types import RankBindings
 
 # The torch_xla (and matching torch) minor version this module is written for.
 # mark_step() uses private torch_xla APIs whose behaviour was measured on it.
@@ -345,7 +345,7 @@ class XlaCollectives:
         """:meth:`all_reduce_`, recorded lazily like every XLA op; the handle it
         returns is already complete (no host sync per call: the collective runs
         with the step's graph)."""
-        from .collectives import Completed
+        from .types import Completed
         return Completed(self.all_reduce_(tensor, scale=scale))
 
     def _gather(self, tensor):

@@ -63,7 +63,7 @@ import importlib.util
 import re
 from typing import Mapping
 
-from .ranks import RankBindings
+from .types import RankBindings
 
 # Variable names (torch_xla/core/xla_env_vars.py).
 TPU_CONFIG = "XRT_TPU_CONFIG"
