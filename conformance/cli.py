@@ -81,7 +81,9 @@ def cmd_run(args) -> int:
             if kills:
                 print("\nmutant kill matrix (every catalog mutant x every case that must kill it)")
                 print(kill_matrix_text(kills))
-            extra = {"cases": sorted({c.name for c in cases}), "profile": args.profile}
+            from .scenarios import OPTIMIZER_REVEALS
+            extra = {"cases": sorted({c.name for c in cases}), "profile": args.profile,
+                     "optimizer_fault_kinds": OPTIMIZER_REVEALS}
             if env_launch and pool.world is not None:
                 extra["launch"] = pool.world.launch_info()
             _write_scenarios(args.json, verdicts)
@@ -201,7 +203,7 @@ def build_parser():
     run = sub.add_parser("run", help="run the case table and print the verdict table")
     run.add_argument("--runtime", default="cpu", help="comma list: cpu, pjrt, xrt (default cpu)")
     run.add_argument("--ddp", default=None, help="comma list of implementations: torch, ref, "
-                     "mutant:<name>, package.module:Class (default: the runtime's)")
+                     "all (every row that runs on the runtime), mutant:<name>, package.module:Class (default: the runtime's)")
     run.add_argument("--world-size", default=None, help="comma list of world sizes >= 2 (default 2; "
                      "with --launcher env the launcher's WORLD_SIZE)")
     run.add_argument("--only", default=None, help="comma list of tags: run only cases carrying one "

@@ -40,6 +40,20 @@ def replica_error_text(exc) -> tuple[str, str]:
     return head + (f" ... {tail}" if tail else ""), text
 
 
+def _jsonable(obj):
+    """``obj`` with anything JSON cannot hold turned into its ``str``."""
+    import json
+    try:
+        json.dumps(obj)
+        return obj
+    except (TypeError, ValueError):
+        if isinstance(obj, dict):
+            return {str(k): _jsonable(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [_jsonable(v) for v in obj]
+        return str(obj)
+
+
 class Session:
     """Persistent worlds and cached training runs shared by every evaluation.
 
@@ -141,7 +155,10 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         return each("unsupported", exc.reason)
     except ReplicaError as exc:
         summary, text = replica_error_text(exc)
-        return each("fail", summary, text)
+        out = each("fail", summary, text)
+        for v in out:
+            v.replicas = _jsonable(getattr(exc, "diagnosis", None) or [])
+        return out
     if verdicts is None:  # non-root process of a launcher-built world: rank 0 judges
         return []
     for v in verdicts:

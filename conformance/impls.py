@@ -136,7 +136,7 @@ def resolve_impl(spec: str) -> Impl:
         return IMPLS[spec]
     if ":" not in spec:
         raise ImplSpecError(f"unknown DDP implementation {spec!r}; use one of "
-                            f"{', '.join(IMPLS)}, mutant:<name> or package.module:Class")
+                            f"{', '.join(IMPLS)}, all, mutant:<name> or package.module:Class")
     mod_name, _, attr = spec.partition(":")
     try:
         mod = importlib.import_module(mod_name)
@@ -149,9 +149,13 @@ def resolve_impl(spec: str) -> Impl:
     return Impl(spec, f"user implementation {spec}", _user_wrapper(cls))
 
 
-def parse_impls(specs: str) -> list[Impl]:
-    """Resolve a comma-separated list of specs (see :func:`resolve_impl`)."""
+def parse_impls(specs: str, runtime: str | None = None) -> list[Impl]:
+    """Resolve a comma-separated list of specs (see :func:`resolve_impl`). ``all`` names
+    every row of the table that runs on ``runtime`` (every row when ``runtime`` is None)."""
     names = [s for s in (p.strip() for p in specs.split(",")) if s]
+    if "all" in names:
+        rows = [n for n, row in IMPLS.items() if runtime is None or runtime not in row.unsupported]
+        names = [n for n in names if n != "all"] + [n for n in rows if n not in names]
     if not names:
         raise ImplSpecError("--ddp is empty; name at least one implementation")
     return [resolve_impl(n) for n in names]

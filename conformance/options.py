@@ -22,7 +22,7 @@ def parse_impl_names(value: str | None, runtime: str) -> list[str]:
     from .impls import ImplSpecError, parse_impls
     from .runtimes import DEFAULTS
     try:
-        return [i.name for i in parse_impls(value or ",".join(DEFAULTS[runtime]["impls"]))]
+        return [i.name for i in parse_impls(value or ",".join(DEFAULTS[runtime]["impls"]), runtime)]
     except ImplSpecError as exc:
         raise UsageError(str(exc)) from None
 

@@ -108,10 +108,10 @@ def runtime_worlds(config):
 
 
 def impls_for(config, runtime):
-    from .errors import split_list
+    from .impls import parse_impls
     from .runtimes import DEFAULTS
     ddp = _opt(config, "ddp")
-    return split_list(ddp) if ddp else list(DEFAULTS[runtime]["impls"])
+    return [i.name for i in parse_impls(ddp, runtime)] if ddp else list(DEFAULTS[runtime]["impls"])
 
 
 def selected_cases(config):

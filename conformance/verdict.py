@@ -33,6 +33,9 @@ class Verdict:
         diagnosis: full text of a failure (replica exceptions, stacks, the
             shrunk counterexample); the table shows only ``reason``.
         example: the minimal failing scenario (JSON) of a scenario case.
+        replicas: on a replica failure, one dict per replica (rank, host, pid,
+            status, step, phase, last collective, exception, traceback, stacks,
+            exit code, log tail: ``conformance.world.ReplicaError.diagnosis``).
     """
 
     case: str
@@ -53,6 +56,7 @@ class Verdict:
     diagnosis: str = ""
     family: str = ""
     example: dict | None = None
+    replicas: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.status not in STATUSES:
