@@ -64,18 +64,26 @@ def test_gradients_are_all_reduced_to_the_mean():
         torch.testing.assert_close(p.grad, 2 * q.grad)
 
 
-def test_buffers_broadcast_before_synced_forward_only():
+def test_buffers_broadcast_when_the_previous_forward_was_synced():
+    """Upstream's require_forward_param_sync: buffers are broadcast before a forward
+    that follows a synced training forward (or none); a forward without grad or
+    inside no_sync turns it off for the next one."""
     ddp, coll = make()
     nbuf = len(list(ddp.module.buffers()))
-    coll.calls.clear()
-    ddp(torch.randn(4, 3))
-    assert sum(c[0] == "broadcast" for c in coll.calls) == nbuf
-    coll.calls.clear()
+
+    def broadcasts(fn):
+        coll.calls.clear()
+        fn()
+        return sum(c[0] == "broadcast" for c in coll.calls)
+    assert broadcasts(lambda: ddp(torch.randn(4, 3))) == nbuf          # first forward
     with torch.no_grad():
-        ddp(torch.randn(4, 3))
+        assert broadcasts(lambda: ddp(torch.randn(4, 3))) == nbuf      # previous was synced
+    assert broadcasts(lambda: ddp(torch.randn(4, 3))) == 0             # previous had no grad
     with ddp.no_sync():
-        ddp(torch.randn(4, 3))
-    assert coll.calls == []  # upstream: no buffer sync without grad or inside no_sync
+        assert broadcasts(lambda: ddp(torch.randn(4, 3))) == nbuf      # window starts: synced before
+        assert broadcasts(lambda: ddp(torch.randn(4, 3))) == 0         # inside the window
+    assert broadcasts(lambda: ddp(torch.randn(4, 3))) == 0             # the window's synced micro-step
+    assert broadcasts(lambda: ddp(torch.randn(4, 3))) == nbuf          # next window
 
 
 def test_no_sync_accumulates_then_reduces_once():
