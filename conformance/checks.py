@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from .tolerances import MIN_WORLD_SIZE, VACUITY_FACTOR, Tolerance
-from .verdict import STATUSES, Verdict  # noqa: F401  (re-exported)
+from .verdict import Verdict
 
 
 @dataclass(frozen=True)

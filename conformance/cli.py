@@ -35,7 +35,7 @@ def cmd_run(args) -> int:
     if getattr(args, "repeat", None) is not None:  # flakiness sweep (conformance/repeat.py)
         from .repeat import cmd_repeat
         return cmd_repeat(args)
-    from .cases import CASES, select
+    from .cases import select
     from .evaluate import Session, evaluate
     from .external import ExternalPool, root_decides
     from .mutants import MUTANTS
@@ -150,7 +150,6 @@ def cmd_replay(args) -> int:
     from .evaluate import Session
     from .impls import resolve_impl
     from .options import parse_targets
-    from .property_cases import Target
     from .report import exit_code, verdict_table
     from .scenarios import ScenarioError, judge_scenario, load_scenario, scenario_task
     from .tolerances import lookup

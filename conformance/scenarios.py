@@ -457,13 +457,12 @@ def scenario_reference(sc: Scenario) -> dict:
 def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 0.0) -> list[dict]:
     """Compare every replica with the oracle: parameters and buffers after every step,
     final optimizer state, and replica agreement (parameters and optimizer state
-    bit-identical to replica 0's after every step). Returns verdict field dicts
-    (``check``, ``status``, ``max_dev``, ``atol``, ``margin``, ``first_bad_step``,
-    ``replica``, ``reason``, ``movement``) for checks ``params``, ``buffers``,
-    ``optimizer_state``, ``agreement``."""
+    bit-identical to replica 0's after every step). Returns one
+    :class:`~conformance.verdict.Verdict` per check ``params``, ``buffers``,
+    ``optimizer_state``, ``agreement`` (case and implementation fields left for
+    the caller)."""
     from .checks import AGREEMENT, Check, judge, judge_agreement
     ref = scenario_reference(sc)
-    w = len(results)
     out = []
     for name, series in (
             ("params", lambda reps, r: (np.stack([x["params"][1:] for x in reps]), r["params"][1:])),

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conformance.calibrate import calibrate, summary_text
-from conformance.checks import Verdict
+from conformance.verdict import Verdict
 from conformance.calibrate import parity_mutants
 
 pytestmark = pytest.mark.cpu

@@ -22,6 +22,8 @@ from conformance.runtimes import RuntimeUnavailable, get_runtime
 from conformance.tasks import fault
 from conformance.world import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World
 
+from tests.procs import gone
+
 K = 1                # the faulty replica
 TIMEOUT_S = 8.0      # the task bound configured for each case (s)
 SLACK_S = 10.0       # report within TIMEOUT_S + SLACK_S (stack dump, teardown, load)
@@ -44,23 +46,6 @@ def _available(runtime):
         get_runtime(runtime).check(2)
     except RuntimeUnavailable as exc:
         pytest.skip(f"unsupported: {exc}")
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie is dead for us
-    except OSError:
-        return False
-
-
-def _gone(pids, within=10.0):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _children(pid):
@@ -88,7 +73,7 @@ def _run_fault(runtime, how, **kw):
     finally:
         world.close()
     assert world.broken
-    assert _gone(pids), "a host process outlived the failure report"
+    assert gone(pids), "a host process outlived the failure report"
     return info.value, elapsed
 
 
@@ -151,7 +136,7 @@ def test_replica_killed_from_outside(runtime):
     assert "killed by SIGKILL" in err.summary() and f"replica {K}" in err.summary()
     assert err.diagnosis[K]["status"] == "died" and err.diagnosis[K]["signal"] == "SIGKILL"
     assert [d["rank"] for d in err.diagnosis if d["culprit"]] == [K]
-    assert _gone(pids)
+    assert gone(pids)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -178,7 +163,7 @@ def test_sigint_to_cli_parent_leaves_nothing(runtime, tmp_path):
         assert time.monotonic() - t0 <= TIMEOUT_S + SLACK_S
         assert proc.returncode == 130, err[-2000:]
         assert "error: interrupted" in err
-        assert _gone(hosts), "host processes outlived the interrupted CLI"
+        assert gone(hosts), "host processes outlived the interrupted CLI"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,6 +1,5 @@
 """The persistent world never hangs and never leaves orphans: failures are
 bounded, named, and carry the replica's traceback, stacks or log."""
-import os
 import signal
 import subprocess
 import sys
@@ -12,29 +11,9 @@ import pytest
 from conformance.tasks import all_reduce_value, fail_on
 from conformance.world import ReplicaDied, ReplicaFailed, ReplicaTimeout, World
 
+from tests.procs import alive, gone
+
 pytestmark = pytest.mark.cpu
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is dead for our purpose.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _gone(pids, within=10.0):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.fixture
@@ -42,7 +21,7 @@ def fresh_world():
     w = World("cpu", 2, timeout=30)
     yield w
     w.close()
-    assert _gone(w.pids())
+    assert gone(w.pids())
 
 
 def test_results_by_ordinal(fresh_world):
@@ -52,7 +31,7 @@ def test_results_by_ordinal(fresh_world):
 def test_replica_exception_reports_traceback(fresh_world):
     with pytest.raises(ReplicaFailed, match="(?s)replica 1 raised.*ValueError: boom from replica 1"):
         fresh_world.run(fail_on, rank=1, how="raise")
-    assert fresh_world.broken and _gone(fresh_world.pids())
+    assert fresh_world.broken and gone(fresh_world.pids())
 
 
 def test_stuck_replica_times_out_with_stack(fresh_world):
@@ -62,7 +41,7 @@ def test_stuck_replica_times_out_with_stack(fresh_world):
     assert time.monotonic() - t0 < 15
     assert "fail_on" in str(err.value) and "replica 0 Python stacks" in str(err.value)
     assert "replica 0 hung" in err.value.summary()
-    assert _gone(fresh_world.pids())
+    assert gone(fresh_world.pids())
 
 
 def test_replica_stuck_in_collective_times_out(fresh_world):
@@ -101,11 +80,11 @@ def test_no_orphans_when_parent_interrupted_or_killed(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        assert len(pids) == 2 and all(alive(p) for p in pids)
         time.sleep(1.0)
         proc.send_signal(sig)
         proc.wait(timeout=30)
-        assert _gone(pids, within=15), "replica processes outlived their parent"
+        assert gone(pids, within=15), "replica processes outlived their parent"
     finally:
         proc.kill()
         proc.wait()
