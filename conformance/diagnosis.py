@@ -277,3 +277,10 @@ def details(diagnosis: list[dict]) -> str:
             n = d["log_tail"].count("\n")
             parts.append(f"--- host {d.get('host')} log tail ({n} lines):\n{d['log_tail'].rstrip()}")
     return "\n".join(parts)
+
+
+def task_name(fn, payload: dict) -> str:
+    """The name a task is reported under (a wrapper such as ``evaluate.guarded``
+    names the task it runs in ``payload["task_fn_"]``)."""
+    inner = payload.get("task_fn_") if isinstance(payload, dict) else None
+    return getattr(inner or fn, "__name__", str(inner or fn))

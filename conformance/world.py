@@ -259,7 +259,8 @@ class World:
                     conn.send((task, fn, payload))
                 except (BrokenPipeError, OSError):
                     pass  # reported by _collect_task as a dead host
-            results = self._collect_task(task, getattr(fn, "__name__", str(fn)), timeout or self.timeout)
+            from .diagnosis import task_name
+            results = self._collect_task(task, task_name(fn, payload), timeout or self.timeout)
         except ReplicaError:
             raise
         except BaseException:  # Ctrl-C or a bug here: never leave hosts running a task

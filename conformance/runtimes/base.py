@@ -59,7 +59,8 @@ def run_task(ctx: ReplicaContext, fn, payload: dict, on_raise=None, task=None) -
     from ..diagnosis import failure_info
     p = ctx.progress
     if p is not None:
-        p.begin(task, getattr(fn, "__name__", str(fn)))
+        from ..diagnosis import task_name
+        p.begin(task, task_name(fn, payload))
     try:
         value = fn(ctx, **payload)
     except BaseException as exc:
