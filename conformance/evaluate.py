@@ -138,8 +138,8 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
 
     why = case.skip_reason(runtime, impl)
     if case.kind in ("property", "scenario") and type(session.pool).__name__ == "ExternalPool":
-        why = ("property cases need a world the kit spawns: Hypothesis draws each example from the "
-               "result of the last one, which only the root process of a launcher-built world sees")
+        why = (f"{case.family} cases need a world the kit spawns: Hypothesis draws each example from "
+               "the result of the last one, which only the root process of a launcher-built world sees")
     if why:
         return each("skip", why)
     try:
