@@ -122,9 +122,8 @@ def selected_cases(config):
 
 @pytest.hookimpl(trylast=True)  # after @pytest.mark.parametrize: its ids come first
 def pytest_generate_tests(metafunc):
-    """Parametrize the kit's own tests: ``conformance_case`` (case x impl x runtime x W),
-    ``conformance_kill`` (mutant x case that must kill it x runtime x W), and
-    ``runtime_world`` (+ ``impl``) for the kit's runtime-level tests."""
+    """Parametrize the kit's own tests: ``conformance_case`` (case x impl x runtime x W)
+    and ``conformance_kill`` (mutant x case that must kill it x runtime x W)."""
     names = metafunc.fixturenames
     config = metafunc.config
     if "conformance_case" in names:
@@ -141,20 +140,11 @@ def pytest_generate_tests(metafunc):
                       for rt, w, marks in runtime_worlds(config) for m in MUTANTS
                       for case in cases if m in case.must_kill]
         metafunc.parametrize("conformance_kill", params)
-    elif "runtime_world" in names:
-        with_impl = "impl" in names
-        params = []
-        for rt, w, marks in runtime_worlds(config):
-            if with_impl:
-                params += [pytest.param((rt, w), impl, marks=marks, id=f"{impl}-{rt}-w{w}")
-                           for impl in impls_for(config, rt)]
-            else:
-                params.append(pytest.param((rt, w), marks=marks, id=f"{rt}-w{w}"))
-        metafunc.parametrize("runtime_world,impl" if with_impl else "runtime_world", params)
 
 
 @pytest.fixture(scope="session")
-def world_pool():
+def conformance_world_pool():
+    """The session's persistent worlds (``get(runtime, world_size)``), closed at the end."""
     from .world import WorldPool
     pool = WorldPool()
     yield pool
@@ -162,22 +152,9 @@ def world_pool():
 
 
 @pytest.fixture(scope="session")
-def conformance_session(world_pool, request):
+def conformance_session(conformance_world_pool, request):
     from .evaluate import Session
-    return Session(world_pool, profile=_opt(request.config, "profile"))
-
-
-@pytest.fixture
-def world(runtime_world, world_pool):
-    """The session's persistent world for this test's (runtime, world size); skips
-    with the runtime's reason when it cannot run here."""
-    from .runtimes import RuntimeUnavailable, get_runtime
-    runtime, w = runtime_world
-    try:
-        get_runtime(runtime).check(w)
-    except RuntimeUnavailable as exc:
-        pytest.skip(f"unsupported: {exc}")
-    return world_pool.get(runtime, w)
+    return Session(conformance_world_pool, profile=_opt(request.config, "profile"))
 
 
 @pytest.fixture

@@ -3,6 +3,12 @@ import pytest
 
 
 @pytest.fixture(scope="session")
+def world_pool(conformance_world_pool):
+    """The plugin's session worlds under the short name the meta-tests use."""
+    return conformance_world_pool
+
+
+@pytest.fixture(scope="session")
 def runner(conformance_session):
     """``verdicts(runtime, w, impl, model, **overrides) -> {check: Verdict}`` of ``parity.<model>``."""
     from conformance.calibrate import ParityRunner
