@@ -306,8 +306,12 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
 
     from .harness import state_digest, to_cpu, to_device, wrap
     from .impls import resolve_impl
+    from .errors import Unsupported
     sc = Scenario.from_json(scenario)
     row = resolve_impl(impl)
+    if row.forward_backward is not None or row.make_optimizer is not None:
+        raise Unsupported(f"{impl} brings its own {'compiled step' if row.forward_backward else 'optimizer'}, "
+                          "which the scenario loop (its own optimizers, micro-steps) would bypass")
     r = ctx.rank
     # Only keywords that change something are passed (a recipe without them stays usable).
     kwargs = {"broadcast_buffers": sc.ddp.get("broadcast_buffers", True)}
