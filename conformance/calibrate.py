@@ -38,10 +38,10 @@ table ``loss_atol == atol`` and the values are the raw deviations):
     so it is left out of ``s(m)`` and listed.
 ``excluded``
     a mutant that cannot be seen on the model is left out of ``signal`` and
-    listed with the reason: (a) none of the checks its catalog row names
-    (``killed_by``) applies to the model (``buffers_not_broadcast`` on a model
-    without buffers), or (b) it is silent at every seed - the model does not
-    exercise the mutation. A mutant whose deviation is above the noise but below
+    listed with the reason: (a) the case table does not require the model's
+    parity case to kill it (its ``must_kill``: ``buffers_not_broadcast`` on a
+    model without buffers), or (b) it is silent at every seed - the model does
+    not exercise the mutation. A mutant whose deviation is above the noise but below
     ``atol`` is *not* excluded: that is exactly what calibration must flag.
 
 The row is well placed when ``atol >= 10 * noise``, ``atol <= signal / 10`` and

@@ -22,7 +22,7 @@ environment instead of spawning anything, and has the same API as ``World``:
   code) so every process exits alike.
 
 :class:`ExternalPool` is the ``WorldPool``-like object a
-:class:`conformance.runner.Runner` takes: ``get(runtime, W)`` returns the
+:class:`conformance.evaluate.Session` takes: ``get(runtime, W)`` returns the
 launcher's world and refuses any other ``W`` with a clear error.
 
 Only the CPU runtime (plain PyTorch, gloo) runs under an external launcher.

@@ -1,4 +1,4 @@
-"""Rank bindings of a live world, checked: ``python -m conformance ranks`` and ``run --ranks``.
+"""Rank bindings of a live world, checked: ``python -m conformance ranks`` and the ``invariant.ranks`` case.
 
 Every replica reports its bindings (:func:`conformance.tasks.rank_report`:
 ``ddp_impl.ranks``'s snapshot and module functions, torch.distributed's rank,
