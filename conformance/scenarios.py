@@ -265,20 +265,6 @@ def make_optimizer(name: str, params, lr: float):
     return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
 
 
-def _flat_state(module):
-    import torch
-    p = torch.cat([q.detach().cpu().float().reshape(-1) for q in module.parameters()]).numpy()
-    b = torch.cat([q.detach().cpu().double().reshape(-1) for q in module.buffers()]).numpy()
-    return p, b
-
-
-def _opt_state(opt) -> np.ndarray:
-    import torch
-    ts = [v.detach().cpu().double().reshape(-1) for st in opt.state.values()
-          for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
-    return torch.cat(ts).numpy() if ts else np.zeros(0)
-
-
 #: Rank r builds its model from seed + RANK_SEED_STRIDE * r with ema offset r * 0.5
 #: (only a DDP that broadcasts module state at construction matches).
 RANK_SEED_STRIDE = 7919
@@ -299,12 +285,13 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
         Unsupported: the implementation refuses a keyword or lacks no_sync /
             register_comm_hook.
     """
-    import io
+    import contextlib
 
     import torch
     import torch.nn.functional as F
 
-    from .harness import state_digest, to_cpu, to_device, wrap
+    from .harness import wrap
+    from .state import flat_buffers, flat_optimizer_state, flat_params, saved_copy, state_digest, to_device
     from .impls import resolve_impl
     from .errors import Unsupported
     sc = Scenario.from_json(scenario)
@@ -336,15 +323,14 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     model, ddp, opt = build()
     which = row.shard_rank(ctx)
     scale = 2.0 ** sc.loss_scale_log2
-    p, b = _flat_state(model)
-    params, buffers, digests = [p], [b], []
+    params, buffers, digests = [flat_params(model)], [flat_buffers(model)], []
     for s, step in enumerate(sc.steps):
         opt.zero_grad(set_to_none=True)
         micro = step["micro"]
         for j, m in enumerate(micro):
             x, y = scenario_batch(sc.seed, s, j, which, m["batch"][which])
             plan = tuple(m["plan"][which])
-            ctxm = ddp.no_sync() if j < len(micro) - 1 else _null()
+            ctxm = ddp.no_sync() if j < len(micro) - 1 else contextlib.nullcontext()
             with ctxm:
                 out = ddp(x.to(ctx.device), plan=plan)
                 (F.mse_loss(out, y.to(ctx.device)) * scale).backward()
@@ -359,29 +345,17 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
                         q.grad.div_(scale)
         opt.step()
         ctx.mark_step()
-        p, b = _flat_state(model)
-        params.append(p)
-        buffers.append(b)
-        digests.append(state_digest(_opt_state(opt)))
+        params.append(flat_params(model))
+        buffers.append(flat_buffers(model))
+        digests.append(state_digest(flat_optimizer_state(opt)))
         if sc.checkpoint_at == s:
-            blob = io.BytesIO()
-            torch.save(to_cpu({"model": ddp.state_dict(), "optim": opt.state_dict()}), blob)
-            blob.seek(0)
-            saved = torch.load(blob, map_location="cpu")
+            saved = saved_copy({"model": ddp.state_dict(), "optim": opt.state_dict()})
             model, ddp, opt = build(salt=1)
             torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
             model.load_state_dict(saved["model"])
             opt.load_state_dict(saved["optim"])
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
-            "optim": _opt_state(opt)}
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
+            "optim": flat_optimizer_state(opt)}
 
 
 # --------------------------------------------------------------------------
@@ -396,6 +370,8 @@ def scenario_reference(sc: Scenario) -> dict:
     """
     import torch
     import torch.nn.functional as F
+
+    from .state import flat_optimizer_state, flat_params
     w = sc.world_size
     net = build_scenario_model(sc.seed, sc.rebind_buffers)
     opt = make_optimizer(sc.optimizer, net.parameters(), sc.lr)
@@ -417,7 +393,7 @@ def scenario_reference(sc: Scenario) -> dict:
     def flat_bufs():
         return np.stack([np.concatenate([t.double().reshape(-1).numpy() for t in rb]) for rb in rank_bufs])
 
-    out_p = [torch.cat([q.detach().reshape(-1) for q in params]).numpy()]
+    out_p = [flat_params(net)]
     out_b = [flat_bufs()]
     prev_synced = True  # construction counts as a synced step (require_forward_param_sync starts True)
     for s, step in enumerate(sc.steps):
@@ -449,9 +425,9 @@ def scenario_reference(sc: Scenario) -> dict:
                     total = g.clone() if total is None else total + g
                 q.grad = total / w / scale
         opt.step()
-        out_p.append(torch.cat([q.detach().reshape(-1) for q in params]).numpy())
+        out_p.append(flat_params(net))
         out_b.append(flat_bufs())
-    return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": _opt_state(opt)}
+    return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(opt)}
 
 
 # --------------------------------------------------------------------------

@@ -8,7 +8,6 @@ none of them. A setup also tells the single-device reference what it changes
 from __future__ import annotations
 
 import contextlib
-import io
 from dataclasses import dataclass, field
 
 from .errors import Unsupported
@@ -99,15 +98,11 @@ class CheckpointSetup(Setup):
     def after_step(self, loop, step):
         import torch
 
-        from .state import optimizer_state_dict, to_cpu
+        from .state import optimizer_state_dict, saved_copy
         if step != loop.run.steps // 2:
             return
-        blob = io.BytesIO()
         state = loop.ddp.state_dict() if self.source == "ddp" else loop.model.state_dict()
-        optim = optimizer_state_dict(loop.impl, loop.opt, loop.ctx)
-        torch.save(to_cpu({"model": state, "optim": optim}), blob)
-        blob.seek(0)
-        saved = torch.load(blob, map_location="cpu")  # load_state_dict copies to the device
+        saved = saved_copy({"model": state, "optim": optimizer_state_dict(loop.impl, loop.opt, loop.ctx)})
         loop.model = loop.fresh_model(salt=1)
         torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
         loop.model.load_state_dict(saved["model"])
@@ -129,14 +124,11 @@ class ResumeInPlaceSetup(Setup):
     def after_step(self, loop, step):
         import torch
 
-        from .state import optimizer_state_dict, to_cpu
+        from .state import optimizer_state_dict, saved_copy
         if step != loop.run.steps // 2:
             return
-        blob = io.BytesIO()
-        torch.save(to_cpu({"model": loop.ddp.state_dict(),
-                           "optim": optimizer_state_dict(loop.impl, loop.opt, loop.ctx)}), blob)
-        blob.seek(0)
-        saved = torch.load(blob, map_location="cpu")
+        saved = saved_copy({"model": loop.ddp.state_dict(),
+                            "optim": optimizer_state_dict(loop.impl, loop.opt, loop.ctx)})
         with torch.no_grad():
             for p in loop.model.parameters():
                 p.add_(1.0)

@@ -93,3 +93,15 @@ def state_digest(*arrays) -> str:
     for a in arrays:
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
+
+
+def saved_copy(obj):
+    """What a checkpoint of ``obj`` gives back: ``torch.save`` of :func:`to_cpu` ``(obj)``
+    into memory, then ``torch.load`` onto the CPU (``load_state_dict`` copies to the device)."""
+    import io
+
+    import torch
+    blob = io.BytesIO()
+    torch.save(to_cpu(obj), blob)
+    blob.seek(0)
+    return torch.load(blob, map_location="cpu")
