@@ -228,15 +228,14 @@ def _invariant(case, impl, runtime, w, session, overrides):
 
 
 def _scenario(case, impl, runtime, w, session, overrides):
-    from .property_cases import DEFAULT_PROFILE, Target
-    from .scenarios import SCENARIO_EXAMPLES, Space, run_scenario_case
-    from .tolerances import lookup
-    import os
-    profile = session.profile or os.environ.get("CONFORMANCE_PROFILE") or DEFAULT_PROFILE
-    target = Target(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
     from dataclasses import replace
 
+    from .property_cases import Target, profile_name
     from .runtimes import get_runtime
+    from .scenarios import SCENARIO_EXAMPLES, Space, run_scenario_case
+    from .tolerances import lookup
+    profile = profile_name(session.profile)
+    target = Target(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
     space = Space(**case.args.get("space", {}))
     if get_runtime(runtime).uniform_graphs:
         space = replace(space, rank_uniform=True)

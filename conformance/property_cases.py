@@ -40,8 +40,8 @@ PROFILES = {"dev": 25, "ci": 200, "ci-pjrt": 50, "thorough": 2000}
 DEFAULT_PROFILE = "dev"
 
 
-def profile_examples(name: str | None = None) -> int:
-    """Example budget of profile ``name`` (default: env ``CONFORMANCE_PROFILE``, else ``dev``).
+def profile_name(name: str | None = None) -> str:
+    """The profile in force: ``name``, else env ``CONFORMANCE_PROFILE``, else ``dev``.
 
     Raises:
         UsageError: unknown profile.
@@ -49,7 +49,22 @@ def profile_examples(name: str | None = None) -> int:
     name = name or os.environ.get("CONFORMANCE_PROFILE") or DEFAULT_PROFILE
     if name not in PROFILES:
         raise UsageError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
-    return PROFILES[name]
+    return name
+
+
+def profile_examples(name: str | None = None) -> int:
+    """Examples per property of profile :func:`profile_name` ``(name)``."""
+    return PROFILES[profile_name(name)]
+
+
+def kit_settings(max_examples: int):
+    """The Hypothesis settings of every kit search (properties and scenarios), applied per
+    test so no global profile changes: derandomized, no example database, no deadline,
+    shrinking on, the explain phase off (it reruns failing examples for nothing we report)."""
+    from hypothesis import HealthCheck, Phase, settings
+    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+                    print_blob=True, phases=[p for p in Phase if p != Phase.explain],
+                    suppress_health_check=list(HealthCheck))
 
 
 class Target:
@@ -180,13 +195,9 @@ def run_property(name: str, target: Target, max_examples: int) -> dict:
     Raises:
         Unsupported: the implementation cannot serve the property.
     """
-    from hypothesis import HealthCheck, Phase, settings
-
     from .properties import Measure
     measure = Measure()
-    test = settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-                    print_blob=True, phases=[p for p in Phase if p != Phase.explain],
-                    suppress_health_check=list(HealthCheck))(_props()[name](target, measure))
+    test = kit_settings(max_examples)(_props()[name](target, measure))
     try:
         test()
     except Exception as exc:

@@ -600,9 +600,10 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
     Raises:
         Unsupported: the implementation cannot serve the scenarios.
     """
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import given
 
     from .errors import Unsupported
+    from .property_cases import kit_settings
     from .verdict import Verdict
     worst: dict = {}
     state = {"examples": 0, "vacuous": 0, "failing": None}
@@ -625,10 +626,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
 
     # Generated scenarios first (a failure is shrunk to a minimal scenario), then the
     # explicit ones (deterministic coverage of every dimension; reported as they are).
-    test = given(sc=scenarios(target.world_size, space))(check)
-    test = settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-                    phases=[p for p in Phase if p not in (Phase.explain, Phase.explicit)],
-                    suppress_health_check=list(HealthCheck))(test)
+    test = kit_settings(max_examples)(given(sc=scenarios(target.world_size, space))(check))
 
     def explicit():
         for e in explicit_scenarios(target.world_size, space):
