@@ -147,43 +147,23 @@ def _write_diagnoses(json_path: str, verdicts) -> None:
 
 def cmd_replay(args) -> int:
     """Rerun one scenario (a file written by a failing scenario case, or hand-made)."""
-    from .evaluate import Session
-    from .impls import resolve_impl
+    from dataclasses import replace
+
+    from .cases import CASES
+    from .evaluate import Session, evaluate
     from .options import parse_targets
     from .report import exit_code, verdict_table
-    from .scenarios import ScenarioError, judge_scenario, load_scenario, scenario_task
-    from .tolerances import lookup
-    from .errors import Unsupported
-    from .world import ReplicaError
+    from .scenarios import ScenarioError, load_scenario
     try:
         sc = load_scenario(args.scenario)
     except ScenarioError as exc:
         raise UsageError(f"{args.scenario}: {exc}" if not str(exc).startswith(args.scenario) else str(exc)) from None
     targets = parse_targets(args.runtime, str(sc.world_size), args.ddp)
+    case = replace(CASES["scenario.core"], name="scenario.replay", description=f"replay of {args.scenario}")
     session = Session()
-    verdicts = []
     try:
-        for rt, w, impls in targets:
-            for impl in impls:
-                base = dict(case="replay", impl=impl, runtime=rt, model="scenario", world_size=w)
-                try:
-                    if resolve_impl(impl).unsupported.get(rt):
-                        raise Unsupported(resolve_impl(impl).unsupported[rt])
-                    res = session.run(rt, w, scenario_task, impl=impl, scenario=sc.to_json())
-                    vs = judge_scenario(sc, res, lookup(rt, "scenario"),
-                                        agreement_atol=lookup(rt, "scenario", "agreement").atol)
-                except Unsupported as exc:
-                    from .verdict import Verdict
-                    vs = [Verdict(check="scenario", status="unsupported", reason=exc.reason, **base)]
-                except ReplicaError as exc:
-                    from .evaluate import replica_error_text
-                    from .verdict import Verdict
-                    summary, text = replica_error_text(exc)
-                    vs = [Verdict(check="scenario", status="fail", reason=summary, diagnosis=text, **base)]
-                for v in vs:
-                    for k, val in base.items():
-                        setattr(v, k, val)
-                verdicts += vs
+        verdicts = [v for rt, w, impls in targets for impl in impls
+                    for v in evaluate(case, impl, rt, w, session, scenario=sc)]
     finally:
         session.close()
     print(f"scenario {args.scenario}: {len(sc.steps)} step(s), world size {sc.world_size}")

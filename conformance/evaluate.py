@@ -120,7 +120,8 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     """Verdicts of ``case`` for implementation ``impl`` on ``runtime`` with ``world_size`` replicas.
 
     ``overrides`` change the run of ``train`` cases (``seed``, ``lr``, ``steps``:
-    calibration and flakiness sweeps). Returns one verdict per ``case.checks``
+    calibration and flakiness sweeps); for a ``scenario`` case, ``scenario=``
+    (a :class:`~conformance.scenarios.Scenario`) runs that one scenario only. Returns one verdict per ``case.checks``
     entry (``[]`` on a non-root process of a launcher-built world).
 
     Raises:
@@ -234,13 +235,18 @@ def _scenario(case, impl, runtime, w, session, overrides):
     from .runtimes import get_runtime
     from .scenarios import SCENARIO_EXAMPLES, Space, run_scenario_case
     from .tolerances import lookup
+    tol, agree = lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol
+    if "scenario" in overrides:  # one given scenario (python -m conformance replay)
+        from .scenarios import judge_scenario, scenario_task
+        sc = overrides["scenario"]
+        results = session.run(runtime, w, scenario_task, timeout=case.timeout, impl=impl, scenario=sc.to_json())
+        return None if results is None else judge_scenario(sc, results, tol, agreement_atol=agree)
     profile = profile_name(session.profile)
     target = Target(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
     space = Space(**case.args.get("space", {}))
     if get_runtime(runtime).uniform_graphs:
         space = replace(space, rank_uniform=True)
-    return run_scenario_case(space, target, lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol,
-                             max(1, round(SCENARIO_EXAMPLES[profile] * space.budget)))
+    return run_scenario_case(space, target, tol, agree, max(1, round(SCENARIO_EXAMPLES[profile] * space.budget)))
 
 
 _EVALUATORS = {"train": _train, "task": _task, "property": _property, "invariant": _invariant,
