@@ -113,10 +113,6 @@ class UnusedAccumDropped(ScratchDDP):
     parameter used only in the no_sync micro-steps of the window counts as unused and
     its accumulated gradient is never averaged (replicas drift apart)."""
 
-    def _used(self, params):
-        fired = {id(p) for p in self._fired}
-        return [id(p) in fired for p in params]
-
     @torch.no_grad()
     def _finish(self):
         fired = {id(p) for p in self._fired}
@@ -136,16 +132,11 @@ class ArrivalOrderPairing(ScratchDDP):
     rank-dependent control flow the replicas' slots hold different parameters, so
     equal-sized parameters are averaged with each other (silently)."""
 
-    @torch.no_grad()
-    def _finish(self):
-        fired = list(self._fired)
-        self._fired_order = fired
-        super()._finish()
-
     def _order(self, params):
-        fired = [p for p in getattr(self, "_fired_order", []) if any(p is q for q in params)]
-        rest = [p for p in params if not any(p is q for q in fired)]
-        return fired + rest
+        live = {id(p) for p in params}
+        fired = [p for p in self._fired if id(p) in live]
+        done = {id(p) for p in fired}
+        return fired + [p for p in params if id(p) not in done]
 
 
 class CachedBufferList(ScratchDDP):
