@@ -57,7 +57,8 @@ def _panel(v: dict) -> str:
 
 
 def _fmt(x, spec=".2e"):
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+    from .report import fmt  # the text table's number format
+    return fmt(x, spec)
 
 
 def _is_mutant(impl: str) -> bool:
