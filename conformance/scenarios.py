@@ -162,6 +162,10 @@ class Scenario:
         used_any = set().union(*[set(p) for pl in plans for p in pl])
         if used_any - used_last:
             parts.append(f"branch(es) {sorted(used_any - used_last)} used only in no_sync micro-steps")
+        per_replica = [set().union(*[set(pl[r]) for pl in plans]) for r in range(len(plans[0]))]
+        partly = sorted(set().union(*per_replica) - set.intersection(*per_replica))
+        if partly:
+            parts.append(f"branch(es) {partly} used by some replicas only")
         if set(BRANCHES) - used_any:
             parts.append(f"globally unused branch(es) {sorted(set(BRANCHES) - used_any)}")
         if self.rebind_buffers:
