@@ -59,6 +59,9 @@ def fail_on(ctx, rank, how="raise", seconds=30.0) -> int:
 FAULTS = ("none", "raise", "exit", "sleep", "skip_collective")
 
 
+EXIT_DELAY_S = 1.0  # how long an ``exit`` fault waits before exiting (s)
+
+
 def fault(ctx, rank, how="raise", at_step=1, steps=3, seconds=600.0) -> int:
     """A training-shaped loop with one injected fault: the kit's fault-injection task.
 
@@ -66,7 +69,7 @@ def fault(ctx, rank, how="raise", at_step=1, steps=3, seconds=600.0) -> int:
     ``ctx.note``), an all-reduce of a ``float32[4 + step]`` tensor (sizes differ
     per step, like a DDP's per-parameter all-reduces), ``ctx.mark_step()``.
     Replica ``rank`` misbehaves in the forward of step ``at_step``, by ``how``:
-    ``raise`` (``ValueError``), ``exit`` (``os._exit(3)``), ``sleep``
+    ``raise`` (``ValueError``), ``exit`` (``os._exit(3)`` after :data:`EXIT_DELAY_S`), ``sleep``
     (``seconds``, i.e. hangs), ``skip_collective`` (skips that step's
     all-reduce), ``none``. Returns the replica's rank.
     """
@@ -79,6 +82,9 @@ def fault(ctx, rank, how="raise", at_step=1, steps=3, seconds=600.0) -> int:
         if faulty and how == "raise":
             raise ValueError(f"injected fault on replica {rank} at step {step}")
         if faulty and how == "exit":
+            # dies once its peers wait in the all-reduce (on PJRT they share its process,
+            # and a peer still in forward would be as much a suspect as the one that exited)
+            time.sleep(EXIT_DELAY_S)
             os._exit(3)
         if faulty and how == "sleep":
             time.sleep(seconds)
