@@ -83,9 +83,12 @@ AGREEMENT = "agreement"
 
 
 def judge(check: Check, replicas: list, ref: dict, tol: Tolerance, *, case: str, impl: str,
-          runtime: str, model: str) -> Verdict:
-    """Compare one run with the reference under ``check``; never raises on a mismatch."""
-    w = len(replicas)
+          runtime: str, model: str, world_size: int | None = None) -> Verdict:
+    """Compare one run with the reference under ``check``; never raises on a mismatch.
+
+    ``world_size``: devices the run was spread over (default: ``len(replicas)``;
+    an SPMD program reports one trajectory for a W-device mesh)."""
+    w = world_size or len(replicas)
     atol, rtol = check.tol(tol)
     actual, expected = check.series(replicas, ref)
     actual = actual.astype(np.float64)

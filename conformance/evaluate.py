@@ -151,6 +151,8 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     try:
         if row.unsupported.get(runtime) and case.kind != "invariant":  # rank bindings need no DDP
             raise Unsupported(row.unsupported[runtime])
+        if case.kind in row.unsupported_kinds:
+            raise Unsupported(row.unsupported_kinds[case.kind])
         verdicts = _EVALUATORS[case.kind](case, impl, runtime, world_size, session, overrides)
     except Unsupported as exc:
         return each("unsupported", exc.reason)
@@ -174,25 +176,26 @@ def _train(case, impl, runtime, w, session, overrides):
     from .impls import resolve_impl
     from .reference import reference_run
     from .tolerances import lookup
+    from .runtimes import world_for
+    row = resolve_impl(impl)
     spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.run, **overrides))
-    reps = session.trajectories(runtime, w, spec)
+    world_runtime, n = world_for(runtime, row.topology.get(runtime), w)
+    reps = session.trajectories(world_runtime, n, spec)
     if reps is None:
         return None
-    ref = reference_run(spec, w, runtime)
+    ref = reference_run(spec, w, world_runtime)  # the quirks of the runtime that ran it
     tol = lookup(runtime, case.model, case.tolerance)
     out = []
-    row = resolve_impl(impl)
     for name in case.checks:
         if name == AGREEMENT and not row.holds_copies:
             out.append(Verdict(case.name, name, impl, runtime, case.model, w, "skip",
-                               reason=f"{impl} shards parameters over replicas (no copies to agree); the kit "
-                                      "reads gathered full tensors"))
+                               reason=f"{impl} {row.no_copies_reason}"))
         elif name == AGREEMENT:
             out.append(judge_agreement(reps, case=case.name, impl=impl, runtime=runtime, model=case.model,
                                        atol=lookup(runtime, case.model, "agreement").atol))
         else:
             out.append(judge(CHECKS[name], reps, ref, tol, case=case.name, impl=impl, runtime=runtime,
-                             model=case.model))
+                             model=case.model, world_size=w))
     return out
 
 

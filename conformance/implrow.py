@@ -44,6 +44,13 @@ class Impl:
             ``register_comm_hook``) -> why the implementation lacks it.
         holds_copies: every replica holds full parameter copies (``False`` for
             sharded parameters, which the kit reads via ``DTensor.full_tensor()``).
+        no_copies_reason: why replica agreement is not checked when
+            ``holds_copies`` is ``False`` (the agreement verdict's reason).
+        topology: runtime name -> the topology its worlds use for this row
+            (:data:`conformance.runtimes.TOPOLOGIES`, e.g. ``"spmd"``: one
+            program over a W-device mesh instead of W replicas).
+        unsupported_kinds: case kind (``task``, ``property``, ``scenario``) ->
+            why the row cannot run cases of that kind.
     """
 
     name: str
@@ -60,6 +67,10 @@ class Impl:
     forward_backward: Callable | None = None
     unsupported_features: dict = field(default_factory=dict)
     holds_copies: bool = True
+    no_copies_reason: str = ("shards parameters over replicas (no copies to agree); the kit reads "
+                             "gathered full tensors")
+    topology: dict = field(default_factory=dict)
+    unsupported_kinds: dict = field(default_factory=dict)
 
 
 def wrap_torch_ddp(module, ctx, kwargs):

@@ -110,7 +110,8 @@ IMPLS = {i.name: i for i in [
 
 def _add_targets():
     from .targets import target_rows
-    for row in target_rows():
+    from .xla_targets import xla_target_rows
+    for row in target_rows() + xla_target_rows():
         IMPLS[row.name] = row
 
 

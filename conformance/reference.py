@@ -25,6 +25,10 @@ QUIRKS = {
     # the biased batch variance (sum / n) where CPU PyTorch uses the unbiased one
     # (sum / (n - 1)); the normalisation itself (biased) and running_mean agree.
     "bn_running_var_biased": "BatchNorm running_var is updated with the biased batch variance",
+    # The same op when SyncBatchNorm runs as XLA's BatchNorm over the global
+    # batch (SPMD: torch.nn.SyncBatchNorm without a process group falls back to it).
+    "sync_bn_running_var_biased": "SyncBatchNorm's running_var is updated with the biased batch "
+                                  "variance (it runs as XLA's BatchNorm)",
 }
 
 
@@ -67,7 +71,8 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
     coupled = MODELS[model].batch_coupled and not sync_bn
     import contextlib
     net = build_model(model, seed=seed)
-    if "bn_running_var_biased" in quirks and not sync_bn:  # SyncBatchNorm is the DDP's own code
+    # SyncBatchNorm is the DDP's own code, except where the runtime's BatchNorm runs it
+    if ("bn_running_var_biased" in quirks and not sync_bn) or ("sync_bn_running_var_biased" in quirks and sync_bn):
         _biased_running_var(net)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
 

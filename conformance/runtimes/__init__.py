@@ -21,16 +21,36 @@ DEFAULTS = {
 }
 
 
+# Topologies an implementation row maps a runtime to (``Impl.topology``); not
+# selectable with --runtime. ``world_for`` names their worlds.
+TOPOLOGIES = {"spmd": "conformance.runtimes.pjrt_spmd:PjrtSpmdRuntime"}
+
+
+def world_for(runtime: str, topology: str | None, world_size: int) -> tuple[str, int]:
+    """``(world runtime name, replica count)`` hosting ``world_size`` devices of
+    ``runtime`` in ``topology`` (``None``: the runtime's own, one replica per device).
+    ``spmd``: one program over a ``world_size``-device mesh, ``("pjrt_spmd:W", 1)``."""
+    if topology is None:
+        return runtime, world_size
+    if topology not in TOPOLOGIES:
+        raise KeyError(f"unknown topology {topology!r}; known: {', '.join(TOPOLOGIES)}")
+    return f"pjrt_{topology}:{world_size}", 1
+
+
 def get_runtime(name: str) -> Runtime:
-    """Return the adapter for runtime ``name``.
+    """Return the adapter for runtime ``name`` (or a topology world, ``pjrt_spmd:W``).
 
     Raises:
         KeyError: unknown runtime (message lists the known ones).
     """
+    base, _, arg = name.partition(":")
+    if base.startswith("pjrt_") and base[len("pjrt_"):] in TOPOLOGIES and arg.isdigit():
+        module, cls = TOPOLOGIES[base[len("pjrt_"):]].split(":")
+        return getattr(importlib.import_module(module), cls)(int(arg))
     if name not in RUNTIMES:
         raise KeyError(f"unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
     module, cls = RUNTIMES[name].split(":")
     return getattr(importlib.import_module(module), cls)()
 
 
-__all__ = ["DEFAULTS", "RUNTIMES", "ReplicaContext", "Runtime", "RuntimeUnavailable", "get_runtime"]
+__all__ = ["DEFAULTS", "RUNTIMES", "TOPOLOGIES", "ReplicaContext", "Runtime", "RuntimeUnavailable", "get_runtime", "world_for"]
