@@ -9,7 +9,11 @@ recipe (PJRT runtime). Added to :data:`conformance.impls.IMPLS` by ``impls``.
   SpmdFullyShardedDataParallel`` on a 1-D ``fsdp`` mesh: parameters sharded
   along it, the batch too.
 
-Both run in the ``spmd`` topology (:mod:`conformance.runtimes.pjrt_spmd`): one
+* ``xla_fsdp`` - ``torch_xla.distributed.fsdp.XlaFullyShardedDataParallel``
+  (FSDPv1, per-replica collectives) in the thread topology: unsupported, with
+  the measured reason :data:`XLA_FSDP_ON_PJRT`.
+
+``xla_spmd`` and ``xla_fsdpv2`` run in the ``spmd`` topology (:mod:`conformance.runtimes.pjrt_spmd`): one
 context trains on the whole global batch, so what DDP semantics mean there is
 declared here as data:
 
@@ -126,6 +130,23 @@ def _spmd_row(name, description, wrap):
                 topology={"pjrt": "spmd"}, unsupported_kinds=UNSUPPORTED_KINDS)
 
 
+# Measured on torch 2.9.0 + torch_xla 2.9.0, W=2, by tests/test_pjrt_runtime.py
+# (test_xla_fsdp_in_threads_aborts), which keeps this text honest.
+XLA_FSDP_ON_PJRT = (
+    "unsupported topology: XlaFullyShardedDataParallel constructs in 1 process x W replica threads, "
+    "but in the first training step the replicas' all-reduces carry different op ids (measured: 3 and "
+    "4, i.e. the replicas compiled different graphs), never meet, and XLA aborts the host (Termination "
+    "timeout for all reduce, 1 of W arrived); XLA's CPU collectives need one graph on every replica")
+
+
+def _wrap_xla_fsdp(module, ctx, kwargs):
+    from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel
+    other = sorted(k for k in kwargs if k not in SPMD_KWARGS)
+    if other:
+        raise TypeError(f"xla_fsdp has no counterpart for keyword(s) {', '.join(other)}")
+    return XlaFullyShardedDataParallel(module, flatten_parameters=False)
+
+
 def xla_target_rows() -> list[Impl]:
     """The PJRT target rows (module docstring)."""
     return [
@@ -133,4 +154,6 @@ def xla_target_rows() -> list[Impl]:
                   "xs.mark_sharding over a 1-D 'data' mesh, parameters replicated", _wrap_spmd),
         _spmd_row("xla_fsdpv2", "torch_xla SpmdFullyShardedDataParallel (FSDPv2) on a 1-D 'fsdp' "
                   "mesh: parameters and batch sharded", _wrap_fsdpv2),
+        Impl("xla_fsdp", "torch_xla XlaFullyShardedDataParallel (FSDPv1) in the thread topology",
+             _wrap_xla_fsdp, unsupported={"pjrt": XLA_FSDP_ON_PJRT, **NOT_ON}, holds_copies=False),
     ]

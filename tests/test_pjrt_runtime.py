@@ -197,6 +197,22 @@ def torch_ddp_xla_url_task(ctx):
     return "constructed"
 
 
+def xla_fsdp_step_task(ctx):
+    """One training step of XlaFullyShardedDataParallel over a Linear, replica shards of 4 rows."""
+    import torch
+
+    from conformance.xla_targets import _wrap_xla_fsdp
+    torch.manual_seed(0)
+    model = _wrap_xla_fsdp(torch.nn.Linear(10, 10).to(ctx.device), ctx, {})
+    ctx.mark_step()  # construction: passes
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 10).to(ctx.device), torch.randn(4, 10).to(ctx.device)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    ctx.mark_step()
+    return "trained"
+
+
 def cpu_reference(steps, global_batch, lr, seed=0):
     import torch
     import torch.nn.functional as F
@@ -434,6 +450,22 @@ def test_torch_ddp_on_pjrt_with_per_thread_xla_url_aborts_the_host():
     finally:
         world.close()
     assert "XLA aborts the host (Termination timeout for all gather" in TORCH_DDP_ON_PJRT
+
+
+@pytest.mark.pjrt
+def test_xla_fsdp_in_threads_aborts():
+    """XlaFullyShardedDataParallel in 1 x W threads: constructs, then the first step's
+    all-reduces never meet and XLA aborts the host (~15 s): IMPLS["xla_fsdp"]'s reason."""
+    from conformance.impls import IMPLS
+    from conformance.xla_targets import XLA_FSDP_ON_PJRT
+    _available(2)
+    world = World("pjrt", 2, timeout=90)
+    try:
+        with pytest.raises(ReplicaDied, match=r"(?s)exited with code -6.*Termination timeout for `all reduce"):
+            world.run(xla_fsdp_step_task)
+    finally:
+        world.close()
+    assert IMPLS["xla_fsdp"].unsupported["pjrt"] == XLA_FSDP_ON_PJRT
 
 
 SPAWN_SCRIPT = textwrap.dedent("""
