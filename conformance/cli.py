@@ -44,6 +44,7 @@ def cmd_run(args) -> int:
     from .report import apply_expected_failures, counts, exit_code, kill_matrix_text, \
         read_expected_failures, verdict_table, write_json
     from .selftest import kill_rows
+    from .verdict import BAD
     from .world import WorldPool
 
     cases = select(split_list(args.only), split_list(args.skip))
@@ -55,9 +56,13 @@ def cmd_run(args) -> int:
             raise UsageError(f"--replica-timeout: need seconds > 0, got {args.replica_timeout:g}")
         os.environ["CONFORMANCE_TIMEOUT"] = str(args.replica_timeout)
     env_launch = args.launcher == "env"
+    if args.exitfirst and env_launch:
+        raise UsageError("--exitfirst: a launcher-built world judges on rank 0 only, so its other "
+                         "processes cannot stop together; drop --exitfirst or use --launcher spawn")
     pool = ExternalPool(targets[0][0]) if env_launch else WorldPool()
     session = Session(pool, profile=args.profile)
     verdicts, kills = [], []
+    stopped = None  # --exitfirst: the verdict that stopped the run
     n_mutant = sum(1 for m in MUTANTS for c in cases if m in c.must_kill) if args.mutants else 0
     bar = _progress(sum(len(impls) * len(cases) + n_mutant for _, _, impls in targets),
                     args.quiet or env_launch)
@@ -66,11 +71,16 @@ def cmd_run(args) -> int:
         for rt, w, impls in targets:
             for impl in impls:
                 for case in cases:
+                    if stopped:
+                        break
                     if bar:
                         bar.set_description(f"{case.name} {impl} {rt} W={w}")
-                    verdicts += evaluate(case, impl, rt, w, session)
+                    got = evaluate(case, impl, rt, w, session)
+                    verdicts += got
                     tick and tick()
-            if args.mutants:
+                    if args.exitfirst:
+                        stopped = next((v for v in got if v.status in BAD and v.id not in expected), None)
+            if args.mutants and not stopped:
                 kills += kill_rows(rt, w, session, cases=cases, progress=tick)
         if bar:
             bar.close()
@@ -84,6 +94,9 @@ def cmd_run(args) -> int:
             from .scenarios import OPTIMIZER_REVEALS
             extra = {"cases": sorted({c.name for c in cases}), "profile": args.profile,
                      "optimizer_fault_kinds": OPTIMIZER_REVEALS}
+            if stopped:
+                extra["stopped_at"] = stopped.id
+                print(f"\nstopped at the first failure (--exitfirst): {stopped.id}; later cases not run")
             if env_launch and pool.world is not None:
                 extra["launch"] = pool.world.launch_info()
             _write_scenarios(args.json, verdicts)
@@ -199,6 +212,8 @@ def build_parser():
     run.add_argument("--replica-timeout", type=float, default=None, metavar="S",
                      help="seconds one task may take on a world (default 120; env CONFORMANCE_TIMEOUT)")
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    run.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first fail or vacuous "
+                     "verdict not listed in --expected-failures (exit 1; later cases are not run)")
     run.add_argument("--json", default="conformance-report.json", help="JSON report path")
     run.add_argument("--launcher", choices=("spawn", "env"), default="spawn",
                      help="spawn: start the world's processes here (default); env: this process is one "
