@@ -127,14 +127,16 @@ def _shape(t) -> str:
 class RecordingCollectives:
     """Wraps a :class:`ddp_impl.collectives.Collectives`; records each call in ``progress``.
 
-    Same methods and attributes as the wrapped object (``sync`` only when it
-    has one); the record costs one small JSON write per call.
+    Same methods and attributes as the wrapped object (``sync`` and
+    ``all_reduce_many`` only when it has them); the record costs one small JSON write per call.
     """
 
     def __init__(self, inner, progress: Progress):
         self._inner, self._progress = inner, progress
         if getattr(inner, "sync", None) is not None:
             self.sync = self._recorded("sync", inner.sync)
+        if getattr(inner, "all_reduce_many", None) is not None:
+            self.all_reduce_many = self._recorded("all_reduce_many", inner.all_reduce_many)
 
     def _recorded(self, name, method, describe=None):
         def call(*args, **kwargs):

@@ -70,9 +70,9 @@ class LastParamUnsynced(RefDDP):
     @torch.no_grad()
     def _reduce_bucket(self, bucket):
         last = list(self.module.parameters())[-1]
-        for p, slot in zip(bucket.params, bucket.slots):
-            if p is last:  # its local gradient, before the bucket is reduced in place
-                self._last_local = slot.clone()
+        for p, g in zip(bucket.params, bucket.grads):
+            if p is last:  # its local gradient, before the bucket is reduced
+                self._last_local = g.clone()
         return super()._reduce_bucket(bucket)
 
     def _set_grad(self, param, reduced):

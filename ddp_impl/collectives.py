@@ -42,6 +42,9 @@ class Collectives(Protocol):
     # Optional: ``sync()`` runs pending (lazy) collectives so their results can be
     # read on the host; implementations whose collectives are eager omit it
     # (:class:`ddp_impl.xla.XlaCollectives` has it: a step sync).
+    # Optional: ``all_reduce_many(tensors, *, scale=1.0) -> list`` returns each
+    # tensor summed over replicas and scaled, as new tensors; the reference DDP then
+    # reduces a bucket as that list instead of packing a flat buffer (lazy XLA).
     # Optional: ``all_reduce_async_(tensor, *, scale=1.0)`` starts the same
     # all-reduce and returns a handle whose ``wait()`` completes it (sum, then
     # scale) and returns ``tensor``; the tensor must not be touched before. Without

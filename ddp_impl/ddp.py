@@ -9,7 +9,9 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
 * parameters that require grad are split into *buckets* at construction (see
   :func:`assign_buckets`), never rebuilt: the same on every replica;
 * a gradient's post-accumulate-grad hook marks it ready; a complete bucket is
-  packed into its flat buffer and all-reduced asynchronously, but bucket ``i``
+  packed into its flat buffer and all-reduced asynchronously (or, where the
+  collectives offer ``all_reduce_many`` - lazy XLA - reduced as a list of
+  gradients, without the flat copy: see :meth:`DistributedDataParallel._pack`), but bucket ``i``
   only after buckets ``0..i-1`` (a fixed order on every replica even when hooks
   fire in a rank-dependent order). At the end of backward every handle is
   waited for and each ``.grad`` written from its bucket: the sum over replicas
@@ -60,13 +62,16 @@ FIRST_BUCKET_BYTES = MB  # upstream's torch.distributed._DEFAULT_FIRST_BUCKET_BY
 @dataclass
 class Bucket:
     """One gradient bucket: ``params`` share the 1-D ``flat`` buffer (their
-    dtype and device); ``slots[j]`` is the view of ``flat`` shaped like
-    ``params[j]``; ``index`` is the launch position (0 first)."""
+    dtype and device; ``None`` when the bucket is reduced as a list);
+    ``slots[j]`` is the view of ``flat`` shaped like ``params[j]``; ``grads``
+    is what the all-reduce reduces and backward's end writes back (the slots,
+    or the gradients themselves); ``index`` is the launch position (0 first)."""
 
     index: int
     params: list
-    flat: torch.Tensor
+    flat: torch.Tensor | None
     slots: list = field(default_factory=list)
+    grads: list = field(default_factory=list)
 
 
 def assign_buckets(params, cap_bytes: float, first_cap_bytes: float) -> list[list]:
@@ -146,11 +151,17 @@ class DistributedDataParallel(nn.Module):
         self._sync_module_states()  # first: a mutant may replace parameter objects
         cap = (DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * MB
         params = [p for p in self.module.parameters() if p.requires_grad]
+        # Lazy XLA: packing into a flat buffer and copying back cost more than the
+        # collective (measured: 0.67x xla_recipe flat, 1.19x as a list; benchmarks/README.md).
+        self._as_list = hasattr(collectives, "all_reduce_many") and not gradient_as_bucket_view
         self._buckets = []
         for i, ps in enumerate(assign_buckets(params, cap, FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap)):
+            if self._as_list:
+                self._buckets.append(Bucket(i, ps, None))
+                continue
             flat = torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
             slots = [s.view_as(p) for s, p in zip(flat.split([p.numel() for p in ps]), ps)]
-            self._buckets.append(Bucket(i, ps, flat, slots))
+            self._buckets.append(Bucket(i, ps, flat, slots, slots))
         self._bucket_of = {id(p): b.index for b in self._buckets for p in b.params}
         self._names = {id(p): n for n, p in self.module.named_parameters()}
         self._reset()
@@ -179,8 +190,11 @@ class DistributedDataParallel(nn.Module):
             self.collectives.broadcast_(b, src=0)
 
     def _reduce_bucket(self, bucket: Bucket):
-        """Start the all-reduce of ``bucket.flat`` (sum, then ``_grad_scale()``);
+        """Start the all-reduce of ``bucket.grads`` (sum, then ``_grad_scale()``);
         return a handle whose ``wait()`` completes it (or ``None``: nothing to wait)."""
+        if bucket.flat is None:  # as a list: new tensors (lazy, nothing to wait for)
+            bucket.grads = self.collectives.all_reduce_many(bucket.grads, scale=self._grad_scale())
+            return None
         return all_reduce_async(self.collectives, bucket.flat, scale=self._grad_scale())
 
     def _launch_ready(self, final: bool = False) -> None:
@@ -195,7 +209,7 @@ class DistributedDataParallel(nn.Module):
     def _set_grad(self, param: nn.Parameter, reduced: torch.Tensor) -> None:
         """Make ``param.grad`` hold ``reduced`` (shaped like ``param``: the
         replica mean), as a bucket view with ``gradient_as_bucket_view``."""
-        if self.gradient_as_bucket_view:
+        if self.gradient_as_bucket_view or self._as_list:  # a view, or a new tensor already
             param.grad = reduced
         elif param.grad is None or self.find_unused_parameters:
             # A new tensor whether or not this replica held a gradient: the same
@@ -206,10 +220,13 @@ class DistributedDataParallel(nn.Module):
 
     # --- backward --------------------------------------------------------
     def _pack(self, bucket: Bucket) -> None:
-        """Copy the bucket's gradients into ``bucket.flat`` (one ``cat``; XLA: no
-        chain of slice writes). Bucket views are there already; a ``None``
-        gradient (no replica used it) packs as zeros."""
+        """Copy the bucket's gradients into ``bucket.flat`` (one ``cat``). Bucket
+        views are there already; a ``None`` gradient (no replica used it) packs as
+        zeros. A list bucket only collects its gradients in ``bucket.grads``."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
+        if bucket.flat is None:
+            bucket.grads = grads
+            return
         if not any(g is s for g, s in zip(grads, bucket.slots)):
             torch.cat([g.reshape(-1) for g in grads], out=bucket.flat)
             return
@@ -247,7 +264,7 @@ class DistributedDataParallel(nn.Module):
         the collective per replica outside the step lock (``ddp_impl.xla``)."""
         used = torch.tensor([float(u) for u in used])
         self._sync()
-        used = self.collectives.all_reduce_(used.to(self._buckets[0].flat.device))
+        used = self.collectives.all_reduce_(used.to(params[0].device))
         self._sync()
         return used.cpu().tolist()
 
@@ -287,9 +304,9 @@ class DistributedDataParallel(nn.Module):
             self._launch_ready(final=True)
             self._wait_all()
             for b in self._buckets:
-                for p, slot in zip(b.params, b.slots):
+                for p, g in zip(b.params, b.grads):
                     if id(p) not in skip:
-                        self._set_grad(p, slot)
+                        self._set_grad(p, g)
         finally:
             self._reset()
 

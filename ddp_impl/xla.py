@@ -280,6 +280,9 @@ class XlaCollectives:
       it only applies the scale (``xm.all_reduce`` returns early and would
       ignore it).
     * ``all_reduce_async_``: the same, returning an already-complete handle.
+    * ``all_reduce_many``: the functional all-reduce of each of a list of
+      tensors, returning new tensors (the reference DDP reduces a bucket so,
+      without packing a flat buffer).
     * ``all_gather``: a real XLA all-gather (``pin_layout=False``; the pinned
       variant pads by the Python ordinal, which makes graphs differ per
       replica), split into one tensor per rank. Values are copied, not summed:
@@ -340,6 +343,18 @@ class XlaCollectives:
         with torch.no_grad():
             tensor.copy_(reduced)
         return tensor
+
+    def all_reduce_many(self, tensors, *, scale=1.0):
+        """Sum each of ``tensors`` over replicas, then scale; returns new tensors
+        (functional ``xm.all_reduce`` per tensor, so a view's value is never lost;
+        the inputs are left as they were). Lazy: one graph with the step's."""
+        import torch_xla.core.xla_model as xm
+        for t in tensors:
+            self._check(t, "all_reduce_many")
+        if self.world_size == 1:
+            return [t * scale if scale != 1.0 else t.clone() for t in tensors]
+        return [xm.all_reduce(xm.REDUCE_SUM, t, scale=float(scale), pin_layout=self.pin_layout)
+                for t in tensors]
 
     def all_reduce_async_(self, tensor, *, scale=1.0):
         """:meth:`all_reduce_`, recorded lazily like every XLA op; the handle it
