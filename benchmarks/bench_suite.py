@@ -115,9 +115,11 @@ def worker_memory(runtime: str, world_size: int) -> dict:
         hosts = [] if world is None else [
             {"host": i, "pid": pid, "peak_rss_mib": peak_rss_mib(pid), "rss_mib": rss_mib(pid)}
             for i, pid in enumerate(world.pids())]
-        return {"cases": sorted({v.case for v in verdicts}), "counts": counts(verdicts),
+        return {"cases": sorted({v.case for v in verdicts}),
+                "counts": {s: n for s, n in counts(verdicts).items() if n},
                 "seconds": round(seconds, 1), "world_restarted": bool(world and world.broken),
-                "hosts": hosts, "parent_peak_rss_mib": peak_rss_mib(os.getpid()), "environment": environment()}
+                "hosts": hosts, "parent_peak_rss_mib": peak_rss_mib(os.getpid()),
+                "parent_rss_mib": rss_mib(os.getpid()), "environment": environment()}
     finally:
         session.close()
 
@@ -175,7 +177,9 @@ def measure(label: str, cmd: list, timeout: float, shown: list) -> tuple[dict, d
 
 
 def fail_text(raw: dict, what: str) -> str:
-    return raw["error"] or f"{what}; exit {raw['exit_code']}; stderr: {_tail(raw['stderr'])}"
+    """Why a measurement gave no result; the checkout's path is shortened (the JSON is committed)."""
+    text = raw["error"] or f"{what}; exit {raw['exit_code']}; stderr: {_tail(raw['stderr'])}"
+    return text.replace(ROOT + os.sep, "")
 
 
 def part_cli(args, pythons, tmp) -> list:
@@ -323,7 +327,8 @@ def summary_table(doc: dict) -> str:
                       f"{r.get('completed')} reps in {r.get('sweep_seconds')} s; {res}" if res else "-",
                       r.get("error")))
     w = [max(len(x[i]) for x in lines) if lines else 0 for i in range(2)]
-    return "\n".join(f"{a.ljust(w[0])}  {b.ljust(w[1])}  " + (f"ERROR: {e}" if e else c) for a, b, c, e in lines)
+    return "\n".join(f"{a.ljust(w[0])}  {b.ljust(w[1])}  " + (f"ERROR: {e.splitlines()[-1]}" if e else c)
+                     for a, b, c, e in lines)
 
 
 def main(argv=None) -> int:
