@@ -53,4 +53,5 @@ def get_runtime(name: str) -> Runtime:
     return getattr(importlib.import_module(module), cls)()
 
 
-__all__ = ["DEFAULTS", "RUNTIMES", "TOPOLOGIES", "ReplicaContext", "Runtime", "RuntimeUnavailable", "get_runtime", "world_for"]
+__all__ = ["DEFAULTS", "RUNTIMES", "TOPOLOGIES", "ReplicaContext", "Runtime", "RuntimeUnavailable",
+           "get_runtime", "world_for"]
