@@ -48,6 +48,9 @@ def cmd_run(args) -> int:
     from .world import WorldPool
 
     cases = select(split_list(args.only), split_list(args.skip))
+    if args.exitfirst and args.launcher == "env":
+        raise UsageError("--exitfirst: a launcher-built world judges on rank 0 only, so its other "
+                         "processes cannot stop together; drop --exitfirst or use --launcher spawn")
     targets = parse_targets(args.runtime, args.world_size, args.ddp, args.launcher)
     profile_examples(args.profile)  # validates the name
     expected = read_expected_failures(args.expected_failures) if args.expected_failures else set()
@@ -56,9 +59,6 @@ def cmd_run(args) -> int:
             raise UsageError(f"--replica-timeout: need seconds > 0, got {args.replica_timeout:g}")
         os.environ["CONFORMANCE_TIMEOUT"] = str(args.replica_timeout)
     env_launch = args.launcher == "env"
-    if args.exitfirst and env_launch:
-        raise UsageError("--exitfirst: a launcher-built world judges on rank 0 only, so its other "
-                         "processes cannot stop together; drop --exitfirst or use --launcher spawn")
     pool = ExternalPool(targets[0][0]) if env_launch else WorldPool()
     session = Session(pool, profile=args.profile)
     verdicts, kills = [], []

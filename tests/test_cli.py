@@ -30,6 +30,7 @@ def run_cli(*args, cwd=None, timeout=300):
     (["--replica-timeout", "abc"], "invalid float value"),
     (["--replica-timeout", "0"], "need seconds > 0"),
     (["--no-such-flag"], "unrecognized arguments"),
+    (["--exitfirst", "--launcher", "env"], "--exitfirst: a launcher-built world"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     r = run_cli("run", *args)
@@ -53,6 +54,17 @@ def test_run_prints_table_and_writes_json(tmp_path):
 def test_failing_implementation_exits_1(tmp_path):
     r = run_cli("run", "--ddp", "mutant:sum_not_mean", "--only", "parity.linear", "--json", str(tmp_path / "r.json"))
     assert r.returncode == 1 and " fail " in r.stdout
+
+
+def test_exitfirst_stops_after_the_first_failing_case(tmp_path):
+    """sum_not_mean fails parity.linear (the first case of parity,feature): -x stops there."""
+    out = tmp_path / "r.json"
+    r = run_cli("run", "--ddp", "mutant:sum_not_mean", "--only", "parity.linear,parity.mlp", "-x",
+                "--json", str(out))
+    doc = json.loads(out.read_text())
+    assert r.returncode == 1 and "stopped at the first failure" in r.stdout, r.stdout + r.stderr
+    assert {v["case"] for v in doc["verdicts"]} == {"parity.linear"}
+    assert doc["stopped_at"].startswith("parity.linear:")
 
 
 def test_expected_failures_turn_fail_into_xfail_and_warn(tmp_path):
