@@ -32,6 +32,8 @@ declared here as data:
 """
 from __future__ import annotations
 
+import weakref
+
 from .errors import Unsupported
 from .implrow import Impl, torch_sync_bn
 
@@ -85,18 +87,18 @@ def _input_sharding(module, mesh, axis):
         for a in args:
             if isinstance(a, torch.Tensor):
                 xs.mark_sharding(a, mesh, (axis,) + (None,) * (a.dim() - 1))
-                _SEEN[id(mod)] = _sharding(a)
+                _SEEN[mod] = _sharding(a)
     module.register_forward_pre_hook(pre)
 
 
-_SEEN: dict = {}  # id(wrapped module) -> sharding spec of its last input
+_SEEN = weakref.WeakKeyDictionary()  # wrapped module -> sharding spec of its last input
 
 
 def _require_sharded(model, optimizer, ctx):
     """after_backward: refuse a step that ran unsharded (one device doing the
     whole batch would pass parity while testing nothing), and for FSDPv2 a
     parameter left replicated."""
-    spec = _SEEN.get(id(model), "")
+    spec = _SEEN.get(model, "")
     if not spec or "replicated" in spec:
         raise RuntimeError(f"the step's input was not sharded over the mesh (sharding {spec!r})")
     if type(model).__name__ == "SpmdFullyShardedDataParallel":
