@@ -68,8 +68,14 @@ def _wrap_torch_compile(module, ctx, kwargs, user_frame_root=True):
 def _require_compiled(model, optimizer, ctx):
     """after_backward of the compiled rows: a run that compiled no graph (every
     frame skipped, or the recompile limit hit) is eager DDP, so refuse it
-    rather than pass it as compiled."""
+    rather than pass it as compiled. On the compiled-autograd row a backward
+    that did not come through the row's compiled step (a kit task calling
+    forward/backward itself) is unsupported, as the row's eager tasks are."""
     import torch
+    if getattr(model, "_conformance_compiled_autograd", False) and not model.__dict__.pop(
+            "_conformance_stepped", False):
+        # A kit task (the properties) ran forward/backward itself, not the row's step.
+        raise Unsupported(_EAGER_TASKS.format("property"))
     c = torch._dynamo.utils.counters
     if not c["stats"]["unique_graphs"]:
         raise RuntimeError("torch.compile produced no graph: the step ran eagerly")
@@ -102,6 +108,7 @@ def _wrap_compiled_autograd(module, ctx, kwargs):
 
 def _compiled_forward_backward(model, inputs, loss_fn):
     import torch
+    model._conformance_stepped = True  # read (and reset) by _require_compiled
     with torch._dynamo.config.patch(**COMPILED_DDP_CONFIG):
         return model._conformance_step(inputs, loss_fn)
 
@@ -115,8 +122,16 @@ _EAGER_TASKS = ("the kit's {} task runs eager forward/backward; on this row that
 
 # --- composable replicate() ---------------------------------------------------
 
+REPLICATE_ONCE = ("replicate() applies to a module once (torch.distributed._composable.contract: "
+                  "\"Each distinct composable distributed API can only be applied to a module once\"); "
+                  "the task wraps the same module a second time")
+
+
 def _wrap_replicate(module, ctx, kwargs):
+    from torch.distributed._composable.contract import _get_registry
     from torch.distributed._composable.replicate import replicate
+    if "replicate" in (_get_registry(module) or {}):  # every replica sees the same
+        raise Unsupported(REPLICATE_ONCE)
     return replicate(module, **kwargs)
 
 
@@ -134,6 +149,8 @@ FSDP2_LACKS = {
     "join": "fully_shard has no join() (uneven inputs are unsupported)",
     "register_comm_hook": "fully_shard has no DDP comm hooks (register_comm_hook)",
 }
+FSDP2_SCALAR = ("fully_shard doesn't support scalar (0-d) parameters (ValueError: change p to a "
+                "1-D tensor with numel 1), and this module has one")
 FSDP2_NO_BUFFER_BROADCAST = (
     "fully_shard does not broadcast buffers (DDP's broadcast_buffers=True: rank 0's buffers before "
     "every forward), and this module has buffers; with broadcast_buffers=False it runs")
@@ -151,8 +168,11 @@ def _fsdp2_wrap(reshard, mesh_of=_world_mesh, after_shard=None):
     def wrap(module, ctx, kwargs):
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch import nn
         from torch.distributed.fsdp import fully_shard
 
+        if any(p.dim() == 0 for p in module.parameters()):  # before any collective: all ranks alike
+            raise Unsupported(FSDP2_SCALAR)
         broadcast_buffers = kwargs.get("broadcast_buffers", True)
         has_buffers = any(True for _ in module.buffers())
         # fully_shard has no module-state sync (DDP broadcasts rank 0's state at
@@ -164,14 +184,17 @@ def _fsdp2_wrap(reshard, mesh_of=_world_mesh, after_shard=None):
         mesh = mesh_of(ctx)
         # One group per child holding parameters (so reshard_after_forward acts on
         # non-root groups), unless a parameter is shared between children (tied).
+        # fully_shard refuses a ModuleList/ModuleDict without forward: its parameters
+        # stay in the root's group.
+        children = [c for c in module.children()
+                    if type(c).forward is not nn.Module.forward and any(True for _ in c.parameters())]
         owners = {}
-        for child in module.children():
+        for child in children:
             for p in child.parameters():
                 owners.setdefault(id(p), set()).add(id(child))
         if all(len(o) == 1 for o in owners.values()):
-            for child in module.children():
-                if any(True for _ in child.parameters()):
-                    fully_shard(child, mesh=mesh, reshard_after_forward=reshard)
+            for child in children:
+                fully_shard(child, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
         if after_shard is not None:
             after_shard(module)
