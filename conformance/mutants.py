@@ -3,8 +3,9 @@
 Each mutant is the reference DDP (:class:`ddp_impl.DistributedDataParallel`)
 with one seam broken, a torch DDP with one method broken, a correct DDP fed
 the wrong shard, or one of PyTorch's shipped data-parallel paths (the rows of
-``conformance/targets.py``: FSDP2, ZeRO, torch.compile) with one fault. Operators follow real data-parallel bugs (cf. DeepCrime's
-catalogue of DL faults). Which cases must kill a mutant is stated in one place
+``conformance/targets.py``: FSDP2, ZeRO, torch.compile) with one fault.
+Operators follow real data-parallel bugs (cf. DeepCrime's catalogue of DL
+faults). Which cases must kill a mutant is stated in one place
 only: the ``must_kill`` column of the case table (``conformance/cases.py``),
 which checks at import that every mutant here is named by some case.
 """
@@ -274,7 +275,9 @@ def _local_stats_bn_class():
 # Each is a factory of the target's Impl row with one fault built in.
 
 def _fsdp2_no_divide():
-    """fully_shard's gradient divide factor set to 1: the reduce-scatter sums."""
+    """The ``fsdp2`` row with every group's gradient divide factor set to 1
+    (``FSDPModule.set_gradient_divide_factor(1.0)``): the reduce-scatter sums.
+    Upstream's default divides by the data-parallel size W (``ReduceOp.AVG``)."""
     from .targets import fsdp2_row
 
     def divide_by_one(module):
@@ -289,7 +292,9 @@ def _fsdp2_no_divide():
 
 
 def _fsdp2_wrong_mesh():
-    """fully_shard on the wrong dim of a 2-D (dp, tp) mesh."""
+    """The ``fsdp2`` row sharded over the ``tp`` dim of a ``(dp, tp) = (W, 1)``
+    mesh: fully_shard reduce-scatters over the mesh it is given (here a group of
+    one), where the row's mesh spans the data-parallel world."""
     from .targets import fsdp2_row
 
     def tp_dim(ctx):
@@ -299,7 +304,9 @@ def _fsdp2_wrong_mesh():
 
 
 def _zero_no_param_sync():
-    """ZeroRedundancyOptimizer whose post-step parameter broadcast is skipped."""
+    """The ``zero`` row with ``ZeroRedundancyOptimizer._sync_params`` a no-op.
+    Upstream ``step()`` updates this rank's parameter shard, then broadcasts
+    every rank's shard to all ranks (``_sync_params``)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from .targets import zero_row
@@ -311,7 +318,9 @@ def _zero_no_param_sync():
 
 
 def _torch_compile_eager():
-    """torch.compile(DDP(m)) with no user-code root forward: no graph compiled."""
+    """The ``torch_compile`` row without its user-code root forward: for a bare
+    ``torch.nn`` root dynamo compiles no graph (docs/findings.md, finding 2) and
+    the row's no-graph guard (``targets._require_compiled``) must refuse it."""
     from .targets import torch_compile_row
     return torch_compile_row(user_frame_root=False)
 
