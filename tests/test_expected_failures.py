@@ -16,7 +16,8 @@ import pytest
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 EXPECTED = DOCS / "findings" / "expected-failures.txt"
 # conformance.verdict.Verdict.id: <case>:<check>[<impl>-<runtime>-w<W>]
-VERDICT_ID = re.compile(r"^(?P<case>[^:\s]+):(?P<check>[^\[\s]+)\[(?P<impl>\S+)-(?P<runtime>[a-z]+)-w(?P<w>\d+)\]$")
+VERDICT_ID = re.compile(r"^(?P<case>[^:\s]+):(?P<check>[^\[\s]+)"
+                        r"\[(?P<impl>\S+)-(?P<runtime>[a-z]+)-w(?P<w>\d+)\]$")
 
 
 def finding_names(text: str) -> tuple[set, set]:
@@ -45,7 +46,8 @@ def problems(lines, findings_md: str) -> list[str]:
         if case is None:
             out.append(f"line {n}: no case {m['case']!r}")
         elif m["check"] not in case.checks:
-            out.append(f"line {n}: case {case.name} reports no check {m['check']!r} ({', '.join(case.checks)})")
+            out.append(f"line {n}: case {case.name} reports no check {m['check']!r} "
+                       f"({', '.join(case.checks)})")
         if m["impl"] not in IMPLS:
             out.append(f"line {n}: no implementation row {m['impl']!r}")
         if m["runtime"] not in RUNTIMES:
@@ -98,3 +100,18 @@ def test_checker_rejects_a_dead_or_unexplained_line(line, needle):
 ])
 def test_checker_accepts_a_live_explained_line(line):
     assert problems([line], FINDINGS_MD) == []
+
+
+def test_tox_cpu_runs_every_target_row_with_this_file():
+    """`tox -e cpu` passes every row of conformance.targets (a new row is not left out of CI)
+    and this file to the CLI."""
+    import configparser
+
+    from conformance.targets import target_rows
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(DOCS.parent / "tox.ini")
+    run = [ln for ln in tox["testenv:cpu"]["commands"].splitlines() if "-m conformance run" in ln]
+    assert len(run) == 1, run
+    ddp = re.search(r"--ddp (\S+)", run[0])[1].split(",")
+    assert sorted(ddp) == sorted(r.name for r in target_rows())
+    assert f"--expected-failures {EXPECTED.relative_to(DOCS.parent)}" in run[0]
