@@ -130,9 +130,12 @@ def _build() -> dict[str, Case]:
     from . import features as F
     P = ("no_grad_sync", "sum_not_mean", "wrong_count", "no_initial_broadcast", "last_param_unsynced",
          "scale_twice", "stale_gradient", "shard_mixup")
+    # Faults of the shipped paths (conformance/targets.py): parity on a model without buffers
+    # is where every target row runs.
+    T = ("fsdp2_no_divide", "fsdp2_wrong_mesh", "zero_no_param_sync", "torch_compile_eager")
     rows = [
-        _parity("linear", P),
-        _parity("mlp", P + ("clip_local_grad",)),
+        _parity("linear", P + T),
+        _parity("mlp", P + ("clip_local_grad",) + T),
         _parity("batchnorm", P + ("buffers_not_broadcast", "clip_local_grad")),
         _feature_task("state_sync", "replicas built from their own seeds differ before wrapping and hold "
                       "rank 0's parameters and buffers bit-identically after construction", "batchnorm",

@@ -1,9 +1,11 @@
 """The mutant catalog: deliberately broken DDPs every check table must kill.
 
 Each mutant is the reference DDP (:class:`ddp_impl.DistributedDataParallel`)
-with one seam broken, a torch DDP with one method broken, or a correct DDP fed
-the wrong shard. Operators follow real data-parallel bugs (cf. DeepCrime's
-catalogue of DL faults). Which cases must kill a mutant is stated in one place
+with one seam broken, a torch DDP with one method broken, a correct DDP fed
+the wrong shard, or one of PyTorch's shipped data-parallel paths (the rows of
+``conformance/targets.py``: FSDP2, ZeRO, torch.compile) with one fault.
+Operators follow real data-parallel bugs (cf. DeepCrime's catalogue of DL
+faults). Which cases must kill a mutant is stated in one place
 only: the ``must_kill`` column of the case table (``conformance/cases.py``),
 which checks at import that every mutant here is named by some case.
 """
@@ -269,6 +271,60 @@ def _local_stats_bn_class():
     return LocalStatsBN
 
 
+# --- faults of PyTorch's shipped data-parallel paths (conformance/targets.py) ---
+# Each is a factory of the target's Impl row with one fault built in.
+
+def _fsdp2_no_divide():
+    """The ``fsdp2`` row with every group's gradient divide factor set to 1
+    (``FSDPModule.set_gradient_divide_factor(1.0)``): the reduce-scatter sums.
+    Upstream's default divides by the data-parallel size W (``ReduceOp.AVG``)."""
+    from .targets import fsdp2_row
+
+    def divide_by_one(module):
+        from torch.distributed.fsdp import FSDPModule
+        for m in module.modules():
+            if isinstance(m, FSDPModule):
+                m.set_gradient_divide_factor(1.0)
+                # Gloo has no PREMUL_SUM (the op a custom factor selects); the SUM path
+                # applies the same factor after the reduce-scatter (factor None: 1/W).
+                m.set_force_sum_reduction_for_comms(True)
+    return fsdp2_row("fsdp2", True, after_shard=divide_by_one)
+
+
+def _fsdp2_wrong_mesh():
+    """The ``fsdp2`` row sharded over the ``tp`` dim of a ``(dp, tp) = (W, 1)``
+    mesh: fully_shard reduce-scatters over the mesh it is given (here a group of
+    one), where the row's mesh spans the data-parallel world."""
+    from .targets import fsdp2_row
+
+    def tp_dim(ctx):
+        from torch.distributed.device_mesh import init_device_mesh
+        return init_device_mesh("cpu", (ctx.world_size, 1), mesh_dim_names=("dp", "tp"))["tp"]
+    return fsdp2_row("fsdp2", True, mesh_of=tp_dim)
+
+
+def _zero_no_param_sync():
+    """The ``zero`` row with ``ZeroRedundancyOptimizer._sync_params`` a no-op.
+    Upstream ``step()`` updates this rank's parameter shard, then broadcasts
+    every rank's shard to all ranks (``_sync_params``)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from .targets import zero_row
+
+    class ZeroNoParamSync(ZeroRedundancyOptimizer):
+        def _sync_params(self):
+            pass  # each rank keeps the shards it does not own at their old values
+    return zero_row(ZeroNoParamSync)
+
+
+def _torch_compile_eager():
+    """The ``torch_compile`` row without its user-code root forward: for a bare
+    ``torch.nn`` root dynamo compiles no graph (docs/findings.md, finding 2) and
+    the row's no-graph guard (``targets._require_compiled``) must refuse it."""
+    from .targets import torch_compile_row
+    return torch_compile_row(user_frame_root=False)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
@@ -276,7 +332,9 @@ class Mutant:
     ones are constructed without the replica's collectives; ``sync_bn`` is the
     SyncBatchNorm class the mutant converts BatchNorm layers to; ``honours``
     lists torch DDP keywords the mutant implements although the reference
-    ignores them (so cases requiring them run)."""
+    ignores them (so cases requiring them run); ``target`` is a zero-argument
+    factory of a target row (``conformance.targets``) with the fault built in,
+    used instead of ``ddp_class``."""
 
     name: str
     description: str
@@ -286,6 +344,7 @@ class Mutant:
     sync_bn: object = None
     honours: tuple = ()
     unsupported: dict | None = None
+    target: object = None
 
 
 MUTANTS = {m.name: m for m in [
@@ -325,4 +384,20 @@ MUTANTS = {m.name: m for m in [
                         ("cached_buffer_list", S.CachedBufferList), ("replica_drift", S.ReplicaDrift),
                         ("late_desync", S.LateDesync), ("batch_weighted", S.BatchWeighted),
                         ("fp16_allreduce", S.Fp16AllReduce))],
+    # PyTorch's shipped paths (conformance/targets.py), one fault each.
+    Mutant("fsdp2_no_divide", "fully_shard with set_gradient_divide_factor(1.0): the gradient "
+           "reduce-scatter sums instead of averaging (W x the gradient; a divide factor set for a "
+           "pre-scaled loss or another world size).", None, target=_fsdp2_no_divide),
+    Mutant("fsdp2_wrong_mesh", "fully_shard on the size-1 'tp' dim of a (dp, tp) = (W, 1) mesh "
+           "instead of 'dp': gradients are reduced over a group of one, each replica trains on its "
+           "own shard (the wrong-mesh-dim bug of 2-D parallel setups).", None,
+           target=_fsdp2_wrong_mesh),
+    Mutant("zero_no_param_sync", "ZeroRedundancyOptimizer whose step() skips the post-step "
+           "broadcast of parameter shards (_sync_params): each replica updates only the shard it "
+           "owns, so parameters diverge (ZeRO's lost all-gather of updated shards).", None,
+           target=_zero_no_param_sync),
+    Mutant("torch_compile_eager", "torch.compile(DDP(m)) over a bare torch.nn root: dynamo compiles "
+           "no graph and every step runs eagerly (pytorch#140416, docs/findings.md 2); the row's "
+           "no-graph guard must refuse it rather than pass eager DDP as compiled.", None,
+           target=_torch_compile_eager),
 ]}

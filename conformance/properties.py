@@ -379,8 +379,10 @@ def _host(t):
     PJRT (torch_xla 2.9.0, reference DDP) a gradient accumulated under
     ``no_sync`` and then all-reduced in place reads back synced through
     ``p.grad`` (and SGD applies the synced value) but stale - the local
-    accumulated gradient - through ``p.grad.detach()``."""
-    return t.cpu().detach()
+    accumulated gradient - through ``p.grad.detach()``. A DTensor shard (FSDP2)
+    is gathered first (a collective: every replica reads the same tensors)."""
+    from .state import full
+    return full(t).cpu().detach()
 
 
 def _grads(module) -> list:

@@ -5,12 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 
+def full(t):
+    """``t`` as a full tensor: a DTensor shard (FSDP2) is gathered with
+    ``full_tensor()`` - a collective, so every replica must read the same tensors."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def flat_params(module) -> np.ndarray:
     """All parameters of ``module`` concatenated, float32 ``[P]`` on the host
     (full tensors, in ``parameters()`` order, also for DTensor-sharded ones)."""
     import torch
     # Sharded (DTensor) parameters are gathered first: a collective, every replica reads.
-    ps = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in module.parameters()]
+    ps = [full(p) for p in module.parameters()]
     # .cpu() first: on XLA a dtype cast would be a device graph compiled per read.
     return torch.cat([p.detach().cpu().float().reshape(-1) for p in ps]).numpy()
 
@@ -66,12 +72,13 @@ def to_cpu(obj):
 
 
 def flat_optimizer_state(opt, state_dict=None) -> np.ndarray:
-    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64;
+    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64
+    (sharded ones gathered, see :func:`full`);
     from ``state_dict["state"]`` (per parameter index) when a full state dict is given."""
     import torch
     states = opt.state.values() if state_dict is None else [
         state_dict["state"][k] for k in sorted(state_dict["state"])]
-    ts = [v.detach().cpu().double().reshape(-1) for st in states
+    ts = [full(v).detach().cpu().double().reshape(-1) for st in states
           for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
     return torch.cat(ts).numpy() if ts else np.zeros(0)
 

@@ -57,18 +57,25 @@ def _user_frame_root(module):
     return module
 
 
-def _wrap_torch_compile(module, ctx, kwargs):
+def _wrap_torch_compile(module, ctx, kwargs, user_frame_root=True):
     import torch
     _fresh_dynamo()
-    ddp = torch.nn.parallel.DistributedDataParallel(_user_frame_root(module), **kwargs)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        _user_frame_root(module) if user_frame_root else module, **kwargs)
     return torch.compile(ddp)
 
 
 def _require_compiled(model, optimizer, ctx):
     """after_backward of the compiled rows: a run that compiled no graph (every
     frame skipped, or the recompile limit hit) is eager DDP, so refuse it
-    rather than pass it as compiled."""
+    rather than pass it as compiled. On the compiled-autograd row a backward
+    that did not come through the row's compiled step (a kit task calling
+    forward/backward itself) is unsupported, as the row's eager tasks are."""
     import torch
+    if getattr(model, "_conformance_compiled_autograd", False) and not model.__dict__.pop(
+            "_conformance_stepped", False):
+        # A kit task (the properties) ran forward/backward itself, not the row's step.
+        raise Unsupported(_EAGER_TASKS.format("property"))
     c = torch._dynamo.utils.counters
     if not c["stats"]["unique_graphs"]:
         raise RuntimeError("torch.compile produced no graph: the step ran eagerly")
@@ -101,6 +108,7 @@ def _wrap_compiled_autograd(module, ctx, kwargs):
 
 def _compiled_forward_backward(model, inputs, loss_fn):
     import torch
+    model._conformance_stepped = True  # read (and reset) by _require_compiled
     with torch._dynamo.config.patch(**COMPILED_DDP_CONFIG):
         return model._conformance_step(inputs, loss_fn)
 
@@ -114,8 +122,16 @@ _EAGER_TASKS = ("the kit's {} task runs eager forward/backward; on this row that
 
 # --- composable replicate() ---------------------------------------------------
 
+REPLICATE_ONCE = ("replicate() applies to a module once (torch.distributed._composable.contract: "
+                  "\"Each distinct composable distributed API can only be applied to a module once\"); "
+                  "the task wraps the same module a second time")
+
+
 def _wrap_replicate(module, ctx, kwargs):
+    from torch.distributed._composable.contract import _get_registry
     from torch.distributed._composable.replicate import replicate
+    if "replicate" in (_get_registry(module) or {}):  # every replica sees the same
+        raise Unsupported(REPLICATE_ONCE)
     return replicate(module, **kwargs)
 
 
@@ -133,18 +149,30 @@ FSDP2_LACKS = {
     "join": "fully_shard has no join() (uneven inputs are unsupported)",
     "register_comm_hook": "fully_shard has no DDP comm hooks (register_comm_hook)",
 }
+FSDP2_SCALAR = ("fully_shard doesn't support scalar (0-d) parameters (ValueError: change p to a "
+                "1-D tensor with numel 1), and this module has one")
 FSDP2_NO_BUFFER_BROADCAST = (
     "fully_shard does not broadcast buffers (DDP's broadcast_buffers=True: rank 0's buffers before "
     "every forward), and this module has buffers; with broadcast_buffers=False it runs")
 
 
-def _fsdp2_wrap(reshard):
+def _world_mesh(ctx):
+    """FSDP2's data-parallel mesh: 1-D over the whole world."""
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", (ctx.world_size,))
+
+
+def _fsdp2_wrap(reshard, mesh_of=_world_mesh, after_shard=None):
+    """``mesh_of(ctx)`` gives the mesh; ``after_shard(module)`` runs once every
+    group is sharded (both only for mutants: conformance/mutants.py)."""
     def wrap(module, ctx, kwargs):
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch import nn
         from torch.distributed.fsdp import fully_shard
 
+        if any(p.dim() == 0 for p in module.parameters()):  # before any collective: all ranks alike
+            raise Unsupported(FSDP2_SCALAR)
         broadcast_buffers = kwargs.get("broadcast_buffers", True)
         has_buffers = any(True for _ in module.buffers())
         # fully_shard has no module-state sync (DDP broadcasts rank 0's state at
@@ -153,18 +181,23 @@ def _fsdp2_wrap(reshard):
         # broadcast_buffers, as upstream DDP's construction sync.
         full = {k: v.detach().clone() for k, v in module.state_dict().items()
                 if broadcast_buffers or k in dict(module.named_parameters())}
-        mesh = init_device_mesh("cpu", (ctx.world_size,))
+        mesh = mesh_of(ctx)
         # One group per child holding parameters (so reshard_after_forward acts on
         # non-root groups), unless a parameter is shared between children (tied).
+        # fully_shard refuses a ModuleList/ModuleDict without forward: its parameters
+        # stay in the root's group.
+        children = [c for c in module.children()
+                    if type(c).forward is not nn.Module.forward and any(True for _ in c.parameters())]
         owners = {}
-        for child in module.children():
+        for child in children:
             for p in child.parameters():
                 owners.setdefault(id(p), set()).add(id(child))
         if all(len(o) == 1 for o in owners.values()):
-            for child in module.children():
-                if any(True for _ in child.parameters()):
-                    fully_shard(child, mesh=mesh, reshard_after_forward=reshard)
+            for child in children:
+                fully_shard(child, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+        if after_shard is not None:
+            after_shard(module)
         set_model_state_dict(module, full if dist.get_rank() == 0 else {},
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
                                                       strict=bool(broadcast_buffers or not has_buffers)))
@@ -176,11 +209,11 @@ def _fsdp2_wrap(reshard):
 
 # --- ZeroRedundancyOptimizer --------------------------------------------------
 
-def _zero_optimizer(params, run):
+def _zero_optimizer(params, run, zero_class=None):
     import torch
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=run.lr,
-                                   momentum=run.momentum)
+    return (zero_class or ZeroRedundancyOptimizer)(params, optimizer_class=torch.optim.SGD, lr=run.lr,
+                                                   momentum=run.momentum)
 
 
 def _zero_state_dict(opt, ctx):
@@ -196,33 +229,49 @@ def _zero_state_dict(opt, ctx):
     return out
 
 
+def torch_compile_row(user_frame_root=True) -> Impl:
+    """The ``torch_compile`` row (``user_frame_root=False``: without the re-homed
+    root forward, for the catalog's eager-fallback mutant)."""
+    import functools
+    return Impl("torch_compile", "torch.compile(torch.nn.parallel.DistributedDataParallel(m)), default "
+                "optimize_ddp (DDPOptimizer splits graphs at bucket boundaries; C++ reducer); a bare "
+                "torch.nn root gets a user-code forward so dynamo traces it",
+                functools.partial(_wrap_torch_compile, user_frame_root=user_frame_root),
+                after_backward=_require_compiled, sync_batchnorm=torch_sync_bn, unsupported=NOT_ON)
+
+
+def zero_row(zero_class=None) -> Impl:
+    """The ``zero`` row; ``zero_class`` replaces ``ZeroRedundancyOptimizer`` (mutants)."""
+    import functools
+    return Impl("zero", "torch DDP + torch.distributed.optim.ZeroRedundancyOptimizer(SGD); optimizer "
+                "state read after consolidate_state_dict to every rank", wrap_torch_ddp,
+                sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,
+                make_optimizer=functools.partial(_zero_optimizer, zero_class=zero_class),
+                optimizer_state_dict=_zero_state_dict)
+
+
+def fsdp2_row(name, reshard, **wrap_options) -> Impl:
+    """An FSDP2 row; ``wrap_options`` go to :func:`_fsdp2_wrap` (mutants)."""
+    return Impl(name, f"torch.distributed.fsdp.fully_shard(reshard_after_forward={reshard}) per child "
+                "module and root on a 1-D CPU mesh; rank 0's state loaded with set_model_state_dict("
+                "broadcast_from_rank0); parameters read as DTensor.full_tensor()",
+                _fsdp2_wrap(reshard, **wrap_options), sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,
+                holds_copies=False, unsupported_features=dict(FSDP2_LACKS))
+
+
 def target_rows() -> list[Impl]:
     """The rows of this module (see the module docstring)."""
-    _torch_sync_bn, _wrap_torch = torch_sync_bn, wrap_torch_ddp
-    rows = [
-        Impl("torch_compile", "torch.compile(torch.nn.parallel.DistributedDataParallel(m)), default "
-             "optimize_ddp (DDPOptimizer splits graphs at bucket boundaries; C++ reducer); a bare "
-             "torch.nn root gets a user-code forward so dynamo traces it",
-             _wrap_torch_compile, after_backward=_require_compiled, sync_batchnorm=_torch_sync_bn,
-             unsupported=NOT_ON),
+    return [
+        torch_compile_row(),
         Impl("torch_compiled_autograd", "compiled DDP: DDP built with optimize_ddp='python_reducer', "
              "one torch.compile'd forward+loss+backward with compiled_autograd=True",
-             _wrap_compiled_autograd, after_backward=_require_compiled, sync_batchnorm=_torch_sync_bn,
+             _wrap_compiled_autograd, after_backward=_require_compiled, sync_batchnorm=torch_sync_bn,
              unsupported=NOT_ON, forward_backward=_compiled_forward_backward,
              unsupported_features={k: _EAGER_TASKS.format(k) for k in
                                    ("find_unused_parameters", "no_sync", "join")}),
         Impl("replicate", "torch.distributed._composable.replicate(m, **ddp_kwargs)", _wrap_replicate,
-             sync_batchnorm=_torch_sync_bn, unsupported=NOT_ON),
-        Impl("zero", "torch DDP + torch.distributed.optim.ZeroRedundancyOptimizer(SGD); optimizer "
-             "state read after consolidate_state_dict to every rank", _wrap_torch,
-             sync_batchnorm=_torch_sync_bn, unsupported=NOT_ON, make_optimizer=_zero_optimizer,
-             optimizer_state_dict=_zero_state_dict),
+             sync_batchnorm=torch_sync_bn, unsupported=NOT_ON),
+        zero_row(),
+        fsdp2_row("fsdp2", True),
+        fsdp2_row("fsdp2_no_reshard", False),
     ]
-    for reshard, name in ((True, "fsdp2"), (False, "fsdp2_no_reshard")):
-        rows.append(Impl(
-            name, f"torch.distributed.fsdp.fully_shard(reshard_after_forward={reshard}) per child "
-            "module and root on a 1-D CPU mesh; rank 0's state loaded with set_model_state_dict("
-            "broadcast_from_rank0); parameters read as DTensor.full_tensor()",
-            _fsdp2_wrap(reshard), sync_batchnorm=_torch_sync_bn, unsupported=NOT_ON, holds_copies=False,
-            unsupported_features=dict(FSDP2_LACKS)))
-    return rows
