@@ -438,17 +438,23 @@ def test_torch_ddp_on_pjrt_fails_in_constructor():
     assert TORCH_DDP_ON_PJRT.startswith("unsupported topology: DDP() raises IndexError: list index out of range")
 
 
+def _assert_xla_aborts(task, collective):
+    """``task`` on a W=2 world makes XLA abort the host: its ``collective``'s rendezvous
+    never completes (SIGABRT after XLA's termination timeout, ~15 s)."""
+    _available(2)
+    world = World("pjrt", 2, timeout=90)
+    try:
+        with pytest.raises(ReplicaDied, match=rf"(?s)exited with code -6.*Termination timeout for `{collective}"):
+            world.run(task)
+    finally:
+        world.close()
+
+
 @pytest.mark.pjrt
 def test_torch_ddp_on_pjrt_with_per_thread_xla_url_aborts_the_host():
     """The other way to give every thread a group (xla://): XLA aborts the host (~15 s)."""
     from conformance.impls import TORCH_DDP_ON_PJRT
-    _available(2)
-    world = World("pjrt", 2, timeout=90)
-    try:
-        with pytest.raises(ReplicaDied, match=r"(?s)exited with code -6.*Termination timeout for `all gather"):
-            world.run(torch_ddp_xla_url_task)
-    finally:
-        world.close()
+    _assert_xla_aborts(torch_ddp_xla_url_task, "all gather")
     assert "XLA aborts the host (Termination timeout for all gather" in TORCH_DDP_ON_PJRT
 
 
@@ -458,13 +464,7 @@ def test_xla_fsdp_in_threads_aborts():
     all-reduces never meet and XLA aborts the host (~15 s): IMPLS["xla_fsdp"]'s reason."""
     from conformance.impls import IMPLS
     from conformance.xla_targets import XLA_FSDP_ON_PJRT
-    _available(2)
-    world = World("pjrt", 2, timeout=90)
-    try:
-        with pytest.raises(ReplicaDied, match=r"(?s)exited with code -6.*Termination timeout for `all reduce"):
-            world.run(xla_fsdp_step_task)
-    finally:
-        world.close()
+    _assert_xla_aborts(xla_fsdp_step_task, "all reduce")
     assert IMPLS["xla_fsdp"].unsupported["pjrt"] == XLA_FSDP_ON_PJRT
 
 
