@@ -11,6 +11,9 @@ Columns of ``Entry``:
              --ddp <spec>`` exit 1? ``None`` for the correct DDP (expected exit 0). Entries with
              False are xfail(strict=True) in tests/test_outside.py. Baseline before the case
              table and the scenarios: 1/16; measured since: 16/16 (docs in the issue notes).
+             Sharded-reduction rows (ShardedCorrectDDP and q-v, reduce-scatter + all-gather
+             DDPs): 5/6 caught; sharded_predivide_int is bit-exact at W = 2 (caught at W = 3),
+             sharded_floor_tail is caught at W = 2 by the property family only.
   pytest_caught  the same for the pytest face (``catch_rate.py --face pytest``: the parity,
              feature and property modules with ``--ddp <spec> -m cpu -k 'not mutant'``).
              hook_order_pairing is caught there by the unused-parameters feature, whose
@@ -115,6 +118,38 @@ CATALOG = [
           "replica gradients weighted by local batch size instead of an equal average",
           "uneven local batch sizes",
           "https://github.com/pytorch/pytorch/issues/37359", True, False),
+    Entry("sharded_correct", "sharded_correct:ShardedCorrectDDP", "", "",
+          "every check: must pass (gradients reduced by reduce-scatter + all-gather)",
+          "https://pytorch.org/docs/stable/fsdp.html", None),
+    Entry("sharded_floor_tail", "sharded_floor_tail:ShardedFloorTailDDP", "q",
+          "shard length numel // W: the last numel % W elements of a bucket are never reduced "
+          "(local gradient kept)",
+          "bucket numel not divisible by the world size (odd shapes at W=2, most models at W=3)",
+          "https://github.com/NVIDIA/Megatron-LM/issues/561", True),
+    Entry("sharded_own_shard_scale", "sharded_own_shard_scale:ShardedOwnShardScaleDDP", "r",
+          "1/W applied only to the rank's own shard: the other shards are all-gathered unscaled",
+          "any parity check (scale-sensitive optimizer), replica agreement",
+          "constructed", True),
+    Entry("sharded_gather_order", "sharded_gather_order:ShardedGatherOrderDDP", "s",
+          "all-gathered shards placed in the wrong rank order (rank r's shard at (r+1) % W)",
+          "parameter parity (replicas agree with each other)",
+          "https://github.com/pytorch/xla/issues/3824", True),
+    Entry("sharded_partition_accumulates",
+          "sharded_partition_accumulates:ShardedPartitionAccumulatesDDP", "t",
+          "owned gradient partition accumulates across optimizer steps (cleared only by the "
+          "wrapper's zero_grad, not optimizer.zero_grad)",
+          ">= 2 optimizer steps",
+          "https://github.com/deepspeedai/DeepSpeed/pull/856", True),
+    Entry("sharded_predivide_int", "sharded_predivide_int:ShardedPredivideIntDDP", "u",
+          "pre-divide by a power of two f, post-divide by W // f: mean divided by 2 at W=3",
+          "world size not a power of two (W=3); bit-exact at W=2 and W=4",
+          "https://github.com/pytorch/pytorch/pull/80456", False),
+    Entry("sharded_unused_not_written", "sharded_unused_not_written:ShardedUnusedNotWrittenDDP",
+          "v",
+          "gathered mean written only into locally existing grads: a parameter unused here but "
+          "used elsewhere keeps None on this replica",
+          "find_unused_parameters with rank-dependent parameter use",
+          "https://github.com/deepspeedai/DeepSpeed/issues/777", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
