@@ -196,7 +196,7 @@ def build_parser():
     run.add_argument("--runtime", default="cpu", help="comma list: cpu, pjrt, xrt (default cpu)")
     run.add_argument("--ddp", default=None, help="comma list of implementations: torch, ref, "
                      "all (every row that runs on the runtime), mutant:<name>, package.module:Class (default: the runtime's)")
-    run.add_argument("--world-size", default=None, help="comma list of world sizes >= 2 (default 2; "
+    run.add_argument("--world-size", default=None, help="comma list of world sizes >= 2 (default 2,3; "
                      "with --launcher env the launcher's WORLD_SIZE)")
     run.add_argument("--only", default=None, help="comma list of tags: run only cases carrying one "
                      "(a family: parity, feature, property, invariant, scenario; a model; a feature "

@@ -41,7 +41,7 @@ def test_bad_input_one_line_exit_2(args, needle):
 
 def test_run_prints_table_and_writes_json(tmp_path):
     out = tmp_path / "report.json"
-    r = run_cli("run", "--runtime", "cpu", "--ddp", "torch,ref", "--only", "parity.linear",
+    r = run_cli("run", "--runtime", "cpu", "--world-size", "2", "--ddp", "torch,ref", "--only", "parity.linear",
                 "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "param_parity" in r.stdout and "6 pass, 0 fail" in r.stdout
@@ -72,7 +72,7 @@ def test_expected_failures_turn_fail_into_xfail_and_warn(tmp_path):
     xf.write_text("# known gaps\nparity.linear:param_parity[mutant:sum_not_mean-cpu-w2]\n"
                   "parity.linear:agreement[mutant:sum_not_mean-cpu-w2]  # passes: warned\n"
                   "parity.gone:param_parity[mutant:sum_not_mean-cpu-w2]\n")
-    r = run_cli("run", "--ddp", "mutant:sum_not_mean", "--only", "parity.linear", "--expected-failures",
+    r = run_cli("run", "--ddp", "mutant:sum_not_mean", "--world-size", "2", "--only", "parity.linear", "--expected-failures",
                 str(xf), "--json", str(tmp_path / "r.json"))
     # loss_parity still fails (not listed): exit 1; the listed one is xfail
     doc = json.loads((tmp_path / "r.json").read_text())
@@ -89,7 +89,7 @@ def test_unsupported_feature_is_visible_in_the_table(tmp_path):
 
 
 def test_only_and_skip_select_by_tag(tmp_path):
-    r = run_cli("run", "--ddp", "ref", "--only", "properties", "--skip", "property.allreduce_mean,"
+    r = run_cli("run", "--ddp", "ref", "--world-size", "2", "--only", "properties", "--skip", "property.allreduce_mean,"
                 "property.broadcast,property.scale_linearity,property.full_batch_grad,property.rank_permutation",
                 "--json", str(tmp_path / "r.json"))
     assert r.returncode == 0, r.stdout + r.stderr

@@ -95,7 +95,7 @@ def test_replay_reruns_a_scenario(tmp_path):
 
 
 def test_failing_scenario_case_writes_a_replayable_minimal_scenario(tmp_path):
-    r = run_cli("run", "--ddp", "mutant:replica_drift", "--only", "scenario.core", "--quiet", "--json",
+    r = run_cli("run", "--ddp", "mutant:replica_drift", "--world-size", "2", "--only", "scenario.core", "--quiet", "--json",
                 str(tmp_path / "r.json"), cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     doc = json.loads((tmp_path / "r.json").read_text())

@@ -58,7 +58,7 @@ def scratch(tmp_path):
 
 def pytest_in(scratch, *args, timeout=600):
     cwd, env = scratch
-    return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance",
+    return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance", "--conformance-world-size", "2",
                            "-m", "cpu", "-p", "no:cacheprovider", *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -91,6 +91,7 @@ def test_conformance_json_under_xdist(scratch):
     """Each xdist worker hands its verdicts and kill rows to the controller, which writes one file."""
     cwd, env = scratch
     r = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--pyargs", "conformance", "-m", "cpu",
+                        "--conformance-world-size", "2",
                         "-p", "no:cacheprovider", "-q", "--conformance-ddp", "userddp:MyDDP",
                         "--conformance-mutants", "--conformance-only", "parity.linear",
                         "-k", "test_case or no_grad_sync", "--conformance-json", "x.json"],

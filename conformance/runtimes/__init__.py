@@ -15,7 +15,7 @@ RUNTIMES = {"cpu": "conformance.runtimes.cpu:CpuRuntime",
 
 # What a test run covers per runtime unless --world-size / --ddp say otherwise.
 DEFAULTS = {
-    "cpu": {"world_sizes": (2,), "impls": ("torch", "ref")},
+    "cpu": {"world_sizes": (2, 3), "impls": ("torch", "ref")},  # 3: see options.DEFAULT_WORLD_SIZES
     "pjrt": {"world_sizes": (2, 4), "slow_world_sizes": (8,), "impls": ("ref", "xla_recipe", "torch")},
     "xrt": {"world_sizes": (8,), "impls": ("ref",)},
 }

@@ -12,8 +12,10 @@ Columns of ``Entry``:
              False are xfail(strict=True) in tests/test_outside.py. Baseline before the case
              table and the scenarios: 1/16; measured since: 16/16 (docs in the issue notes).
              Sharded-reduction rows (ShardedCorrectDDP and q-v, reduce-scatter + all-gather
-             DDPs): 5/6 caught; sharded_predivide_int is bit-exact at W = 2 (caught at W = 3),
-             sharded_floor_tail is caught at W = 2 by the property family only.
+             DDPs): 5/6 caught at W = 2; sharded_predivide_int is bit-exact at W = 2 and 4, so
+             the main command's default world sizes became 2,3: 6/6 since (predivide: 39 fails,
+             all at W = 3); sharded_floor_tail is caught at W = 2 by the property family only,
+             at W = 3 by parity too.
   pytest_caught  the same for the pytest face (``catch_rate.py --face pytest``: the parity,
              feature and property modules with ``--ddp <spec> -m cpu -k 'not mutant'``).
              hook_order_pairing is caught there by the unused-parameters feature, whose
@@ -143,7 +145,7 @@ CATALOG = [
     Entry("sharded_predivide_int", "sharded_predivide_int:ShardedPredivideIntDDP", "u",
           "pre-divide by a power of two f, post-divide by W // f: mean divided by 2 at W=3",
           "world size not a power of two (W=3); bit-exact at W=2 and W=4",
-          "https://github.com/pytorch/pytorch/pull/80456", False),
+          "https://github.com/pytorch/pytorch/pull/80456", True),
     Entry("sharded_unused_not_written", "sharded_unused_not_written:ShardedUnusedNotWrittenDDP",
           "v",
           "gathered mean written only into locally existing grads: a parameter unused here but "
