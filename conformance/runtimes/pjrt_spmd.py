@@ -75,7 +75,6 @@ class PjrtSpmdRuntime(PjrtRuntime):
         ctx = ReplicaContext(runtime=self.name, rank=0, world_size=1, device=torch.device(str(dev)),
                              collectives=_NoCollectives(), bindings=bindings, mark_step=torch_xla.sync,
                              extra={"mesh_devices": self.devices, "torch_xla_version": torch_xla.__version__})
-        self._ctx = ctx
         return [ctx]
 
     def execute(self, replicas, fn, payload, on_raise=None, task=None, timeout=None):
