@@ -73,6 +73,14 @@ class Impl:
     unsupported_kinds: dict = field(default_factory=dict)
 
 
+def refuse_keywords(row: str, kwargs: dict, accepted) -> None:
+    """The constructor contract for rows without DDP's full signature: a keyword
+    outside ``accepted`` raises ``TypeError`` (the harness reports the case unsupported)."""
+    other = sorted(k for k in kwargs if k not in accepted)
+    if other:
+        raise TypeError(f"{row} has no counterpart for keyword(s) {', '.join(other)}")
+
+
 def wrap_torch_ddp(module, ctx, kwargs):
     """``torch.nn.parallel.DistributedDataParallel(module, **kwargs)``."""
     import torch.nn.parallel

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 
-from .implrow import Impl, ImplSpecError, torch_sync_bn, wrap_torch_ddp
+from .implrow import Impl, ImplSpecError, refuse_keywords, torch_sync_bn, wrap_torch_ddp
 
 # Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
 # group, in the PJRT topology the kit runs (1 process x W replica threads).
@@ -56,9 +56,7 @@ def _xla_broadcast(tensors):
 
 
 def _wrap_xla_recipe(module, ctx, kwargs):
-    other = sorted(k for k in kwargs if k not in XLA_RECIPE_KWARGS)
-    if other:
-        raise TypeError(f"xla_recipe has no counterpart for keyword(s) {', '.join(other)}")
+    refuse_keywords("xla_recipe", kwargs, XLA_RECIPE_KWARGS)
     broadcast_buffers = kwargs.get("broadcast_buffers", True)
     _xla_broadcast(list(module.parameters()) + (list(module.buffers()) if broadcast_buffers else []))
     if broadcast_buffers and any(True for _ in module.buffers()):

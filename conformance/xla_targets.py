@@ -35,7 +35,7 @@ from __future__ import annotations
 import weakref
 
 from .errors import Unsupported
-from .implrow import Impl, torch_sync_bn
+from .implrow import Impl, refuse_keywords, torch_sync_bn
 
 NOT_ON = {"cpu": "needs torch_xla's SPMD (xr.use_spmd) on the PJRT runtime; run it with --runtime pjrt",
           "xrt": "SPMD needs PJRT (torch_xla >= 2.1); XRT has none"}
@@ -57,12 +57,6 @@ def _refuse_local_batchnorm(module):
     for name, m in module.named_modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm):
             raise Unsupported(f"{LOCAL_BN} ({name or 'the model'} is a plain {type(m).__name__})")
-
-
-def _check_kwargs(row, kwargs):
-    other = sorted(k for k in kwargs if k not in SPMD_KWARGS)
-    if other:
-        raise TypeError(f"{row} has no counterpart for keyword(s) {', '.join(other)}")
 
 
 def _mesh(ctx, axis):
@@ -96,19 +90,23 @@ _SEEN = weakref.WeakKeyDictionary()  # wrapped module -> sharding spec of its la
 
 def _require_sharded(model, optimizer, ctx):
     """after_backward: refuse a step that ran unsharded (one device doing the
-    whole batch would pass parity while testing nothing), and for FSDPv2 a
-    parameter left replicated."""
+    whole batch would pass parity while testing nothing)."""
     spec = _SEEN.get(model, "")
     if not spec or "replicated" in spec:
         raise RuntimeError(f"the step's input was not sharded over the mesh (sharding {spec!r})")
-    if type(model).__name__ == "SpmdFullyShardedDataParallel":
-        specs = [_sharding(p) for p in model.parameters() if p.dim() > 1]
-        if not specs or all(not s or "replicated" in s for s in specs):
-            raise RuntimeError(f"FSDPv2 left every parameter replicated (shardings {specs})")
+
+
+def _require_sharded_params(model, optimizer, ctx):
+    """after_backward of FSDPv2: :func:`_require_sharded`, and refuse parameters
+    left replicated (data parallelism, not fully sharded)."""
+    _require_sharded(model, optimizer, ctx)
+    specs = [_sharding(p) for p in model.parameters() if p.dim() > 1]
+    if not specs or all(not s or "replicated" in s for s in specs):
+        raise RuntimeError(f"FSDPv2 left every parameter replicated (shardings {specs})")
 
 
 def _wrap_spmd(module, ctx, kwargs):
-    _check_kwargs("xla_spmd", kwargs)
+    refuse_keywords("xla_spmd", kwargs, SPMD_KWARGS)
     _refuse_local_batchnorm(module)
     mesh = _mesh(ctx, "data")
     _input_sharding(module, mesh, "data")  # parameters stay replicated (the default)
@@ -117,7 +115,7 @@ def _wrap_spmd(module, ctx, kwargs):
 
 def _wrap_fsdpv2(module, ctx, kwargs):
     from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
-    _check_kwargs("xla_fsdpv2", kwargs)
+    refuse_keywords("xla_fsdpv2", kwargs, SPMD_KWARGS)
     _refuse_local_batchnorm(module)
     mesh = _mesh(ctx, "fsdp")
     wrapped = SpmdFullyShardedDataParallel(module, mesh=mesh)
@@ -125,8 +123,8 @@ def _wrap_fsdpv2(module, ctx, kwargs):
     return wrapped
 
 
-def _spmd_row(name, description, wrap):
-    return Impl(name, description, wrap, after_backward=_require_sharded, unsupported=NOT_ON,
+def _spmd_row(name, description, wrap, guard=_require_sharded):
+    return Impl(name, description, wrap, after_backward=guard, unsupported=NOT_ON,
                 sync_batchnorm=torch_sync_bn,
                 ignores=SPMD_IGNORES, holds_copies=False, no_copies_reason=NO_COPIES,
                 topology={"pjrt": "spmd"}, unsupported_kinds=UNSUPPORTED_KINDS)
@@ -143,9 +141,7 @@ XLA_FSDP_ON_PJRT = (
 
 def _wrap_xla_fsdp(module, ctx, kwargs):
     from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel
-    other = sorted(k for k in kwargs if k not in SPMD_KWARGS)
-    if other:
-        raise TypeError(f"xla_fsdp has no counterpart for keyword(s) {', '.join(other)}")
+    refuse_keywords("xla_fsdp", kwargs, SPMD_KWARGS)
     return XlaFullyShardedDataParallel(module, flatten_parameters=False)
 
 
@@ -155,7 +151,7 @@ def xla_target_rows() -> list[Impl]:
         _spmd_row("xla_spmd", "torch_xla SPMD data parallel: xr.use_spmd(), batch sharded with "
                   "xs.mark_sharding over a 1-D 'data' mesh, parameters replicated", _wrap_spmd),
         _spmd_row("xla_fsdpv2", "torch_xla SpmdFullyShardedDataParallel (FSDPv2) on a 1-D 'fsdp' "
-                  "mesh: parameters and batch sharded", _wrap_fsdpv2),
+                  "mesh: parameters and batch sharded", _wrap_fsdpv2, _require_sharded_params),
         Impl("xla_fsdp", "torch_xla XlaFullyShardedDataParallel (FSDPv1) in the thread topology",
              _wrap_xla_fsdp, unsupported={"pjrt": XLA_FSDP_ON_PJRT, **NOT_ON}, holds_copies=False),
     ]

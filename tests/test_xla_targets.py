@@ -34,10 +34,11 @@ def test_spmd_rows_declare_their_semantics(name):
 
 
 def test_spmd_kwargs_refused():
-    from conformance.xla_targets import _check_kwargs
-    _check_kwargs("xla_spmd", {"broadcast_buffers": True, "bucket_cap_mb": 1})
+    from conformance.implrow import refuse_keywords
+    from conformance.xla_targets import SPMD_KWARGS
+    refuse_keywords("xla_spmd", {"broadcast_buffers": True, "bucket_cap_mb": 1}, SPMD_KWARGS)
     with pytest.raises(TypeError, match="process_group"):
-        _check_kwargs("xla_spmd", {"process_group": None})
+        refuse_keywords("xla_spmd", {"process_group": None}, SPMD_KWARGS)
 
 
 def _pjrt(w):

@@ -62,6 +62,16 @@ STARTUP_TIMEOUT_S = 120.0
 _STOP = object()
 
 
+def flushed(fn):
+    """``fn`` followed by ``ctx.mark_step()``: no pending graph leaks into the next task."""
+    def with_flush(ctx, **kw):
+        value = fn(ctx, **kw)
+        ctx.mark_step()
+        return value
+    with_flush.__name__ = getattr(fn, "__name__", "task")
+    return with_flush
+
+
 class _ReplicaThread:
     """A persistent thread bound to one XLA device that runs tasks on request."""
 
@@ -105,12 +115,7 @@ class _ReplicaThread:
                 return
             fn, payload, reply, on_raise, task = item
 
-            def with_flush(ctx, **kw):  # flush leftovers so the next task starts clean
-                value = fn(ctx, **kw)
-                ctx.mark_step()
-                return value
-            with_flush.__name__ = getattr(fn, "__name__", "task")
-            rank, ok, value = run_task(self.ctx, with_flush, payload, on_raise, task)
+            rank, ok, value = run_task(self.ctx, flushed(fn), payload, on_raise, task)
             if not ok:  # also in the host log at once
                 print(f"--- replica {rank} ({self.device}) raised:\n{value['traceback']}",
                       file=sys.stderr, flush=True)

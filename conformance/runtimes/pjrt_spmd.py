@@ -16,8 +16,8 @@ builds it from the name ``pjrt_spmd:<mesh devices>``.
 """
 from __future__ import annotations
 
-from .base import ReplicaContext, RuntimeUnavailable
-from .pjrt import PjrtRuntime
+from .base import ReplicaContext, RuntimeUnavailable, run_task
+from .pjrt import PjrtRuntime, flushed
 
 NAME = "pjrt_spmd"
 
@@ -78,14 +78,7 @@ class PjrtSpmdRuntime(PjrtRuntime):
         return [ctx]
 
     def execute(self, replicas, fn, payload, on_raise=None, task=None, timeout=None):
-        from .base import run_task
-
-        def with_flush(ctx, **kw):
-            value = fn(ctx, **kw)
-            ctx.mark_step()
-            return value
-        with_flush.__name__ = getattr(fn, "__name__", "task")
-        return [run_task(ctx, with_flush, payload, on_raise, task) for ctx in replicas]
+        return [run_task(ctx, flushed(fn), payload, on_raise, task) for ctx in replicas]
 
     def teardown_host(self, replicas):
         pass
