@@ -48,9 +48,12 @@ def cmd_run(args) -> int:
     from .world import WorldPool
 
     cases = select(split_list(args.only), split_list(args.skip))
-    if args.exitfirst and args.launcher == "env":
-        raise UsageError("--exitfirst: a launcher-built world judges on rank 0 only, so its other "
-                         "processes cannot stop together; drop --exitfirst or use --launcher spawn")
+    for flag, on in (("--exitfirst", args.exitfirst), ("--exitfirst-each", args.exitfirst_each)):
+        if on and args.launcher == "env":
+            raise UsageError(f"{flag}: a launcher-built world judges on rank 0 only, so its other "
+                             f"processes cannot stop together; drop {flag} or use --launcher spawn")
+    if args.exitfirst and args.exitfirst_each:
+        raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
     targets = parse_targets(args.runtime, args.world_size, args.ddp, args.launcher)
     profile_examples(args.profile)  # validates the name
     expected = read_expected_failures(args.expected_failures) if args.expected_failures else set()
@@ -63,6 +66,7 @@ def cmd_run(args) -> int:
     session = Session(pool, profile=args.profile)
     verdicts, kills = [], []
     stopped = None  # --exitfirst: the verdict that stopped the run
+    stopped_each = {}  # --exitfirst-each: implementation -> the verdict that stopped it
     n_mutant = sum(1 for m in MUTANTS for c in cases if m in c.must_kill) if args.mutants else 0
     bar = _progress(sum(len(impls) * len(cases) + n_mutant for _, _, impls in targets),
                     args.quiet or env_launch)
@@ -71,15 +75,18 @@ def cmd_run(args) -> int:
         for rt, w, impls in targets:
             for impl in impls:
                 for case in cases:
-                    if stopped:
+                    if stopped or impl in stopped_each:
                         break
                     if bar:
                         bar.set_description(f"{case.name} {impl} {rt} W={w}")
                     got = evaluate(case, impl, rt, w, session)
                     verdicts += got
                     tick and tick()
+                    bad = next((v for v in got if v.status in BAD and v.id not in expected), None)
                     if args.exitfirst:
-                        stopped = next((v for v in got if v.status in BAD and v.id not in expected), None)
+                        stopped = bad
+                    elif args.exitfirst_each and bad:
+                        stopped_each[impl] = bad
             if args.mutants and not stopped:
                 kills += kill_rows(rt, w, session, cases=cases, progress=tick)
         if bar:
@@ -97,6 +104,10 @@ def cmd_run(args) -> int:
             if stopped:
                 extra["stopped_at"] = stopped.id
                 print(f"\nstopped at the first failure (--exitfirst): {stopped.id}; later cases not run")
+            if stopped_each:
+                extra["stopped_at_each"] = {impl: v.id for impl, v in stopped_each.items()}
+                for impl, v in stopped_each.items():
+                    print(f"\n{impl}: stopped at its first failure (--exitfirst-each): {v.id}")
             if env_launch and pool.world is not None:
                 extra["launch"] = pool.world.launch_info()
             _write_scenarios(args.json, verdicts)
@@ -214,6 +225,9 @@ def build_parser():
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     run.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first fail or vacuous "
                      "verdict not listed in --expected-failures (exit 1; later cases are not run)")
+    run.add_argument("--exitfirst-each", action="store_true", help="stop each implementation at its "
+                     "first fail or vacuous verdict not listed in --expected-failures and go on with "
+                     "the next (a sweep over many DDPs: one world, shared reference runs; exit 1)")
     run.add_argument("--json", default="conformance-report.json", help="JSON report path")
     run.add_argument("--launcher", choices=("spawn", "env"), default="spawn",
                      help="spawn: start the world's processes here (default); env: this process is one "

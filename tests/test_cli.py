@@ -31,6 +31,8 @@ def run_cli(*args, cwd=None, timeout=300):
     (["--replica-timeout", "0"], "need seconds > 0"),
     (["--no-such-flag"], "unrecognized arguments"),
     (["--exitfirst", "--launcher", "env"], "--exitfirst: a launcher-built world"),
+    (["--exitfirst-each", "--launcher", "env"], "--exitfirst-each: a launcher-built world"),
+    (["--exitfirst", "--exitfirst-each"], "pick one"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     r = run_cli("run", *args)
@@ -51,13 +53,25 @@ def test_run_prints_table_and_writes_json(tmp_path):
                         for i in ("torch", "ref")}
 
 
-def test_failing_implementation_exits_1(tmp_path):
-    r = run_cli("run", "--ddp", "mutant:sum_not_mean", "--only", "parity.linear", "--json", str(tmp_path / "r.json"))
-    assert r.returncode == 1 and " fail " in r.stdout
+def test_exitfirst_each_stops_each_implementation_at_its_first_failure(tmp_path):
+    """Two DDPs in one run: the mutant stops at parity.linear (W=2, so W=3 is not run for it
+    either), the reference runs every selected case at both world sizes."""
+    out = tmp_path / "r.json"
+    r = run_cli("run", "--ddp", "mutant:sum_not_mean,ref", "--world-size", "2,3",
+                "--only", "parity.linear,parity.mlp", "--exitfirst-each", "--quiet", "--json", str(out))
+    assert " fail " in r.stdout  # a failing implementation: exit 1 and fail rows in the table
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    ran = {(v["impl"], v["case"], v["world_size"]) for v in doc["verdicts"]}
+    assert {(c, w) for i, c, w in ran if i == "mutant:sum_not_mean"} == {("parity.linear", 2)}
+    assert {(c, w) for i, c, w in ran if i == "ref"} == {(c, w) for c in ("parity.linear", "parity.mlp")
+                                                         for w in (2, 3)}
+    assert list(doc["stopped_at_each"]) == ["mutant:sum_not_mean"]
+    assert doc["stopped_at_each"]["mutant:sum_not_mean"].startswith("parity.linear:")
 
 
 def test_exitfirst_stops_after_the_first_failing_case(tmp_path):
-    """sum_not_mean fails parity.linear (the first case of parity,feature): -x stops there."""
+    """sum_not_mean fails parity.linear (the first selected case): -x stops there, exit 1."""
     out = tmp_path / "r.json"
     r = run_cli("run", "--ddp", "mutant:sum_not_mean", "--only", "parity.linear,parity.mlp", "-x",
                 "--json", str(out))

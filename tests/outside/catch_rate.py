@@ -11,6 +11,7 @@ Catch rate = faulty entries that exit 1 / faulty entries; ``correct_passed`` = C
 Exit code: 0 when CorrectDDP passed (or was not run) and every run finished, 1 otherwise; the
 catch rate itself never fails the script (it is a measurement).
 
+  python tests/outside/catch_rate.py --together   # one run, --exitfirst-each: where each is caught
   python tests/outside/catch_rate.py [--face main|pytest] [--only a,b] [--timeout 600]
       [--extra-args "--world-size 2,4"] [--out tests/outside/results/catch_rate.json]
 """
@@ -103,6 +104,43 @@ def measure(entry, face, timeout_s, extra, pytest_args):
     }
 
 
+BAD_STATUSES = ("fail", "vacuous")
+
+
+def measure_together(entries, timeout_s, extra):
+    """One main command over every entry (``--ddp a,b,... --exitfirst-each``): one world per
+    world size and the reference runs shared, each DDP stopped at its first failure. Returns
+    ``(per-entry dicts as measure()'s, with exit_code 1 when that DDP got a fail/vacuous
+    verdict and 0 otherwise, or None for every entry when the run gave no report; the run's
+    dict: exit_code, wall_s, stderr_tail)``."""
+    with tempfile.TemporaryDirectory(prefix="outside-") as tmp:
+        json_path = os.path.join(tmp, "run.json")
+        cmd = main_command(",".join(e.ddp for e in entries), json_path,
+                           ["--exitfirst-each", "--quiet"] + extra)
+        rc, out, err, wall = run_bounded(cmd, timeout_s)
+        try:
+            doc = json.loads(Path(json_path).read_text())
+        except (OSError, ValueError):
+            doc = {}
+        verdicts = doc.get("verdicts")
+        stopped = doc.get("stopped_at_each", {})
+    run = {"exit_code": rc, "wall_s": wall, "timed_out": rc is None,
+           "stderr_tail": err.strip().splitlines()[-5:] if rc not in (0, 1) else []}
+    results = []
+    for e in entries:
+        mine = [v for v in verdicts or () if v.get("impl") == e.ddp]
+        bad = [v for v in mine if v.get("status") in BAD_STATUSES]
+        code = None if verdicts is None else int(bool(bad))
+        expected = 1 if e.faulty else 0
+        results.append({
+            "name": e.name, "ddp": e.ddp, "exit_code": code, "expected_exit": expected,
+            "as_expected": code == expected, "verdicts": len(mine),
+            "stopped_at": stopped.get(e.ddp),
+            "failing": [f"{v.get('id')} {v.get('status')} {v.get('reason', '')}"[:300]
+                        for v in bad[:FAILED_LINES_KEPT]]})
+    return results, run
+
+
 def summarize(results, face, args):
     faulty = [r for r in results if r["expected_exit"] == 1]
     caught = [r for r in faulty if r["exit_code"] == 1]
@@ -125,6 +163,10 @@ def main(argv=None):
     ap.add_argument("--extra-args", default="", help="appended to every command")
     ap.add_argument("--pytest-args", default=" ".join(shlex.quote(a) for a in PYTEST_DEFAULT_ARGS),
                     help="pytest face only: replaces the default selection args")
+    ap.add_argument("--together", action="store_true",
+                    help="main face: one run over every selected entry (--exitfirst-each), printing "
+                    "where each faulty one was stopped (catalog.CAUGHT_BY); exit 1 unless each "
+                    "faulty entry is caught and each correct one passes")
     ap.add_argument("--out", default=str(REPO / "tests/outside/results/catch_rate.json"))
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
@@ -133,6 +175,13 @@ def main(argv=None):
         print(f"error: unknown catalog names {unknown}", file=sys.stderr)
         return 2
     entries = [BY_NAME[n] for n in names] if names else CATALOG
+    if args.together:
+        results, run = measure_together(entries, args.timeout, shlex.split(args.extra_args))
+        for r in results:
+            print(f"{r['name']:30s} {'ok' if r['as_expected'] else 'WRONG'} "
+                  f"stopped_at={r['stopped_at']}", flush=True)
+        print(f"one run: exit {run['exit_code']}, {run['wall_s']} s {run['stderr_tail']}")
+        return 0 if all(r["as_expected"] for r in results) else 1
     results = []
     for e in entries:
         r = measure(e, args.face, args.timeout, shlex.split(args.extra_args),
