@@ -121,7 +121,9 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
 
     ``overrides`` change the run of ``train`` cases (``seed``, ``lr``, ``steps``:
     calibration and flakiness sweeps); for a ``scenario`` case, ``scenario=``
-    (a :class:`~conformance.scenarios.Scenario`) runs that one scenario only. Returns one verdict per ``case.checks``
+    (a :class:`~conformance.scenarios.Scenario`) runs that one scenario only; ``shrink=False``
+    reports a failing property or scenario search as found, not shrunk to a minimal
+    counterexample (the kill matrix only needs to know that it fails). Returns one verdict per ``case.checks``
     entry (``[]`` on a non-root process of a launcher-built world).
 
     Raises:
@@ -130,6 +132,9 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     from .impls import resolve_impl
     from .runtimes import RuntimeUnavailable, get_runtime
     session = session or default_session()
+    shrink = overrides.pop("shrink", True)
+    if case.kind in ("property", "scenario"):
+        overrides["shrink"] = shrink
     row = resolve_impl(impl)
     model = case.model
 
@@ -212,7 +217,7 @@ def _task(case, impl, runtime, w, session, overrides):
 def _property(case, impl, runtime, w, session, overrides):
     from .property_cases import Target, profile_examples, run_property
     target = Target(lambda fn, **p: session.run(runtime, w, fn, **p), runtime, w, impl)
-    fields = run_property(case.prop, target, profile_examples(session.profile))
+    fields = run_property(case.prop, target, profile_examples(session.profile), overrides.get("shrink", True))
     return [Verdict(case.name, "property", impl, runtime, case.model, w, **fields)]
 
 
@@ -249,7 +254,8 @@ def _scenario(case, impl, runtime, w, session, overrides):
     space = Space(**case.args.get("space", {}))
     if get_runtime(runtime).uniform_graphs:
         space = replace(space, rank_uniform=True)
-    return run_scenario_case(space, target, tol, agree, max(1, round(SCENARIO_EXAMPLES[profile] * space.budget)))
+    return run_scenario_case(space, target, tol, agree, max(1, round(SCENARIO_EXAMPLES[profile] * space.budget)),
+                             overrides.get("shrink", True))
 
 
 _EVALUATORS = {"train": _train, "task": _task, "property": _property, "invariant": _invariant,

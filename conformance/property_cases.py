@@ -57,13 +57,15 @@ def profile_examples(name: str | None = None) -> int:
     return PROFILES[profile_name(name)]
 
 
-def kit_settings(max_examples: int):
+def kit_settings(max_examples: int, shrink: bool = True):
     """The Hypothesis settings of every kit search (properties and scenarios), applied per
     test so no global profile changes: derandomized, no example database, no deadline,
-    shrinking on, the explain phase off (it reruns failing examples for nothing we report)."""
+    shrinking on unless ``shrink`` is false (the kill matrix only asks whether a search
+    fails), the explain phase off (it reruns failing examples for nothing we report)."""
     from hypothesis import HealthCheck, Phase, settings
+    off = {Phase.explain} | (set() if shrink else {Phase.shrink})
     return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-                    print_blob=True, phases=[p for p in Phase if p != Phase.explain],
+                    print_blob=True, phases=[p for p in Phase if p not in off],
                     suppress_health_check=list(HealthCheck))
 
 
@@ -185,8 +187,9 @@ PROPERTY_NAMES = ("allreduce_mean", "full_batch_grad", "rank_permutation", "broa
                   "no_sync_accumulation", "scale_linearity")
 
 
-def run_property(name: str, target: Target, max_examples: int) -> dict:
-    """Run property ``name`` on ``target`` with ``max_examples`` examples.
+def run_property(name: str, target: Target, max_examples: int, shrink: bool = True) -> dict:
+    """Run property ``name`` on ``target`` with ``max_examples`` examples (a failing
+    example shrunk to a minimal counterexample unless ``shrink`` is false).
 
     Returns verdict fields: ``status`` (``pass``/``fail``/``vacuous``),
     ``max_dev``, ``atol`` (the bound at the worst element), ``margin``,
@@ -197,7 +200,7 @@ def run_property(name: str, target: Target, max_examples: int) -> dict:
     """
     from .properties import Measure
     measure = Measure()
-    test = kit_settings(max_examples)(_props()[name](target, measure))
+    test = kit_settings(max_examples, shrink)(_props()[name](target, measure))
     try:
         test()
     except Exception as exc:

@@ -591,10 +591,11 @@ def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
 SCENARIO_CHECKS = ("params", "buffers", "optimizer_state", "agreement")
 
 
-def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_examples: int) -> list:
+def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_examples: int,
+                      shrink: bool = True) -> list:
     """Run the explicit scenarios, then ``max_examples`` generated ones, on ``target``
     (a :class:`conformance.property_cases.Target`); Hypothesis shrinks a failing
-    scenario to a minimal one.
+    scenario to a minimal one (unless ``shrink`` is false: the first failing one).
 
     Returns one :class:`~conformance.verdict.Verdict` per :data:`SCENARIO_CHECKS`
     (case fields filled by the caller): on a pass, the worst deviation over all
@@ -630,7 +631,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
 
     # Generated scenarios first (a failure is shrunk to a minimal scenario), then the
     # explicit ones (deterministic coverage of every dimension; reported as they are).
-    test = kit_settings(max_examples)(given(sc=scenarios(target.world_size, space))(check))
+    test = kit_settings(max_examples, shrink)(given(sc=scenarios(target.world_size, space))(check))
 
     def explicit():
         for e in explicit_scenarios(target.world_size, space):
@@ -651,7 +652,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
         blob = json.dumps(sc.to_json())
         for v in vs:
             v.example = sc.to_json()
-            v.diagnosis = (f"minimal failing scenario ({len(sc.steps)} step(s), world size {sc.world_size}):\n"
+            v.diagnosis = (f"{'minimal ' if shrink else ''}failing scenario ({len(sc.steps)} step(s), world size {sc.world_size}):\n"
                            f"{blob}\nreproduce: python -m conformance replay SCENARIO.json --ddp {target.impl} "
                            f"--runtime {target.runtime}")
             if v.status == "fail":

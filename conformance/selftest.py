@@ -7,7 +7,8 @@ from .report import KillRow
 def kill_rows(runtime: str, world_size: int, session=None, mutants=None, cases=None, progress=None) -> list[KillRow]:
     """``KillRow`` per (mutant, case whose ``must_kill`` names it) on one runtime and world size.
 
-    ``mutants`` / ``cases`` restrict the matrix (default: the whole catalog and table).
+    ``mutants`` / ``cases`` restrict the matrix (default: the whole catalog and table). A
+    failing property or scenario search is not shrunk: a kill needs one failing example.
     """
     from .cases import CASES
     from .evaluate import evaluate
@@ -18,7 +19,8 @@ def kill_rows(runtime: str, world_size: int, session=None, mutants=None, cases=N
         for case in CASES.values():
             if m in case.must_kill and (allowed is None or case.name in allowed):
                 rows.append(KillRow(runtime, world_size, m, case.name,
-                                    evaluate(case, f"mutant:{m}", runtime, world_size, session)))
+                                    evaluate(case, f"mutant:{m}", runtime, world_size, session,
+                                             shrink=False)))
                 if progress:
                     progress()
     return rows

@@ -48,7 +48,7 @@ def test_faulty_ddp_fails_its_catching_case(entry, conformance_session):
     default = {c.name for c in select([], [])}
     assert case in default and int(w) in parse_world_sizes(None), (
         f"{case} at W={w} is not part of the default run")
-    verdicts = evaluate(CASES[case], entry.ddp, "cpu", int(w), conformance_session)
+    verdicts = evaluate(CASES[case], entry.ddp, "cpu", int(w), conformance_session, shrink=False)
     bad = [v for v in verdicts if v.status in BAD]
     assert bad, (f"{entry.name} ({entry.kind}) passes {case} at W={w}: "
                  + "; ".join(f"{v.id} {v.status}" for v in verdicts))

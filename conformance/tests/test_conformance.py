@@ -33,7 +33,8 @@ def test_mutant_killed(conformance_kill, conformance_session, conformance_log):
     from conformance.evaluate import evaluate
     from conformance.report import KillRow
     mutant, case, runtime, w = conformance_kill
-    row = KillRow(runtime, w, mutant, case.name, evaluate(case, f"mutant:{mutant}", runtime, w, conformance_session))
+    row = KillRow(runtime, w, mutant, case.name, evaluate(case, f"mutant:{mutant}", runtime, w, conformance_session,
+                                                              shrink=False))
     conformance_log[1].append(row)
     if row.result in ("unsupported", "skip"):
         pytest.skip(f"{row.result}: {row.reason()}")
