@@ -122,6 +122,7 @@ def test_calibrate_bad_input_exit_2(args, needle):
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
 
 
+@pytest.mark.long
 def test_repeat_passes_for_a_correct_implementation(tmp_path):
     out = tmp_path / "repeat.json"
     r = run_cli("run", "--ddp", "ref", "--only", "linear", "--repeat", "3", "--json", str(out))

@@ -17,6 +17,7 @@ def run(args, cwd, timeout=900, env=None):
                           timeout=timeout, env=env)
 
 
+@pytest.mark.long
 def test_cli_and_pytest_give_the_same_verdict_ids(tmp_path):
     """Whole table, ref, CPU W=2: the same set of verdict ids (and statuses) from both faces
     (the smallest example budget: ids do not depend on it)."""
@@ -49,6 +50,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("ddp,rc,needle", [("ref", 0, "OK"),
                                            ("mutant:sum_not_mean", 1, "parity.linear:param_parity")])
 def test_absltest_user_file(tmp_path, ddp, rc, needle):

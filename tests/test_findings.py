@@ -18,6 +18,7 @@ SUBPROCESS_TIMEOUT_S = 1200
 NO_LONGER_REPRODUCES = 3
 
 
+@pytest.mark.long
 @pytest.mark.cpu
 @pytest.mark.parametrize("script", REPRODUCERS, ids=[p.stem for p in REPRODUCERS])
 def test_finding_reproduces(script):

@@ -27,6 +27,7 @@ CORRECT = [e for e in CATALOG if not e.faulty]
 FAULTY = [e for e in CATALOG if e.faulty]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("entry", CORRECT, ids=[e.name for e in CORRECT])
 def test_correct_ddp_passes_the_default_table(entry):
     r = measure(entry, "main", RUN_TIMEOUT_S, [], [])

@@ -26,6 +26,7 @@ def test_procmem_gone_process_is_none():
     assert rss_mib(p.pid) is None and peak_rss_mib(p.pid) is None
 
 
+@pytest.mark.long
 def test_repeat_reports_host_rss(tmp_path):
     out = tmp_path / "repeat.json"
     r = subprocess.run([sys.executable, "-m", "conformance", "run", "--repeat", "2", "--runtime", "cpu",

@@ -84,6 +84,7 @@ def test_replay_bad_file_one_line_exit_2(tmp_path, content, needle):
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
 
 
+@pytest.mark.long
 def test_replay_reruns_a_scenario(tmp_path):
     sc = one_step([[3, 1]], [[list(BRANCHES)] * 2])
     f = tmp_path / "s.json"
@@ -94,6 +95,7 @@ def test_replay_reruns_a_scenario(tmp_path):
     assert bad.returncode == 1 and "uneven local batches [3, 1]" in bad.stdout, bad.stdout + bad.stderr
 
 
+@pytest.mark.long
 def test_failing_scenario_case_writes_a_replayable_minimal_scenario(tmp_path):
     r = run_cli("run", "--ddp", "mutant:replica_drift", "--world-size", "2", "--only", "scenario.core", "--quiet", "--json",
                 str(tmp_path / "r.json"), cwd=tmp_path)

@@ -87,6 +87,7 @@ def test_user_ddp_parity_from_scratch_dir(scratch):
         for c in ("param_parity", "loss_parity", "agreement") + (("buffer_parity",) if m == "batchnorm" else ())}
 
 
+@pytest.mark.long
 def test_conformance_json_under_xdist(scratch):
     """Each xdist worker hands its verdicts and kill rows to the controller, which writes one file."""
     cwd, env = scratch
