@@ -13,6 +13,7 @@ code with ``ddp_impl`` keeps the reference's own faults from hiding theirs.
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -36,9 +37,17 @@ class ScratchDDP(nn.Module):
         with torch.no_grad():
             for t in list(module.parameters()) + (list(module.buffers()) if broadcast_buffers else []):
                 dist.broadcast(t.data, 0)
+        # Weakly: torch's gc cannot see a parameter's post-accumulate-grad hooks, so a
+        # bound method there would keep every wrapper alive for the host's life.
+        on_grad = weakref.WeakMethod(self._on_grad)
+
+        def hook(p):
+            m = on_grad()
+            if m is not None:
+                m(p)
         for p in module.parameters():
             if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._on_grad)
+                p.register_post_accumulate_grad_hook(hook)
 
     # -- buffers ---------------------------------------------------------------
     def _current_buffers(self):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +92,25 @@ def assign_buckets(params, cap_bytes: float, first_cap_bytes: float) -> list[lis
             size[key] = 0
             closed.add(key)
     return done + list(open_.values())
+
+
+def _weak_hook(obj, name: str):
+    """A tensor hook calling ``obj.<name>`` while ``obj`` lives. A parameter's
+    post-accumulate-grad hooks are hidden from Python's gc (torch 2.13), so a bound
+    method there makes a cycle gc never frees: every wrapper, with its module and
+    buckets, would stay alive for the life of the process."""
+    ref = weakref.ref(obj)
+
+    def hook(*args):
+        o = ref()
+        if o is not None:
+            getattr(o, name)(*args)
+    return hook
+
+
+def _remove_hooks(handles) -> None:
+    for h in handles:
+        h.remove()
 
 
 class DistributedDataParallel(nn.Module):
@@ -165,7 +185,9 @@ class DistributedDataParallel(nn.Module):
         self._bucket_of = {id(p): b.index for b in self._buckets for p in b.params}
         self._names = {id(p): n for n, p in self.module.named_parameters()}
         self._reset()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
+        hook = _weak_hook(self, "_on_grad_ready")
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
+        weakref.finalize(self, _remove_hooks, self._hooks)  # a kept module keeps no dead hooks
 
     # --- seams -----------------------------------------------------------
     def _grad_scale(self) -> float:

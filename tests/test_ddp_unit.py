@@ -1,6 +1,8 @@
 """Unit tests of the reference DDP's semantics against a recording fake of the
 collective interface (no runtime needed)."""
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -177,3 +179,19 @@ def test_parameter_without_gradient_raises_naming_it():
     ddp.collectives.calls.clear()
     ddp(torch.randn(5, 4)).sum().backward()  # the next step is not poisoned
     assert [c[0] for c in ddp.collectives.calls] == ["all_reduce"]
+
+
+def test_a_dropped_wrapper_is_freed_and_leaves_no_hooks():
+    # A hook that held the wrapper strongly made a cycle through the parameters that
+    # gc cannot see: every training run of a world's host leaked its whole DDP.
+    ddp, _ = make()
+    ddp(torch.randn(5, 3)).sum().backward()
+    net, gone = ddp.module, weakref.ref(ddp)
+    del ddp
+    gc.collect()
+    assert gone() is None
+    assert not any(p._post_accumulate_grad_hooks for p in net.parameters())
+    again = DistributedDataParallel(net, collectives=RecordingCollectives(), broadcast_buffers=False)
+    again.collectives.calls.clear()
+    again(torch.randn(5, 3)).sum().backward()  # the kept module trains under a new wrapper
+    assert [c[0] for c in again.collectives.calls] == ["all_reduce"]
