@@ -533,7 +533,7 @@ def test_cli_puts_cpu_and_pjrt_in_one_table(tmp_path):
     report = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     proc = subprocess.Popen([sys.executable, "-m", "conformance", "run", "--runtime", "cpu,pjrt",
-                             "--only", "parity.linear", "--quiet", "--json", str(report)], cwd=tmp_path, env=env,
+                             "--world-size", "2", "--only", "parity.linear", "--quiet", "--json", str(report)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=300)

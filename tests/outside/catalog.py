@@ -16,6 +16,9 @@ Columns of ``Entry``:
              the main command's default world sizes became 2,3: 6/6 since (predivide: 39 fails,
              all at W = 3); sharded_floor_tail is caught at W = 2 by the property family only,
              at W = 3 by parity too.
+             2026-12-01, one ``run --exitfirst-each`` over the whole catalog (default world
+             sizes, CI profile): 22/22 faulty caught, both correct DDPs pass; where each
+             stopped is ``CAUGHT_BY`` below.
   pytest_caught  the same for the pytest face (``catch_rate.py --face pytest``: the parity,
              feature and property modules with ``--ddp <spec> -m cpu -k 'not mutant'``).
              hook_order_pairing is caught there by the unused-parameters feature, whose
