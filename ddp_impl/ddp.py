@@ -31,6 +31,10 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
   as zeros. Without it, a parameter that gets no gradient is a ``RuntimeError``
   at the end of backward (upstream errors too);
 * ``static_graph`` is a hint: buckets never change here, so it changes nothing.
+* the gradient hooks hold the wrapper weakly and are removed when it is
+  collected: a wrapper nobody references any more reduces nothing (upstream's
+  C++ reducer removes its autograd hooks in its destructor too); keep it while
+  training.
 
 Written against :class:`ddp_impl.collectives.Collectives`: the same code runs on
 torch.distributed (gloo; asynchronous all-reduces) and lazily on torch_xla (PJRT;
