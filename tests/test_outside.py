@@ -1,7 +1,8 @@
 """Meta-test: the kit's main command against DDPs written outside the kit (tests/outside/).
 
-* Each correct DDP: ``python -m conformance run --runtime cpu --ddp <entry>`` (the whole
-  default table, world sizes 2 and 3) exits 0.
+* Each correct DDP: ``python -m conformance run --runtime cpu --ddp <entry> --profile dev``
+  (the default command: the whole table, world sizes 2 and 3, the default example budget,
+  whatever ``CONFORMANCE_PROFILE`` the suite runs under) exits 0.
 * Each faulty DDP: the case that stops it in a default run (``catalog.CAUGHT_BY``, measured with
   ``catch_rate.py --together``) is in the default table at a default world size, and gives a
   fail or vacuous verdict here - so the default main command exits 1 on it. Rerunning only that
@@ -30,7 +31,7 @@ FAULTY = [e for e in CATALOG if e.faulty]
 @pytest.mark.long
 @pytest.mark.parametrize("entry", CORRECT, ids=[e.name for e in CORRECT])
 def test_correct_ddp_passes_the_default_table(entry):
-    r = measure(entry, "main", RUN_TIMEOUT_S, [], [])
+    r = measure(entry, "main", RUN_TIMEOUT_S, ["--profile", "dev"], [])
     assert not r["timed_out"], f"{entry.name}: no verdict within {RUN_TIMEOUT_S} s"
     assert r["exit_code"] == 0, (f"{entry.name}: exit {r['exit_code']}; failing: {r['failing']}; "
                                  f"stderr: {r['stderr_tail']}")
