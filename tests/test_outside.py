@@ -53,4 +53,6 @@ def test_faulty_ddp_fails_its_catching_case(entry, conformance_session):
     verdicts = evaluate(CASES[case], entry.ddp, "cpu", int(w), conformance_session, shrink=False)
     bad = [v for v in verdicts if v.status in BAD]
     assert bad, (f"{entry.name} ({entry.kind}) passes {case} at W={w}: "
-                 + "; ".join(f"{v.id} {v.status}" for v in verdicts))
+                 + "; ".join(f"{v.id} {v.status}" for v in verdicts)
+                 + "; if the table changed, rerun tests/outside/catch_rate.py --together and "
+                 "update catalog.CAUGHT_BY")
