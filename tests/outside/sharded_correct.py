@@ -29,7 +29,8 @@ Not implemented (a missing method is reported ``unsupported`` by the kit): ``reg
 (a DDP comm hook would replace the sharded path). Any keyword not listed in ``__init__`` (or a
 non-default ``device_ids``, ``output_device``, ``dim``) raises ``TypeError``.
 
-The faulty variants (``sharded_*.py``) override ``_sharded_mean`` (steps 1-4) only.
+The faulty variants (``sharded_*.py``) override ``_sharded_mean`` (steps 1-4) only, most of them
+calling ``_reduced_shard`` (steps 1-2).
 """
 
 import contextlib
@@ -226,17 +227,23 @@ class ShardedCorrectDDP(nn.Module, Joinable):
             buf = self._gathered[b] = torch.empty(numel, dtype=dtype)
         return buf
 
-    def _sharded_mean(self, b, flat, divisor):
-        """Reduce-scatter (sum), scale the owned shard, all-gather: the mean on every replica."""
+    def _reduced_shard(self, flat):
+        """Zero-pad ``flat`` to ``world_size`` equal shards and reduce-scatter (sum): this
+        rank's shard of the summed gradient (``_shard_len(flat.numel())`` elements)."""
         n, s = flat.numel(), self._shard_len(flat.numel())
         padded = flat.new_zeros(s * self.world_size)
         padded[:n] = flat
         shard = flat.new_empty(s)
         dist.reduce_scatter_tensor(shard, padded, group=self.process_group)
+        return shard
+
+    def _sharded_mean(self, b, flat, divisor):
+        """Reduce-scatter (sum), scale the owned shard, all-gather: the mean on every replica."""
+        shard = self._reduced_shard(flat)
         shard.div_(divisor)
-        out = self._gather_buffer(b, s * self.world_size, flat.dtype)
+        out = self._gather_buffer(b, shard.numel() * self.world_size, flat.dtype)
         dist.all_gather_into_tensor(out, shard, group=self.process_group)
-        return out[:n]
+        return out[:flat.numel()]
 
     def _write_grads(self, idx, mean, used):
         off = 0

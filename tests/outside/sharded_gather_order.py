@@ -16,11 +16,8 @@ from .sharded_correct import ShardedCorrectDDP
 class ShardedGatherOrderDDP(ShardedCorrectDDP):
     def _sharded_mean(self, b, flat, divisor):
         n, W = flat.numel(), self.world_size
-        s = self._shard_len(n)
-        padded = flat.new_zeros(s * W)
-        padded[:n] = flat
-        shard = flat.new_empty(s)
-        dist.reduce_scatter_tensor(shard, padded, group=self.process_group)
+        shard = self._reduced_shard(flat)
+        s = shard.numel()
         shard.div_(divisor)
         chunks = [flat.new_empty(s) for _ in range(W)]
         dist.all_gather(chunks, shard, group=self.process_group)

@@ -18,11 +18,8 @@ from .sharded_correct import ShardedCorrectDDP
 class ShardedOwnShardScaleDDP(ShardedCorrectDDP):
     def _sharded_mean(self, b, flat, divisor):
         n, W, r = flat.numel(), self.world_size, self.rank
-        s = self._shard_len(n)
-        padded = flat.new_zeros(s * W)
-        padded[:n] = flat
-        shard = flat.new_empty(s)
-        dist.reduce_scatter_tensor(shard, padded, group=self.process_group)
+        shard = self._reduced_shard(flat)
+        s = shard.numel()
         outgoing = shard.clone()  # the fault: sent before the scaling below
         shard.div_(divisor)
         out = self._gather_buffer(b, s * W, flat.dtype)

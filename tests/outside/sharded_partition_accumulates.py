@@ -18,11 +18,8 @@ from .sharded_correct import ShardedCorrectDDP
 class ShardedPartitionAccumulatesDDP(ShardedCorrectDDP):
     def _sharded_mean(self, b, flat, divisor):
         n, W = flat.numel(), self.world_size
-        s = self._shard_len(n)
-        padded = flat.new_zeros(s * W)
-        padded[:n] = flat
-        shard = flat.new_empty(s)
-        dist.reduce_scatter_tensor(shard, padded, group=self.process_group)
+        shard = self._reduced_shard(flat)
+        s = shard.numel()
         shard.div_(divisor)
         parts = self.__dict__.setdefault("_partitions", {})
         if self._shadowing:

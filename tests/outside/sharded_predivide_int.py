@@ -29,13 +29,8 @@ class ShardedPredivideIntDDP(ShardedCorrectDDP):
         n, W = flat.numel(), self.world_size
         pre = _predivide_factor(divisor)
         post = divisor // pre  # the fault: should be divisor / pre
-        s = self._shard_len(n)
-        padded = flat.new_zeros(s * W)
-        padded[:n] = flat
-        padded.div_(pre)
-        shard = flat.new_empty(s)
-        dist.reduce_scatter_tensor(shard, padded, group=self.process_group)
+        shard = self._reduced_shard(flat / pre)
         shard.div_(post)
-        out = self._gather_buffer(b, s * W, flat.dtype)
+        out = self._gather_buffer(b, shard.numel() * W, flat.dtype)
         dist.all_gather_into_tensor(out, shard, group=self.process_group)
         return out[:n]
