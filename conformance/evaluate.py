@@ -116,7 +116,7 @@ def default_session() -> Session:
 
 
 def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Session | None = None,
-             **overrides) -> list[Verdict]:
+             *, shrink: bool = True, **overrides) -> list[Verdict]:
     """Verdicts of ``case`` for implementation ``impl`` on ``runtime`` with ``world_size`` replicas.
 
     ``overrides`` change the run of ``train`` cases (``seed``, ``lr``, ``steps``:
@@ -132,8 +132,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     from .impls import resolve_impl
     from .runtimes import RuntimeUnavailable, get_runtime
     session = session or default_session()
-    shrink = overrides.pop("shrink", True)
-    if case.kind in ("property", "scenario"):
+    if case.kind in ("property", "scenario"):  # the searches' evaluators read it from overrides
         overrides["shrink"] = shrink
     row = resolve_impl(impl)
     model = case.model

@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from conformance.verdict import BAD  # noqa: E402
 from tests.outside.catalog import CATALOG, BY_NAME  # noqa: E402
 
 # The kit's pytest option naming the DDP under test (may become "--conformance-ddp").
@@ -104,9 +105,6 @@ def measure(entry, face, timeout_s, extra, pytest_args):
     }
 
 
-BAD_STATUSES = ("fail", "vacuous")
-
-
 def measure_together(entries, timeout_s, extra):
     """One main command over every entry (``--ddp a,b,... --exitfirst-each``): one world per
     world size and the reference runs shared, each DDP stopped at its first failure. Returns
@@ -129,7 +127,7 @@ def measure_together(entries, timeout_s, extra):
     results = []
     for e in entries:
         mine = [v for v in verdicts or () if v.get("impl") == e.ddp]
-        bad = [v for v in mine if v.get("status") in BAD_STATUSES]
+        bad = [v for v in mine if v.get("status") in BAD]
         code = None if verdicts is None else int(bool(bad))
         expected = 1 if e.faulty else 0
         results.append({
