@@ -2,10 +2,10 @@
 """Property checks on a persistent world vs a fresh process group per example.
 
 Examples/second of property 1 (``allreduce_mean``, see
-``conformance/property_cases.py``) evaluated two ways on the same
+``conformance/cases/properties/run.py``) evaluated two ways on the same
 examples:
 
-* **persistent** - one :class:`conformance.world.World` started once (its
+* **persistent** - one :class:`conformance.worlds.spawned.World` started once (its
   start-up time is reported separately), every example is one ``world.run``
   plus the oracle, as the pytest suite does;
 * **fresh** - a new ``World`` (new replica processes, new gloo process group)
@@ -43,7 +43,7 @@ def draw_examples(n: int, world_size: int, dtypes) -> list:
     """``n`` property-1 examples, the same on every call (derandomized Hypothesis)."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from conformance.properties import allreduce_examples
+    from conformance.cases.properties.gradsync import allreduce_examples
     out = []
 
     @settings(max_examples=n, derandomize=True, database=None, deadline=None,
@@ -56,7 +56,7 @@ def draw_examples(n: int, world_size: int, dtypes) -> list:
 
 
 def one_example(world, impl: str, ex) -> None:
-    from conformance.properties import allreduce_mean_task, check_allreduce_mean
+    from conformance.cases.properties.gradsync import allreduce_mean_task, check_allreduce_mean
     check_allreduce_mean(ex, world.run(allreduce_mean_task, impl=impl, **ex.payload()))
 
 
@@ -68,7 +68,7 @@ def loadavg() -> float:
 
 
 def bench_persistent(runtime, world_size, impl, examples, repeat) -> dict:
-    from conformance.world import World
+    from conformance.worlds.spawned import World
     load0 = loadavg()
     t0 = time.perf_counter()
     world = World(runtime, world_size)
@@ -88,7 +88,7 @@ def bench_persistent(runtime, world_size, impl, examples, repeat) -> dict:
 
 
 def bench_fresh(runtime, world_size, impl, examples) -> dict:
-    from conformance.world import World
+    from conformance.worlds.spawned import World
     load0 = loadavg()
     start = run = close = 0.0
     t0 = time.perf_counter()
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from conformance.properties import ALLREDUCE_DTYPES, DEFAULT_ALLREDUCE_DTYPES
+    from conformance.cases.properties.gradsync import ALLREDUCE_DTYPES, DEFAULT_ALLREDUCE_DTYPES
     dtypes = ALLREDUCE_DTYPES.get(args.runtime, DEFAULT_ALLREDUCE_DTYPES)
     examples = draw_examples(args.examples, args.world_size, dtypes)
     sizes = [int(np.prod(ex.shape, dtype=np.int64)) for ex in examples]

@@ -8,7 +8,7 @@ Parts (``--only``, comma list; default all):
   --only <family>`` for each case family and of the full table, on CPU; and the
   full table on PJRT W=2. Each row records the command, seconds, exit code and
   the verdict counts of its JSON report.
-* ``worlds`` - seconds to start a :class:`conformance.world.World` (hosts spawned,
+* ``worlds`` - seconds to start a :class:`conformance.worlds.spawned.World` (hosts spawned,
   runtime set up, every replica ready) and to close it, CPU and PJRT, W=2 and W=4,
   ``--world-starts`` times each in a fresh process.
 * ``memory`` - peak resident set (VmHWM, MiB) of every host process of a CPU W=4
@@ -78,8 +78,8 @@ def loadavg() -> list | None:
 
 def worker_worlds(runtime: str, world_size: int, times: int) -> dict:
     """Start and close a world ``times`` times; seconds of each start and close."""
-    from conformance.report import environment
-    from conformance.world import World
+    from conformance.report.text import environment
+    from conformance.worlds.spawned import World
     start, close = [], []
     for _ in range(times):
         t0 = time.perf_counter()
@@ -94,11 +94,11 @@ def worker_worlds(runtime: str, world_size: int, times: int) -> dict:
 def worker_memory(runtime: str, world_size: int) -> dict:
     """Run the parity cases (reference DDP) on one world; peak RSS (MiB) of its hosts
     and of this process, read before the world closes."""
-    from conformance.cases import select
+    from conformance.cases.table import select
     from conformance.evaluate import Session, evaluate
-    from conformance.procmem import peak_rss_mib, rss_mib
-    from conformance.report import counts, environment
-    from conformance.world import WorldPool
+    from conformance.worlds.procmem import peak_rss_mib, rss_mib
+    from conformance.report.text import counts, environment
+    from conformance.worlds.spawned import WorldPool
 
     class Pool(WorldPool):  # remembers the world in use (a failure replaces it)
         def get(self, rt, w):
@@ -183,7 +183,7 @@ def fail_text(raw: dict, what: str) -> str:
 
 
 def part_cli(args, pythons, tmp) -> list:
-    from conformance.cases import FAMILIES
+    from conformance.cases.table import FAMILIES
     runs = [("cpu", f) for f in FAMILIES] + [("cpu", None)] + [("pjrt", None)]
     rows = []
     for rt, only in runs:

@@ -2,7 +2,7 @@
 """Throughput of the reference DDP vs upstream's data-parallel path and vs the synchronous floor.
 
 Examples per second per replica of each implementation on one persistent
-:class:`conformance.world.World`, measured with the same model, global batch
+:class:`conformance.worlds.spawned.World`, measured with the same model, global batch
 and world size for all, in interleaved rounds (each round runs every variant
 once, the order rotating from round to round), summarised by the median over
 rounds. The floor of a data-parallel step is measured on the same world:
@@ -246,7 +246,7 @@ def summarise(runs, labels, baseline, subject):
 
 # --- driver ----------------------------------------------------------------
 def run_benchmark(args, variants, log) -> dict:
-    from conformance.world import World
+    from conformance.worlds.spawned import World
 
     from benchmarks import throughput_tasks as tasks
 
@@ -389,7 +389,7 @@ def main(argv=None):
     p.add_argument("--model", default="mlp", help="a fixtures.models name (default mlp)")
     p.add_argument("--global-batch", default="64", help="comma list, e.g. 24,64,96 (default 64)")
     p.add_argument("--impls", default=None,
-                   help="comma list of conformance.impls specs, each optionally with DDP keywords: "
+                   help="comma list of conformance.impls.builtin specs, each optionally with DDP keywords: "
                         "'ref,torch,torch[bucket_cap_mb=1]' (default: ref,torch on cpu; ref and "
                         "xla_recipe if the table has it on pjrt)")
     p.add_argument("--baseline", default=None,

@@ -7,7 +7,7 @@ ladder of eps; the figure is the smallest eps whose run exits 1. Writes JSON.
 
     python benchmarks/sensitivity.py --out benchmarks/results/sensitivity.json [--only parity,scenarios]
 
-The perturbed DDP is ``conformance.mutants_scratch.ScratchDDP`` with a scaled
+The perturbed DDP is ``conformance.impls.mutants.scratch.ScratchDDP`` with a scaled
 reduction (``benchmarks.sensitivity:PerturbedDDP``), eps and mode passed through
 the environment (replicas inherit it).
 """
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from conformance.mutants_scratch import ScratchDDP
+from conformance.impls.mutants.scratch import ScratchDDP
 
 LADDER = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
 

@@ -1,12 +1,12 @@
 """World tasks of the throughput benchmark (``bench_throughput.py``).
 
-:func:`bench_task` runs on every replica of a :class:`conformance.world.World`:
+:func:`bench_task` runs on every replica of a :class:`conformance.worlds.spawned.World`:
 it builds the model, wraps it (or not, for the floor), trains ``warmup``
 untimed steps, meets the other replicas at a barrier, then times ``steps``
 steps with :func:`time.perf_counter` and returns the timings as plain Python
 numbers. Variants:
 
-* an implementation spec of :mod:`conformance.impls` (``ref``, ``torch``,
+* an implementation spec of :mod:`conformance.impls.builtin` (``ref``, ``torch``,
   ``xla_recipe`` when the table has it, ``package.module:Class``), built with
   ``ddp_kwargs`` only (each implementation's defaults otherwise, not the
   model table's test settings such as ``bucket_cap_mb=1``): the same
@@ -45,7 +45,7 @@ FLOORS = (FLOOR_LOCAL, FLOOR_ALLREDUCE, FLOOR_FUSED)
 
 
 class TimedCollectives:
-    """A :class:`ddp_impl.collectives.Collectives` proxy that times ``all_reduce_``.
+    """A :class:`ddp_impl.runtime.collectives.Collectives` proxy that times ``all_reduce_``.
 
     On gloo the call blocks until the reduction is done, so ``seconds`` is the
     time the caller waited; on XLA collectives are lazy and ``seconds`` is only
@@ -150,7 +150,7 @@ def bench_task(ctx, variant: str, model: str, global_batch: int, warmup: int, st
             if variant == FLOOR_FUSED:
                 fused = torch.zeros(grad_numel, device=ctx.device)
         else:
-            from conformance.impls import resolve_impl
+            from conformance.impls.builtin import resolve_impl
             impl = resolve_impl(variant)
             why = impl.unsupported.get(ctx.runtime)
             if why:
@@ -212,7 +212,7 @@ def host_info(ctx) -> dict:
     """World task: the implementation table and versions as this replica's host sees them."""
     import torch
 
-    from conformance.impls import IMPLS
+    from conformance.impls.builtin import IMPLS
     info = {"impls": sorted(IMPLS), "torch": torch.__version__, "device": str(ctx.device),
             "num_threads": torch.get_num_threads()}
     try:

@@ -33,8 +33,8 @@ import sys
 from absl import flags
 from absl.testing import absltest, parameterized
 
-from .cases import CASES
-from .errors import UsageError, split_list
+from conformance.cases.table import CASES
+from conformance.errors import UsageError, split_list
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("runtime", "cpu", "comma list of runtimes: cpu, pjrt, xrt")
@@ -52,7 +52,7 @@ _SESSION = None
 def _session():
     global _SESSION
     if _SESSION is None:
-        from .evaluate import Session
+        from conformance.evaluate import Session
         _SESSION = Session(profile=FLAGS.profile)
         atexit.register(_SESSION.close)
     return _SESSION
@@ -69,14 +69,14 @@ class ConformanceTestCase(parameterized.TestCase):
     DDP: str | None = None
 
     def _targets(self):
-        from .options import parse_targets
+        from conformance.options import parse_targets
         return parse_targets(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or self.DDP)
 
     def _run_case(self, name: str):
-        from .cases import select
-        from .evaluate import evaluate
-        from .report import apply_expected_failures, read_expected_failures
-        from .verdict import BAD
+        from conformance.cases.table import select
+        from conformance.evaluate import evaluate
+        from conformance.report.text import apply_expected_failures, read_expected_failures
+        from conformance.verdict import BAD
         case = CASES[name]
         if case not in select(split_list(FLAGS.only), split_list(FLAGS.skip)):
             self.skipTest(f"{name} not selected by --only/--skip")
@@ -118,10 +118,10 @@ def validate_flags(argv: list[str]) -> list[str]:
         rest = FLAGS(argv, known_only=False)
     except flags.Error as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
-    from .cases import select
-    from .options import parse_targets
-    from .property_cases import profile_examples
-    from .report import read_expected_failures
+    from conformance.cases.table import select
+    from conformance.options import parse_targets
+    from conformance.cases.properties.run import profile_examples
+    from conformance.report.text import read_expected_failures
     select(split_list(FLAGS.only), split_list(FLAGS.skip))
     profile_examples(FLAGS.profile)
     if FLAGS.expected_failures:

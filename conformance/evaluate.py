@@ -13,9 +13,9 @@ outcome into verdicts - one per check the row declares, whatever happens:
 """
 from __future__ import annotations
 
-from .cases import Case
-from .errors import Unsupported
-from .verdict import Verdict
+from conformance.cases.table import Case
+from conformance.errors import Unsupported
+from conformance.verdict import Verdict
 
 _UNSUPPORTED = "__unsupported__"
 
@@ -59,15 +59,15 @@ class Session:
 
     Args:
         pool: anything with ``get(runtime, world_size) -> world`` and ``close()``
-            (default: a new :class:`conformance.world.WorldPool`); a
-            :class:`conformance.external.ExternalPool` makes this process one
+            (default: a new :class:`conformance.worlds.spawned.WorldPool`); a
+            :class:`conformance.worlds.launched.ExternalPool` makes this process one
             replica of a launcher-started world (non-root ranks get ``[]``).
-        profile: Hypothesis example budget name (``conformance.property_cases.PROFILES``).
+        profile: Hypothesis example budget name (``conformance.cases.properties.run.PROFILES``).
     """
 
     def __init__(self, pool=None, profile: str | None = None):
         if pool is None:
-            from .world import WorldPool
+            from conformance.worlds.spawned import WorldPool
             pool = WorldPool()
         self.pool, self.profile = pool, profile
         self._cache: dict = {}
@@ -90,8 +90,8 @@ class Session:
         return out
 
     def trajectories(self, runtime: str, world_size: int, spec) -> list | None:
-        """Every replica's :func:`~conformance.harness.train_replica` result (cached per spec)."""
-        from .harness import train_replica
+        """Every replica's :func:`~conformance.cases.train.loop.train_replica` result (cached per spec)."""
+        from conformance.cases.train.loop import train_replica
         key = (runtime, world_size, spec)
         if key not in self._cache:
             self._cache[key] = self.run(runtime, world_size, train_replica, spec=spec.as_dict())
@@ -121,7 +121,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
 
     ``overrides`` change the run of ``train`` cases (``seed``, ``lr``, ``steps``:
     calibration and flakiness sweeps); for a ``scenario`` case, ``scenario=``
-    (a :class:`~conformance.scenarios.Scenario`) runs that one scenario only; ``shrink=False``
+    (a :class:`~conformance.cases.scenarios.scenario.Scenario`) runs that one scenario only; ``shrink=False``
     reports a failing property or scenario search as found, not shrunk to a minimal
     counterexample (the kill matrix only needs to know that it fails). Returns one verdict per ``case.checks``
     entry (``[]`` on a non-root process of a launcher-built world).
@@ -129,8 +129,8 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     Raises:
         ImplSpecError: ``impl`` names nothing usable (callers validate first).
     """
-    from .impls import resolve_impl
-    from .runtimes import RuntimeUnavailable, get_runtime
+    from conformance.impls.builtin import resolve_impl
+    from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
     session = session or default_session()
     if case.kind in ("property", "scenario"):  # the searches' evaluators read it from overrides
         overrides["shrink"] = shrink
@@ -151,7 +151,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         get_runtime(runtime).check(world_size)
     except RuntimeUnavailable as exc:
         return each("skip", f"runtime {runtime}: {exc}")
-    from .world import ReplicaError
+    from conformance.worlds.spawned import ReplicaError
     try:
         if row.unsupported.get(runtime) and case.kind != "invariant":  # rank bindings need no DDP
             raise Unsupported(row.unsupported[runtime])
@@ -175,12 +175,12 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
 
 
 def _train(case, impl, runtime, w, session, overrides):
-    from .checks import AGREEMENT, CHECKS, judge, judge_agreement
-    from .harness import RunSpec
-    from .impls import resolve_impl
-    from .reference import reference_run
-    from .tolerances import lookup
-    from .runtimes import world_for
+    from conformance.cases.checks import AGREEMENT, CHECKS, judge, judge_agreement
+    from conformance.cases.train.loop import RunSpec
+    from conformance.impls.builtin import resolve_impl
+    from conformance.cases.train.reference import reference_run
+    from conformance.tolerances import lookup
+    from conformance.worlds.runtimes import world_for
     row = resolve_impl(impl)
     spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.run, **overrides))
     world_runtime, n = world_for(runtime, row.topology.get(runtime), w)
@@ -214,15 +214,15 @@ def _task(case, impl, runtime, w, session, overrides):
 
 
 def _property(case, impl, runtime, w, session, overrides):
-    from .property_cases import Target, profile_examples, run_property
+    from conformance.cases.properties.run import Target, profile_examples, run_property
     target = Target(lambda fn, **p: session.run(runtime, w, fn, **p), runtime, w, impl)
     fields = run_property(case.prop, target, profile_examples(session.profile), overrides.get("shrink", True))
     return [Verdict(case.name, "property", impl, runtime, case.model, w, **fields)]
 
 
 def _invariant(case, impl, runtime, w, session, overrides):
-    from .rankcheck import check_reports
-    from .tasks import rank_report
+    from conformance.cli.ranks import check_reports
+    from conformance.worlds.tasks import rank_report
     reports = session.run(runtime, w, rank_report)
     if reports is None:
         return None
@@ -238,13 +238,13 @@ def _invariant(case, impl, runtime, w, session, overrides):
 def _scenario(case, impl, runtime, w, session, overrides):
     from dataclasses import replace
 
-    from .property_cases import Target, profile_name
-    from .runtimes import get_runtime
-    from .scenarios import SCENARIO_EXAMPLES, Space, run_scenario_case
-    from .tolerances import lookup
+    from conformance.cases.properties.run import Target, profile_name
+    from conformance.worlds.runtimes import get_runtime
+    from conformance.cases.scenarios.scenario import SCENARIO_EXAMPLES, Space, run_scenario_case
+    from conformance.tolerances import lookup
     tol, agree = lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol
     if "scenario" in overrides:  # one given scenario (python -m conformance replay)
-        from .scenarios import judge_scenario, scenario_task
+        from conformance.cases.scenarios.scenario import judge_scenario, scenario_task
         sc = overrides["scenario"]
         results = session.run(runtime, w, scenario_task, timeout=case.timeout, impl=impl, scenario=sc.to_json())
         return None if results is None else judge_scenario(sc, results, tol, agreement_atol=agree)

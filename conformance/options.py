@@ -3,8 +3,8 @@ runtimes, world sizes, implementations. Bad input raises
 :class:`~conformance.errors.UsageError` with the one line to print."""
 from __future__ import annotations
 
-from .errors import UsageError, split_list
-from .tolerances import MIN_WORLD_SIZE
+from conformance.errors import UsageError, split_list
+from conformance.tolerances import MIN_WORLD_SIZE
 
 
 # World sizes a run covers unless told: 2, and 3 because divisor faults cancel at powers of
@@ -25,8 +25,8 @@ def parse_world_sizes(value: str | None, default: str = DEFAULT_WORLD_SIZES) -> 
 
 def parse_impl_names(value: str | None, runtime: str) -> list[str]:
     """Implementation specs (default: the runtime's); each resolved once to validate it."""
-    from .impls import ImplSpecError, parse_impls
-    from .runtimes import DEFAULTS
+    from conformance.impls.builtin import ImplSpecError, parse_impls
+    from conformance.worlds.runtimes import DEFAULTS
     try:
         return [i.name for i in parse_impls(value or ",".join(DEFAULTS[runtime]["impls"]), runtime)]
     except ImplSpecError as exc:
@@ -35,7 +35,7 @@ def parse_impl_names(value: str | None, runtime: str) -> list[str]:
 
 def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> list[str]:
     """Runtime names; with ``strict`` a runtime that cannot run here is a usage error."""
-    from .runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
+    from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
     runtimes = split_list(value)
     if not runtimes:
         raise UsageError("--runtime is empty")
@@ -63,8 +63,8 @@ def parse_targets(runtime: str | None, world_size: str | None, ddp: str | None,
     """
     runtimes = split_list(runtime)
     if launcher == "env":
-        from .external import EXTERNAL_RUNTIMES, LauncherEnvError, launcher_world_size
-        from .runtimes import RUNTIMES
+        from conformance.worlds.launched import EXTERNAL_RUNTIMES, LauncherEnvError, launcher_world_size
+        from conformance.worlds.runtimes import RUNTIMES
         try:
             launched = launcher_world_size()
         except LauncherEnvError as exc:

@@ -59,7 +59,7 @@ def _opt(config, name):
 
 
 def _usage(fn, *a):
-    from .errors import UsageError
+    from conformance.errors import UsageError
     try:
         return fn(*a)
     except UsageError as exc:
@@ -72,9 +72,9 @@ def pytest_configure(config):
     config.stash[_EXPECTED] = set()
     if not any(_opt(config, o) for o in OPTIONS):
         return  # nothing of ours was asked for: validate nothing, import nothing
-    from .errors import split_list
-    from .options import parse_impl_names, parse_runtimes, parse_world_sizes
-    from .property_cases import profile_examples
+    from conformance.errors import split_list
+    from conformance.options import parse_impl_names, parse_runtimes, parse_world_sizes
+    from conformance.cases.properties.run import profile_examples
     ws = _opt(config, "world-size")
     sizes = _usage(parse_world_sizes, ws) if ws else []
     rts = _usage(parse_runtimes, _opt(config, "runtime"), sizes) if _opt(config, "runtime") else []
@@ -82,11 +82,11 @@ def pytest_configure(config):
         for rt in rts or ["cpu"]:
             _usage(parse_impl_names, _opt(config, "ddp"), rt)
     if _opt(config, "only") or _opt(config, "skip"):
-        from .cases import select
+        from conformance.cases.table import select
         _usage(select, split_list(_opt(config, "only")), split_list(_opt(config, "skip")))
     _usage(profile_examples, _opt(config, "profile"))
     if _opt(config, "expected-failures"):
-        from .report import read_expected_failures
+        from conformance.report.text import read_expected_failures
         config.stash[_EXPECTED] = _usage(read_expected_failures, _opt(config, "expected-failures"))
     if _opt(config, "timeout"):
         os.environ["CONFORMANCE_TIMEOUT"] = str(_opt(config, "timeout"))
@@ -94,8 +94,8 @@ def pytest_configure(config):
 
 def runtime_worlds(config):
     """``[(runtime, world_size, marks)]`` to generate tests for."""
-    from .errors import split_list
-    from .runtimes import DEFAULTS, RUNTIMES
+    from conformance.errors import split_list
+    from conformance.worlds.runtimes import DEFAULTS, RUNTIMES
     rt, ws = _opt(config, "runtime"), _opt(config, "world-size")
     out = []
     for name in (split_list(rt) if rt else list(RUNTIMES)):
@@ -108,15 +108,15 @@ def runtime_worlds(config):
 
 
 def impls_for(config, runtime):
-    from .impls import parse_impls
-    from .runtimes import DEFAULTS
+    from conformance.impls.builtin import parse_impls
+    from conformance.worlds.runtimes import DEFAULTS
     ddp = _opt(config, "ddp")
     return [i.name for i in parse_impls(ddp, runtime)] if ddp else list(DEFAULTS[runtime]["impls"])
 
 
 def selected_cases(config):
-    from .cases import select
-    from .errors import split_list
+    from conformance.cases.table import select
+    from conformance.errors import split_list
     return select(split_list(_opt(config, "only")), split_list(_opt(config, "skip")))
 
 
@@ -134,7 +134,7 @@ def pytest_generate_tests(metafunc):
     elif "conformance_kill" in names:
         params = []
         if not _opt(config, "ddp") or _opt(config, "mutants"):
-            from .mutants import MUTANTS
+            from conformance.impls.mutants.catalog import MUTANTS
             cases = selected_cases(config)
             params = [pytest.param((m, case, rt, w), marks=marks, id=f"{m}-{case.name}-{rt}-w{w}")
                       for rt, w, marks in runtime_worlds(config) for m in MUTANTS
@@ -145,7 +145,7 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(scope="session")
 def conformance_world_pool():
     """The session's persistent worlds (``get(runtime, world_size)``), closed at the end."""
-    from .world import WorldPool
+    from conformance.worlds.spawned import WorldPool
     pool = WorldPool()
     yield pool
     pool.close()
@@ -153,7 +153,7 @@ def conformance_world_pool():
 
 @pytest.fixture(scope="session")
 def conformance_session(conformance_world_pool, request):
-    from .evaluate import Session
+    from conformance.evaluate import Session
     return Session(conformance_world_pool, profile=_opt(request.config, "profile"))
 
 
@@ -171,8 +171,8 @@ def conformance_expected(request):
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """pytest-xdist controller: merge a finished worker's verdicts and kill rows."""
-    from .report import KillRow
-    from .verdict import Verdict
+    from conformance.report.text import KillRow
+    from conformance.verdict import Verdict
     got = getattr(node, "workeroutput", {}).get("conformance")
     if not got:
         return
@@ -190,7 +190,7 @@ def pytest_sessionfinish(session, exitstatus):
     path = _opt(config, "json")
     if not path:
         return
-    from .report import write_json
+    from conformance.report.text import write_json
     write_json(path, verdicts, kills, {"source": "pytest", "pytest": {
         "exitstatus": int(exitstatus), "args": list(config.invocation_params.args)}})
 
@@ -201,6 +201,6 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(f"conformance JSON report: {_opt(config, 'json')} ({len(verdicts)} "
                                     f"verdicts, {len(kills)} kill-matrix cells)")
     if kills:
-        from .report import kill_matrix_text
+        from conformance.report.text import kill_matrix_text
         terminalreporter.section("mutant kill matrix")
         terminalreporter.write_line(kill_matrix_text(kills))

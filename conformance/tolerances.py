@@ -66,7 +66,7 @@ TOLERANCES = [
     # it; lr/steps are raised until parameters move >= 100 x atol.
     Tolerance("*", "linear", "bf16-autocast", lr=0.2, steps=40, global_batch=24,
               atol=3e-3, rtol=0.0, loss_atol=3e-3, note="bf16 autocast forward"),
-    # Generated scenarios (conformance/scenarios.py): each scenario brings its own lr and
+    # Generated scenarios (conformance/cases/scenarios/scenario.py): each scenario brings its own lr and
     # length; the row gives the bounds. Noise measured in the issue notes.
     Tolerance("*", "scenario", "float32", lr=0.0, steps=0, global_batch=0,
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="generated scenarios"),

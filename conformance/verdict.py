@@ -35,7 +35,7 @@ class Verdict:
         example: the minimal failing scenario (JSON) of a scenario case.
         replicas: on a replica failure, one dict per replica (rank, host, pid,
             status, step, phase, last collective, exception, traceback, stacks,
-            exit code, log tail: ``conformance.world.ReplicaError.diagnosis``).
+            exit code, log tail: ``conformance.worlds.spawned.ReplicaError.diagnosis``).
     """
 
     case: str

@@ -36,7 +36,7 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
   C++ reducer removes its autograd hooks in its destructor too); keep it while
   training.
 
-Written against :class:`ddp_impl.collectives.Collectives`: the same code runs on
+Written against :class:`ddp_impl.runtime.collectives.Collectives`: the same code runs on
 torch.distributed (gloo; asynchronous all-reduces) and lazily on torch_xla (PJRT;
 complete handles, one graph per step). The seams ``_grad_scale``,
 ``_sync_module_states``, ``_sync_buffers``, ``_reduce_bucket``, ``_launch_ready``,
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .collectives import Collectives, TorchDistributedCollectives, all_reduce_async, default_collectives
+from ddp_impl.runtime.collectives import Collectives, TorchDistributedCollectives, all_reduce_async, default_collectives
 
 # torch DDP keywords accepted for drop-in use but not implemented (warned about).
 IGNORED_TORCH_DDP_KWARGS = frozenset({
@@ -123,7 +123,7 @@ class DistributedDataParallel(nn.Module):
     Args:
         module: the model; parameters of any shape and floating dtype.
         collectives: the :class:`Collectives` to use (default: the runtime's, see
-            :func:`ddp_impl.collectives.default_collectives`).
+            :func:`ddp_impl.runtime.collectives.default_collectives`).
         broadcast_buffers: broadcast buffers from rank 0 before a forward that
             follows a synced one (default ``True``, as upstream).
         find_unused_parameters: tolerate parameters unused on some or all
@@ -287,7 +287,7 @@ class DistributedDataParallel(nn.Module):
         twice: before the all-reduce, to run this replica's own (rank-dependent)
         backward and zero fills, so the all-reduce's graph and the buckets' after
         it are the same everywhere; before the read, which would otherwise compile
-        the collective per replica outside the step lock (``ddp_impl.xla``)."""
+        the collective per replica outside the step lock (``ddp_impl.runtime.xla``)."""
         used = torch.tensor([float(u) for u in used])
         self._sync()
         used = self.collectives.all_reduce_(used.to(params[0].device))

@@ -1,4 +1,4 @@
-"""SyncBatchNorm over the :class:`~ddp_impl.collectives.Collectives` interface.
+"""SyncBatchNorm over the :class:`~ddp_impl.runtime.collectives.Collectives` interface.
 
 Semantics of ``torch.nn.SyncBatchNorm`` (which refuses CPU tensors): in training
 the batch statistics are those of the *global* batch (all replicas' samples),
@@ -47,8 +47,8 @@ class SyncBatchNorm(nn.BatchNorm1d):
 
     Args:
         num_features: ``C``.
-        collectives: the replicas' :class:`~ddp_impl.collectives.Collectives`
-            (default: :func:`~ddp_impl.collectives.default_collectives` at first use).
+        collectives: the replicas' :class:`~ddp_impl.runtime.collectives.Collectives`
+            (default: :func:`~ddp_impl.runtime.collectives.default_collectives` at first use).
         eps, momentum, affine, track_running_stats: as ``nn.BatchNorm1d``
             (``momentum=None`` is not supported).
 
@@ -83,7 +83,7 @@ class SyncBatchNorm(nn.BatchNorm1d):
         if not self.training:
             return super().forward(x)
         if self.collectives is None:
-            from .collectives import default_collectives
+            from ddp_impl.runtime.collectives import default_collectives
             self.collectives = default_collectives()
         mean, var, n = self._global_stats(x)
         if self.track_running_stats:

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from conformance.calibrate import calibrate, summary_text
+from conformance.cli.calibrate import calibrate, summary_text
 from conformance.verdict import Verdict
-from conformance.calibrate import parity_mutants
+from conformance.cli.calibrate import parity_mutants
 
 pytestmark = pytest.mark.cpu
 
@@ -135,7 +135,7 @@ def test_repeat_passes_for_a_correct_implementation(tmp_path):
 
 
 def test_repeat_reports_a_failing_implementation(tmp_path):
-    r = run_cli("run", "--ddp", "conformance.mutants:NoGradSync", "--only", "linear", "--world-size", "2", "--repeat", "2",
+    r = run_cli("run", "--ddp", "conformance.impls.mutants.catalog:NoGradSync", "--only", "linear", "--world-size", "2", "--repeat", "2",
                 "--json", str(tmp_path / "r.json"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "NOT PASSING at seed 1234" in r.stdout and "NOT PASSING at seed 1235" in r.stdout

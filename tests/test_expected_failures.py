@@ -5,7 +5,7 @@ that case reports, an implementation row, a runtime, a world size >= 2 - and a
 finding of docs/findings.md in its comment.
 
 The CLI itself only warns about listed ids that no longer fail or match no verdict of
-the run (conformance.report.apply_expected_failures), so a renamed case or check would
+the run (conformance.report.text.apply_expected_failures), so a renamed case or check would
 otherwise leave a dead line behind.
 """
 import pathlib
@@ -29,9 +29,9 @@ def finding_names(text: str) -> tuple[set, set]:
 
 def problems(lines, findings_md: str) -> list[str]:
     """Every reason a line of an expected-failures file is dead or unexplained."""
-    from conformance.cases import CASES
-    from conformance.impls import IMPLS
-    from conformance.runtimes import RUNTIMES
+    from conformance.cases.table import CASES
+    from conformance.impls.builtin import IMPLS
+    from conformance.worlds.runtimes import RUNTIMES
     numbers, titles = finding_names(findings_md)
     out = []
     for n, line in enumerate(lines, 1):
@@ -103,11 +103,11 @@ def test_checker_accepts_a_live_explained_line(line):
 
 
 def test_tox_cpu_runs_every_target_row_with_this_file():
-    """`tox -e cpu` passes every row of conformance.targets (a new row is not left out of CI)
+    """`tox -e cpu` passes every row of conformance.impls.torch_paths (a new row is not left out of CI)
     and this file to the CLI."""
     import configparser
 
-    from conformance.targets import target_rows
+    from conformance.impls.torch_paths import target_rows
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(DOCS.parent / "tox.ini")
     run = [ln for ln in tox["testenv:cpu"]["commands"].splitlines() if "-m conformance run" in ln]

@@ -3,7 +3,7 @@ the right class, the right replica named, its exception or stacks, and no proces
 left behind. One table, run on the CPU runtime (marker ``cpu``) and on PJRT
 (marker ``pjrt``; skipped with the reason where torch_xla cannot run).
 
-Each case runs :func:`conformance.tasks.fault` (a training-shaped loop: forward,
+Each case runs :func:`conformance.worlds.tasks.fault` (a training-shaped loop: forward,
 an all-reduce whose size changes per step, step sync) on a fresh world of 2
 replicas with a short task bound (:data:`TIMEOUT_S`), with the fault on
 replica :data:`K` at step 1. Bounds are generous for a loaded machine; they are
@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from conformance.runtimes import RuntimeUnavailable, get_runtime
-from conformance.tasks import fault
-from conformance.world import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+from conformance.worlds.tasks import fault
+from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World
 
 from tests.procs import gone
 
@@ -174,7 +174,7 @@ def test_sigint_to_cli_parent_leaves_nothing(runtime, tmp_path):
 def test_spawned_world_ignores_parent_launcher_variables(monkeypatch):
     """A kit-spawned world started from inside a torchrun job (launcher variables
     exported) keeps its own layout: ranks 0..W-1, one host, not the parent's."""
-    from conformance.tasks import rank_report
+    from conformance.worlds.tasks import rank_report
     for var, value in {"GROUP_RANK": "1", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(var, value)

@@ -262,7 +262,7 @@ def test_launcher_env_usage_errors(args, env, needle):
 
 
 def test_external_pool_refuses_other_world_size(monkeypatch):
-    from conformance.external import ExternalPool, WorldSizeMismatch, launched
+    from conformance.worlds.launched import ExternalPool, WorldSizeMismatch, launched
     for k, v in FAKE_LAUNCH.items():
         monkeypatch.setenv(k, v)
     assert launched()

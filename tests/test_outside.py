@@ -14,7 +14,7 @@
 
 import pytest
 
-from conformance.cases import CASES, select
+from conformance.cases.table import CASES, select
 from conformance.evaluate import evaluate
 from conformance.options import parse_world_sizes
 from conformance.verdict import BAD

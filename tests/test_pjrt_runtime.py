@@ -1,4 +1,4 @@
-"""The PJRT runtime adapter and ddp_impl.xla on the PJRT CPU device.
+"""The PJRT runtime adapter and ddp_impl.runtime.xla on the PJRT CPU device.
 
 One host process x W replica threads (the TPU v2/v3 shape). Tests marked
 ``pjrt`` skip with the adapter's one-line reason when torch_xla 2.9 is not
@@ -15,11 +15,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from conformance.invariants import rank_invariant_violations
-from conformance.rankcheck import check_reports
-from conformance.runtimes import RuntimeUnavailable, get_runtime
-from conformance.tasks import rank_report
-from conformance.world import ReplicaDied, ReplicaFailed, World
+from conformance.cases.ranks import rank_invariant_violations
+from conformance.cli.ranks import check_reports
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+from conformance.worlds.tasks import rank_report
+from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, World
 
 SIZES = [2, 4, pytest.param(8, marks=pytest.mark.slow)]
 STEPS, GLOBAL_BATCH, LR = 20, 24, 0.1
@@ -48,7 +48,7 @@ def collectives_task(ctx):
 
 
 def _module_bindings():
-    from ddp_impl import ranks
+    from ddp_impl.runtime import ranks
     return (ranks.process_index(), ranks.process_count(), ranks.global_ordinal(),
             ranks.local_ordinal(), ranks.world_size(), ranks.local_device_count())
 
@@ -102,8 +102,8 @@ def process_group_task(ctx):
     import torch
     import torch.distributed as dist
 
-    from conformance.tasks import rank_report
-    from ddp_impl.xla import init_pjrt_process_group
+    from conformance.worlds.tasks import rank_report
+    from ddp_impl.runtime.xla import init_pjrt_process_group
     first = init_pjrt_process_group()
     again = init_pjrt_process_group()  # idempotent per process
     t = torch.ones(2).to(ctx.device)
@@ -120,7 +120,7 @@ def foreign_process_group_task(ctx):
     """torch.distributed initialised by someone else (gloo): init_pjrt_process_group refuses."""
     import torch.distributed as dist
 
-    from ddp_impl.xla import init_pjrt_process_group
+    from ddp_impl.runtime.xla import init_pjrt_process_group
     with _FOREIGN_PG_LOCK:
         if not dist.is_initialized():
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -152,7 +152,7 @@ def equal_scalar_buffers_task(ctx, seed):
     """Rank 0's two BatchNorm layers get equal num_batches_tracked, rank 1's differ
     (properties.broadcast_task): with torch_xla's device-data cache on, equal 0-dim
     values shared one graph parameter and XLA aborted the host."""
-    from conformance.properties import broadcast_task
+    from conformance.cases.properties.gradsync import broadcast_task
     return broadcast_task(ctx, impl="ref", widths=(3, 3, 12, 3), seed=seed)
 
 
@@ -179,7 +179,7 @@ def torch_ddp_pjrt_group_task(ctx):
     """Upstream DDP over the xla group initialised once per process (rank = process index)."""
     import torch
 
-    from ddp_impl.xla import init_pjrt_process_group
+    from ddp_impl.runtime.xla import init_pjrt_process_group
     init_pjrt_process_group()
     torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 10).to(ctx.device))
     ctx.mark_step()
@@ -201,7 +201,7 @@ def xla_fsdp_step_task(ctx):
     """One training step of XlaFullyShardedDataParallel over a Linear, replica shards of 4 rows."""
     import torch
 
-    from conformance.xla_targets import _wrap_xla_fsdp
+    from conformance.impls.xla_paths import _wrap_xla_fsdp
     torch.manual_seed(0)
     model = _wrap_xla_fsdp(torch.nn.Linear(10, 10).to(ctx.device), ctx, {})
     ctx.mark_step()  # construction: passes
@@ -263,7 +263,7 @@ def test_host_envs_one_host_with_w_cpu_devices():
     env = envs[0]
     assert env["PJRT_DEVICE"] == "CPU" and env["CPU_NUM_DEVICES"] == "8"
     assert int(env["XLA_THREAD_POOL_SIZE"]) >= 8  # notes: pool < W deadlocks
-    assert env["XLA_ENABLE_PARAM_ALIASING"] == "0"  # ddp_impl.xla, measure 4
+    assert env["XLA_ENABLE_PARAM_ALIASING"] == "0"  # ddp_impl.runtime.xla, measure 4
 
 
 # --- on the runtime ---------------------------------------------------------
@@ -360,7 +360,7 @@ def test_process_group_refuses_a_foreign_default_group():
     _available(2)
     with World("pjrt", 2, timeout=60) as world:
         res = world.run(foreign_process_group_task)
-    assert res == ["torch.distributed is already initialised (not by ddp_impl.xla)"] * 2
+    assert res == ["torch.distributed is already initialised (not by ddp_impl.runtime.xla)"] * 2
 
 
 @pytest.mark.pjrt
@@ -383,7 +383,7 @@ def test_rank_invariants_pjrt(pjrt_world):
 
 @pytest.mark.pjrt
 def test_xla_batchnorm_running_var_is_biased(world_pool):
-    """Pins the runtime quirk the reference reproduces on PJRT (conformance.reference.QUIRKS):
+    """Pins the runtime quirk the reference reproduces on PJRT (conformance.cases.train.reference.QUIRKS):
     torch_xla 2.9 updates running_var with the biased batch variance, CPU torch the unbiased."""
     _available(2)
     assert "bn_running_var_biased" in get_runtime("pjrt").reference_quirks
@@ -397,11 +397,11 @@ def test_xla_batchnorm_running_var_is_biased(world_pool):
 
 @pytest.mark.pjrt
 def test_graphs_do_not_depend_on_scalar_values(world_pool):
-    """ddp_impl.xla measure 5 (value_independent_graphs, set by the adapter)."""
+    """ddp_impl.runtime.xla measure 5 (value_independent_graphs, set by the adapter)."""
     _available(2)
     world = world_pool.get("pjrt", 2)
     assert world.run(graph_flags_task) == [(False, False)] * 2
-    from conformance.properties import build_bn_net
+    from conformance.cases.properties.gradsync import build_bn_net
     counts = [[int(b) for n, b in build_bn_net((3, 3, 12, 3), 10 + 7919 * r).named_buffers()
                if n.endswith("num_batches_tracked")] for r in range(2)]
     assert counts[0][0] == counts[0][1] and counts[1][0] != counts[1][1]  # the trap is armed
@@ -412,7 +412,7 @@ def test_graphs_do_not_depend_on_scalar_values(world_pool):
 
 @pytest.mark.pjrt
 def test_host_buffers_step_does_not_abort(world_pool):
-    """Regression for buffer donation in the step marker (ddp_impl.xla, measure 4)."""
+    """Regression for buffer donation in the step marker (ddp_impl.runtime.xla, measure 4)."""
     _available(2)
     world = world_pool.get("pjrt", 2)
     for _ in range(5):
@@ -425,7 +425,7 @@ def test_host_buffers_step_does_not_abort(world_pool):
 def test_torch_ddp_on_pjrt_fails_in_constructor():
     """Upstream DDP over init_pjrt_process_group's group (one per process) in 1 x W threads:
     the measurement behind IMPLS["torch"].unsupported["pjrt"]."""
-    from conformance.impls import IMPLS, TORCH_DDP_ON_PJRT
+    from conformance.impls.builtin import IMPLS, TORCH_DDP_ON_PJRT
     _available(2)
     with World("pjrt", 2, timeout=60) as world:
         with pytest.raises(ReplicaFailed) as info:
@@ -453,7 +453,7 @@ def _assert_xla_aborts(task, collective):
 @pytest.mark.pjrt
 def test_torch_ddp_on_pjrt_with_per_thread_xla_url_aborts_the_host():
     """The other way to give every thread a group (xla://): XLA aborts the host (~15 s)."""
-    from conformance.impls import TORCH_DDP_ON_PJRT
+    from conformance.impls.builtin import TORCH_DDP_ON_PJRT
     _assert_xla_aborts(torch_ddp_xla_url_task, "all gather")
     assert "XLA aborts the host (Termination timeout for all gather" in TORCH_DDP_ON_PJRT
 
@@ -462,8 +462,8 @@ def test_torch_ddp_on_pjrt_with_per_thread_xla_url_aborts_the_host():
 def test_xla_fsdp_in_threads_aborts():
     """XlaFullyShardedDataParallel in 1 x W threads: constructs, then the first step's
     all-reduces never meet and XLA aborts the host (~15 s): IMPLS["xla_fsdp"]'s reason."""
-    from conformance.impls import IMPLS
-    from conformance.xla_targets import XLA_FSDP_ON_PJRT
+    from conformance.impls.builtin import IMPLS
+    from conformance.impls.xla_paths import XLA_FSDP_ON_PJRT
     _assert_xla_aborts(xla_fsdp_step_task, "all reduce")
     assert IMPLS["xla_fsdp"].unsupported["pjrt"] == XLA_FSDP_ON_PJRT
 
@@ -471,7 +471,7 @@ def test_xla_fsdp_in_threads_aborts():
 SPAWN_SCRIPT = textwrap.dedent("""
     import os, sys
     os.environ["PJRT_DEVICE"] = "CPU"
-    from ddp_impl.xla import spawn
+    from ddp_impl.runtime.xla import spawn
 
     def fn(index, tag):
         import torch, torch_xla
@@ -497,7 +497,7 @@ SPAWN_SCRIPT = textwrap.dedent("""
 @pytest.mark.pjrt
 @pytest.mark.parametrize("init", [True, False], ids=["init_torch_distributed", "no_process_group"])
 def test_spawn_runs_every_replica(tmp_path, init):
-    """ddp_impl.xla.spawn both ways: with init_torch_distributed one xla group per process
+    """ddp_impl.runtime.xla.spawn both ways: with init_torch_distributed one xla group per process
     (rank = process index 0, world 1) that is gone afterwards; without, no group at all."""
     _available(3)
     script = tmp_path / "spawn_main.py"

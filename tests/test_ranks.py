@@ -1,8 +1,8 @@
 """Rank bindings: invariants across a live world, and consistency with torch.distributed."""
 import pytest
 
-from conformance.invariants import rank_invariant_violations
-from conformance.tasks import rank_report
+from conformance.cases.ranks import rank_invariant_violations
+from conformance.worlds.tasks import rank_report
 
 
 @pytest.fixture(params=[pytest.param(w, marks=pytest.mark.cpu, id=f"cpu-w{w}") for w in (2, 3, 4)])
@@ -49,7 +49,7 @@ def test_invariant_checker_catches(case, problem):
 
 @pytest.mark.cpu
 def test_torch_bindings_from_launcher_env():
-    from ddp_impl.ranks import torch_bindings
+    from ddp_impl.runtime.ranks import torch_bindings
     b = torch_bindings({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
     assert (b.process_index, b.process_count, b.global_ordinal, b.local_ordinal, b.world_size,
             b.local_device_count) == (3, 4, 3, 1, 4, 1)

@@ -1,4 +1,4 @@
-"""``run --repeat`` reports each replica host's resident set (conformance/procmem.py)."""
+"""``run --repeat`` reports each replica host's resident set (conformance/worlds/procmem.py)."""
 import json
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conformance.procmem import peak_rss_mib, rss_mib
+from conformance.worlds.procmem import peak_rss_mib, rss_mib
 
 pytestmark = pytest.mark.cpu
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from conformance.report import KillRow
+from conformance.report.text import KillRow
 from conformance.verdict import Verdict
-from conformance.report import write_json
+from conformance.report.text import write_json
 
 pytestmark = pytest.mark.cpu
 

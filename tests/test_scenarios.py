@@ -6,8 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from conformance.scenarios import (BRANCHES, Scenario, ScenarioError, Space, explicit_scenarios,
-                                   scenario_reference)
+from conformance.cases.scenarios.scenario import BRANCHES, Scenario, ScenarioError, Space, explicit_scenarios, scenario_reference
 
 pytestmark = pytest.mark.cpu
 
@@ -41,7 +40,7 @@ def test_oracle_averages_local_means_not_the_global_batch():
     import torch
     import torch.nn.functional as F
 
-    from conformance.scenarios import build_scenario_model, scenario_batch
+    from conformance.cases.scenarios.scenario import build_scenario_model, scenario_batch
     sc = one_step([[5, 1]], [[list(BRANCHES)] * 2])
     ref = scenario_reference(sc)
     net = build_scenario_model(sc.seed, False)

@@ -5,7 +5,7 @@ Runs on every runtime that can run here (CPU: ``ref``; PJRT: ``ref`` and
 """
 import pytest
 
-from conformance.runtimes import RuntimeUnavailable, get_runtime
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 
 CASES = {"cpu": ("ref",), "pjrt": ("ref", "xla_recipe")}
 
@@ -45,7 +45,7 @@ def test_failure_wins_over_vacuity(runtime, world_pool, runner):
 
 
 def test_agreement_is_vacuous_when_nothing_moves(runtime, world_pool, conformance_session):
-    from conformance.cases import CASES
+    from conformance.cases.table import CASES
     from conformance.evaluate import evaluate
     world_pool.get(runtime, 2)
     (v,) = [v for v in evaluate(CASES["parity.linear"], "ref", runtime, 2, conformance_session, lr=1e-100)

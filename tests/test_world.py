@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from conformance.tasks import all_reduce_value, fail_on
-from conformance.world import ReplicaDied, ReplicaFailed, ReplicaTimeout, World
+from conformance.worlds.tasks import all_reduce_value, fail_on
+from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout, World
 
 from tests.procs import alive, gone
 
@@ -64,8 +64,8 @@ def test_pool_replaces_broken_world(world_pool):
 
 SCRIPT = textwrap.dedent("""
     import sys, time
-    from conformance.world import World
-    from conformance.tasks import fail_on
+    from conformance.worlds.spawned import World
+    from conformance.worlds.tasks import fail_on
     if __name__ == "__main__":
         w = World("cpu", 2)
         print(" ".join(map(str, w.pids())), flush=True)

@@ -1,15 +1,15 @@
-"""The torch_xla target rows (conformance.xla_targets) and the SPMD topology
-(conformance.runtimes.pjrt_spmd). Unit tests need no torch_xla; tests marked
+"""The torch_xla target rows (conformance.impls.xla_paths) and the SPMD topology
+(conformance.worlds.runtimes.pjrt_spmd). Unit tests need no torch_xla; tests marked
 ``pjrt`` skip with the runtime's reason where torch_xla 2.9 cannot run."""
 from __future__ import annotations
 
 import pytest
 
-from conformance.cases import CASES
+from conformance.cases.table import CASES
 from conformance.evaluate import Session, evaluate
-from conformance.impls import IMPLS
-from conformance.runtimes import RuntimeUnavailable, get_runtime, world_for
-from conformance.world import WorldPool
+from conformance.impls.builtin import IMPLS
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime, world_for
+from conformance.worlds.spawned import WorldPool
 
 SPMD_ROWS = ("xla_spmd", "xla_fsdpv2")
 
@@ -34,8 +34,8 @@ def test_spmd_rows_declare_their_semantics(name):
 
 
 def test_spmd_kwargs_refused():
-    from conformance.implrow import refuse_keywords
-    from conformance.xla_targets import SPMD_KWARGS
+    from conformance.impls.row import refuse_keywords
+    from conformance.impls.xla_paths import SPMD_KWARGS
     refuse_keywords("xla_spmd", {"broadcast_buffers": True, "bucket_cap_mb": 1}, SPMD_KWARGS)
     with pytest.raises(TypeError, match="process_group"):
         refuse_keywords("xla_spmd", {"process_group": None}, SPMD_KWARGS)
@@ -79,7 +79,7 @@ def sharding_guard_task(ctx, shard: bool):
     unwrapped (one device's training), then apply the row's guard."""
     import torch
 
-    from conformance.xla_targets import _require_sharded, _wrap_spmd
+    from conformance.impls.xla_paths import _require_sharded, _wrap_spmd
     m = torch.nn.Linear(4, 2).to(ctx.device)
     model = _wrap_spmd(m, ctx, {}) if shard else m
     model(torch.randn(8, 4).to(ctx.device)).sum().backward()
@@ -94,7 +94,7 @@ def sharding_guard_task(ctx, shard: bool):
 def test_sharding_guard_refuses_an_unsharded_step():
     """An SPMD step whose batch was never sharded trains one device's way and
     would pass parity: the rows' guard (after_backward) must refuse it."""
-    from conformance.world import World
+    from conformance.worlds.spawned import World
     _pjrt(2)
     with World("pjrt_spmd:2", 1, timeout=120) as world:
         assert world.run(sharding_guard_task, shard=True) == ["sharded"]

@@ -15,7 +15,7 @@ bindings expected as ``(process_index, process_count, global_ordinal,
 local_ordinal, world_size, local_device_count)``.
 
 Tests marked ``xrt`` all; those that need the runtime skip with the reason
-``ddp_impl.xrt.xrt_detect()`` gives when XRT cannot run.
+``ddp_impl.runtime.xrt.xrt_detect()`` gives when XRT cannot run.
 """
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ import sys
 import numpy as np
 import pytest
 
-from conformance.runtimes import RuntimeUnavailable, get_runtime
-from conformance.runtimes.xrt import XrtRuntime, host_envs_for
-from ddp_impl import ranks
-from ddp_impl import xrt as xrt_mod
-from ddp_impl.ranks import RankBindings
-from ddp_impl.xrt import TPU_VM_CONFIG, xrt_bindings, xrt_detect
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+from conformance.worlds.runtimes.xrt import XrtRuntime, host_envs_for
+from ddp_impl.runtime import ranks
+from ddp_impl.runtime import xrt as xrt_mod
+from ddp_impl.runtime.ranks import RankBindings
+from ddp_impl.runtime.xrt import TPU_VM_CONFIG, xrt_bindings, xrt_detect
 
 pytestmark = pytest.mark.xrt
 
@@ -321,7 +321,7 @@ def test_recorded_tables_shapes():
 
 @pytest.mark.parametrize("table", TABLES, ids=[t["name"] for t in TABLES])
 def test_spawned_replicas_are_routed_to_xrt_bindings(table):
-    """``ddp_impl.ranks`` names the runtime ``xrt`` for every process with XRT ordinals."""
+    """``ddp_impl.runtime.ranks`` names the runtime ``xrt`` for every process with XRT ordinals."""
     for _, env, _ in _rows(table):
         if W in env:
             assert ranks.current_runtime(env) == "xrt", env
@@ -530,7 +530,7 @@ def _require_xrt(world_size):
 
 def test_unavailable_runtime_raises_the_detect_reason():
     """Where XRT cannot run, World("xrt", 8) refuses with exactly xrt_detect's reason."""
-    from conformance.world import World
+    from conformance.worlds.spawned import World
     reason = xrt_detect()
     if reason is None:
         pytest.skip("XRT-capable torch_xla installed: the unavailable path does not apply")
@@ -547,8 +547,8 @@ def test_unavailable_runtime_raises_the_detect_reason():
 def test_xrt_world_bindings_on_runtime(world_size):
     """Each replica of a live XRT world reports the bindings its host_envs promised."""
     _require_xrt(world_size)
-    from conformance.tasks import rank_report
-    from conformance.world import World
+    from conformance.worlds.tasks import rank_report
+    from conformance.worlds.spawned import World
     with World("xrt", world_size) as world:
         reports = world.run(rank_report)
     got = [("tpu-host", RankBindings(**r["bindings"])) for r in reports]
@@ -621,7 +621,7 @@ def test_parity_smoke_data_is_not_vacuous():
 def test_xrt_parity_smoke():
     """World("xrt", 8): every replica ends at the single-device oracle's parameters."""
     _require_xrt(8)
-    from conformance.world import World
+    from conformance.worlds.spawned import World
     x, y, w0, b0 = _smoke_data(8)
     ow, ob = _train_cpu(x, y, w0, b0)
     with World("xrt", 8, timeout=600) as world:

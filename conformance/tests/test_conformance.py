@@ -8,7 +8,7 @@ from conformance.verdict import BAD
 
 def test_case(conformance_case, conformance_session, conformance_log, conformance_expected):
     from conformance.evaluate import evaluate
-    from conformance.report import apply_expected_failures
+    from conformance.report.text import apply_expected_failures
     case, impl, runtime, w = conformance_case
     verdicts = evaluate(case, impl, runtime, w, conformance_session)
     warnings = apply_expected_failures(verdicts, {i for i in conformance_expected
@@ -31,7 +31,7 @@ def test_case(conformance_case, conformance_session, conformance_log, conformanc
 
 def test_mutant_killed(conformance_kill, conformance_session, conformance_log):
     from conformance.evaluate import evaluate
-    from conformance.report import KillRow
+    from conformance.report.text import KillRow
     mutant, case, runtime, w = conformance_kill
     row = KillRow(runtime, w, mutant, case.name, evaluate(case, f"mutant:{mutant}", runtime, w, conformance_session,
                                                               shrink=False))

@@ -1,0 +1,222 @@
+"""Hypothesis properties of gradient sync as cases of the table.
+
+Each property is a factory ``prop(target, measure) -> hypothesis test``: examples
+are drawn in the evaluating process with the strategies of
+:mod:`conformance.cases.properties.gradsync`, shipped to every replica of the target's
+persistent world, and judged by the oracles there. :func:`run_property` runs one
+property within an example budget and returns the fields of a verdict: the worst
+use of the bound over all examples (max deviation, bound, margin) on a pass, and
+the shrunk counterexample on a failure.
+
+Hypothesis settings are applied per run (never through global profiles), so
+the kit changes nothing in other projects' Hypothesis configuration. Budgets:
+:data:`PROFILES`, selected by name (CLI ``--profile``, pytest
+``--conformance-profile``, absl ``--profile``, env ``CONFORMANCE_PROFILE``).
+
+The properties:
+
+1. ``allreduce_mean`` - a gradient pushed through the DDP comes back as the
+   replicas' mean, bit-identical on every replica, within
+   :func:`conformance.cases.properties.gradsync.allreduce_bound` of the float64 mean;
+2. ``full_batch_grad`` - synced gradients of a random MLP equal the
+   single-device gradient on the global batch;
+3. ``rank_permutation`` - permuting which replica gets which shard leaves the
+   synced gradients unchanged;
+4. ``broadcast`` - construction makes every replica hold rank 0's parameters and
+   buffers bit-identically; constructing again changes nothing;
+5. ``no_sync_accumulation`` - k ``no_sync`` micro-steps + one synced step give the
+   sum of the per-micro-batch global-batch gradients;
+6. ``scale_linearity`` - scaling every replica's loss by c scales the synced
+   gradient by c.
+"""
+from __future__ import annotations
+
+import os
+
+from conformance.errors import Unsupported, UsageError
+
+#: Examples per property, per profile (shrinking comes on top on a failure).
+PROFILES = {"dev": 25, "ci": 200, "ci-pjrt": 50, "thorough": 2000}
+DEFAULT_PROFILE = "dev"
+
+
+def profile_name(name: str | None = None) -> str:
+    """The profile in force: ``name``, else env ``CONFORMANCE_PROFILE``, else ``dev``.
+
+    Raises:
+        UsageError: unknown profile.
+    """
+    name = name or os.environ.get("CONFORMANCE_PROFILE") or DEFAULT_PROFILE
+    if name not in PROFILES:
+        raise UsageError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
+    return name
+
+
+def profile_examples(name: str | None = None) -> int:
+    """Examples per property of profile :func:`profile_name` ``(name)``."""
+    return PROFILES[profile_name(name)]
+
+
+def kit_settings(max_examples: int, shrink: bool = True):
+    """The Hypothesis settings of every kit search (properties and scenarios), applied per
+    test so no global profile changes: derandomized, no example database, no deadline,
+    shrinking on unless ``shrink`` is false (the kill matrix only asks whether a search
+    fails), the explain phase off (it reruns failing examples for nothing we report)."""
+    from hypothesis import HealthCheck, Phase, settings
+    off = {Phase.explain} | (set() if shrink else {Phase.shrink})
+    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+                    print_blob=True, phases=[p for p in Phase if p not in off],
+                    suppress_health_check=list(HealthCheck))
+
+
+class Target:
+    """One (runtime, world size, implementation) the properties run against.
+
+    ``run(task, **payload)`` ships one example to the world. The first replica
+    failure or ``Unsupported`` is remembered and raised again at once for every
+    later example, so Hypothesis shrinks a deterministic crash without touching
+    the world again (seconds, not minutes).
+    """
+
+    def __init__(self, run_task, runtime: str, world_size: int, impl: str):
+        self._run_task, self.runtime, self.world_size, self.impl = run_task, runtime, world_size, impl
+        self.runs = 0
+        self.error: BaseException | None = None
+
+    def run(self, fn, **payload) -> list:
+        if self.error is not None:
+            raise self.error
+        self.runs += 1
+        try:
+            return self._run_task(fn, impl=self.impl, **payload)
+        except Exception as exc:  # ReplicaError or Unsupported
+            self.error = exc
+            raise
+
+    def describe(self) -> str:
+        return f"impl={self.impl} runtime={self.runtime} world_size={self.world_size}"
+
+
+def _props():
+    from hypothesis import given, note
+    from hypothesis import strategies as st
+
+    from conformance.cases.properties import gradsync as P
+    tol = P.GRAD_TOLERANCES["float32"]
+
+    def label(t):
+        note(f"target: {t.describe()}")
+        return t.describe()
+
+    def allreduce_mean(t, m):
+        dtypes = P.ALLREDUCE_DTYPES.get(t.runtime, P.DEFAULT_ALLREDUCE_DTYPES)
+
+        @given(ex=P.allreduce_examples(t.world_size, dtypes))
+        def prop(ex):
+            label(t)
+            P.check_allreduce_mean(ex, t.run(P.allreduce_mean_task, **ex.payload()), m)
+        return prop
+
+    def full_batch_grad(t, m):
+        @given(ex=P.mlp_examples(t.world_size))
+        def prop(ex):
+            who = label(t)
+            expected = P.full_batch_grads(ex.widths, ex.seed, ex.x[0], ex.y[0])
+            for r, res in enumerate(t.run(P.mlp_grad_task, **ex.payload())):
+                P.compare_grads(res["grads"], expected, tol, measure=m,
+                                what=f"{who}: replica {r} vs single-device gradient on the global "
+                                     f"batch (widths={ex.widths}, local_batch={ex.local_batch})")
+        return prop
+
+    def rank_permutation(t, m):
+        @given(ex=P.mlp_examples(t.world_size), perm=P.nontrivial_permutations(t.world_size))
+        def prop(ex, perm):
+            who = label(t)
+            for r, res in enumerate(t.run(P.mlp_grad_task, perm=perm, **ex.payload())):
+                P.compare_grads(res["perm_grads"], res["grads"], tol, measure=m,
+                                what=f"{who}: replica {r}, shards permuted by {perm} vs identity "
+                                     f"(widths={ex.widths}, local_batch={ex.local_batch})")
+        return prop
+
+    def broadcast(t, m):
+        @given(ex=P.bn_examples(t.world_size))
+        def prop(ex):
+            who = label(t)
+            res = t.run(P.broadcast_task, **ex.payload())
+            rank0 = res[0]["before"]
+            for r in range(1, t.world_size):  # the setup really is rank-dependent
+                assert P.state_mismatch(res[r]["before"], rank0), \
+                    f"{who}: vacuous example, replica {r} was built equal to replica 0"
+            for r in range(t.world_size):
+                why = P.state_mismatch(res[r]["first"], rank0)
+                assert why is None, f"{who}: after DDP construction replica {r} != rank 0's state: {why}"
+                why = P.state_mismatch(res[r]["second"], res[r]["first"])
+                assert why is None, f"{who}: constructing a second DDP changed replica {r}: {why}"
+            m.add([0.0], [0.0])  # exact comparison: any deviation fails above
+        return prop
+
+    def no_sync_accumulation(t, m):
+        @given(ex=P.mlp_examples(t.world_size, micro_steps=st.integers(2, 4)))
+        def prop(ex):
+            who = label(t)
+            k = len(ex.x)
+            expected = P.accumulated_grads(ex.widths, ex.seed, ex.x, ex.y)
+            for r, res in enumerate(t.run(P.no_sync_task, **ex.payload())):
+                P.compare_grads(res["grads"], expected, tol, scale=k, measure=m,
+                                what=f"{who}: replica {r}, {k - 1} no_sync micro-step(s) + 1 synced vs "
+                                     f"sum of {k} global-batch gradients (widths={ex.widths}, "
+                                     f"local_batch={ex.local_batch})")
+        return prop
+
+    def scale_linearity(t, m):
+        @given(ex=P.mlp_examples(t.world_size), c=P.scales())
+        def prop(ex, c):
+            who = label(t)
+            for r, res in enumerate(t.run(P.scaled_grad_task, c=c, **ex.payload())):
+                expected = [(n, None if g is None else c * g.astype("float64")) for n, g in res["grads"]]
+                P.compare_grads(res["scaled_grads"], expected, tol, scale=abs(c), measure=m,
+                                what=f"{who}: replica {r}, gradient of {c!r} * loss vs {c!r} * "
+                                     f"gradient of loss (widths={ex.widths}, local_batch={ex.local_batch})")
+        return prop
+
+    return {f.__name__: f for f in (allreduce_mean, full_batch_grad, rank_permutation, broadcast,
+                                     no_sync_accumulation, scale_linearity)}
+
+
+PROPERTY_NAMES = ("allreduce_mean", "full_batch_grad", "rank_permutation", "broadcast",
+                  "no_sync_accumulation", "scale_linearity")
+
+
+def run_property(name: str, target: Target, max_examples: int, shrink: bool = True) -> dict:
+    """Run property ``name`` on ``target`` with ``max_examples`` examples (a failing
+    example shrunk to a minimal counterexample unless ``shrink`` is false).
+
+    Returns verdict fields: ``status`` (``pass``/``fail``/``vacuous``),
+    ``max_dev``, ``atol`` (the bound at the worst element), ``margin``,
+    ``reason`` and ``diagnosis`` (the shrunk counterexample, Hypothesis' report).
+
+    Raises:
+        Unsupported: the implementation cannot serve the property.
+    """
+    from conformance.cases.properties.gradsync import Measure
+    measure = Measure()
+    test = kit_settings(max_examples, shrink)(_props()[name](target, measure))
+    try:
+        test()
+    except Exception as exc:
+        if isinstance(target.error, Unsupported):
+            raise target.error from None
+        notes = "\n".join(getattr(exc, "__notes__", []))
+        text = f"{notes}\n{type(exc).__name__}: {exc}".strip()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if target.error is not None:
+            first = f"replica failure: {first}"
+        return {"status": "fail", "reason": f"counterexample after {target.runs} example(s): {first[:300]}",
+                "diagnosis": text, "max_dev": measure.dev, "atol": measure.bound,
+                "margin": (1 / measure.ratio) if measure.ratio else float("inf")}
+    out = {"status": "pass", "max_dev": measure.dev, "atol": measure.bound,
+           "margin": (1 / measure.ratio) if measure.ratio else float("inf"),
+           "reason": f"{target.runs} example(s); worst use of the bound {measure.ratio:.3g}"}
+    if target.runs < max_examples:
+        out.update(status="vacuous", reason=f"ran {target.runs} example(s), the budget asks {max_examples}")
+    return out

@@ -1,0 +1,669 @@
+"""Generated training scenarios: data, the replica task, the single-device oracle, the judge.
+
+A **scenario** is JSON-serialisable data: a sequence of optimizer steps, each an
+accumulation window of ``k`` micro-steps (the first ``k - 1`` under ``no_sync()``,
+the last synced), and for every micro-step and replica a local batch size
+(uneven allowed) and a *plan*: which branches of the scenario model the replica
+uses and in which order (rank-dependent control flow, so gradient hooks fire in
+rank-dependent orders and parameters go unused on some replicas). Around it: DDP
+keywords (``find_unused_parameters``, ``broadcast_buffers``, buckets, a comm
+hook), buffer rebinding in forward, a loss scale (gradients up to where fp16
+communication overflows; unscaled before the step, as ``GradScaler`` does), the
+optimizer (SGD, SGD with momentum, Adam, AdamW), a checkpoint save/reload of
+DDP + optimizer state mid-run, and the length (up to 120 steps).
+
+The oracle computes **DDP's semantics** on one device for any scenario: every
+replica's accumulated gradient over the window (its own micro-batches, its own
+local-mean losses), then the equal average over replicas (not the global-batch
+gradient: with uneven local batches the two differ). A parameter no replica used
+in the whole window keeps no gradient (``find_unused_parameters``: globally
+unused); one used only by some replicas, or only in the ``no_sync`` micro-steps,
+is averaged with zeros from the others. Buffers follow torch's DDP: with
+``broadcast_buffers`` a forward starts from rank 0's buffers when the previous
+forward was synced (or it is the first), i.e. at the start of an accumulation
+window (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
+``_post_forward``: ``require_forward_param_sync``).
+
+The scenario model's buffers do not feed its output (an exponential moving
+average of the stem activations and a forward counter), so buffer semantics are
+judged by the buffer check and cannot mask a gradient fault.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+#: Branches of the scenario model; a plan uses a subset, in an order.
+BRANCHES = ("a", "b", "c")
+OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw")
+#: Fault kinds each optimizer can reveal (docs and report): Adam's update is
+#: invariant to a constant gradient scale, so a mean/sum or world-size-count fault
+#: is nearly invisible under it; SGD reveals it in proportion.
+OPTIMIZER_REVEALS = {
+    "sgd": "every gradient fault, scale faults (sum instead of mean, wrong count) in proportion",
+    "sgd_momentum": "as SGD, plus momentum-buffer (optimizer state) faults, e.g. after a checkpoint reload",
+    "adam": "per-element direction faults and state faults; NOT constant scale faults (update is scale-invariant)",
+    "adamw": "as Adam, plus weight-decay handling",
+}
+IN_FEATURES, HIDDEN, OUT_FEATURES = 8, 12, 4
+SCENARIO_KEYS = {"seed", "lr", "optimizer", "ddp", "rebind_buffers", "loss_scale_log2", "checkpoint_at",
+                 "steps"}
+DDP_KEYS = {"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view",
+            "static_graph", "comm_hook"}
+STEP_KEYS = {"micro"}
+MICRO_KEYS = {"batch", "plan"}
+
+
+class ScenarioError(ValueError):
+    """A scenario that does not parse or names an unknown dimension; one line."""
+
+
+@dataclass
+class Scenario:
+    """One scenario (see the module docstring).
+
+    Attributes:
+        seed: model and data seed.
+        lr: learning rate.
+        optimizer: one of :data:`OPTIMIZERS`.
+        ddp: DDP keywords (subset of :data:`DDP_KEYS`; ``comm_hook``: ``"allreduce"``).
+        rebind_buffers: the model assigns new tensors to its buffers in forward.
+        loss_scale_log2: the loss is multiplied by ``2**loss_scale_log2`` before backward and the
+            synced gradient divided by it before the step (exact: a power of two).
+        checkpoint_at: after this step (0-based) save and reload DDP + optimizer state (or None).
+        steps: ``[{"micro": [{"batch": [n_0, ..., n_{W-1}], "plan": [[branch, ...] per replica]}]}]``.
+    """
+
+    seed: int
+    lr: float
+    optimizer: str
+    ddp: dict
+    rebind_buffers: bool
+    loss_scale_log2: int
+    checkpoint_at: int | None
+    steps: list = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.steps[0]["micro"][0]["batch"])
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d) -> "Scenario":
+        """Parse and validate.
+
+        Raises:
+            ScenarioError: not an object, an unknown or missing key (dimension), or a bad value.
+        """
+        if not isinstance(d, dict):
+            raise ScenarioError("a scenario is a JSON object")
+        if "scenario" in d and isinstance(d["scenario"], dict):  # a failure file wraps it
+            d = d["scenario"]
+        unknown = sorted(set(d) - SCENARIO_KEYS)
+        if unknown:
+            raise ScenarioError(f"unknown scenario dimension(s) {unknown}; known: {sorted(SCENARIO_KEYS)}")
+        missing = sorted(SCENARIO_KEYS - set(d))
+        if missing:
+            raise ScenarioError(f"missing scenario key(s) {missing}")
+        s = cls(**d)
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        """Raises ScenarioError naming the first bad value."""
+        if self.optimizer not in OPTIMIZERS:
+            raise ScenarioError(f"optimizer {self.optimizer!r}: one of {OPTIMIZERS}")
+        if not isinstance(self.ddp, dict) or set(self.ddp) - DDP_KEYS:
+            raise ScenarioError(f"unknown DDP keyword(s) {sorted(set(self.ddp) - DDP_KEYS)}; known: {sorted(DDP_KEYS)}")
+        if self.ddp.get("comm_hook") not in (None, "allreduce"):
+            raise ScenarioError(f"comm_hook {self.ddp['comm_hook']!r}: only 'allreduce'")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ScenarioError(f"lr {self.lr!r}: a positive number")
+        if not self.steps or not isinstance(self.steps, list):
+            raise ScenarioError("steps: a non-empty list")
+        w = None
+        for i, step in enumerate(self.steps):
+            if not isinstance(step, dict) or set(step) != STEP_KEYS or not step["micro"]:
+                raise ScenarioError(f"step {i}: an object with a non-empty 'micro' list")
+            for j, m in enumerate(step["micro"]):
+                if not isinstance(m, dict) or set(m) != MICRO_KEYS:
+                    raise ScenarioError(f"step {i} micro-step {j}: keys {sorted(MICRO_KEYS)}")
+                w = w or len(m["batch"])
+                if len(m["batch"]) != w or len(m["plan"]) != w or w < 1:
+                    raise ScenarioError(f"step {i} micro-step {j}: batch and plan need one entry per replica")
+                if any(not isinstance(n, int) or n < 1 for n in m["batch"]):
+                    raise ScenarioError(f"step {i} micro-step {j}: local batch sizes are integers >= 1")
+                for p in m["plan"]:
+                    if any(b not in BRANCHES for b in p) or len(set(p)) != len(p):
+                        raise ScenarioError(f"step {i} micro-step {j}: plan {p}: distinct branches of {BRANCHES}")
+        if self.checkpoint_at is not None and not 0 <= self.checkpoint_at < len(self.steps) - 1:
+            raise ScenarioError(f"checkpoint_at {self.checkpoint_at}: a step before the last")
+
+    def describe_step(self, s: int) -> str:
+        """The scenario dimensions in play at step ``s`` (0-based), for verdict reasons."""
+        step = self.steps[s]["micro"]
+        parts = []
+        k = len(step)
+        if k > 1:
+            parts.append(f"accumulation window of {k} micro-steps (no_sync)")
+        batches = [m["batch"] for m in step]
+        if any(len(set(b)) > 1 for b in batches):
+            parts.append(f"uneven local batches {batches if k > 1 else batches[0]}")
+        plans = [m["plan"] for m in step]
+        if any(len({tuple(p) for p in pl}) > 1 for pl in plans):
+            parts.append("rank-dependent branches/hook order")
+        used_last = set().union(*[set(p) for p in plans[-1]])
+        used_any = set().union(*[set(p) for pl in plans for p in pl])
+        if used_any - used_last:
+            parts.append(f"branch(es) {sorted(used_any - used_last)} used only in no_sync micro-steps")
+        per_replica = [set().union(*[set(pl[r]) for pl in plans]) for r in range(len(plans[0]))]
+        partly = sorted(set().union(*per_replica) - set.intersection(*per_replica))
+        if partly:
+            parts.append(f"branch(es) {partly} used by some replicas only")
+        if set(BRANCHES) - used_any:
+            parts.append(f"globally unused branch(es) {sorted(set(BRANCHES) - used_any)}")
+        if self.rebind_buffers:
+            parts.append("buffers rebound in forward")
+        if self.loss_scale_log2:
+            parts.append(f"loss scale 2**{self.loss_scale_log2}")
+        if self.checkpoint_at is not None and s > self.checkpoint_at:
+            parts.append(f"after the checkpoint reload at step {self.checkpoint_at + 1}")
+        on = [k for k, v in self.ddp.items() if v not in (None, False)]
+        parts.append(f"optimizer {self.optimizer}" + (f", DDP {', '.join(on)}" if on else ""))
+        return "; ".join(parts)
+
+
+def load_scenario(path: str) -> Scenario:
+    """Read a scenario (or a failure file holding one) from a JSON file.
+
+    Raises:
+        ScenarioError: unreadable, not JSON, or invalid (one line).
+    """
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except OSError as exc:
+        raise ScenarioError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    try:
+        return Scenario.from_json(d)
+    except TypeError as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+
+
+# --------------------------------------------------------------------------
+# the model and the data (built identically in replicas and in the oracle)
+# --------------------------------------------------------------------------
+
+def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0):
+    """``stem -> h; h + sum over the plan's branches (in plan order) of tanh(branch(h)) -> head``.
+
+    Parameters U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from ``seed``; buffers ``ema``
+    (float32 ``[HIDDEN]``: moving average of the stem's batch mean, 0.9/0.1) and
+    ``count`` (int64 scalar: training forwards), updated in training forward by
+    assignment of new tensors when ``rebind`` else in place. Buffers never feed the
+    output. ``buffer_offset`` is added to ``ema`` (rank-dependent starts).
+    """
+    import torch
+    from torch import nn
+
+    class ScenarioNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Linear(IN_FEATURES, HIDDEN)
+            self.branch = nn.ModuleDict({b: nn.Linear(HIDDEN, HIDDEN) for b in BRANCHES})
+            self.head = nn.Linear(HIDDEN, OUT_FEATURES)
+            self.register_buffer("ema", torch.zeros(HIDDEN))
+            self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+            self.rebind = rebind
+
+        def forward(self, x, plan=BRANCHES):
+            h = torch.tanh(self.stem(x))
+            if self.training:
+                with torch.no_grad():
+                    new = 0.9 * self.ema + 0.1 * h.detach().mean(0)
+                    if self.rebind:  # a new object each forward: a cached buffer list goes stale
+                        self.ema = new
+                        self.count = self.count + 1
+                    else:
+                        self.ema.copy_(new)
+                        self.count.add_(1)
+            for b in plan:
+                h = h + torch.tanh(self.branch[b](h))
+            return self.head(h)
+
+    net = ScenarioNet()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mod in net.modules():
+            if isinstance(mod, nn.Linear):
+                bound = 1.0 / math.sqrt(mod.in_features)
+                mod.weight.uniform_(-bound, bound, generator=gen)
+                mod.bias.uniform_(-bound, bound, generator=gen)
+        net.ema.add_(buffer_offset)
+    return net
+
+
+def scenario_batch(seed: int, step: int, micro: int, rank: int, n: int):
+    """``(x [n, IN_FEATURES], y [n, OUT_FEATURES])`` float32 N(0, 1), from (seed, step, micro, rank)."""
+    import torch
+    gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 101 + micro) * 257 + rank)
+    return torch.randn(n, IN_FEATURES, generator=gen), torch.randn(n, OUT_FEATURES, generator=gen)
+
+
+def make_optimizer(name: str, params, lr: float):
+    import torch
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "sgd_momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+
+
+#: Rank r builds its model from seed + RANK_SEED_STRIDE * r with ema offset r * 0.5
+#: (only a DDP that broadcasts module state at construction matches).
+RANK_SEED_STRIDE = 7919
+
+
+# --------------------------------------------------------------------------
+# the replica task
+# --------------------------------------------------------------------------
+
+def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
+    """World task: run ``scenario`` on this replica with implementation ``impl``.
+
+    Returns ``params`` float32 ``[S+1, P]``, ``buffers`` float64 ``[S+1, B]`` (after
+    construction and after each optimizer step), ``optim_digests`` (SHA-1 per step),
+    ``optim`` (final optimizer state, float64).
+
+    Raises:
+        Unsupported: the implementation refuses a keyword or lacks no_sync /
+            register_comm_hook.
+    """
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    from conformance.cases.train.loop import wrap
+    from conformance.cases.train.readback import flat_buffers, flat_optimizer_state, flat_params, saved_copy, state_digest, to_device
+    from conformance.impls.builtin import resolve_impl
+    from conformance.errors import Unsupported
+    sc = Scenario.from_json(scenario)
+    row = resolve_impl(impl)
+    if row.forward_backward is not None or row.make_optimizer is not None:
+        raise Unsupported(f"{impl} brings its own {'compiled step' if row.forward_backward else 'optimizer'}, "
+                          "which the scenario loop (its own optimizers, micro-steps) would bypass")
+    r = ctx.rank
+    # Only keywords that change something are passed (a recipe without them stays usable).
+    kwargs = {"broadcast_buffers": sc.ddp.get("broadcast_buffers", True)}
+    kwargs.update({k: v for k, v in sc.ddp.items() if k not in ("comm_hook", "broadcast_buffers")
+                   and v not in (None, False)})
+    requires = [k for k in kwargs if k != "broadcast_buffers"]
+    if any(len(s["micro"]) > 1 for s in sc.steps):
+        requires.append("no_sync")
+    if sc.ddp.get("comm_hook"):
+        requires.append("register_comm_hook")
+
+    def build(salt=0):
+        m = to_device(build_scenario_model(sc.seed + RANK_SEED_STRIDE * r + salt, sc.rebind_buffers,
+                                           0.5 * r + salt), ctx.device)
+        ddp = wrap(row, m, ctx, kwargs, tuple(requires))
+        if sc.ddp.get("comm_hook"):
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        ctx.mark_step()
+        return m, ddp, make_optimizer(sc.optimizer, ddp.parameters(), sc.lr)
+
+    model, ddp, opt = build()
+    which = row.shard_rank(ctx)
+    scale = 2.0 ** sc.loss_scale_log2
+    params, buffers, digests = [flat_params(model)], [flat_buffers(model)], []
+    for s, step in enumerate(sc.steps):
+        opt.zero_grad(set_to_none=True)
+        micro = step["micro"]
+        for j, m in enumerate(micro):
+            x, y = scenario_batch(sc.seed, s, j, which, m["batch"][which])
+            plan = tuple(m["plan"][which])
+            ctxm = ddp.no_sync() if j < len(micro) - 1 else contextlib.nullcontext()
+            with ctxm:
+                out = ddp(x.to(ctx.device), plan=plan)
+                (F.mse_loss(out, y.to(ctx.device)) * scale).backward()
+            if j < len(micro) - 1:
+                ctx.mark_step()
+        if row.after_backward is not None:
+            row.after_backward(ddp, opt, ctx)
+        if scale != 1.0:
+            with torch.no_grad():
+                for q in model.parameters():
+                    if q.grad is not None:
+                        q.grad.div_(scale)
+        opt.step()
+        ctx.mark_step()
+        params.append(flat_params(model))
+        buffers.append(flat_buffers(model))
+        digests.append(state_digest(flat_optimizer_state(opt)))
+        if sc.checkpoint_at == s:
+            saved = saved_copy({"model": ddp.state_dict(), "optim": opt.state_dict()})
+            model, ddp, opt = build(salt=1)
+            torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optim"])
+    return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
+            "optim": flat_optimizer_state(opt)}
+
+
+# --------------------------------------------------------------------------
+# the oracle
+# --------------------------------------------------------------------------
+
+def scenario_reference(sc: Scenario) -> dict:
+    """DDP's semantics for ``sc`` on one CPU device, float32.
+
+    Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica
+    must hold after each step), ``optim`` (final optimizer state).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from conformance.cases.train.readback import flat_optimizer_state, flat_params
+    w = sc.world_size
+    net = build_scenario_model(sc.seed, sc.rebind_buffers)
+    opt = make_optimizer(sc.optimizer, net.parameters(), sc.lr)
+    scale = 2.0 ** sc.loss_scale_log2
+    params = list(net.parameters())
+    bcast = sc.ddp.get("broadcast_buffers", True)
+    # Construction broadcasts buffers only with broadcast_buffers (as upstream).
+    rank_bufs = [[t.detach().clone() + (0 if bcast or not t.is_floating_point() else 0.5 * r)
+                  for t in net.buffers()] for r in range(w)]
+    names = [n for n, _ in net.named_buffers()]
+
+    def set_bufs(vals):
+        for n, v in zip(names, vals):
+            setattr(net, n, v.clone())
+
+    def get_bufs():
+        return [t.detach().clone() for t in net.buffers()]
+
+    def flat_bufs():
+        return np.stack([np.concatenate([t.double().reshape(-1).numpy() for t in rb]) for rb in rank_bufs])
+
+    out_p = [flat_params(net)]
+    out_b = [flat_bufs()]
+    prev_synced = True  # construction counts as a synced step (require_forward_param_sync starts True)
+    for s, step in enumerate(sc.steps):
+        micro = step["micro"]
+        acc = [[None] * len(params) for _ in range(w)]
+        for j, m in enumerate(micro):
+            synced = j == len(micro) - 1
+            if bcast and prev_synced:
+                rank_bufs = [[t.clone() for t in rank_bufs[0]] for _ in range(w)]
+            for r in range(w):
+                set_bufs(rank_bufs[r])
+                x, y = scenario_batch(sc.seed, s, j, r, m["batch"][r])
+                net.zero_grad(set_to_none=True)
+                (F.mse_loss(net(x, plan=tuple(m["plan"][r])), y) * scale).backward()
+                rank_bufs[r] = get_bufs()
+                for i, q in enumerate(params):
+                    if q.grad is not None:
+                        acc[r][i] = q.grad.clone() if acc[r][i] is None else acc[r][i] + q.grad
+            prev_synced = synced
+        with torch.no_grad():
+            for i, q in enumerate(params):
+                got = [acc[r][i] for r in range(w) if acc[r][i] is not None]
+                if not got:
+                    q.grad = None  # globally unused in the window
+                    continue
+                total = None
+                for r in range(w):  # the replicas' accumulated gradients, zeros where unused, in rank order
+                    g = acc[r][i] if acc[r][i] is not None else torch.zeros_like(q)
+                    total = g.clone() if total is None else total + g
+                q.grad = total / w / scale
+        opt.step()
+        out_p.append(flat_params(net))
+        out_b.append(flat_bufs())
+    return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(opt)}
+
+
+# --------------------------------------------------------------------------
+# the judge
+# --------------------------------------------------------------------------
+
+def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 0.0) -> list[dict]:
+    """Compare every replica with the oracle: parameters and buffers after every step,
+    final optimizer state, and replica agreement (parameters and optimizer state
+    bit-identical to replica 0's after every step). Returns one
+    :class:`~conformance.verdict.Verdict` per check ``params``, ``buffers``,
+    ``optimizer_state``, ``agreement`` (case and implementation fields left for
+    the caller)."""
+    from conformance.cases.checks import AGREEMENT, Check, judge, judge_agreement
+    ref = scenario_reference(sc)
+    out = []
+    for name, series in (
+            ("params", lambda reps, r: (np.stack([x["params"][1:] for x in reps]), r["params"][1:])),
+            ("buffers", lambda reps, r: (np.stack([x["buffers"][1:] for x in reps]),
+                                         np.stack([r["buffers"][1:, k] for k in range(len(reps))]))),
+            ("optimizer_state", lambda reps, r: (np.stack([x["optim"][None] for x in reps]), r["optim"][None]))):
+        mv = (lambda r: float(np.max(np.abs(r["buffers"][-1, 0] - r["buffers"][0, 0])))) if name == "buffers" \
+            else (lambda r: float(np.max(np.abs(r["params"][-1].astype(np.float64) - r["params"][0]))))
+        v = judge(Check(name, name, series, lambda t: (t.atol, t.rtol), movement=mv), results, ref, tol,
+                  case="", impl="", runtime="", model="scenario")
+        if name == "optimizer_state":
+            v.first_bad_step = None if v.status != "fail" else len(sc.steps)
+            if v.status == "vacuous" and not ref["optim"].size:
+                v.status, v.reason = "pass", "the optimizer keeps no state (plain SGD): nothing to compare"
+        out.append(v)
+    out.append(judge_agreement(results, case="", impl="", runtime="", model="scenario", atol=agreement_atol))
+    for v in out:
+        if v.status == "fail" and v.first_bad_step:
+            s = min(v.first_bad_step, len(sc.steps)) - 1
+            who = f"replica {v.replica}, " if v.replica is not None else ""
+            v.reason = f"{who}step {s + 1} ({sc.describe_step(s)}): {v.reason}"
+    assert [v.check for v in out] == ["params", "buffers", "optimizer_state", AGREEMENT]
+    return out
+
+
+# --------------------------------------------------------------------------
+# generation (Hypothesis) and the case runner
+# --------------------------------------------------------------------------
+
+#: Learning rates per optimizer: large enough that one step moves parameters by
+#: >= 100 x atol (the vacuity guard), small enough to stay stable for 120 steps.
+LRS = {"sgd": (0.05, 0.1, 0.2), "sgd_momentum": (0.02, 0.05), "adam": (0.005, 0.01), "adamw": (0.005, 0.01)}
+#: Example budget of a scenario case per profile (each example is a training run).
+SCENARIO_EXAMPLES = {"dev": 12, "ci": 40, "ci-pjrt": 8, "thorough": 500}
+
+
+@dataclass(frozen=True)
+class Space:
+    """What a scenario case draws from (a row's ``args["space"]``)."""
+
+    optimizers: tuple = OPTIMIZERS
+    ddp_extra: tuple = ()        # ("buckets",) and/or ("comm_hook",)
+    max_steps: int = 120
+    budget: float = 1.0          # fraction of the profile's example budget
+    rank_uniform: bool = False   # equal local batches and plans on every replica (XLA runtimes)
+
+
+def scenarios(world_size: int, space: Space):
+    """Hypothesis strategy of :class:`Scenario` for ``world_size`` replicas.
+
+    A run is a pattern of 1..4 distinct optimizer steps repeated cyclically to its
+    length (1..8, or one run in ten 41..``max_steps``: faults that start late), so
+    long runs stay cheap to draw and shrink. Everything shrinks towards the plain case: one step,
+    one micro-step, equal batches of 1, every branch in the same order, SGD.
+    """
+    from hypothesis import strategies as st
+
+    def plan(find_unused):
+        perm = st.permutations(BRANCHES)
+        if not find_unused:
+            return perm.map(list)
+        return st.tuples(perm, st.integers(0, len(BRANCHES))).map(lambda t: list(t[0][:t[1]]))
+
+    @st.composite
+    def build(draw):
+        optimizer = draw(st.sampled_from(space.optimizers))
+        find_unused = draw(st.booleans())
+        ddp = {"find_unused_parameters": find_unused, "broadcast_buffers": not draw(st.booleans())}
+        if "buckets" in space.ddp_extra:
+            ddp["bucket_cap_mb"] = draw(st.sampled_from([25.0, 0.0005, 0.002]))
+            ddp["gradient_as_bucket_view"] = draw(st.booleans())
+        if "comm_hook" in space.ddp_extra:
+            ddp["comm_hook"] = "allreduce"
+        pattern = []
+        for _ in range(draw(st.integers(1, 4))):
+            k = draw(st.integers(1, 3))
+            micro = []
+            for _ in range(k):
+                if space.rank_uniform:
+                    batch = [draw(st.integers(1, 6))] * world_size
+                    plans = [draw(plan(find_unused))] * world_size
+                else:
+                    batch = [draw(st.integers(1, 6)) for _ in range(world_size)]
+                    plans = [draw(plan(find_unused)) for _ in range(world_size)]
+                micro.append({"batch": batch, "plan": plans})
+            pattern.append({"micro": micro})
+        # One run in ten is long (faults that start late); the explicit scenarios hold one too.
+        long_run = draw(st.integers(0, 9)) == 9
+        n = draw(st.integers(41, space.max_steps) if long_run else st.integers(1, 8))
+        steps = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(n)]
+        ckpt = draw(st.one_of(st.none(), st.integers(0, max(0, n - 2)))) if n > 1 else None
+        return Scenario(seed=draw(st.integers(0, 2 ** 20)), lr=draw(st.sampled_from(LRS[optimizer])),
+                        optimizer=optimizer, ddp=ddp, rebind_buffers=draw(st.booleans()),
+                        loss_scale_log2=draw(st.sampled_from([0, 8, 20])), checkpoint_at=ckpt, steps=steps)
+    return build()
+
+
+def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
+    """Scenarios every run of a case includes (before the generated ones): one per
+    dimension a fault hides in, so the default budget always covers them."""
+    w = world_size
+    all_b = list(BRANCHES)
+    extra = {}
+    if "buckets" in space.ddp_extra:
+        extra = {"bucket_cap_mb": 0.0005, "gradient_as_bucket_view": True}
+    if "comm_hook" in space.ddp_extra:
+        extra = {"comm_hook": "allreduce"}
+
+    def sc(steps, optimizer="sgd", find_unused=False, **kw):
+        base = dict(seed=11, lr=LRS[optimizer][-1] if optimizer == "sgd" else LRS[optimizer][0],
+                    optimizer=optimizer, ddp=dict({"find_unused_parameters": find_unused,
+                                                   "broadcast_buffers": True}, **extra),
+                    rebind_buffers=False, loss_scale_log2=0, checkpoint_at=None, steps=steps)
+        base.update(kw)
+        return Scenario(**base)
+
+    def step(batches, plans):
+        return {"micro": [{"batch": b, "plan": p} for b, p in zip(batches, plans)]}
+    rev = [all_b if r % 2 == 0 else all_b[::-1] for r in range(w)]
+    uneven = [3 + 2 * (r % 2) + (r // 2) for r in range(w)]
+    out = [
+        # long run (faults that start late), plain SGD
+        sc([step([[2] * w], [[all_b] * w]) for _ in range(60)]),
+        # uneven local batches, rank-dependent hook order, buffers rebound in forward
+        sc([step([uneven], [rev]) for _ in range(4)], rebind_buffers=True),
+        # accumulation window: branch c used only in the no_sync micro-steps
+        sc([step([[2] * w, [2] * w], [[all_b] * w, [["a", "b"]] * w]) for _ in range(3)], find_unused=True),
+        # locally unused branch (replica 0 skips b), momentum, checkpoint reload, large loss scale
+        sc([step([[2] * w], [[["a", "c"]] + [all_b] * (w - 1)]) for _ in range(5)], optimizer="sgd_momentum",
+           find_unused=True, checkpoint_at=2, loss_scale_log2=20),
+    ]
+    for s in out:
+        if space.rank_uniform:  # the same batch size and plan on every replica (replica 0's)
+            for step in s.steps:
+                for m in step["micro"]:
+                    m["batch"] = [m["batch"][0]] * w
+                    m["plan"] = [list(m["plan"][0]) for _ in range(w)]
+        s.validate()
+    return out
+
+
+SCENARIO_CHECKS = ("params", "buffers", "optimizer_state", "agreement")
+
+
+def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_examples: int,
+                      shrink: bool = True) -> list:
+    """Run the explicit scenarios, then ``max_examples`` generated ones, on ``target``
+    (a :class:`conformance.cases.properties.run.Target`); Hypothesis shrinks a failing
+    scenario to a minimal one (unless ``shrink`` is false: the first failing one).
+
+    Returns one :class:`~conformance.verdict.Verdict` per :data:`SCENARIO_CHECKS`
+    (case fields filled by the caller): on a pass, the worst deviation over all
+    examples; on a failure, the minimal failing scenario's verdicts, with the
+    scenario JSON in ``example`` and a reproducer in ``diagnosis``.
+
+    Raises:
+        Unsupported: the implementation cannot serve the scenarios.
+    """
+    from hypothesis import given
+
+    from conformance.errors import Unsupported
+    from conformance.cases.properties.run import kit_settings
+    from conformance.verdict import Verdict
+    worst: dict = {}
+    state = {"examples": 0, "vacuous": 0, "failing": None}
+
+    def check(sc: Scenario):
+        results = target.run(scenario_task, scenario=sc.to_json())
+        vs = judge_scenario(sc, results, tol, agreement_atol=agreement_atol)
+        state["examples"] += 1
+        bad = [v for v in vs if v.status == "fail"]
+        if bad:
+            state["failing"] = (sc, vs)
+            raise AssertionError("; ".join(f"{v.check}: {v.reason}" for v in bad))
+        if any(v.status == "vacuous" for v in vs if v.check == "params"):
+            state["vacuous"] += 1
+            return
+        for v in vs:
+            if v.status == "pass" and v.max_dev == v.max_dev and (
+                    v.check not in worst or v.max_dev > worst[v.check].max_dev):
+                worst[v.check] = v
+
+    # Generated scenarios first (a failure is shrunk to a minimal scenario), then the
+    # explicit ones (deterministic coverage of every dimension; reported as they are).
+    test = kit_settings(max_examples, shrink)(given(sc=scenarios(target.world_size, space))(check))
+
+    def explicit():
+        for e in explicit_scenarios(target.world_size, space):
+            check(e)
+    try:
+        test()
+        explicit()
+    except Exception as exc:
+        if isinstance(target.error, Unsupported):
+            raise target.error from None
+        if state["failing"] is None:  # a replica failure (cached in the target) or a kit error
+            text = "\n".join(getattr(exc, "__notes__", [])) + f"\n{type(exc).__name__}: {exc}"
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return [Verdict("", c, "", "", "scenario", target.world_size, "fail",
+                            reason=f"replica failure on a scenario: {first}", diagnosis=text.strip())
+                    for c in SCENARIO_CHECKS]
+        sc, vs = state["failing"]
+        blob = json.dumps(sc.to_json())
+        for v in vs:
+            v.example = sc.to_json()
+            v.diagnosis = (f"{'minimal ' if shrink else ''}failing scenario ({len(sc.steps)} step(s), world size {sc.world_size}):\n"
+                           f"{blob}\nreproduce: python -m conformance replay SCENARIO.json --ddp {target.impl} "
+                           f"--runtime {target.runtime}")
+            if v.status == "fail":
+                v.reason = f"scenario of {len(sc.steps)} step(s): {v.reason}"
+        return vs
+    n = state["examples"]
+    out = []
+    for c in SCENARIO_CHECKS:
+        v = worst.get(c) or Verdict("", c, "", "", "scenario", target.world_size, "pass")
+        v.reason = f"{n} scenario(s)" + (f", {state['vacuous']} vacuous (discarded)" if state["vacuous"] else "")
+        if n == state["vacuous"]:
+            v.status, v.reason = "vacuous", f"all {n} scenario(s) moved too little to fail"
+        out.append(v)
+    return out

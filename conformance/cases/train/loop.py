@@ -1,0 +1,210 @@
+"""The one training loop every runtime runs, and the run specification.
+
+:func:`train_replica` is a World task: it runs on every replica, builds the
+model (rank 0 from the run's seed, other ranks deliberately from other seeds and
+with offset buffers, so only a DDP that broadcasts module states can match the
+reference), wraps it in the implementation under test, trains ``steps`` steps on
+the replica's shard of each global batch and returns the trajectory as numpy.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from conformance.cases.train.readback import flat_buffers, flat_optimizer_state, flat_params, optimizer_state, optimizer_state_dict, state_digest, to_cpu, to_device
+from conformance.tolerances import lookup
+
+# Rank r != 0 builds its model from seed + RANK_SEED_STRIDE * r and adds
+# r * RANK_BUFFER_OFFSET to its buffers before the DDP is constructed.
+RANK_SEED_STRIDE = 7919
+RANK_BUFFER_OFFSET = 0.5
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that defines one training run (picklable, hashable).
+
+    ``setups`` names rows of :data:`conformance.cases.train.setups.SETUPS` (SyncBatchNorm,
+    comm hook, autocast, checkpoint, ...): each brings its own model conversion,
+    forward context and per-step action, so this loop has no feature branches.
+    ``requires`` lists DDP keywords / methods the case needs the implementation
+    to honour (else the case is ``unsupported``).
+    """
+
+    impl: str
+    model: str
+    lr: float
+    steps: int
+    global_batch: int
+    seed: int
+    dtype: str = "float32"
+    broadcast_buffers: bool = True
+    ddp_kwargs: tuple = ()      # extra DDP keywords as ((name, value), ...)
+    requires: tuple = ()        # keywords/methods the implementation must honour
+    momentum: float = 0.0       # SGD momentum (optimizer state for checkpoints)
+    setups: tuple = ()          # names in conformance.cases.train.setups.SETUPS
+
+    @classmethod
+    def from_table(cls, runtime: str, impl: str, model: str, dtype: str = "float32", **overrides):
+        """The run the tolerance table prescribes for ``(runtime, model, dtype)``."""
+        tol = lookup(runtime, model, dtype)
+        fields = dict(impl=impl, model=model, lr=tol.lr, steps=tol.steps,
+                      global_batch=tol.global_batch, seed=tol.seed, dtype=dtype)
+        fields.update(overrides)
+        return cls(**fields)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+#: DDP methods a case may require (an implementation without one is unsupported).
+DDP_METHODS = ("join", "register_comm_hook", "no_sync")
+
+
+def require(ddp, impl, requires) -> None:
+    """Raise :class:`~conformance.errors.Unsupported` if ``ddp`` (built by the
+    :class:`~conformance.impls.builtin.Impl` ``impl``) cannot serve ``requires``.
+
+    A keyword is unsupported when the implementation's row lists it in
+    ``ignores`` (the reference DDP accepts some torch keywords and ignores them,
+    with a warning); a user's DDP that does not honour a keyword must raise
+    ``TypeError`` on it, which :func:`wrap` turns into ``Unsupported``. A method
+    (``join``, ``register_comm_hook``, ``no_sync``) is unsupported when missing.
+    """
+    from conformance.errors import Unsupported
+    for need in requires:
+        if need in impl.unsupported_features:
+            raise Unsupported(f"{impl.name}: {impl.unsupported_features[need]}")
+        if need in impl.ignores:
+            raise Unsupported(f"{impl.name} ignores constructor argument {need}")
+        if need in DDP_METHODS and not callable(getattr(ddp, need, None)):
+            raise Unsupported(f"{impl.name} has no {need}()")
+
+
+def wrap(impl, module, ctx, kwargs: dict, requires=()):
+    """``impl.wrap(module, ctx, kwargs)``, then :func:`require`.
+
+    Raises:
+        Unsupported: a required keyword is refused with ``TypeError`` (the
+            constructor contract: refuse what you do not implement) or ignored,
+            or a required method is missing.
+    """
+    from conformance.errors import Unsupported
+    try:
+        ddp = impl.wrap(module, ctx, dict(kwargs))
+    except TypeError as exc:
+        refused = [k for k in kwargs if k in str(exc)]
+        if refused:
+            raise Unsupported(f"{impl.name} refuses keyword {refused[0]}: {exc}") from None
+        raise
+    require(ddp, impl, requires)
+    return ddp
+
+
+def make_optimizer(params, run: RunSpec):
+    import torch
+    return torch.optim.SGD(params, lr=run.lr, momentum=run.momentum)
+
+
+class Loop:
+    """The state of one replica's training loop, handed to setups' hooks.
+
+    Attributes: ``ctx``, ``run``, ``impl`` (the Impl row), ``model`` (the inner
+    module), ``ddp`` (the wrapped model), ``opt``, ``setups``.
+    """
+
+    def __init__(self, ctx, run: RunSpec, impl, setups):
+        self.ctx, self.run, self.impl, self.setups = ctx, run, impl, setups
+        self.model = self.ddp = self.opt = None
+
+    def fresh_model(self, salt: int = 0):
+        """The run's model as this replica builds it: rank 0 from the run's seed,
+        rank r from ``seed + RANK_SEED_STRIDE * r`` with buffers offset by
+        ``RANK_BUFFER_OFFSET * r`` (only a DDP that broadcasts module states matches)."""
+        from fixtures import build_model
+        r = self.ctx.rank
+        m = to_device(build_model(self.run.model, seed=self.run.seed + RANK_SEED_STRIDE * r + salt,
+                                  perturb_buffers=RANK_BUFFER_OFFSET * r + salt), self.ctx.device)
+        for s in self.setups:
+            m = s.prepare_model(m, self)
+        return m
+
+    def wrap(self):
+        """Wrap :attr:`model`, run the construction's collectives, build the optimizer."""
+        from fixtures.models import MODELS
+        kwargs = dict(MODELS[self.run.model].ddp_kwargs, broadcast_buffers=self.run.broadcast_buffers)
+        kwargs.update(dict(self.run.ddp_kwargs))
+        requires = tuple(self.run.requires) + tuple(r for s in self.setups for r in s.requires)
+        with contextlib.ExitStack() as stack:
+            for s in self.setups:
+                stack.enter_context(s.construction_context(self))
+            self.ddp = wrap(self.impl, self.model, self.ctx, kwargs, requires)
+        for s in self.setups:
+            s.after_wrap(self)
+        # Run the construction's broadcasts before reading parameters back: on XLA a
+        # read (.cpu()) of a pending collective would compile it outside the step
+        # lock, per replica, and the replicas' collectives would never meet.
+        self.ctx.mark_step()
+        self.opt = (self.impl.make_optimizer or make_optimizer)(self.ddp.parameters(), self.run)
+
+
+def train_replica(ctx, spec: dict) -> dict:
+    """World task: train one replica; return its trajectory.
+
+    Returns a dict with ``params`` float32 ``[steps+1, P]`` (after DDP
+    construction, then after each step), ``losses`` float64 ``[steps]`` (this
+    replica's local mean loss), ``buffers`` float64 ``[steps+1, B]``, ``optim``
+    (final optimizer state, float64), ``optim_digests`` (SHA-1 of the optimizer
+    state after each step) and ``shard`` (the shard index trained on).
+
+    Raises:
+        Unsupported: the implementation cannot serve the run (see :func:`wrap`).
+    """
+    import torch.nn.functional as F
+
+    from fixtures import global_batch, shard
+
+    from conformance.impls.builtin import resolve_impl
+    from conformance.cases.train.setups import SETUPS
+
+    run = RunSpec(**spec)
+    loop = Loop(ctx, run, resolve_impl(run.impl), [SETUPS[n] for n in run.setups])
+    loop.model = loop.fresh_model()
+    ctx.note(step=None, phase="DDP construction")
+    loop.wrap()
+    which = loop.impl.shard_rank(ctx)
+    params, losses, buffers = [flat_params(loop.model)], [], [flat_buffers(loop.model)]
+    digests = []
+    for step in range(run.steps):
+        x, y = global_batch(run.model, run.seed, step, run.global_batch)
+        xs = shard(x, which, ctx.world_size).to(ctx.device)
+        ys = shard(y, which, ctx.world_size).to(ctx.device)
+        loop.opt.zero_grad(set_to_none=True)
+        ctx.note(step=step, phase="forward")
+        with contextlib.ExitStack() as stack:
+            for s in loop.setups:
+                stack.enter_context(s.forward_context(loop, step))
+            if loop.impl.forward_backward is not None:  # one compiled forward+loss+backward
+                loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: F.mse_loss(out.float(), ys))
+            else:
+                out = loop.ddp(xs)
+        if loop.impl.forward_backward is None:
+            loss = F.mse_loss(out.float(), ys)
+            ctx.note(phase="backward")  # DDP's gradient all-reduces run here
+            loss.backward()
+        if loop.impl.after_backward is not None:
+            loop.impl.after_backward(loop.ddp, loop.opt, ctx)
+        ctx.note(phase="optimizer step")
+        loop.opt.step()
+        ctx.mark_step()
+        losses.append(float(loss.detach().cpu()))
+        params.append(flat_params(loop.model))
+        buffers.append(flat_buffers(loop.model))
+        digests.append(state_digest(optimizer_state(loop.impl, loop.opt, ctx)))
+        for s in loop.setups:
+            s.after_step(loop, step)
+    return {"params": np.stack(params), "losses": np.asarray(losses),
+            "buffers": np.stack(buffers), "optim": optimizer_state(loop.impl, loop.opt, ctx),
+            "optim_digests": digests, "shard": which}

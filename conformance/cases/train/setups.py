@@ -1,0 +1,148 @@
+"""Run setups: what a case adds to the shared training loop, as data.
+
+A case row names setups (``Case.run["setups"]``); the loop
+(:func:`conformance.cases.train.loop.train_replica`) calls every setup's hooks and knows
+none of them. A setup also tells the single-device reference what it changes
+(``reference``: keyword overrides of :func:`conformance.cases.train.reference.reference_run`).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from conformance.errors import Unsupported
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Base setup: every hook does nothing.
+
+    Attributes:
+        name: table key.
+        requires: DDP keywords / methods it needs the implementation to honour.
+        reference: overrides for the reference run (e.g. ``{"sync_bn": True}``).
+    """
+
+    name: str
+    requires: tuple = ()
+    reference: dict = field(default_factory=dict)
+
+    def prepare_model(self, model, loop):
+        """Convert the freshly built module (before wrapping); return it."""
+        return model
+
+    def after_wrap(self, loop) -> None:
+        """Called once the DDP is built (``loop.ddp``), before the optimizer."""
+
+    def construction_context(self, loop):
+        """Context manager around the DDP's construction."""
+        return contextlib.nullcontext()
+
+    def forward_context(self, loop, step: int):
+        """Context manager around the forward of step ``step`` (0-based)."""
+        return contextlib.nullcontext()
+
+    def after_step(self, loop, step: int) -> None:
+        """Called after ``optimizer.step()`` of step ``step`` and the trajectory read."""
+
+
+class SyncBatchNormSetup(Setup):
+    """BatchNorm layers converted to the implementation's SyncBatchNorm (global-batch
+    statistics; the reference runs BatchNorm on the global batch)."""
+
+    def prepare_model(self, model, loop):
+        if loop.impl.sync_batchnorm is None:
+            raise Unsupported(f"{loop.impl.name} has no SyncBatchNorm")
+        return loop.impl.sync_batchnorm(model, loop.ctx)
+
+    @contextlib.contextmanager
+    def construction_context(self, loop):
+        try:
+            yield
+        except ValueError as exc:  # torch's SyncBatchNorm refuses CPU modules
+            if "SyncBatchNorm" in str(exc):
+                raise Unsupported(f"{type(exc).__name__}: {exc}") from None
+            raise
+
+    def forward_context(self, loop, step):
+        return self.construction_context(loop)
+
+
+class CommHookSetup(Setup):
+    """A registered communication hook (torch's ``ddp_comm_hooks.default_hooks``)."""
+
+    hook: str = "allreduce_hook"
+
+    def after_wrap(self, loop):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        loop.ddp.register_comm_hook(None, getattr(default_hooks, self.hook))
+
+
+class AutocastSetup(Setup):
+    """Forward under ``torch.autocast`` with the dtype in ``reference["autocast"]``."""
+
+    def forward_context(self, loop, step):
+        import torch
+        return torch.autocast(device_type=loop.ctx.device.type,
+                              dtype=getattr(torch, self.reference["autocast"]))
+
+
+class CheckpointSetup(Setup):
+    """After step ``steps // 2`` the state (``reference``-free: the trajectory must
+    be the uninterrupted one) is saved with ``torch.save`` - the DDP wrapper's
+    state_dict (``module.`` prefix) or the inner module's - with the optimizer's,
+    the model is rebuilt from other seeds, reloaded and wrapped again."""
+
+    source: str = "ddp"
+
+    def after_step(self, loop, step):
+        import torch
+
+        from conformance.cases.train.readback import optimizer_state_dict, saved_copy
+        if step != loop.run.steps // 2:
+            return
+        state = loop.ddp.state_dict() if self.source == "ddp" else loop.model.state_dict()
+        saved = saved_copy({"model": state, "optim": optimizer_state_dict(loop.impl, loop.opt, loop.ctx)})
+        loop.model = loop.fresh_model(salt=1)
+        torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
+        loop.model.load_state_dict(saved["model"])
+        loop.wrap()
+        loop.opt.load_state_dict(saved["optim"])
+
+
+class _ModuleCheckpoint(CheckpointSetup):
+    source = "module"
+
+
+class ResumeInPlaceSetup(Setup):
+    """After step ``steps // 2`` the DDP wrapper's and the optimizer's state_dicts are
+    saved (``torch.save``), the live parameters are then overwritten (as a run that
+    went on and is rolled back), and the saved state is loaded back into the *same*
+    DDP and optimizer objects, which keep training: the trajectory must be the
+    uninterrupted one (the optimizer must still be updating the model's tensors)."""
+
+    def after_step(self, loop, step):
+        import torch
+
+        from conformance.cases.train.readback import optimizer_state_dict, saved_copy
+        if step != loop.run.steps // 2:
+            return
+        saved = saved_copy({"model": loop.ddp.state_dict(),
+                            "optim": optimizer_state_dict(loop.impl, loop.opt, loop.ctx)})
+        with torch.no_grad():
+            for p in loop.model.parameters():
+                p.add_(1.0)
+        loop.ctx.mark_step()
+        loop.ddp.load_state_dict(saved["model"])
+        loop.opt.load_state_dict(saved["optim"])
+        loop.ctx.mark_step()
+
+
+SETUPS = {s.name: s for s in [
+    SyncBatchNormSetup("sync_bn", reference={"sync_bn": True}),
+    CommHookSetup("comm_hook_allreduce", requires=("register_comm_hook",)),
+    AutocastSetup("autocast_bf16", reference={"autocast": "bfloat16"}),
+    CheckpointSetup("checkpoint_ddp"),
+    _ModuleCheckpoint("checkpoint_module"),
+    ResumeInPlaceSetup("checkpoint_resume"),
+]}

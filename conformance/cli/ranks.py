@@ -1,0 +1,110 @@
+"""Rank bindings of a live world, checked: ``python -m conformance ranks`` and the ``invariant.ranks`` case.
+
+Every replica reports its bindings (:func:`conformance.worlds.tasks.rank_report`:
+``ddp_impl.runtime.ranks``'s snapshot and module functions, torch.distributed's rank,
+and ``host`` = torchrun's ``GROUP_RANK``, the machine) and the world must satisfy
+:func:`conformance.cases.ranks.rank_invariant_violations` - global ordinals
+0..W-1, process indices 0..P-1, local ordinals 0..n-1 on every host - plus
+the consistency checks below. Under ``torchrun --nnodes=2 --nproc-per-node=2``
+that is 4 replicas, process indices 0..3, local ordinals 0..1 on each of two hosts.
+"""
+from __future__ import annotations
+
+from conformance.cases.ranks import rank_invariant_violations
+from conformance.worlds.tasks import rank_report
+
+
+def check_reports(reports: list[dict], world_size: int) -> list[str]:
+    """Violations over one world's ``rank_report`` results (by global ordinal); [] = ok."""
+    out = rank_invariant_violations([dict(r["bindings"], host=r["host"]) for r in reports], world_size)
+    for ordinal, r in enumerate(reports):
+        b = r["bindings"]
+        if r["module_api"] != b:
+            out.append(f"replica {ordinal}: module functions {r['module_api']} != bindings {b}")
+        if b["global_ordinal"] != ordinal or r["ctx_rank"] != ordinal:
+            out.append(f"replica {ordinal}: reports global ordinal {b['global_ordinal']}, ctx rank {r['ctx_rank']}")
+        if r["dist"] is not None and r["dist"] != {"rank": b["process_index"], "world_size": b["process_count"]}:
+            out.append(f"replica {ordinal}: torch.distributed {r['dist']} is not (process_index, process_count) "
+                       f"= ({b['process_index']}, {b['process_count']})")
+    return out
+
+
+def rank_check(world) -> dict | None:
+    """Run :func:`rank_report` on every replica of ``world`` and check the invariants.
+
+    Returns ``{"runtime", "world_size", "hosts", "reports", "violations"}``, or
+    ``None`` on a non-root process of an externally launched world.
+    """
+    reports = world.run(rank_report)
+    if reports is None:
+        return None
+    return {"runtime": world.runtime, "world_size": world.world_size,
+            "hosts": sorted({r["host"] for r in reports}, key=str),
+            "reports": reports, "violations": check_reports(reports, world.world_size)}
+
+
+def rank_table(check: dict) -> str:
+    """One line per replica: its bindings and host."""
+    keys = ("global_ordinal", "process_index", "process_count", "local_ordinal",
+            "local_device_count", "world_size")
+    head = ("host",) + keys + ("pid",)
+    rows = [head] + [(str(r["host"]),) + tuple(str(r["bindings"][k]) for k in keys) + (str(r["pid"]),)
+                     for r in check["reports"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def summary(check: dict) -> str:
+    v = check["violations"]
+    head = (f"rank invariants ({check['runtime']}, world size {check['world_size']}, "
+            f"{len(check['hosts'])} host(s)): ")
+    return head + ("ok" if not v else f"{len(v)} violation(s)\n  " + "\n  ".join(v))
+
+
+def cmd_ranks(args) -> int:
+    """``python -m conformance ranks``: print every replica's bindings; exit 1 on a violation."""
+    import json
+
+    from conformance.errors import UsageError
+    from conformance.errors import split_list as _split
+    from conformance.worlds.launched import root_decides
+    from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
+    runtime = args.runtime
+    if runtime not in RUNTIMES:
+        raise UsageError(f"--runtime: unknown runtime {runtime!r}; known: {', '.join(RUNTIMES)}")
+    sizes = _split(args.world_size) if args.world_size else []
+    try:
+        size = int(sizes[0]) if len(sizes) == 1 else None
+    except ValueError:
+        size = None
+    if args.world_size and size is None:
+        raise UsageError(f"--world-size: one integer, got {args.world_size!r}")
+    if args.launcher == "env":
+        from conformance.worlds.launched import ExternalPool, LauncherEnvError, WorldSizeMismatch, check_external
+        try:
+            size = check_external(runtime, size)
+        except (LauncherEnvError, WorldSizeMismatch, RuntimeUnavailable) as exc:
+            raise UsageError(f"--launcher env: {exc}") from None
+        pool = ExternalPool(runtime)
+    else:
+        from conformance.worlds.spawned import WorldPool
+        size = size or 2
+        try:
+            get_runtime(runtime).check(size)
+        except RuntimeUnavailable as exc:
+            raise UsageError(f"--runtime {runtime}: {exc}") from None
+        pool = WorldPool()
+    try:
+        check = rank_check(pool.get(runtime, size))
+
+        def report():  # on the root only (the process that has every replica's report)
+            print(rank_table(check))
+            print(summary(check))
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"kit": "ddp-conformance", "ranks": [check]}, f, indent=1)
+                print(f"JSON report: {args.json}")
+            return 1 if check["violations"] else 0
+        return root_decides(pool, report)
+    finally:
+        pool.close()

@@ -1,0 +1,175 @@
+"""``python -m conformance run --repeat N``: flakiness sweep of the correct implementations.
+
+Reruns every (runtime, world size, implementation, model) of the run N times,
+repetition k with the tolerance table's seed + k (a :class:`RunSpec` ``seed``
+override; k = 0 is the plain run), on the same persistent worlds, and reports
+every verdict that is not ``pass`` / ``unsupported`` / ``skip`` with its seed.
+Per cell it keeps the worst deviation and the smallest margin (atol / max dev)
+seen. ``--time-budget S`` stops at the first repetition boundary after S seconds
+and says how many repetitions completed. It also reports each replica host's
+resident set (VmRSS, MiB) when its world has started (before the first run),
+after the first repetition and at the end, so growth across the sweep (a leak
+in the kit or the DDP) shows. Exit 1 when any verdict failed or was
+vacuous, else 0 (also when the budget cut the sweep short: that is printed).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+
+def _parity_cases(args):
+    """The parity cases ``--only`` / ``--skip`` select (``--repeat`` sweeps seeds of
+    the standard training run)."""
+    from conformance.cases.table import select
+    from conformance.errors import split_list
+    return [c for c in select(split_list(args.only), split_list(args.skip)) if c.family == "parity"]
+
+
+class _MeteredPool:
+    """A :class:`~conformance.worlds.spawned.WorldPool` that reads each world's host RSS
+    (:func:`conformance.worlds.procmem.host_rss`) right after the world starts."""
+
+    def __init__(self):
+        from conformance.worlds.spawned import WorldPool
+        self.pool, self.worlds, self.start = WorldPool(), {}, {}
+
+    def get(self, runtime, world_size):
+        world = self.worlds[(runtime, world_size)] = self.pool.get(runtime, world_size)
+        if (runtime, world_size) not in self.start:
+            from conformance.worlds.procmem import host_rss
+            self.start[(runtime, world_size)] = host_rss(world)
+        return world
+
+    def read(self) -> dict:
+        """``{(runtime, world_size): host_rss}`` of the worlds in use now."""
+        from conformance.worlds.procmem import host_rss
+        return {key: host_rss(w) for key, w in self.worlds.items()}
+
+    def close(self):
+        self.pool.close()
+
+
+def _rss_rows(start: dict, first: dict, end: dict) -> list[dict]:
+    """One row per world host: RSS (MiB) at start, after repetition 1 and at the end;
+    ``restarted`` when a failure replaced the world (the readings are of different processes)."""
+    rows = []
+    for (rt, w), hosts in start.items():
+        for h in hosts:
+            at = {name: next((x for x in d.get((rt, w), []) if x["host"] == h["host"]), {})
+                  for name, d in (("first", first), ("end", end))}
+            rows.append({"runtime": rt, "world_size": w, "host": h["host"], "pid": h["pid"],
+                         "start_mib": h["rss_mib"], "after_first_mib": at["first"].get("rss_mib"),
+                         "end_mib": at["end"].get("rss_mib"),
+                         "restarted": any(x.get("pid") not in (None, h["pid"]) for x in at.values())})
+    return rows
+
+
+def _rss_text(rows: list[dict]) -> str:
+    def mib(x):
+        return "-" if x is None else f"{x:.1f}"
+
+    def delta(a, b):
+        return "-" if a is None or b is None else f"{b - a:+.1f}"
+    if not rows:
+        return "replica host RSS: no world started"
+    lines = ["replica host RSS (VmRSS, MiB): world started / after repetition 1 / end "
+             "(growth since start; since repetition 1)"]
+    for r in rows:
+        lines.append(f"  {r['runtime']} W={r['world_size']} host {r['host']} (pid {r['pid']}): "
+                     f"{mib(r['start_mib'])} / {mib(r['after_first_mib'])} / {mib(r['end_mib'])} "
+                     f"({delta(r['start_mib'], r['end_mib'])}; {delta(r['after_first_mib'], r['end_mib'])})"
+                     + (" - world restarted during the sweep" if r["restarted"] else ""))
+    return "\n".join(lines)
+
+
+def cmd_repeat(args) -> int:
+    from conformance.cli.calibrate import ParityRunner
+    from conformance.errors import UsageError
+    from conformance.evaluate import Session
+    from conformance.options import parse_targets
+    from conformance.report.text import environment
+    from conformance.tolerances import lookup
+
+    n = args.repeat
+    if n < 1:
+        raise UsageError(f"--repeat: need N >= 1, got {n}")
+    if args.launcher == "env":
+        raise UsageError("--repeat runs on worlds the kit spawns; it cannot run under --launcher env")
+    if args.mutants:
+        raise UsageError("--repeat reruns the correct implementations; drop --mutants")
+    targets = parse_targets(args.runtime, args.world_size, args.ddp)
+    models = [c.model for c in _parity_cases(args)]
+    for _, _, impls in targets:
+        for impl in impls:
+            if impl.startswith("mutant:"):
+                raise UsageError(f"--repeat: {impl} is a mutant; --repeat measures correct implementations")
+
+    pool = _MeteredPool()
+    runner = ParityRunner(Session(pool))
+    rss_first, rss_end = {}, {}
+    cells: dict = {}
+    failures, done, runs = [], 0, 0
+    t0 = time.monotonic()
+    budget = args.time_budget
+    try:
+        for k in range(n):
+            if budget is not None and done and time.monotonic() - t0 > budget:
+                break
+            for rt, w, impls in targets:
+                for model in models:
+                    seed = lookup(rt, model).seed + k
+                    for impl in impls:
+                        vs = runner.verdicts(rt, w, impl, model, seed=seed)
+                        runner.forget()
+                        runs += 1
+                        for v in vs.values():
+                            key = (rt, w, impl, model, v.check)
+                            c = cells.setdefault(key, {"runtime": rt, "world_size": w, "impl": impl,
+                                                       "model": model, "check": v.check, "runs": 0,
+                                                       "statuses": {}, "worst_max_dev": 0.0,
+                                                       "worst_seed": None, "atol": v.atol})
+                            c["runs"] += 1
+                            c["statuses"][v.status] = c["statuses"].get(v.status, 0) + 1
+                            if math.isfinite(v.max_dev) and v.max_dev >= c["worst_max_dev"]:
+                                c["worst_max_dev"], c["worst_seed"] = v.max_dev, seed
+                            if v.status in ("fail", "vacuous"):
+                                failures.append(dict(v.to_json(), seed=seed))
+                                print(f"NOT PASSING at seed {seed}: {v.summary()}", flush=True)
+            done += 1
+            if done == 1:
+                rss_first = pool.read()
+            if done % 10 == 0 or done == n:
+                print(f"repeat {done}/{n}: {runs} runs, {len(failures)} non-passing verdicts, "
+                      f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+        rss_end = pool.read()
+    finally:
+        runner.close()
+    wall = time.monotonic() - t0
+    for c in cells.values():
+        c["min_margin"] = (c["atol"] / c["worst_max_dev"]) if c["worst_max_dev"] > 0 else None
+    head = ("runtime", "W", "impl", "model", "check", "runs", "statuses", "worst_dev", "seed", "min_margin")
+    rows = [head] + [(c["runtime"], str(c["world_size"]), c["impl"], c["model"], c["check"], str(c["runs"]),
+                      ",".join(f"{s}:{k}" for s, k in sorted(c["statuses"].items())),
+                      f"{c['worst_max_dev']:.3g}", str(c["worst_seed"]),
+                      "inf" if c["min_margin"] is None else f"{c['min_margin']:.3g}")
+                     for c in cells.values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    print("\n".join("  ".join(x.ljust(wd) for x, wd in zip(r, widths)) for r in rows))
+    cut = done < n
+    rss = _rss_rows(pool.start, rss_first, rss_end)
+    print(_rss_text(rss))
+    print(f"\n{done}/{n} repetitions ({runs} training runs, {sum(c['runs'] for c in cells.values())} verdicts) "
+          f"in {wall:.0f} s" + (f" - stopped by --time-budget {budget:g} s" if cut else "")
+          + f"; {len(failures)} non-passing verdict(s)" + ("" if failures else ": no flakiness seen"))
+    doc = {"kit": "ddp-conformance", "kind": "repeat",
+           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "environment": environment(),
+           "requested": n, "completed": done, "stopped_by_budget": cut, "wall_seconds": round(wall, 1),
+           "seeds": "table seed + k, k = 0..completed-1", "cells": list(cells.values()),
+           "host_rss": rss, "failures": failures}
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"JSON report: {args.json}")
+    return 1 if failures else 0

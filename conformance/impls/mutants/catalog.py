@@ -1,0 +1,403 @@
+"""The mutant catalog: deliberately broken DDPs every check table must kill.
+
+Each mutant is the reference DDP (:class:`ddp_impl.DistributedDataParallel`)
+with one seam broken, a torch DDP with one method broken, a correct DDP fed
+the wrong shard, or one of PyTorch's shipped data-parallel paths (the rows of
+``conformance/impls/torch_paths.py``: FSDP2, ZeRO, torch.compile) with one fault.
+Operators follow real data-parallel bugs (cf. DeepCrime's catalogue of DL
+faults). Which cases must kill a mutant is stated in one place
+only: the ``must_kill`` column of the case table (``conformance/cases/table.py``),
+which checks at import that every mutant here is named by some case.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ddp_impl import DistributedDataParallel as RefDDP
+
+from conformance.impls.mutants import scratch as S
+
+SCRATCH_ON_PJRT = ("written on torch.distributed (gloo collectives); the PJRT world has no "
+                   "process-per-replica torch.distributed group")
+
+
+
+class NoGradSync(RefDDP):
+    """Gradients are never all-reduced: every replica trains on its shard alone."""
+
+    def _reduce_bucket(self, bucket):
+        return None  # no all-reduce: each gradient is written back as computed locally
+
+
+class SumNotMean(RefDDP):
+    """All-reduce sums gradients but never divides by the world size."""
+
+    def _grad_scale(self):
+        return 1.0
+
+
+class WrongCount(RefDDP):
+    """Mean over the wrong count: divides by world_size + 1 (off by one)."""
+
+    def _grad_scale(self):
+        return 1.0 / (self.collectives.world_size + 1)
+
+
+class ScaleTwice(RefDDP):
+    """The 1/world_size scale is applied twice (1/world_size**2)."""
+
+    def _grad_scale(self):
+        return 1.0 / self.collectives.world_size ** 2
+
+
+class NoInitialBroadcast(RefDDP):
+    """Module states are not broadcast at construction (replicas start apart)."""
+
+    def _sync_module_states(self):
+        pass
+
+
+class BuffersNotBroadcast(RefDDP):
+    """``broadcast_buffers=True`` is accepted but buffers are never broadcast."""
+
+    def _sync_buffers(self):
+        pass
+
+
+class LastParamUnsynced(RefDDP):
+    """Every parameter's gradient is synced except the last one's."""
+
+    @torch.no_grad()
+    def _reduce_bucket(self, bucket):
+        last = list(self.module.parameters())[-1]
+        for p, g in zip(bucket.params, bucket.grads):
+            if p is last:  # its local gradient, before the bucket is reduced
+                self._last_local = g.clone()
+        return super()._reduce_bucket(bucket)
+
+    def _set_grad(self, param, reduced):
+        last = param is list(self.module.parameters())[-1]
+        super()._set_grad(param, self.__dict__.pop("_last_local") if last else reduced)
+
+
+class StaleGradient(RefDDP):
+    """The step applies the previous step's synced gradient (zero at step 1)."""
+
+    @torch.no_grad()
+    def _set_grad(self, param, reduced):
+        stale = getattr(param, "_stale_grad", None)
+        super()._set_grad(param, stale if stale is not None else torch.zeros_like(reduced))
+        param._stale_grad = reduced.clone()
+
+
+class ClipLocalGrad(RefDDP):
+    """Each replica clips its *local* gradient to total norm 1.0 before the
+    all-reduce (the real bug of clipping local instead of global gradients:
+    the update is no longer linear in the loss)."""
+
+    max_norm = 1.0
+
+    def _launch_ready(self, final=False):
+        if not final:  # the local norm is known only when backward is done
+            return
+        torch.nn.utils.clip_grad_norm_([p for b in self._buckets for p in b.params], self.max_norm)
+        super()._launch_ready(final)
+
+
+class BuffersAlwaysBroadcast(RefDDP):
+    """``broadcast_buffers=False`` is accepted but buffers are broadcast anyway."""
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            self._sync_buffers()
+        return self.module(*args, **kwargs)
+
+
+class UnusedZeroFilled(RefDDP):
+    """Globally unused parameters get zero gradients instead of staying ``None``."""
+
+    @torch.no_grad()
+    def _finalize_backward(self):
+        super()._finalize_backward()
+        for p in self.module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+
+class UnusedSkipped(RefDDP):
+    """Locally unused parameters are not reduced (replicas that used one keep
+    their local gradient)."""
+
+    def _global_use_counts(self, params, used):
+        counts = super()._global_use_counts(params, used)
+        w = self.collectives.world_size
+        self._partly_used = {id(p) for p, n in zip(params, counts) if 0 < n < w}
+        return counts
+
+    def _set_grad(self, param, reduced):
+        if id(param) not in self.__dict__.get("_partly_used", ()):  # bug: only the all-used ones
+            super()._set_grad(param, reduced)
+
+
+class NoSyncIgnored(RefDDP):
+    """``no_sync()`` is a no-op: gradients are all-reduced every micro-step."""
+
+    def no_sync(self):
+        import contextlib
+        return contextlib.nullcontext()
+
+
+class NoSyncSticky(RefDDP):
+    """``no_sync()`` never re-enables synchronisation when the block exits."""
+
+    def no_sync(self):
+        import contextlib
+        self.require_backward_grad_sync = False
+        return contextlib.nullcontext()
+
+
+class DroppedBucket(RefDDP):
+    """Honours ``bucket_cap_mb`` (buckets of parameters in reverse order, as
+    upstream) but never all-reduces bucket 1."""
+
+    def _reduce_bucket(self, bucket):
+        return None if bucket.index == 1 else super()._reduce_bucket(bucket)
+
+
+class StaticGraphStale(RefDDP):
+    """Honours ``static_graph`` by caching each parameter's first reduced
+    gradient and replaying it on later steps."""
+
+    @torch.no_grad()
+    def _set_grad(self, param, reduced):
+        cache = self.__dict__.setdefault("_cache", {})
+        if id(param) not in cache:
+            cache[id(param)] = reduced.clone()
+        super()._set_grad(param, cache[id(param)].clone())
+
+
+class UnfreezesParams(RefDDP):
+    """Construction sets ``requires_grad=True`` on every parameter (frozen
+    layers then train)."""
+
+    def __init__(self, module, **kw):
+        module.requires_grad_(True)
+        super().__init__(module, **kw)
+
+
+class UntiesSharedWeights(RefDDP):
+    """The construction broadcast writes into fresh tensors per parameter name,
+    breaking weight tying (as loading a state_dict into copies does)."""
+
+    @torch.no_grad()
+    def _sync_module_states(self):
+        for mod in self.module.modules():
+            for name, p in list(mod._parameters.items()):
+                if p is not None:
+                    fresh = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+                    self.collectives.broadcast_(fresh.data, src=0)
+                    mod._parameters[name] = fresh
+        for b in self.module.buffers() if self.broadcast_buffers else ():
+            self.collectives.broadcast_(b, src=0)
+
+
+class StateDictDropsBuffers(RefDDP):
+    """``state_dict()`` leaves out buffers, so a reload starts from fresh ones."""
+
+    def state_dict(self, *args, **kwargs):
+        sd = super().state_dict(*args, **kwargs)
+        names = {"module." + n for n, _ in self.module.named_buffers()}
+        for k in [k for k in sd if k in names]:
+            del sd[k]
+        return sd
+
+
+def _torch_ddp_class():
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel
+
+
+def _sum_hook(state, bucket):
+    import torch.distributed as dist
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _comm_hook_no_divide():
+    class CommHookNoDivide(_torch_ddp_class()):
+        """torch DDP whose registered comm hook all-reduces but forgets to divide."""
+
+        def register_comm_hook(self, state, hook):
+            super().register_comm_hook(state, _sum_hook)
+    return CommHookNoDivide
+
+
+def _join_dropped():
+    import contextlib
+
+    class JoinDropped(_torch_ddp_class()):
+        """torch DDP whose ``join()`` does nothing: a replica with more batches
+        waits forever in an all-reduce nobody else enters."""
+
+        def join(self, *args, **kwargs):
+            return contextlib.nullcontext()
+    return JoinDropped
+
+
+class LoadAssigns(RefDDP):
+    """``load_state_dict`` swaps in the checkpoint's tensors (``assign=True``) instead of
+    copying into the live parameters: the optimizer keeps updating the old ones."""
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        return super().load_state_dict(state_dict, strict=strict, assign=True)
+
+
+class SyncBNLocalStats(RefDDP):
+    """Converts BatchNorm to SyncBatchNorm but normalises with local statistics."""
+
+
+def _shard_zero(ctx):
+    return 0
+
+
+def _local_stats_bn_class():
+    from ddp_impl.sync_batchnorm import SyncBatchNorm
+
+    class LocalStatsBN(SyncBatchNorm):
+        def forward(self, x):  # local statistics, local backward: plain BatchNorm
+            return torch.nn.BatchNorm1d.forward(self, x)
+    return LocalStatsBN
+
+
+# --- faults of PyTorch's shipped data-parallel paths (conformance/impls/torch_paths.py) ---
+# Each is a factory of the target's Impl row with one fault built in.
+
+def _fsdp2_no_divide():
+    """The ``fsdp2`` row with every group's gradient divide factor set to 1
+    (``FSDPModule.set_gradient_divide_factor(1.0)``): the reduce-scatter sums.
+    Upstream's default divides by the data-parallel size W (``ReduceOp.AVG``)."""
+    from conformance.impls.torch_paths import fsdp2_row
+
+    def divide_by_one(module):
+        from torch.distributed.fsdp import FSDPModule
+        for m in module.modules():
+            if isinstance(m, FSDPModule):
+                m.set_gradient_divide_factor(1.0)
+                # Gloo has no PREMUL_SUM (the op a custom factor selects); the SUM path
+                # applies the same factor after the reduce-scatter (factor None: 1/W).
+                m.set_force_sum_reduction_for_comms(True)
+    return fsdp2_row("fsdp2", True, after_shard=divide_by_one)
+
+
+def _fsdp2_wrong_mesh():
+    """The ``fsdp2`` row sharded over the ``tp`` dim of a ``(dp, tp) = (W, 1)``
+    mesh: fully_shard reduce-scatters over the mesh it is given (here a group of
+    one), where the row's mesh spans the data-parallel world."""
+    from conformance.impls.torch_paths import fsdp2_row
+
+    def tp_dim(ctx):
+        from torch.distributed.device_mesh import init_device_mesh
+        return init_device_mesh("cpu", (ctx.world_size, 1), mesh_dim_names=("dp", "tp"))["tp"]
+    return fsdp2_row("fsdp2", True, mesh_of=tp_dim)
+
+
+def _zero_no_param_sync():
+    """The ``zero`` row with ``ZeroRedundancyOptimizer._sync_params`` a no-op.
+    Upstream ``step()`` updates this rank's parameter shard, then broadcasts
+    every rank's shard to all ranks (``_sync_params``)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from conformance.impls.torch_paths import zero_row
+
+    class ZeroNoParamSync(ZeroRedundancyOptimizer):
+        def _sync_params(self):
+            pass  # each rank keeps the shards it does not own at their old values
+    return zero_row(ZeroNoParamSync)
+
+
+def _torch_compile_eager():
+    """The ``torch_compile`` row without its user-code root forward: for a bare
+    ``torch.nn`` root dynamo compiles no graph (docs/findings.md, finding 2) and
+    the row's no-graph guard (``targets._require_compiled``) must refuse it."""
+    from conformance.impls.torch_paths import torch_compile_row
+    return torch_compile_row(user_frame_root=False)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
+    returning one (for torch-DDP-based mutants, built lazily); ``torch_based``
+    ones are constructed without the replica's collectives; ``sync_bn`` is the
+    SyncBatchNorm class the mutant converts BatchNorm layers to; ``honours``
+    lists torch DDP keywords the mutant implements although the reference
+    ignores them (so cases requiring them run); ``target`` is a zero-argument
+    factory of a target row (``conformance.impls.torch_paths``) with the fault built in,
+    used instead of ``ddp_class``."""
+
+    name: str
+    description: str
+    ddp_class: object
+    shard_rank: object = None
+    torch_based: bool = False
+    sync_bn: object = None
+    honours: tuple = ()
+    unsupported: dict | None = None
+    target: object = None
+
+
+MUTANTS = {m.name: m for m in [
+    Mutant("no_grad_sync", NoGradSync.__doc__, NoGradSync),
+    Mutant("sum_not_mean", SumNotMean.__doc__, SumNotMean),
+    Mutant("wrong_count", WrongCount.__doc__, WrongCount),
+    Mutant("no_initial_broadcast", NoInitialBroadcast.__doc__, NoInitialBroadcast),
+    Mutant("buffers_not_broadcast", BuffersNotBroadcast.__doc__, BuffersNotBroadcast),
+    Mutant("last_param_unsynced", LastParamUnsynced.__doc__, LastParamUnsynced),
+    Mutant("scale_twice", ScaleTwice.__doc__, ScaleTwice),
+    Mutant("stale_gradient", StaleGradient.__doc__, StaleGradient),
+    Mutant("shard_mixup", "Correct DDP, but every replica trains on shard 0 (rank binding "
+           "returns 0).", RefDDP, shard_rank=_shard_zero),
+    Mutant("clip_local_grad", ClipLocalGrad.__doc__, ClipLocalGrad),
+    Mutant("buffers_always_broadcast", BuffersAlwaysBroadcast.__doc__, BuffersAlwaysBroadcast),
+    Mutant("unused_zero_filled", UnusedZeroFilled.__doc__, UnusedZeroFilled),
+    Mutant("unused_skipped", UnusedSkipped.__doc__, UnusedSkipped),
+    Mutant("no_sync_ignored", NoSyncIgnored.__doc__, NoSyncIgnored),
+    Mutant("no_sync_sticky", NoSyncSticky.__doc__, NoSyncSticky),
+    Mutant("dropped_bucket", DroppedBucket.__doc__, DroppedBucket,
+           honours=("bucket_cap_mb", "gradient_as_bucket_view")),
+    Mutant("static_graph_stale", StaticGraphStale.__doc__, StaticGraphStale, honours=("static_graph",)),
+    Mutant("unfreezes_params", UnfreezesParams.__doc__, UnfreezesParams),
+    Mutant("unties_shared_weights", UntiesSharedWeights.__doc__, UntiesSharedWeights),
+    Mutant("state_dict_drops_buffers", StateDictDropsBuffers.__doc__, StateDictDropsBuffers),
+    Mutant("load_assigns", LoadAssigns.__doc__, LoadAssigns),
+    Mutant("comm_hook_no_divide", "torch DDP whose registered comm hook all-reduces but forgets "
+           "to divide.", _comm_hook_no_divide, torch_based=True),
+    Mutant("join_dropped", "torch DDP whose join() does nothing: the replica with more batches "
+           "hangs in an all-reduce.", _join_dropped, torch_based=True),
+    Mutant("sync_bn_local_stats", SyncBNLocalStats.__doc__, SyncBNLocalStats,
+           sync_bn=_local_stats_bn_class),
+    # Scenario kinds, on a from-scratch DDP (conformance/impls/mutants/scratch.py).
+    *[Mutant(name, cls.__doc__, cls, torch_based=True, unsupported={"pjrt": SCRATCH_ON_PJRT})
+      for name, cls in (("unused_accum_dropped", S.UnusedAccumDropped),
+                        ("arrival_order_pairing", S.ArrivalOrderPairing),
+                        ("cached_buffer_list", S.CachedBufferList), ("replica_drift", S.ReplicaDrift),
+                        ("late_desync", S.LateDesync), ("batch_weighted", S.BatchWeighted),
+                        ("fp16_allreduce", S.Fp16AllReduce))],
+    # PyTorch's shipped paths (conformance/impls/torch_paths.py), one fault each.
+    Mutant("fsdp2_no_divide", "fully_shard with set_gradient_divide_factor(1.0): the gradient "
+           "reduce-scatter sums instead of averaging (W x the gradient; a divide factor set for a "
+           "pre-scaled loss or another world size).", None, target=_fsdp2_no_divide),
+    Mutant("fsdp2_wrong_mesh", "fully_shard on the size-1 'tp' dim of a (dp, tp) = (W, 1) mesh "
+           "instead of 'dp': gradients are reduced over a group of one, each replica trains on its "
+           "own shard (the wrong-mesh-dim bug of 2-D parallel setups).", None,
+           target=_fsdp2_wrong_mesh),
+    Mutant("zero_no_param_sync", "ZeroRedundancyOptimizer whose step() skips the post-step "
+           "broadcast of parameter shards (_sync_params): each replica updates only the shard it "
+           "owns, so parameters diverge (ZeRO's lost all-gather of updated shards).", None,
+           target=_zero_no_param_sync),
+    Mutant("torch_compile_eager", "torch.compile(DDP(m)) over a bare torch.nn root: dynamo compiles "
+           "no graph and every step runs eagerly (pytorch#140416, docs/findings.md 2); the row's "
+           "no-graph guard must refuse it rather than pass eager DDP as compiled.", None,
+           target=_torch_compile_eager),
+]}

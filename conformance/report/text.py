@@ -1,0 +1,195 @@
+"""One verdict-table renderer, one kill-matrix builder and one JSON builder for
+every face (CLI, pytest plugin, absltest, HTML report), plus expected-failures files."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+
+from conformance.errors import UsageError
+from conformance.verdict import BAD, STATUSES, Verdict
+
+#: Version of the JSON report layout (docs/report-format.md).
+SCHEMA_VERSION = 2
+
+
+def fmt(x, spec=".2e") -> str:
+    return "-" if x is None or x != x else ("inf" if x == float("inf") else format(x, spec))
+
+
+def verdict_cells(v: Verdict) -> dict:
+    """The cells of one verdict row, as every table (text and HTML) shows them."""
+    return {"case": v.case, "check": v.check, "model": v.model, "impl": v.impl, "runtime": v.runtime,
+            "W": str(v.world_size), "status": v.status, "max dev": fmt(v.max_dev), "atol": fmt(v.atol),
+            "margin": fmt(v.margin, ".3g"), "first bad step": "-" if v.first_bad_step is None else str(v.first_bad_step),
+            "replica": "-" if v.replica is None else str(v.replica), "reason": v.reason}
+
+
+def text_table(rows: list[dict], wrap_last: int = 90) -> str:
+    if not rows:
+        return "(no rows)"
+    head = list(rows[0])
+    lines = [head] + [[str(r[h]) for h in head] for r in rows]
+    lines = [ln[:-1] + [ln[-1][:wrap_last]] for ln in lines]
+    widths = [max(len(ln[i]) for ln in lines) for i in range(len(head) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(ln, widths)) + "  " + ln[-1] for ln in lines)
+
+
+def verdict_table(verdicts: list[Verdict]) -> str:
+    """One line per verdict: case, check, model, impl, runtime, W, status, max dev, atol, margin,
+    first bad step, deviating replica, reason."""
+    return text_table([verdict_cells(v) for v in verdicts])
+
+
+def counts(verdicts: list[Verdict]) -> dict:
+    return {s: sum(v.status == s for v in verdicts) for s in STATUSES}
+
+
+# --- kill matrix ----------------------------------------------------------------
+
+@dataclass
+class KillRow:
+    """One (mutant, case that must kill it) cell on one runtime and world size."""
+
+    runtime: str
+    world_size: int
+    mutant: str
+    case: str
+    verdicts: list = field(default_factory=list)
+
+    @property
+    def result(self) -> str:
+        """``KILL`` (a verdict failed), ``survived`` (it ran and nothing failed) or
+        ``unsupported``/``skip`` (it could not run: the reason is in the verdicts)."""
+        st = {v.status for v in self.verdicts}
+        if "fail" in st or "xfail" in st:
+            return "KILL"
+        ran = st - {"unsupported", "skip"}
+        if ran:
+            return "survived"
+        return "unsupported" if "unsupported" in st else "skip"
+
+    def reason(self) -> str:
+        if self.result in ("unsupported", "skip"):
+            return next((v.reason for v in self.verdicts if v.reason), "")
+        killers = [v.check for v in self.verdicts if v.status == "fail"]
+        return ("killed by " + ", ".join(killers)) if killers else \
+            "; ".join(f"{v.check} {v.status}" for v in self.verdicts)
+
+    def to_json(self) -> dict:
+        return {"runtime": self.runtime, "world_size": self.world_size, "mutant": self.mutant,
+                "case": self.case, "result": self.result, "verdicts": [v.to_json() for v in self.verdicts]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "KillRow":
+        return cls(d["runtime"], d["world_size"], d["mutant"], d["case"],
+                   [Verdict.from_json(v) for v in d["verdicts"]])
+
+
+def kill_summary(rows: list[KillRow]) -> dict:
+    """Per (mutant, runtime, W): ``killed`` (every case that must kill it did),
+    ``SURVIVED`` (some case that ran did not), ``unsupported`` (nothing could run)."""
+    out: dict = {}
+    for r in rows:
+        key = (r.mutant, r.runtime, r.world_size)
+        out.setdefault(key, []).append(r.result)
+    res = {}
+    for key, results in out.items():
+        if "survived" in results:
+            res[key] = "SURVIVED"
+        elif "KILL" in results:
+            res[key] = "killed"
+        else:
+            res[key] = "unsupported"
+    return res
+
+
+def kill_matrix_text(rows: list[KillRow]) -> str:
+    """Every mutant x every case that must kill it, on each runtime and world size."""
+    summ = kill_summary(rows)
+    table = [{"mutant": r.mutant, "runtime": f"{r.runtime}-w{r.world_size}", "case": r.case,
+              "result": r.result, "mutant verdict": summ[(r.mutant, r.runtime, r.world_size)],
+              "reason": r.reason()} for r in rows]
+    return text_table(table)
+
+
+# --- expected failures ------------------------------------------------------------
+
+def read_expected_failures(path: str) -> set[str]:
+    """Verdict ids (one a line, ``#`` comments, blank lines ignored).
+
+    Raises:
+        UsageError: the file cannot be read.
+    """
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"--expected-failures: cannot read {path!r}: {exc.strerror or exc}") from None
+    return {ln.split("#", 1)[0].strip() for ln in lines} - {""}
+
+
+def apply_expected_failures(verdicts: list[Verdict], expected: set[str]) -> list[str]:
+    """Turn listed ``fail`` verdicts into ``xfail``; return warnings for listed ids
+    that did not fail (no longer fail) or match no verdict (no longer exist)."""
+    seen, warnings = set(), []
+    for v in verdicts:
+        if v.id in expected:
+            seen.add(v.id)
+            if v.status == "fail":
+                v.status = "xfail"
+                v.reason = "expected failure: " + v.reason
+            else:
+                warnings.append(f"expected failure {v.id} no longer fails (status {v.status})")
+    warnings += [f"expected failure {i} matches no verdict of this run" for i in sorted(expected - seen)]
+    return warnings
+
+
+# --- JSON ---------------------------------------------------------------------------
+
+def environment() -> dict:
+    env = {"python": sys.version.split()[0], "platform": platform.platform()}
+    try:
+        import torch
+        env["torch"] = torch.__version__
+    except ImportError:
+        pass
+    try:
+        from importlib.metadata import version
+        env["torch_xla"] = version("torch_xla")
+    except Exception:
+        env["torch_xla"] = None
+    return env
+
+
+def build_json(verdicts: list[Verdict], kill_rows: list[KillRow] = (), extra: dict | None = None) -> dict:
+    """The run report (layout: docs/report-format.md)."""
+    from conformance.tolerances import TOLERANCES
+    doc = {"kit": "ddp-conformance", "schema": SCHEMA_VERSION,
+           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "environment": environment(),
+           "tolerances": [t.__dict__ for t in TOLERANCES],
+           "counts": counts(verdicts),
+           "verdicts": [v.to_json() for v in verdicts],
+           "kill_matrix": [r.to_json() for r in kill_rows],
+           "kill_summary": [{"mutant": m, "runtime": rt, "world_size": w, "result": res}
+                            for (m, rt, w), res in kill_summary(list(kill_rows)).items()]}
+    doc.update(extra or {})
+    return doc
+
+
+def write_json(path: str, verdicts: list[Verdict], kill_rows: list[KillRow] = (), extra: dict | None = None) -> dict:
+    """Write :func:`build_json`'s report to ``path``; return it."""
+    doc = build_json(verdicts, kill_rows, extra)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    return doc
+
+
+def exit_code(verdicts: list[Verdict], kill_rows: list[KillRow] = ()) -> int:
+    """0 unless a verdict is fail/vacuous or a mutant survived a case that must kill it."""
+    bad = any(v.status in BAD for v in verdicts)
+    survived = any(r == "SURVIVED" for r in kill_summary(list(kill_rows)).values())
+    return 1 if bad or survived else 0

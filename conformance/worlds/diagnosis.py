@@ -1,0 +1,288 @@
+"""Per-replica progress and failure diagnosis for :class:`conformance.worlds.spawned.World`.
+
+A world's host processes write each replica's progress (task, step, phase,
+last collective) into a small shared file, one fixed-size slot per replica
+(:class:`ProgressBoard`, an ``mmap``: a write costs a few microseconds, and the
+parent can read the slot after the host hung or died). When a task fails, the
+parent joins that with what it knows (exit codes, the replica's exception,
+``faulthandler`` stacks, log tails) into one ``dict`` per replica (the
+*diagnosis*, see :data:`DIAGNOSIS_KEYS`) and formats it (:func:`summary`,
+:func:`details`).
+
+No torch import here: the parent process stays plain Python.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import re
+import signal
+import threading
+import time
+import traceback
+
+SLOT_BYTES = 2048
+# Keys of one replica's diagnosis (values None when unknown).
+DIAGNOSIS_KEYS = ("rank", "host", "pid", "status", "task", "step", "phase", "last_collective",
+                  "collectives", "in_collective", "waited_s", "exception_type", "exception_message",
+                  "traceback", "stacks", "exit_code", "signal", "log_tail")
+# status values, from most to least to blame
+STATUSES = ("raised", "hung", "died", "aborted-by-peer", "ok")
+
+
+# --- the progress board (written by hosts, read by the parent) -------------
+
+def create_board(path: str, world_size: int) -> None:
+    """Create the zeroed board file for ``world_size`` replicas (in the parent)."""
+    with open(path, "wb") as f:
+        f.truncate(SLOT_BYTES * max(1, world_size))
+
+
+class ProgressBoard:
+    """The ``world_size`` progress slots of one world, mapped into this process."""
+
+    def __init__(self, path: str):
+        self._f = open(path, "r+b")
+        self._mm = mmap.mmap(self._f.fileno(), 0)
+
+    def slot(self, rank: int, **fixed) -> "Progress":
+        return Progress(self._mm, rank, fixed)
+
+
+def read_board(path: str, world_size: int) -> list[dict]:
+    """Every replica's last written progress (``{}`` where none or unreadable)."""
+    out = []
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return [{} for _ in range(world_size)]
+    for r in range(world_size):
+        raw = data[r * SLOT_BYTES:(r + 1) * SLOT_BYTES].split(b"\0", 1)[0]
+        try:
+            out.append(json.loads(raw) if raw else {})
+        except ValueError:  # torn by a concurrent write: rare, and only a hint
+            out.append({})
+    return out
+
+
+class Progress:
+    """One replica's slot: what it is doing now. ``ReplicaContext.note`` writes here.
+
+    Fields: ``task`` (number), ``fn`` (task name), ``step``, ``phase``,
+    ``last_collective`` (e.g. ``"all_reduce_ #3 float32[10]"``), ``collectives``
+    (entered in this task), ``in_collective`` (name while inside one, else
+    None), ``since`` (``time.monotonic()`` when it entered the current
+    collective), ``state`` (``running``/``returned``/``raised``) and the
+    thread ident ``tid`` (to find the replica's thread in a stack dump).
+    """
+
+    def __init__(self, mm, rank, fixed):
+        self._mm, self._off = mm, rank * SLOT_BYTES
+        self._lock = threading.Lock()
+        self.state = dict(fixed, rank=rank)
+        self._flush()
+
+    def _flush(self):
+        raw = json.dumps(self.state, default=str).encode()[:SLOT_BYTES - 1]
+        self._mm[self._off:self._off + SLOT_BYTES] = raw + b"\0" * (SLOT_BYTES - len(raw))
+
+    def begin(self, task, fn_name: str) -> None:
+        with self._lock:
+            for k in ("step", "phase", "last_collective", "in_collective", "since", "failed_in"):
+                self.state.pop(k, None)
+            self.state.update(task=task, fn=fn_name, collectives=0, state="running",
+                              tid=self.state.get("tid") or threading.get_ident())
+            self._flush()
+
+    def update(self, **fields) -> None:
+        with self._lock:
+            self.state.update(fields)
+            self._flush()
+
+    def enter(self, name: str) -> None:
+        with self._lock:
+            self.state["collectives"] = self.state.get("collectives", 0) + 1
+            self.state["last_collective"] = f"{name} #{self.state['collectives']}"
+            self.state["in_collective"] = name
+            self.state["since"] = time.monotonic()
+            self._flush()
+
+    def leave(self, failed: bool = False) -> None:
+        with self._lock:
+            if failed:  # the exception came out of this collective (e.g. a peer vanished)
+                self.state["failed_in"] = self.state.get("in_collective")
+            self.state["in_collective"] = None
+            self.state["since"] = None
+            self._flush()
+
+
+def _shape(t) -> str:
+    try:
+        return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+    except AttributeError:
+        return type(t).__name__
+
+
+class RecordingCollectives:
+    """Wraps a :class:`ddp_impl.runtime.collectives.Collectives`; records each call in ``progress``.
+
+    Same methods and attributes as the wrapped object (``sync`` and
+    ``all_reduce_many`` only when it has them); the record costs one small JSON write per call.
+    """
+
+    def __init__(self, inner, progress: Progress):
+        self._inner, self._progress = inner, progress
+        if getattr(inner, "sync", None) is not None:
+            self.sync = self._recorded("sync", inner.sync)
+        if getattr(inner, "all_reduce_many", None) is not None:
+            self.all_reduce_many = self._recorded("all_reduce_many", inner.all_reduce_many)
+
+    def _recorded(self, name, method, describe=None):
+        def call(*args, **kwargs):
+            self._progress.enter(name + (f" {_shape(args[0])}" if args else ""))
+            try:
+                value = method(*args, **kwargs)
+            except BaseException:
+                self._progress.leave(failed=True)
+                raise
+            self._progress.leave()
+            return value
+        call.__name__ = name
+        return call
+
+    def all_reduce_(self, tensor, **kwargs):
+        return self._recorded("all_reduce_", self._inner.all_reduce_)(tensor, **kwargs)
+
+    def broadcast_(self, tensor, src=0):
+        return self._recorded("broadcast_", self._inner.broadcast_)(tensor, src)
+
+    def all_gather(self, tensor):
+        return self._recorded("all_gather", self._inner.all_gather)(tensor)
+
+    def barrier(self):
+        return self._recorded("barrier", self._inner.barrier)()
+
+    def __getattr__(self, name):  # rank, world_size, device, ... of the wrapped object
+        return getattr(self.__dict__["_inner"], name)
+
+
+def recorded_step_sync(mark_step, progress: Progress):
+    """``mark_step`` that records itself as a collective wait (on XLA the lazy
+    collectives run, and block, inside the step sync)."""
+    def step_sync():
+        last = progress.state.get("last_collective") or ""
+        progress.enter("mark_step" + (f" (after {last})" if last and not last.startswith("mark_step") else ""))
+        try:
+            mark_step()
+        except BaseException:
+            progress.leave(failed=True)
+            raise
+        progress.leave()
+    return step_sync
+
+
+# --- exceptions raised by a replica ---------------------------------------
+
+def failure_info(exc: BaseException, progress: Progress | None = None) -> dict:
+    """Picklable description of ``exc`` raised by a task on a replica (call in ``except``)."""
+    t = type(exc)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    info = {"exception_type": name, "exception_message": str(exc)[:4000],
+            "traceback": traceback.format_exc()}
+    if progress is not None:
+        st = progress.state
+        info.update(step=st.get("step"), phase=st.get("phase"), last_collective=st.get("last_collective"),
+                    in_collective=st.get("in_collective") or st.get("failed_in"))
+    return info
+
+
+# --- stacks and exit codes -------------------------------------------------
+
+_THREAD_HEAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.M)
+
+
+def thread_stacks(dump: str) -> dict[int, str]:
+    """Split a ``faulthandler`` all-threads dump into ``{thread ident: block}``."""
+    heads = list(_THREAD_HEAD.finditer(dump))
+    out = {}
+    for i, m in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(dump)
+        out[int(m.group(2), 16)] = dump[m.start():end].rstrip()
+    return out
+
+
+def exit_description(code) -> tuple[int | None, str | None]:
+    """``(exit code, signal name)`` of a ``multiprocessing`` exit code (negative = signal)."""
+    if code is None:
+        return None, None
+    if code < 0:
+        try:
+            return code, signal.Signals(-code).name
+        except ValueError:
+            return code, f"signal {-code}"
+    return code, None
+
+
+def tail(path: str, lines: int) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# --- formatting -------------------------------------------------------------
+
+def blank(rank: int) -> dict:
+    return {k: None for k in DIAGNOSIS_KEYS} | {"rank": rank}
+
+
+def where(d: dict) -> str:
+    """``step 1, phase forward, in all_reduce_ #3`` from a diagnosis entry."""
+    bits = []
+    if d.get("step") is not None:
+        bits.append(f"step {d['step']}")
+    if d.get("phase"):
+        bits.append(f"phase {d['phase']}")
+    if d.get("in_collective"):
+        bits.append(f"in {d['last_collective'] or d['in_collective']}"
+                    + (f" for {d['waited_s']:.1f} s" if d.get("waited_s") is not None else ""))
+    elif d.get("last_collective"):
+        bits.append(f"last collective {d['last_collective']}")
+    return ", ".join(bits)
+
+
+def who(d: dict) -> str:
+    return f"replica {d['rank']} (host {d.get('host')}, pid {d.get('pid')})"
+
+
+def details(diagnosis: list[dict]) -> str:
+    """Full text: per replica its status, place, exception, traceback, stacks and log tail."""
+    parts, logs_done = [], set()
+    for d in diagnosis:
+        head = f"=== {who(d)}: {d.get('status')}"
+        place = where(d)
+        if d.get("task") is not None:
+            place = f"task {d['task']}" + (f", {place}" if place else "")
+        parts.append(head + (f" [{place}]" if place else ""))
+        if d.get("exception_type"):
+            parts.append(f"exception: {d['exception_type']}: {d.get('exception_message')}")
+        if d.get("exit_code") is not None:
+            parts.append(f"exited with code {d['exit_code']}" + (f" ({d['signal']})" if d.get("signal") else ""))
+        if d.get("traceback"):
+            parts.append(f"--- replica {d['rank']} traceback:\n{d['traceback'].rstrip()}")
+        if d.get("stacks"):
+            parts.append(f"--- replica {d['rank']} Python stacks (faulthandler):\n{d['stacks'].rstrip()}")
+        if d.get("log_tail") and d.get("host") not in logs_done:
+            logs_done.add(d.get("host"))
+            n = d["log_tail"].count("\n")
+            parts.append(f"--- host {d.get('host')} log tail ({n} lines):\n{d['log_tail'].rstrip()}")
+    return "\n".join(parts)
+
+
+def task_name(fn, payload: dict) -> str:
+    """The name a task is reported under (a wrapper such as ``evaluate.guarded``
+    names the task it runs in ``payload["task_fn_"]``)."""
+    inner = payload.get("task_fn_") if isinstance(payload, dict) else None
+    return getattr(inner or fn, "__name__", str(inner or fn))

@@ -1,0 +1,124 @@
+"""The runtime adapter interface and the per-replica context tasks receive."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class RuntimeUnavailable(RuntimeError):
+    """The runtime cannot run here; ``str(exc)`` is the one-line reason."""
+
+
+@dataclass
+class ReplicaContext:
+    """What a task running on one replica may use.
+
+    Attributes:
+        runtime: runtime name (``"cpu"``, ``"pjrt"``, ...).
+        rank: global ordinal of this replica, ``0 <= rank < world_size``.
+        world_size: number of replicas.
+        device: the ``torch.device`` the replica computes on.
+        collectives: a :class:`ddp_impl.runtime.collectives.Collectives` for this replica.
+        bindings: the replica's :class:`ddp_impl.runtime.ranks.RankBindings`.
+        mark_step: call after each optimizer step (a no-op except on XLA, where
+            it cuts and runs the lazy graph).
+        extra: runtime-specific state.
+        progress: where :meth:`note` writes (a
+            :class:`conformance.worlds.diagnosis.Progress`, set by the World's host;
+            ``None`` elsewhere, and then :meth:`note` is a no-op).
+    """
+
+    runtime: str
+    rank: int
+    world_size: int
+    device: Any
+    collectives: Any
+    bindings: Any
+    mark_step: Callable[[], None] = lambda: None
+    extra: dict = field(default_factory=dict)
+    progress: Any = None
+
+    def note(self, **fields) -> None:
+        """Record where this replica is, e.g. ``ctx.note(step=3, phase="backward")``.
+
+        Cheap (one small write to shared memory); a failure report names the
+        last values noted (``step``, ``phase`` and any other JSON-able field).
+        """
+        if self.progress is not None:
+            self.progress.update(**fields)
+
+
+def run_task(ctx: ReplicaContext, fn, payload: dict, on_raise=None, task=None) -> tuple:
+    """Run ``fn(ctx, **payload)`` on one replica; return ``(rank, ok, value)``.
+
+    On an exception ``value`` is :func:`conformance.worlds.diagnosis.failure_info`
+    (type, message, traceback, step/phase/last collective), and
+    ``on_raise(rank, value)`` is called at once, before the other replicas
+    finish (they may be blocked in a collective this one left).
+    """
+    from conformance.worlds.diagnosis import failure_info
+    p = ctx.progress
+    if p is not None:
+        from conformance.worlds.diagnosis import task_name
+        p.begin(task, task_name(fn, payload))
+    try:
+        value = fn(ctx, **payload)
+    except BaseException as exc:
+        info = failure_info(exc, p)
+        if p is not None:
+            p.update(state="raised")
+        if on_raise is not None:
+            try:
+                on_raise(ctx.rank, info)
+            except Exception:  # a closed pipe: the parent is gone or tearing down
+                pass
+        return ctx.rank, False, info
+    if p is not None:
+        p.update(state="returned")
+    return ctx.rank, True, value
+
+
+class Runtime:
+    """Adapter base class. Subclasses set :attr:`name` and override the hooks."""
+
+    name = "?"
+    max_world_size = 64
+    # Measured ways the runtime's own ops differ from CPU PyTorch, which the
+    # single-device reference must reproduce (see conformance.cases.train.reference.QUIRKS).
+    reference_quirks: frozenset = frozenset()
+    # True where every replica must run the same graph for its collectives to meet
+    # (XLA's in-process CPU collectives, PJRT_CPU_NOTES.md cause 1): generated
+    # scenarios then keep batch sizes and control flow equal across replicas.
+    uniform_graphs: bool = False
+    # Seconds a replica may wait inside one collective while a peer is elsewhere
+    # before the World reports the peer as hung (None: only the task timeout).
+    # Must be below the runtime's own collective timeout, so the World names the
+    # peer instead of reporting the waiter's timeout error or abort.
+    collective_bound: float | None = None
+    # True where collectives are lazy and run (and block) in ctx.mark_step (XLA).
+    step_sync_runs_collectives = False
+
+    def check(self, world_size: int) -> None:
+        """Raise :class:`RuntimeUnavailable` (one line) if this world cannot run here."""
+        if not 1 <= world_size <= self.max_world_size:
+            raise RuntimeUnavailable(
+                f"world size {world_size} is outside 1..{self.max_world_size} for runtime {self.name}")
+
+    def host_envs(self, world_size: int) -> list[dict]:
+        """One environment (``str -> str``) per host process to start."""
+        raise NotImplementedError
+
+    def setup_host(self, host: int, world_size: int, workdir: str) -> list[ReplicaContext]:
+        """Initialise the runtime inside host process ``host``; return its replicas."""
+        raise NotImplementedError
+
+    def execute(self, replicas: list[ReplicaContext], fn, payload: dict, on_raise=None,
+                task=None) -> list[tuple]:
+        """Run ``fn(ctx, **payload)`` on each replica of this host (see :func:`run_task`).
+
+        Returns ``[(rank, ok, value_or_failure_info), ...]``.
+        """
+        return [run_task(ctx, fn, payload, on_raise, task) for ctx in replicas]
+
+    def teardown_host(self, replicas: list[ReplicaContext]) -> None:
+        """Release runtime resources before the host exits."""

@@ -1,0 +1,47 @@
+"""CPU runtime: plain PyTorch, one process per replica, gloo process group.
+
+Rendezvous is a ``FileStore`` in the world's private directory (no TCP port, so
+pytest-xdist workers cannot clash). Each process uses one intra-op thread so W
+replicas on a 2-core machine do not oversubscribe it.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+from conformance.worlds.runtimes.base import ReplicaContext, Runtime
+
+# Bound on every gloo collective: a replica stuck in one raises after this.
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("CONFORMANCE_COLLECTIVE_TIMEOUT", 60))
+
+
+class CpuRuntime(Runtime):
+    name = "cpu"
+    max_world_size = 16
+    # The World's collective bound is shorter than gloo's own timeout: a replica
+    # left waiting in an all-reduce by a hung peer would otherwise raise gloo's
+    # "Timed out waiting ... for recv" first, and the report would blame the
+    # waiter instead of the peer.
+    collective_bound = 0.8 * COLLECTIVE_TIMEOUT_S
+
+    def host_envs(self, world_size):
+        return [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
+                 "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1"}
+                for r in range(world_size)]
+
+    def setup_host(self, host, world_size, workdir):
+        import torch
+        import ddp_impl
+        torch.set_num_threads(1)
+        ddp_impl.init_process_group(
+            "gloo", init_method=f"file://{os.path.join(workdir, 'rendezvous')}",
+            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        b = ddp_impl.runtime.ranks.bindings()
+        return [ReplicaContext(runtime=self.name, rank=b.global_ordinal, world_size=b.world_size,
+                               device=torch.device("cpu"),
+                               collectives=ddp_impl.TorchDistributedCollectives(), bindings=b)]
+
+    def teardown_host(self, replicas):
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()

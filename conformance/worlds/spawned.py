@@ -1,0 +1,623 @@
+"""A persistent world of replicas: host processes that run tasks on request.
+
+A :class:`World` starts its host processes once (one per replica on the CPU
+runtime; one per host with a thread per replica on PJRT), then runs many tasks
+on them. Every wait is bounded, and every failure is classified and diagnosed
+per replica (:attr:`ReplicaError.diagnosis`):
+
+* a replica that raises reports its exception to the parent at once (the
+  host sends it before the other replicas finish); the parent waits
+  :data:`RAISE_GRACE` seconds for simultaneous failures, then tears the world
+  down: :class:`ReplicaFailed` names the replica(s) that raised, with type,
+  message and traceback; replicas blocked in a collective it left are
+  ``aborted-by-peer``;
+* a host process that exits is :class:`ReplicaDied` with its exit code or
+  signal, its Python stacks when the death was a fatal signal (``faulthandler``
+  is enabled in every host: an abort by gloo or XLA dumps every thread), and
+  what each replica was doing (step, phase, last collective);
+* :class:`ReplicaTimeout` only when a bound really passed: the task's
+  ``timeout``, or the runtime's *collective bound*
+  (:attr:`conformance.worlds.runtimes.base.Runtime.collective_bound`): a replica that
+  has waited that long inside a collective while a peer is elsewhere (still
+  computing, or returned from the task) means that peer hung or skipped the
+  collective. The bound is below the runtime's own collective timeout (gloo's
+  error, XLA's abort), so the report names the peer, not the waiter.
+
+Each replica's progress (task, step, phase, last collective; tasks add to it
+with :meth:`ReplicaContext.note <conformance.worlds.runtimes.base.ReplicaContext.note>`)
+lives in a shared file the parent reads after a failure
+(:mod:`conformance.worlds.diagnosis`). After any failure the world is broken and must
+be replaced (:class:`WorldPool` does that).
+
+Hosts ignore SIGINT (the parent owns Ctrl-C: an interrupted :meth:`World.run`
+kills the hosts) and die with their parent (``PR_SET_PDEATHSIG`` plus a
+watchdog thread), so no orphans remain. Hosts drop the parent's launcher
+variables (:data:`LAUNCHER_VARS`): a kit-spawned world is never part of a
+torchrun launch it happens to be started from. Rendezvous uses a file in a
+private temporary directory, never a port, so many worlds (pytest-xdist
+workers) coexist on one machine.
+
+This module imports torch only inside host processes.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import traceback
+from multiprocessing.connection import wait as wait_any
+
+from conformance.worlds import diagnosis as dg
+
+DEFAULT_TIMEOUT = float(os.environ.get("CONFORMANCE_TIMEOUT", 120))
+START_TIMEOUT = float(os.environ.get("CONFORMANCE_START_TIMEOUT", 180))
+# After the first replica raised (or a host died), how long the parent waits
+# for other replicas' simultaneous reports before it tears the world down.
+# Short: the others are most likely blocked in a collective the failed one left.
+RAISE_GRACE = 2.0
+# How often the parent reads the progress board while waiting (collective bound).
+POLL_S = 0.5
+LOG_TAIL_LINES = 200
+# Variables of an env:// launcher (torchrun) that a kit-spawned host must not
+# inherit from its parent: they would override the host's own rank layout
+# (e.g. GROUP_RANK=1 labels every replica "host 1").
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                 "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+class ReplicaError(RuntimeError):
+    """A task did not complete on every replica.
+
+    ``str(exc)`` is :meth:`summary` followed by :meth:`details`.
+
+    Attributes:
+        diagnosis: one ``dict`` per replica, by rank, with the keys of
+            :data:`conformance.worlds.diagnosis.DIAGNOSIS_KEYS` (``None`` when
+            unknown): ``rank``, ``host``, ``pid``, ``status`` (``raised``,
+            ``hung``, ``died``, ``aborted-by-peer``, ``ok``), ``task``,
+            ``step``, ``phase``, ``last_collective``, ``collectives`` (entered
+            in the task), ``in_collective``, ``waited_s``, ``exception_type``,
+            ``exception_message``, ``traceback``, ``stacks`` (faulthandler,
+            this replica's thread), ``exit_code``, ``signal``, ``log_tail``
+            (its host's last :data:`LOG_TAIL_LINES` lines), plus ``culprit``
+            (bool: named in the summary). Empty when the failure is not
+            per-replica (e.g. a broken world reused).
+    """
+
+    def __init__(self, message: str, diagnosis: list[dict] | None = None):
+        self._summary, _, rest = message.partition("\n")
+        self._details = rest
+        self.diagnosis = diagnosis or []
+        text = self._summary + (f"\n{rest}" if rest else "")
+        super().__init__(text)
+
+    def summary(self) -> str:
+        """One line: the world, the failure kind, the replica(s) to blame and the exception."""
+        return self._summary
+
+    def details(self) -> str:
+        """Full text: per replica status, place, exception, traceback, stacks, log tail."""
+        return self._details
+
+
+class ReplicaFailed(ReplicaError):
+    """A replica raised; the diagnosis holds its exception and traceback."""
+
+
+class ReplicaTimeout(ReplicaError):
+    """A bound passed: the task's timeout, or a replica waited in a collective a
+    peer never entered for the runtime's collective bound; stacks of every replica."""
+
+
+class ReplicaDied(ReplicaError):
+    """A host process exited; the diagnosis holds its exit code or signal, stacks, log tail."""
+
+
+def _tail(path, lines=LOG_TAIL_LINES):
+    return dg.tail(path, lines)
+
+
+def _die_with_parent(parent_pid):
+    try:  # Linux: the kernel kills us when the parent goes.
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(70)
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
+
+
+def _instrument(ctx, board, host, runtime):
+    """Give a replica its progress slot; record its collectives (and XLA step syncs)."""
+    p = board.slot(ctx.rank, host=host, pid=os.getpid(),
+                   tid=ctx.extra.get("thread_ident") or threading.get_ident())
+    ctx.progress = p
+    ctx.collectives = dg.RecordingCollectives(ctx.collectives, p)
+    if runtime.step_sync_runs_collectives:
+        ctx.mark_step = dg.recorded_step_sync(ctx.mark_step, p)
+
+
+def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid):
+    """Entry point of a host process (spawned; runs until told to stop)."""
+    for var in LAUNCHER_VARS:  # before anything reads them (torch.distributed, ranks)
+        os.environ.pop(var, None)
+    log_fd = os.open(os.path.join(workdir, f"host{host}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
+    import faulthandler
+    stacks = open(os.path.join(workdir, f"host{host}.stacks"), "w")
+    # Fatal signals (an abort by gloo or XLA, a segfault) dump every thread's
+    # Python stack; SIGUSR1 is the parent asking for them.
+    faulthandler.enable(file=stacks, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    os.environ.update(env)
+    send_lock = threading.Lock()
+
+    def send(msg):
+        with send_lock:
+            conn.send(msg)
+    try:
+        from conformance.worlds.runtimes import get_runtime
+        runtime = get_runtime(runtime_name)
+        replicas = runtime.setup_host(host, world_size, workdir)
+        board = dg.ProgressBoard(os.path.join(workdir, "progress"))
+        for ctx in replicas:
+            _instrument(ctx, board, host, runtime)
+        send(("ready", [r.rank for r in replicas]))
+    except BaseException:
+        send(("error", traceback.format_exc()))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            break
+        task_id, fn, payload = msg
+
+        def on_raise(rank, info, task_id=task_id):  # at once, from the replica's thread
+            send(("raised", task_id, rank, info))
+        results = runtime.execute(replicas, fn, payload, on_raise=on_raise, task=task_id)
+        send(("done", task_id, results))
+    runtime.teardown_host(replicas)
+
+
+class World:
+    """``world_size`` replicas of ``runtime``, started now and kept until :meth:`close`.
+
+    Args:
+        runtime: a runtime name from :data:`conformance.worlds.runtimes.RUNTIMES`.
+        world_size: number of replicas (``>= 1``).
+        timeout: default bound in seconds on each task (env ``CONFORMANCE_TIMEOUT``).
+
+    Raises:
+        ReplicaError: when the hosts cannot start within ``CONFORMANCE_START_TIMEOUT``.
+        conformance.worlds.runtimes.RuntimeUnavailable: when the runtime cannot run here.
+    """
+
+    def __init__(self, runtime: str, world_size: int, timeout: float = DEFAULT_TIMEOUT):
+        from conformance.worlds.runtimes import get_runtime
+        self.runtime = runtime
+        self.world_size = world_size
+        self.timeout = timeout
+        self.broken = False
+        self.hosts = []
+        adapter = get_runtime(runtime)
+        adapter.check(world_size)
+        self.collective_bound = adapter.collective_bound
+        self.workdir = tempfile.mkdtemp(prefix=f"ddpconf-{runtime}{world_size}-")
+        self._board = os.path.join(self.workdir, "progress")
+        dg.create_board(self._board, world_size)
+        ctx = mp.get_context("spawn")
+        try:
+            for host, env in enumerate(adapter.host_envs(world_size)):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_host_main, daemon=True, name=f"{runtime}-host{host}",
+                                   args=(runtime, host, world_size, child, self.workdir, env, os.getpid()))
+                proc.start()
+                child.close()
+                self.hosts.append((proc, parent))
+            self._ranks = self._collect_ready(START_TIMEOUT)
+        except BaseException:
+            self.close()
+            raise
+        self._host_of = {r: h for h, ranks in enumerate(self._ranks) for r in ranks}
+        self._next_task = 0
+
+    # --- running tasks ---------------------------------------------------
+    def run(self, fn, timeout: float | None = None, **payload) -> list:
+        """Run ``fn(ctx, **payload)`` on every replica; return results by global ordinal.
+
+        ``fn`` must be a module-level function (it is pickled by reference);
+        ``payload`` and results must be picklable (numpy, not tensors).
+
+        Raises:
+            ReplicaFailed / ReplicaTimeout / ReplicaDied: see the classes; the
+                world is then broken. ``KeyboardInterrupt`` kills the hosts
+                first, then propagates.
+        """
+        if self.broken:
+            raise ReplicaError(f"{self.describe()} is broken by an earlier failure")
+        self._next_task += 1
+        task = self._next_task
+        try:
+            for proc, conn in self.hosts:
+                try:
+                    conn.send((task, fn, payload))
+                except (BrokenPipeError, OSError):
+                    pass  # reported by _collect_task as a dead host
+            from conformance.worlds.diagnosis import task_name
+            results = self._collect_task(task, task_name(fn, payload), timeout or self.timeout)
+        except ReplicaError:
+            raise
+        except BaseException:  # Ctrl-C or a bug here: never leave hosts running a task
+            self._break()
+            raise
+        return results
+
+    def _collect_ready(self, timeout):
+        """Wait for every host's start-up answer (its ranks), bounded by ``timeout``."""
+        deadline = time.monotonic() + timeout
+        got = {}
+        while len(got) < len(self.hosts):
+            left = deadline - time.monotonic()
+            pending = [i for i in range(len(self.hosts)) if i not in got]
+            if left <= 0:
+                self._break()
+                raise ReplicaTimeout(f"{self.describe()}: host(s) {pending} did not start within "
+                                     f"{timeout:.0f} s\n" + self._logs(pending))
+            ready = wait_any([self.hosts[i][1] for i in pending] + [self.hosts[i][0].sentinel for i in pending],
+                             timeout=left)
+            for i in pending:
+                proc, conn = self.hosts[i]
+                msg = None
+                if conn in ready or conn.poll():
+                    try:
+                        msg = conn.recv()
+                    except (EOFError, OSError):
+                        msg = None
+                if msg is None:
+                    if proc.sentinel in ready or not proc.is_alive():
+                        proc.join(1)
+                        self._break()
+                        code, sig = dg.exit_description(proc.exitcode)
+                        raise ReplicaDied(f"{self.describe()}: host {i} (pid {proc.pid}) exited with code "
+                                          f"{code}{f' ({sig})' if sig else ''} while starting\n" + self._logs([i]))
+                    continue
+                if msg[0] == "error":
+                    self._break()
+                    raise ReplicaFailed(f"{self.describe()}: host {i} failed to start\n{msg[1]}"
+                                        + self._logs([i]))
+                got[i] = msg[1]
+        return [got[i] for i in range(len(self.hosts))]
+
+    def _logs(self, hosts):
+        return "".join(f"\n--- host {i} log tail:\n{self.log_tail(i)}" for i in hosts)
+
+    def _collect_task(self, task, name, timeout):
+        """Wait for task ``task`` on every host; classify and raise on any failure."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        pending = set(range(len(self.hosts)))
+        rows_by_host, raised, dead = {}, {}, {}
+        failed_at = None
+        hang = None
+        while pending:
+            now = time.monotonic()
+            if failed_at is not None and now >= failed_at + RAISE_GRACE:
+                break
+            if now >= deadline:
+                break
+            if self.collective_bound is not None and failed_at is None:
+                hang = self._collective_hang(task, pending, rows_by_host, now)
+                if hang:
+                    break
+            limit = min(deadline, failed_at + RAISE_GRACE if failed_at is not None else deadline) - now
+            ready = wait_any([self.hosts[i][1] for i in pending] + [self.hosts[i][0].sentinel for i in pending],
+                             timeout=max(0.0, min(POLL_S, limit)))
+            for i in sorted(pending):
+                proc, conn = self.hosts[i]
+                got_any = False
+                while True:
+                    try:
+                        if not (conn in ready or conn.poll()):
+                            break
+                        msg = conn.recv()
+                    except (EOFError, OSError):
+                        break
+                    ready = ()  # poll() from now on
+                    got_any = True
+                    if msg[0] == "raised" and msg[1] == task:
+                        raised.setdefault(msg[2], msg[3])
+                        failed_at = failed_at or time.monotonic()
+                    elif msg[0] == "done" and msg[1] == task:
+                        rows_by_host[i] = msg[2]
+                        for rank, ok, value in msg[2]:
+                            if not ok:
+                                raised.setdefault(rank, value if isinstance(value, dict) else
+                                                  {"exception_type": None, "traceback": str(value)})
+                                failed_at = failed_at or time.monotonic()
+                        pending.discard(i)
+                        break
+                if i in pending and not got_any and not proc.is_alive():
+                    proc.join(1)
+                    dead[i] = proc.exitcode
+                    pending.discard(i)
+                    failed_at = failed_at or time.monotonic()
+        elapsed = time.monotonic() - t0
+        if not raised and not dead and not pending:
+            results = [None] * self.world_size
+            for rows in rows_by_host.values():
+                for rank, _, value in rows:
+                    results[rank] = value
+            return results
+        self._fail(task, name, timeout, elapsed, pending, rows_by_host, raised, dead, hang)
+
+    def _collective_hang(self, task, pending, rows_by_host, now):
+        """A replica waited in a collective longer than the collective bound while a
+        peer is elsewhere: ``(board, waiting ranks)``, else ``None``."""
+        board = dg.read_board(self._board, self.world_size)
+        current = [b for b in board if b.get("task") == task]
+        waiting = [b["rank"] for b in current
+                   if b.get("in_collective") and b.get("since") and now - b["since"] > self.collective_bound]
+        if not waiting:
+            return None
+        elsewhere = [r for r in range(self.world_size)
+                     if not board[r].get("in_collective") or board[r].get("task") != task]
+        # All inside collectives, but not the same one: they will never meet.
+        mismatch = len({(b.get("collectives"), (b.get("in_collective") or "").split(" ")[0])
+                        for b in current if b.get("in_collective")}) > 1
+        return (board, waiting) if elsewhere or mismatch else None
+
+    # --- diagnosis -------------------------------------------------------
+    def _dump_stacks(self, hosts):
+        """Ask live ``hosts`` for their Python stacks (faulthandler on SIGUSR1); wait
+        until the dumps stop growing (at most 3 s)."""
+        paths = {i: os.path.join(self.workdir, f"host{i}.stacks") for i in hosts}
+        for i in hosts:
+            try:
+                os.kill(self.hosts[i][0].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        last, stable_since = None, None
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            sizes = {i: (os.path.getsize(p) if os.path.exists(p) else 0) for i, p in paths.items()}
+            if sizes == last and all(sizes.values()):
+                if time.monotonic() - stable_since >= 0.2:
+                    break
+            else:
+                last, stable_since = sizes, time.monotonic()
+
+    def _fail(self, task, name, timeout, elapsed, pending, rows_by_host, raised, dead, hang):
+        now = time.monotonic()
+        alive = [i for i in range(len(self.hosts)) if i not in dead and self.hosts[i][0].is_alive()]
+        self._dump_stacks(alive)
+        board = dg.read_board(self._board, self.world_size)
+        diag = []
+        for rank in range(self.world_size):
+            host = self._host_of.get(rank, rank)
+            proc = self.hosts[host][0]
+            b = board[rank] if board[rank].get("task") == task else {}
+            d = dg.blank(rank) | {"host": host, "pid": proc.pid, "task": task, "culprit": False}
+            for k in ("step", "phase", "last_collective", "collectives", "in_collective"):
+                d[k] = b.get(k)
+            if b.get("in_collective") and b.get("since"):
+                d["waited_s"] = round(now - b["since"], 1)
+            dump = _read(os.path.join(self.workdir, f"host{host}.stacks"))
+            if dump:
+                d["stacks"] = dg.thread_stacks(dump).get(b.get("tid") or board[rank].get("tid")) or dump
+            d["log_tail"] = self.log_tail(host)
+            if rank in raised:
+                info = raised[rank]
+                for k in ("exception_type", "exception_message", "traceback"):
+                    d[k] = info.get(k)
+                for k in ("step", "phase", "last_collective", "in_collective"):
+                    if info.get(k) is not None or k == "in_collective":
+                        d[k] = info.get(k)
+                d["waited_s"] = None
+                d["status"] = "raised"
+            elif host in dead:
+                d["exit_code"], d["signal"] = dg.exit_description(dead[host])
+                d["status"] = "died"
+            elif host in pending:  # its host still runs the task: this replica may have returned
+                d["status"] = "ok" if b.get("state") == "returned" else "hung"
+            else:
+                d["status"] = "ok"
+            diag.append(d)
+        summary, cls = self._classify(diag, name, timeout, elapsed, raised, dead, hang)
+        self._break()
+        raise cls(f"{summary}\n{dg.details(diag)}", diag)
+
+    def _classify(self, diag, name, timeout, elapsed, raised, dead, hang):
+        """Decide the error class and the replicas to blame; set statuses; return the summary."""
+        head = f"{self.describe()}: task {name}"
+        by = {d["rank"]: d for d in diag}
+        waiting = [d for d in diag if d["status"] == "hung" and d.get("in_collective")]
+        if dead:
+            # A replica that raised inside a collective after a host died was cut off by it.
+            for d in diag:
+                if d["status"] == "raised" and d.get("in_collective"):
+                    d["status"] = "aborted-by-peer"
+                elif d["status"] == "hung":
+                    d["status"] = "aborted-by-peer"
+            died = [d for d in diag if d["status"] == "died"]
+            for d in died:
+                d["culprit"] = True
+            suspects = []
+            for h in {d["host"] for d in died}:  # a host of several replicas (PJRT threads)
+                ds = [d for d in died if d["host"] == h]
+                outside = [d for d in ds if not d.get("in_collective")]
+                if len(ds) > 1 and 0 < len(outside) < len(ds):
+                    for d in ds:  # the ones its peers waited for
+                        d["culprit"] = d in outside
+                    suspects += outside
+            hosts = sorted({d["host"] for d in died})
+            parts = []
+            for h in hosts:
+                ds = [d for d in died if d["host"] == h]
+                d0 = ds[0]
+                how = (f"killed by {d0['signal']}" if d0["signal"] else f"exited with code {d0['exit_code']}")
+                ranks = ", ".join(str(d["rank"]) for d in ds)
+                last = [ln.strip() for ln in (d0.get("log_tail") or "").splitlines() if ln.strip()]
+                if d0["signal"] == "SIGABRT" and last:  # the runtime's own words (gloo, XLA)
+                    how += f" ({last[-1][:300]})"
+                parts.append(f"replica {ranks} (host {h}, pid {d0['pid']}) died: {how}")
+            # What each replica was doing: who waited in a collective, who was elsewhere.
+            doing = [f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in diag
+                     if dg.where(d)]
+            # An abort inside a collective whose peers sit in a different one (gloo's
+            # "Received data size doesn't match"): name both sides of the mismatch.
+            for d in died:
+                if d["signal"] == "SIGABRT" and d.get("in_collective"):
+                    other = [o for o in diag if o not in died and o.get("last_collective")
+                             and o.get("last_collective") != d.get("last_collective")]
+                    for o in other:
+                        o["culprit"] = True
+                    if other:
+                        parts.append("collective mismatch: " + " vs ".join(
+                            f"replica {x['rank']} in {x['last_collective']} (step {x.get('step')})"
+                            for x in [d] + other))
+            if suspects:
+                parts.append("; ".join(f"suspect replica {d['rank']}: outside any collective "
+                                        f"({dg.where(d) or 'no progress noted'}) while its peers waited in one"
+                                        for d in suspects))
+            return (f"{head}: {len(died)} replica(s) died: " + "; ".join(parts)
+                    + (f" [{'; '.join(doing)}]" if doing else "")), ReplicaDied
+        genuine = {r: i for r, i in raised.items() if not i.get("in_collective")} or raised
+        if raised:
+            for d in diag:
+                if d["status"] == "raised" and d["rank"] not in genuine:
+                    d["status"] = "aborted-by-peer"
+                elif d["status"] == "hung":
+                    d["status"] = "aborted-by-peer"  # torn down: most likely blocked on the failed one
+            parts = []
+            for r in sorted(genuine):
+                d = by[r]
+                d["culprit"] = True
+                place = "; ".join(x for x in (f"host {d['host']}, pid {d['pid']}", dg.where(d)) if x)
+                parts.append(f"replica {r} raised {d['exception_type']}: "
+                             f"{_first_line(d['exception_message'])} [{place}]")
+            return f"{head}: {len(genuine)} replica(s) raised; " + "; ".join(parts), ReplicaFailed
+        # A hang: the task bound passed, or a replica waited past the collective bound.
+        if hang:
+            board, waiters = hang
+            culprits = [d for d in diag if d["rank"] not in waiters
+                        and not (d.get("in_collective") and d["status"] == "hung")]
+            why = (f"replica(s) {waiters} waited in a collective for more than the collective bound "
+                   f"({self.collective_bound:.0f} s, below the runtime's own collective timeout) "
+                   f"after {elapsed:.1f} s of the task")
+            if not culprits:  # every replica waits, in different collectives: name the odd ones out
+                counts = [d.get("collectives") for d in diag]
+                modal = [c for c in set(counts) if counts.count(c) > len(counts) / 2]
+                culprits = [d for d in diag if not modal or d.get("collectives") != modal[0]]
+                why += "; the replicas wait in different collectives (a replica skipped or added one)"
+        else:
+            culprits = [d for d in diag if d["status"] == "hung" and not d.get("in_collective")]
+            if waiting and not culprits:  # everyone pending waits in a collective: who left it?
+                culprits = [d for d in diag if d["status"] == "ok"] or waiting
+            elif not culprits:
+                culprits = [d for d in diag if d["status"] == "hung"]
+            why = f"no answer within {timeout:.0f} s (task bound; {elapsed:.1f} s elapsed)"
+        for d in diag:
+            if d["status"] == "hung" and d not in culprits:
+                d["status"] = "aborted-by-peer"  # blocked in a collective, waiting for a culprit
+        parts = []
+        for d in culprits:
+            d["culprit"] = True
+            if d["status"] == "ok":
+                parts.append(f"replica {d['rank']} returned from the task after {d.get('collectives') or 0} "
+                             f"collective(s) while others wait in one ({dg.where(d) or 'no progress noted'})")
+            else:
+                d["status"] = "hung"
+                parts.append(f"replica {d['rank']} hung ({dg.where(d) or 'no progress noted'})")
+        waits = [f"replica {d['rank']} in {d['last_collective'] or d['in_collective']}"
+                 + (f" for {d['waited_s']:.1f} s" if d.get("waited_s") is not None else "")
+                 for d in diag if d.get("in_collective") and d not in culprits]
+        return (f"{head}: {why}; " + "; ".join(parts)
+                + (f"; waiting: {', '.join(waits)}" if waits else "")), ReplicaTimeout
+
+    # --- lifecycle -------------------------------------------------------
+    def describe(self) -> str:
+        return f"{self.runtime} world of {self.world_size} replica(s)"
+
+    def log_tail(self, host: int) -> str:
+        return _tail(os.path.join(self.workdir, f"host{host}.log"))
+
+    def pids(self) -> list[int]:
+        return [p.pid for p, _ in self.hosts]
+
+    def _break(self):
+        self.broken = True
+        self.close(graceful=False)
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop every host (politely when ``graceful``, then by SIGKILL); idempotent."""
+        for proc, conn in self.hosts:
+            if graceful and proc.is_alive():
+                try:
+                    conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+        deadline = time.monotonic() + (5.0 if graceful else 0.0)
+        for proc, conn in self.hosts:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+            conn.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)  # error reports are built before
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _first_line(text):
+    text = (text or "").strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+class WorldPool:
+    """Worlds keyed by ``(runtime, world_size)``, started on first use, replaced when broken."""
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT):
+        self.timeout = timeout
+        self._worlds: dict[tuple[str, int], World] = {}
+
+    def get(self, runtime: str, world_size: int) -> World:
+        key = (runtime, world_size)
+        world = self._worlds.get(key)
+        if world is None or world.broken:
+            world = self._worlds[key] = World(runtime, world_size, self.timeout)
+        return world
+
+    def close(self) -> None:
+        for world in self._worlds.values():
+            world.close()
+            shutil.rmtree(world.workdir, ignore_errors=True)
+        self._worlds.clear()

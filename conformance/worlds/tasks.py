@@ -1,0 +1,97 @@
+"""Small World tasks used by the kit's own tests and diagnostics.
+
+Each is ``fn(ctx, **payload)`` and returns picklable data.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+
+def rank_report(ctx) -> dict:
+    """This replica's rank bindings, as seen by ``ddp_impl.runtime.ranks`` and torch.distributed."""
+    import torch.distributed as dist
+
+    from ddp_impl.runtime import ranks
+    b = ranks.bindings()
+    return {"ctx_rank": ctx.rank, "ctx_world_size": ctx.world_size, "pid": os.getpid(),
+            # the machine: torchrun's node rank when launched by it, else one host
+            "host": os.environ.get("GROUP_RANK", "0"),
+            "bindings": {k: getattr(b, k) for k in b.__dataclass_fields__},
+            "module_api": {"process_index": ranks.process_index(), "process_count": ranks.process_count(),
+                           "global_ordinal": ranks.global_ordinal(), "local_ordinal": ranks.local_ordinal(),
+                           "world_size": ranks.world_size(), "local_device_count": ranks.local_device_count()},
+            "dist": ({"rank": dist.get_rank(), "world_size": dist.get_world_size()}
+                     if dist.is_available() and dist.is_initialized() else None)}
+
+
+def all_reduce_value(ctx, values) -> list:
+    """All-reduce (sum) ``values[ctx.rank]`` with the replica's collectives."""
+    import torch
+    t = torch.tensor(values[ctx.rank], dtype=torch.float32).to(ctx.device)
+    ctx.collectives.all_reduce_(t)
+    ctx.mark_step()
+    return t.cpu().tolist()
+
+
+def fail_on(ctx, rank, how="raise", seconds=30.0) -> int:
+    """Misbehave on replica ``rank``: raise, sleep, exit, or block in a collective.
+
+    ``how``: ``raise`` (ValueError), ``sleep`` (``seconds``), ``exit`` (os._exit(3)),
+    ``hang_collective`` (every other replica enters an all-reduce that ``rank`` skips).
+    """
+    if how == "hang_collective":
+        if ctx.rank != rank:
+            import torch
+            ctx.collectives.all_reduce_(torch.ones(1).to(ctx.device))
+            ctx.mark_step()
+        return ctx.rank
+    if ctx.rank == rank:
+        if how == "raise":
+            raise ValueError(f"boom from replica {rank}")
+        if how == "sleep":
+            time.sleep(seconds)
+        if how == "exit":
+            os._exit(3)
+    return ctx.rank
+
+
+FAULTS = ("none", "raise", "exit", "sleep", "skip_collective")
+
+
+EXIT_DELAY_S = 1.0  # how long an ``exit`` fault waits before exiting (s)
+
+
+def fault(ctx, rank, how="raise", at_step=1, steps=3, seconds=600.0) -> int:
+    """A training-shaped loop with one injected fault: the kit's fault-injection task.
+
+    Every replica runs ``steps`` steps of: ``forward`` (noted with
+    ``ctx.note``), an all-reduce of a ``float32[4 + step]`` tensor (sizes differ
+    per step, like a DDP's per-parameter all-reduces), ``ctx.mark_step()``.
+    Replica ``rank`` misbehaves in the forward of step ``at_step``, by ``how``:
+    ``raise`` (``ValueError``), ``exit`` (``os._exit(3)`` after :data:`EXIT_DELAY_S`), ``sleep``
+    (``seconds``, i.e. hangs), ``skip_collective`` (skips that step's
+    all-reduce), ``none``. Returns the replica's rank.
+    """
+    import torch
+    if how not in FAULTS:
+        raise ValueError(f"unknown fault {how!r}; known: {', '.join(FAULTS)}")
+    for step in range(steps):
+        ctx.note(step=step, phase="forward")
+        faulty = ctx.rank == rank and step == at_step
+        if faulty and how == "raise":
+            raise ValueError(f"injected fault on replica {rank} at step {step}")
+        if faulty and how == "exit":
+            # dies once its peers wait in the all-reduce (on PJRT they share its process,
+            # and a peer still in forward would be as much a suspect as the one that exited)
+            time.sleep(EXIT_DELAY_S)
+            os._exit(3)
+        if faulty and how == "sleep":
+            time.sleep(seconds)
+        t = torch.full((4 + step,), float(ctx.rank + 1)).to(ctx.device)
+        ctx.note(phase="gradient all-reduce")
+        if not (faulty and how == "skip_collective"):
+            ctx.collectives.all_reduce_(t)
+        ctx.mark_step()
+        ctx.note(phase="optimizer")
+    return ctx.rank

@@ -1,0 +1,1 @@
+"""ddp_impl.runtime."""
