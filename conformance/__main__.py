@@ -1,6 +1,6 @@
 import sys
 
-from conformance.cli.main import main
+from conformance.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,7 +22,8 @@ size, implementation) the flags select, as a ``subTest``, through
 :func:`conformance.evaluate.evaluate` - the same verdicts as the CLI and the
 pytest plugin. A fail or vacuous verdict fails the subtest with every verdict's
 summary and the replicas' diagnosis; unsupported / skip verdicts skip it with the
-reason; an expected failure (``--expected_failures``) passes as expected.
+reason; an expected failure (``--expected_failures``) is a skip whose reason starts with
+``expected failure`` (the mapping of every face: :mod:`conformance.outcome`).
 Bad flag values print one ``error:`` line and exit with code 2.
 """
 from __future__ import annotations
@@ -40,11 +41,14 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("runtime", "cpu", "comma list of runtimes: cpu, pjrt, xrt")
 flags.DEFINE_string("ddp", None, "comma list of DDP implementations (default: the class's DDP, "
                     "else the runtime's)")
-flags.DEFINE_string("world_size", None, "comma list of world sizes >= 2 (default 2)")
+flags.DEFINE_string("world_size", None, "comma list of world sizes >= 2 (default: the runtime's, "
+                    "conformance.settings.DEFAULT_WORLD_SIZES)")
 flags.DEFINE_string("only", None, "comma list of tags: run only cases carrying one")
 flags.DEFINE_string("skip", None, "comma list of tags: leave out cases carrying one")
 flags.DEFINE_string("profile", None, "example budget of property cases: dev, ci, ci-pjrt, thorough")
 flags.DEFINE_string("expected_failures", None, "file of verdict ids whose failure is expected")
+flags.DEFINE_float("replica_timeout", None, "seconds one task may take on a world (default 120; "
+                   "env CONFORMANCE_TIMEOUT)")
 
 _SESSION = None
 
@@ -53,9 +57,15 @@ def _session():
     global _SESSION
     if _SESSION is None:
         from conformance.evaluate import Session
-        _SESSION = Session(profile=FLAGS.profile)
+        _SESSION = Session(settings=settings())
         atexit.register(_SESSION.close)
     return _SESSION
+
+
+def settings():
+    """The run's :class:`~conformance.settings.Settings`: the environment, then the flags."""
+    from conformance.settings import Settings
+    return Settings.from_env(replica_timeout=FLAGS.replica_timeout, profile=FLAGS.profile)
 
 
 def _method_name(case_name: str) -> str:
@@ -76,7 +86,7 @@ class ConformanceTestCase(parameterized.TestCase):
         from conformance.cases.table import select
         from conformance.evaluate import evaluate
         from conformance.report.text import apply_expected_failures, read_expected_failures
-        from conformance.verdict import BAD
+        from conformance.outcome import outcome
         case = CASES[name]
         if case not in select(split_list(FLAGS.only), split_list(FLAGS.skip)):
             self.skipTest(f"{name} not selected by --only/--skip")
@@ -86,12 +96,11 @@ class ConformanceTestCase(parameterized.TestCase):
                 with self.subTest(impl=impl, runtime=runtime, world_size=w):
                     verdicts = evaluate(case, impl, runtime, w, _session())
                     apply_expected_failures(verdicts, {i for i in expected if i.startswith(name + ":")})
-                    bad = [v for v in verdicts if v.status in BAD]
-                    if bad:
-                        details = "\n".join(dict.fromkeys(v.diagnosis for v in bad if v.diagnosis))
-                        self.fail("\n".join(v.summary() for v in bad) + ("\n\n" + details if details else ""))
-                    if all(v.status in ("unsupported", "skip") for v in verdicts):
-                        self.skipTest(f"{verdicts[0].status}: {verdicts[0].reason}")
+                    got = outcome(verdicts)
+                    if got.kind == "fail":
+                        self.fail(got.message)
+                    if got.kind in ("xfail", "skip"):  # unittest has no run-time expected failure
+                        self.skipTest(got.message)
 
 
 def _add_methods(cls):
@@ -123,6 +132,7 @@ def validate_flags(argv: list[str]) -> list[str]:
     from conformance.cases.properties.run import profile_examples
     from conformance.report.text import read_expected_failures
     select(split_list(FLAGS.only), split_list(FLAGS.skip))
+    settings()
     profile_examples(FLAGS.profile)
     if FLAGS.expected_failures:
         read_expected_failures(FLAGS.expected_failures)

@@ -62,14 +62,20 @@ class Session:
             (default: a new :class:`conformance.worlds.spawned.WorldPool`); a
             :class:`conformance.worlds.launched.ExternalPool` makes this process one
             replica of a launcher-started world (non-root ranks get ``[]``).
-        profile: Hypothesis example budget name (``conformance.cases.properties.run.PROFILES``).
+        settings: the run's :class:`~conformance.settings.Settings` (timeouts, example budget
+            profile); default: ``Settings.from_env()``.
+        profile: overrides ``settings.profile`` (a name of ``conformance.settings.PROFILES``).
     """
 
-    def __init__(self, pool=None, profile: str | None = None):
+    def __init__(self, pool=None, profile: str | None = None, settings=None):
+        from conformance.settings import Settings
+        settings = settings or Settings.from_env()
+        if profile is not None:
+            settings = settings.replace(profile=profile)
         if pool is None:
             from conformance.worlds.spawned import WorldPool
-            pool = WorldPool()
-        self.pool, self.profile = pool, profile
+            pool = WorldPool(settings)
+        self.pool, self.settings, self.profile = pool, settings, settings.profile
         self._cache: dict = {}
 
     def run(self, runtime: str, world_size: int, fn, timeout: float | None = None, **payload):

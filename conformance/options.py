@@ -4,18 +4,17 @@ runtimes, world sizes, implementations. Bad input raises
 from __future__ import annotations
 
 from conformance.errors import UsageError, split_list
+from conformance.settings import default_impls, default_world_sizes
 from conformance.tolerances import MIN_WORLD_SIZE
 
 
-# World sizes a run covers unless told: 2, and 3 because divisor faults cancel at powers of
-# two (an FSDP-style pre/post divide by 2 and W // 2 is exact at W=2 and 4, 1.5x off at 3;
-# measured with tests/outside/sharded_predivide_int.py).
-DEFAULT_WORLD_SIZES = "2,3"
-
-
-def parse_world_sizes(value: str | None, default: str = DEFAULT_WORLD_SIZES) -> list[int]:
+def parse_world_sizes(value: str | None, runtime: str = "cpu") -> list[int]:
+    """World sizes of ``value`` (a comma list), else the runtime's defaults
+    (:data:`conformance.settings.DEFAULT_WORLD_SIZES`)."""
+    if not value:
+        return list(default_world_sizes(runtime))
     try:
-        sizes = [int(w) for w in split_list(value or default)]
+        sizes = [int(w) for w in split_list(value)]
     except ValueError:
         raise UsageError(f"--world-size: not a comma list of integers: {value!r}") from None
     if not sizes or min(sizes) < MIN_WORLD_SIZE:
@@ -26,22 +25,28 @@ def parse_world_sizes(value: str | None, default: str = DEFAULT_WORLD_SIZES) -> 
 def parse_impl_names(value: str | None, runtime: str) -> list[str]:
     """Implementation specs (default: the runtime's); each resolved once to validate it."""
     from conformance.impls.builtin import ImplSpecError, parse_impls
-    from conformance.worlds.runtimes import DEFAULTS
     try:
-        return [i.name for i in parse_impls(value or ",".join(DEFAULTS[runtime]["impls"]), runtime)]
+        return [i.name for i in parse_impls(value or ",".join(default_impls(runtime)), runtime)]
     except ImplSpecError as exc:
         raise UsageError(str(exc)) from None
 
 
-def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> list[str]:
-    """Runtime names; with ``strict`` a runtime that cannot run here is a usage error."""
-    from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
+def _parse_runtime_names(value: str | None) -> list[str]:
+    from conformance.worlds.runtimes import RUNTIMES
     runtimes = split_list(value)
     if not runtimes:
         raise UsageError("--runtime is empty")
     for rt in runtimes:
         if rt not in RUNTIMES:
             raise UsageError(f"--runtime: unknown runtime {rt!r}; known: {', '.join(RUNTIMES)}")
+    return runtimes
+
+
+def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> list[str]:
+    """Runtime names; with ``strict`` a runtime that cannot run here is a usage error."""
+    from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+    runtimes = _parse_runtime_names(value)
+    for rt in runtimes:
         if strict:
             for w in sizes:
                 try:
@@ -78,9 +83,10 @@ def parse_targets(runtime: str | None, world_size: str | None, ddp: str | None,
             if rt in RUNTIMES and rt not in EXTERNAL_RUNTIMES:
                 raise UsageError(f"--launcher env: runtime {rt} cannot run under an external launcher "
                                  f"(only {', '.join(EXTERNAL_RUNTIMES)})")
-    sizes = parse_world_sizes(world_size)
     out = []
-    for rt in parse_runtimes(runtime, sizes):
+    for rt in _parse_runtime_names(runtime):
+        sizes = parse_world_sizes(world_size, rt)
+        parse_runtimes(rt, sizes)
         impls = parse_impl_names(ddp, rt)
         out += [(rt, w, impls) for w in sizes]
     return out

@@ -23,14 +23,15 @@ Test ids read ``test_case[<case>-<impl>-<runtime>-w<W>]`` (also in JUnit XML).
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
 _KILLS = pytest.StashKey[list]()
 _VERDICTS = pytest.StashKey[list]()
 _EXPECTED = pytest.StashKey[set]()
+_SETTINGS = pytest.StashKey[object]()
 
+# Tests at this world size or above carry the `slow` marker.
+SLOW_WORLD_SIZE = 8
 OPTIONS = ("ddp", "runtime", "world-size", "only", "skip", "profile", "expected-failures", "timeout", "json")
 
 
@@ -88,30 +89,33 @@ def pytest_configure(config):
     if _opt(config, "expected-failures"):
         from conformance.report.text import read_expected_failures
         config.stash[_EXPECTED] = _usage(read_expected_failures, _opt(config, "expected-failures"))
-    if _opt(config, "timeout"):
-        os.environ["CONFORMANCE_TIMEOUT"] = str(_opt(config, "timeout"))
+    config.stash[_SETTINGS] = _usage(settings_of, config)
+
+
+def settings_of(config):
+    """The run's :class:`~conformance.settings.Settings`: the environment, then the options."""
+    from conformance.settings import Settings
+    return Settings.from_env(replica_timeout=_opt(config, "timeout"), profile=_opt(config, "profile"))
 
 
 def runtime_worlds(config):
     """``[(runtime, world_size, marks)]`` to generate tests for."""
     from conformance.errors import split_list
-    from conformance.worlds.runtimes import DEFAULTS, RUNTIMES
+    from conformance.settings import default_world_sizes
+    from conformance.worlds.runtimes import RUNTIMES
     rt, ws = _opt(config, "runtime"), _opt(config, "world-size")
     out = []
     for name in (split_list(rt) if rt else list(RUNTIMES)):
-        d = DEFAULTS[name]
-        sizes = [(int(w), False) for w in split_list(ws)] if ws else (
-            [(w, False) for w in d["world_sizes"]] + [(w, True) for w in d.get("slow_world_sizes", ())])
-        for w, slow in sizes:
-            out.append((name, w, [getattr(pytest.mark, name)] + ([pytest.mark.slow] if slow else [])))
+        for w in ([int(w) for w in split_list(ws)] if ws else default_world_sizes(name)):
+            out.append((name, w, [getattr(pytest.mark, name)] + ([pytest.mark.slow] if w >= SLOW_WORLD_SIZE else [])))
     return out
 
 
 def impls_for(config, runtime):
     from conformance.impls.builtin import parse_impls
-    from conformance.worlds.runtimes import DEFAULTS
+    from conformance.settings import default_impls
     ddp = _opt(config, "ddp")
-    return [i.name for i in parse_impls(ddp, runtime)] if ddp else list(DEFAULTS[runtime]["impls"])
+    return [i.name for i in parse_impls(ddp, runtime)] if ddp else list(default_impls(runtime))
 
 
 def selected_cases(config):
@@ -143,10 +147,10 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture(scope="session")
-def conformance_world_pool():
+def conformance_world_pool(request):
     """The session's persistent worlds (``get(runtime, world_size)``), closed at the end."""
     from conformance.worlds.spawned import WorldPool
-    pool = WorldPool()
+    pool = WorldPool(request.config.stash.get(_SETTINGS, None) or settings_of(request.config))
     yield pool
     pool.close()
 
@@ -154,7 +158,7 @@ def conformance_world_pool():
 @pytest.fixture(scope="session")
 def conformance_session(conformance_world_pool, request):
     from conformance.evaluate import Session
-    return Session(conformance_world_pool, profile=_opt(request.config, "profile"))
+    return Session(conformance_world_pool, settings=conformance_world_pool.settings)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 
 from conformance.cli.calibrate import calibrate, summary_text
 from conformance.verdict import Verdict
-from conformance.cli.calibrate import parity_mutants
+from conformance.cases.train.parity import parity_mutants
 
 pytestmark = pytest.mark.cpu
 

@@ -2,6 +2,9 @@
 included), and the installed packages do not contain the meta-tests."""
 import ast
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -79,3 +82,64 @@ def test_cycle_finder_finds_a_cycle():
 @pytest.mark.parametrize("pkg", PACKAGES)
 def test_meta_tests_are_not_in_the_installed_packages(pkg):
     assert not os.path.exists(os.path.join(REPO, pkg, "tests", "test_world.py"))
+
+
+def _package_files():
+    return {m: p for m, p in _modules().items() if not m.startswith(("conformance.tests",))}
+
+
+def _string_constants(path):
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+ENV_NAME = re.compile(r"^(CONFORMANCE|DDP_IMPL)_[A-Z_]+$")
+
+
+def test_configuration_variables_are_read_in_settings_only():
+    """A ``CONFORMANCE_*`` variable name appears in code of ``conformance.settings`` only
+    (everything else receives a Settings), and no module reads the environment at import."""
+    offenders = []
+    for m, path in _package_files().items():
+        if m != "conformance.settings" and m.startswith("conformance"):
+            offenders += [f"{m}: {s}" for s in _string_constants(path) if ENV_NAME.match(s)]
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:  # module level only: reads at import freeze a value forever
+            for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ():
+                if isinstance(sub, ast.Attribute) and sub.attr in ("environ", "getenv") and \
+                        isinstance(sub.value, ast.Name) and sub.value.id == "os":
+                    offenders.append(f"{m}:{sub.lineno}: reads os.{sub.attr} at import")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_every_variable_the_code_reads_is_documented():
+    from conformance.settings import ENVIRONMENT
+    names = {var for var, _ in ENVIRONMENT.values()}
+    for path in _package_files().values():
+        names |= {s for s in _string_constants(path) if ENV_NAME.match(s)}
+    with open(os.path.join(REPO, "docs", "configuration.md")) as f:
+        doc = f.read()
+    missing = sorted(n for n in names if n not in doc)
+    assert not missing, f"docs/configuration.md does not document: {', '.join(missing)}"
+
+
+def test_importing_the_plugin_imports_no_torch():
+    """The pytest11 entry point loads into every pytest session of the environment."""
+    code = "import sys, conformance.plugin; print(sorted(m for m in ('torch', 'torch_xla', 'numpy', " \
+           "'hypothesis', 'matplotlib') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_top_level_names_the_layers():
+    entries = set(os.listdir(os.path.join(REPO, "conformance")))
+    assert {"cli", "cases", "impls", "worlds", "report", "settings.py", "plugin.py", "absltest.py",
+            "evaluate.py"} <= entries
+    flat = sorted(e for e in entries if e.endswith(".py"))
+    assert len(flat) <= 12, f"the top level is filling up again: {flat}"

@@ -1,1 +1,173 @@
-"""conformance.cli."""
+"""``python -m conformance``: run the case table, the mutant kill matrix, and reports.
+
+One module per subcommand (``run``, ``repeat``, ``replay``, ``ranks``, ``calibrate``,
+``report``), each a ``command(settings, **values)`` taking parsed values. This module
+parses the command line and builds the :class:`~conformance.settings.Settings` before
+anything imports torch, so bad input is reported at once.
+
+Exit codes: 0 every verdict pass/unsupported/skip/xfail (and, with ``--mutants``,
+every mutant killed by every case that must kill it); 1 some verdict fail or
+vacuous, or a mutant survived; 2 bad input (one ``error:`` line on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from conformance.cli.calibrate import add_parser as add_calibrate
+from conformance.cli.report import add_parser as add_report
+from conformance.errors import UsageError
+from conformance.settings import Settings
+
+# Options that shape the Settings rather than one command.
+SETTINGS_OPTIONS = ("replica_timeout", "profile")
+
+
+class _ErrorParser(argparse.ArgumentParser):
+    """argparse that reports bad input as one ``error:`` line (exit 2), no usage wall."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+    try:
+        return dist_version("ddp-conformance")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser():
+    p = _ErrorParser(prog="python -m conformance", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_ErrorParser)
+    run = sub.add_parser("run", help="run the case table and print the verdict table")
+    run.add_argument("--runtime", default="cpu", help="comma list: cpu, pjrt, xrt (default cpu)")
+    run.add_argument("--ddp", default=None, help="comma list of implementations: torch, ref, "
+                     "all (every row that runs on the runtime), mutant:<name>, package.module:Class (default: the runtime's)")
+    run.add_argument("--world-size", default=None, help="comma list of world sizes >= 2 (default 2,3; "
+                     "with --launcher env the launcher's WORLD_SIZE)")
+    run.add_argument("--only", default=None, help="comma list of tags: run only cases carrying one "
+                     "(a family: parity, feature, property, invariant, scenario; a model; a feature "
+                     "such as no_sync; a case name)")
+    run.add_argument("--skip", default=None, help="comma list of tags: leave out cases carrying one")
+    run.add_argument("--mutants", action="store_true", help="also run the kill matrix: every catalog "
+                     "mutant through every selected case that must kill it")
+    run.add_argument("--expected-failures", default=None, metavar="FILE",
+                     help="verdict ids (one a line, # comments) whose failure is expected: reported "
+                     "xfail; ids that no longer fail or no longer exist are warned about")
+    run.add_argument("--profile", default=None, help="example budget of the property and scenario "
+                     "cases: dev (default), ci, ci-pjrt, thorough (env CONFORMANCE_PROFILE)")
+    run.add_argument("--replica-timeout", type=float, default=None, metavar="S",
+                     help="seconds one task may take on a world (default 120; env CONFORMANCE_TIMEOUT)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    run.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first fail or vacuous "
+                     "verdict not listed in --expected-failures (exit 1; later cases are not run)")
+    run.add_argument("--exitfirst-each", action="store_true", help="stop each implementation at its "
+                     "first fail or vacuous verdict not listed in --expected-failures and go on with "
+                     "the next (a sweep over many DDPs: one world, shared reference runs; exit 1)")
+    run.add_argument("--json", default="conformance-report.json", help="JSON report path")
+    run.add_argument("--launcher", choices=("spawn", "env"), default="spawn",
+                     help="spawn: start the world's processes here (default); env: this process is one "
+                     "replica of a world an env:// launcher started (torchrun ... -m conformance run "
+                     "--launcher env); rank 0 prints and writes the report")
+    run.add_argument("--repeat", type=int, default=None, metavar="N",
+                     help="the same as the repeat subcommand: python -m conformance repeat N")
+    run.add_argument("--time-budget", type=float, default=None, metavar="S",
+                     help="with --repeat: stop after S seconds (at a repetition boundary; printed)")
+    run.set_defaults(command="run")
+    run_actions = {a.option_strings[-1] if a.option_strings[-1].startswith("--") else a.option_strings[0]: a
+                   for a in run._actions if a.option_strings}
+    ranks = sub.add_parser("ranks", help="print every replica's rank bindings and check the invariants")
+    ranks.add_argument("--runtime", default="cpu", help="cpu, pjrt or xrt (default cpu)")
+    ranks.add_argument("--world-size", default=None, help="world size (default 2; with --launcher env "
+                       "the launcher's WORLD_SIZE)")
+    ranks.add_argument("--launcher", choices=("spawn", "env"), default="spawn", help="as for run")
+    ranks.add_argument("--json", default=None, help="also write the reports to this JSON file")
+    ranks.set_defaults(command="ranks")
+    replay = sub.add_parser("replay", help="rerun one scenario JSON (e.g. the minimal failing one a "
+                            "scenario case wrote) against implementations")
+    replay.add_argument("scenario", help="scenario JSON file")
+    replay.add_argument("--ddp", default=None, help="comma list of implementations (default: the runtime's)")
+    replay.add_argument("--runtime", default="cpu", help="cpu or pjrt (default cpu)")
+    replay.set_defaults(command="replay")
+    repeat = sub.add_parser("repeat", help="flakiness sweep: rerun the parity cases of the correct "
+                            "implementations N times (seed = table seed + k)")
+    repeat.add_argument("times", type=int, metavar="N", help="repetitions (>= 1)")
+    for flag in ("--runtime", "--ddp", "--world-size", "--only", "--skip", "--profile", "--replica-timeout",
+                 "--time-budget", "--json"):
+        action = run_actions[flag]
+        repeat.add_argument(flag, default=action.default, type=action.type, metavar=action.metavar,
+                            help=action.help)
+    repeat.set_defaults(command="repeat")
+    add_calibrate(sub).set_defaults(command="calibrate")
+    add_report(sub).set_defaults(command="report")
+    for sp in (ranks, replay):
+        sp.add_argument("--replica-timeout", type=float, default=None, metavar="S", help=run_actions["--replica-timeout"].help)
+    return p
+
+
+
+def parse(argv=None) -> tuple[str, Settings, dict]:
+    """``(command, settings, values)`` of a command line.
+
+    Raises:
+        UsageError: bad input (one line).
+    """
+    args = build_parser().parse_args(argv)
+    values = {k: v for k, v in vars(args).items() if k != "command"}
+    options = {k: values.pop(k, None) for k in SETTINGS_OPTIONS}
+    command = args.command
+    if command == "run" and values.get("repeat") is not None:  # run --repeat N: the repeat command
+        for flag in ("mutants", "exitfirst", "exitfirst_each"):
+            if values[flag]:
+                raise UsageError(f"--repeat reruns the correct implementations; drop --{flag.replace('_', '-')}")
+        if values["launcher"] == "env":
+            raise UsageError("--repeat runs on worlds the kit spawns; it cannot run under --launcher env")
+        command, values = "repeat", {"times": values["repeat"], **{k: values[k] for k in (
+            "runtime", "ddp", "world_size", "only", "skip", "time_budget", "json")}}
+    elif command == "run":
+        if values.pop("time_budget") is not None:
+            raise UsageError("--time-budget bounds a --repeat sweep; add --repeat N")
+        values.pop("repeat")
+    settings = Settings.from_env(**options)
+    _check_early(values)
+    return command, settings, values
+
+
+def _check_early(values: dict) -> None:
+    """What can be checked without torch: world sizes, and that input files can be read
+    and output paths written, before the first world starts (a report is never lost at
+    the end of a run)."""
+    import os
+
+    from conformance.options import parse_world_sizes
+    if values.get("world_size") and "model" not in values:  # calibrate takes one size, checked there
+        parse_world_sizes(values["world_size"])
+    for key in ("expected_failures", "scenario"):
+        path = values.get(key)
+        if path and not os.access(path, os.R_OK):
+            raise UsageError(f"{'--expected-failures ' if key == 'expected_failures' else ''}{path}: cannot read it "
+                             f"({'no such file' if not os.path.exists(path) else 'permission denied'})")
+    out = values.get("json")
+    for path in ([out] if isinstance(out, str) and values.get("calibration") is None else []):
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise UsageError(f"--json {path}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+            raise UsageError(f"--json {path}: not writable")
+
+
+def main(argv=None) -> int:
+    try:
+        command, settings, values = parse(argv)
+        module = importlib.import_module(f"conformance.cli.{command}")  # imports torch
+        return module.command(settings, **values)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

@@ -50,9 +50,11 @@ condition. Exit 2 on bad input, as ``run``.
 """
 from __future__ import annotations
 
-import json
+import json as _json
 import math
 import time
+
+from conformance.cases.train.parity import ParityRunner, parity_mutants
 
 MIN_SIDE_FACTOR = 10.0     # atol must be >= 10 x noise and <= signal / 10
 MIN_SIGNAL_TO_NOISE = 100.0
@@ -75,38 +77,6 @@ def _checks_json(verdicts: dict) -> dict:
 
 def _num(x):
     return None if x is None or not math.isfinite(x) else float(x)
-
-
-def parity_mutants() -> list[str]:
-    """Mutants some parity case must kill (table order)."""
-    from conformance.cases.table import CASES
-    out = []
-    for c in CASES.values():
-        if c.family == "parity":
-            out += [m for m in c.must_kill if m not in out]
-    return out
-
-
-class ParityRunner:
-    """``verdicts(runtime, w, impl, model, dtype, **overrides) -> {check: Verdict}`` of the
-    case ``parity.<model>`` through :func:`conformance.evaluate.evaluate` (replica
-    agreement left out: it has no deviation scale)."""
-
-    def __init__(self, session):
-        self.session = session
-
-    def verdicts(self, runtime, w, impl, model, dtype="float32", **overrides):
-        from conformance.cases.table import CASES
-        from conformance.cases.checks import AGREEMENT
-        from conformance.evaluate import evaluate
-        vs = evaluate(CASES[f"parity.{model}"], impl, runtime, w, self.session, **overrides)
-        return {v.check: v for v in vs if v.check != AGREEMENT}
-
-    def forget(self):
-        self.session.forget()
-
-    def close(self):
-        self.session.close()
 
 
 def calibrate(runner, runtime: str, world_size: int, model: str, impl: str, seeds: list[int],
@@ -241,7 +211,8 @@ def summary_text(cal: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_calibrate(args) -> int:
+def command(settings, *, runtime: str, model: str, ddp: str, seeds: int, world_size: str,
+            json: str | None) -> int:
     """The ``calibrate`` subcommand (see the module docstring)."""
     from fixtures.models import MODELS
 
@@ -254,22 +225,22 @@ def cmd_calibrate(args) -> int:
     from conformance.tolerances import MIN_WORLD_SIZE, lookup
     from conformance.worlds.spawned import WorldPool
 
-    runtimes = _split(args.runtime)
-    models = _split(args.model)
+    runtimes = _split(runtime)
+    models = _split(model)
     try:
-        impls = [i.name for i in parse_impls(args.ddp)]
+        impls = [i.name for i in parse_impls(ddp)]
     except ImplSpecError as exc:
         raise UsageError(str(exc)) from None
     if any(i.startswith("mutant:") for i in impls):
         raise UsageError("--ddp: calibrate measures the noise of a correct implementation, not a mutant")
     try:
-        w = int(args.world_size)
+        w = int(world_size)
     except ValueError:
-        raise UsageError(f"--world-size: not an integer: {args.world_size!r}") from None
+        raise UsageError(f"--world-size: not an integer: {world_size!r}") from None
     if w < MIN_WORLD_SIZE:
         raise UsageError(f"--world-size: parity checks need world size >= {MIN_WORLD_SIZE}, got {w}")
-    if args.seeds < 1:
-        raise UsageError(f"--seeds: need at least 1 seed, got {args.seeds}")
+    if seeds < 1:
+        raise UsageError(f"--seeds: need at least 1 seed, got {seeds}")
     if not runtimes or not models:
         raise UsageError("--runtime and --model must name at least one value")
     for m in models:
@@ -288,16 +259,16 @@ def cmd_calibrate(args) -> int:
             except KeyError as exc:
                 raise UsageError(str(exc.args[0])) from None
 
-    runner = ParityRunner(Session(WorldPool()))
+    runner = ParityRunner(Session(WorldPool(settings), settings=settings))
     cals, memo = [], {}
     t0 = time.monotonic()
     try:
         for rt in runtimes:
             for m in models:
                 base = lookup(rt, m).seed
-                seeds = [base + k for k in range(args.seeds)]
+                seed_list = [base + k for k in range(seeds)]
                 for impl in impls:
-                    cal = calibrate(runner, rt, w, m, impl, seeds, memo=memo)
+                    cal = calibrate(runner, rt, w, m, impl, seed_list, memo=memo)
                     cals.append(cal)
                     print(summary_text(cal), flush=True)
                     print()
@@ -309,10 +280,10 @@ def cmd_calibrate(args) -> int:
            "criteria": {"atol_over_noise": MIN_SIDE_FACTOR, "signal_over_atol": MIN_SIDE_FACTOR,
                         "signal_over_noise": MIN_SIGNAL_TO_NOISE},
            "calibrations": cals}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"calibration JSON: {args.json}")
+    if json:
+        with open(json, "w") as f:
+            _json.dump(doc, f, indent=1)
+        print(f"calibration JSON: {json}")
     bad = [c for c in cals if not c["ok"]]
     print(f"{len(cals) - len(bad)}/{len(cals)} calibrated" + (
         "; NOT calibrated: " + ", ".join(f"{c['runtime']}/{c['model']}/{c['impl']}" for c in bad) if bad else ""))
@@ -331,5 +302,4 @@ def add_parser(sub):
                    help=f"number of seeds: table seed + 0..N-1 (default {DEFAULT_SEEDS})")
     p.add_argument("--world-size", default="2", help="world size >= 2 (default 2)")
     p.add_argument("--json", default=None, help="write the calibration (per-step deviations) here")
-    p.set_defaults(func=cmd_calibrate)
     return p

@@ -61,31 +61,30 @@ def summary(check: dict) -> str:
     return head + ("ok" if not v else f"{len(v)} violation(s)\n  " + "\n  ".join(v))
 
 
-def cmd_ranks(args) -> int:
+def command(settings, *, runtime: str, world_size: str | None, launcher: str, json: str | None) -> int:
     """``python -m conformance ranks``: print every replica's bindings; exit 1 on a violation."""
-    import json
+    import json as _json
 
     from conformance.errors import UsageError
     from conformance.errors import split_list as _split
     from conformance.worlds.launched import root_decides
     from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
-    runtime = args.runtime
     if runtime not in RUNTIMES:
         raise UsageError(f"--runtime: unknown runtime {runtime!r}; known: {', '.join(RUNTIMES)}")
-    sizes = _split(args.world_size) if args.world_size else []
+    sizes = _split(world_size) if world_size else []
     try:
         size = int(sizes[0]) if len(sizes) == 1 else None
     except ValueError:
         size = None
-    if args.world_size and size is None:
-        raise UsageError(f"--world-size: one integer, got {args.world_size!r}")
-    if args.launcher == "env":
+    if world_size and size is None:
+        raise UsageError(f"--world-size: one integer, got {world_size!r}")
+    if launcher == "env":
         from conformance.worlds.launched import ExternalPool, LauncherEnvError, WorldSizeMismatch, check_external
         try:
             size = check_external(runtime, size)
         except (LauncherEnvError, WorldSizeMismatch, RuntimeUnavailable) as exc:
             raise UsageError(f"--launcher env: {exc}") from None
-        pool = ExternalPool(runtime)
+        pool = ExternalPool(runtime, settings)
     else:
         from conformance.worlds.spawned import WorldPool
         size = size or 2
@@ -93,17 +92,17 @@ def cmd_ranks(args) -> int:
             get_runtime(runtime).check(size)
         except RuntimeUnavailable as exc:
             raise UsageError(f"--runtime {runtime}: {exc}") from None
-        pool = WorldPool()
+        pool = WorldPool(settings)
     try:
         check = rank_check(pool.get(runtime, size))
 
         def report():  # on the root only (the process that has every replica's report)
             print(rank_table(check))
             print(summary(check))
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump({"kit": "ddp-conformance", "ranks": [check]}, f, indent=1)
-                print(f"JSON report: {args.json}")
+            if json:
+                with open(json, "w") as f:
+                    _json.dump({"kit": "ddp-conformance", "ranks": [check]}, f, indent=1)
+                print(f"JSON report: {json}")
             return 1 if check["violations"] else 0
         return root_decides(pool, report)
     finally:

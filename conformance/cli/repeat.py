@@ -20,21 +20,21 @@ import sys
 import time
 
 
-def _parity_cases(args):
+def _parity_cases(only, skip):
     """The parity cases ``--only`` / ``--skip`` select (``--repeat`` sweeps seeds of
     the standard training run)."""
     from conformance.cases.table import select
     from conformance.errors import split_list
-    return [c for c in select(split_list(args.only), split_list(args.skip)) if c.family == "parity"]
+    return [c for c in select(split_list(only), split_list(skip)) if c.family == "parity"]
 
 
 class _MeteredPool:
     """A :class:`~conformance.worlds.spawned.WorldPool` that reads each world's host RSS
     (:func:`conformance.worlds.procmem.host_rss`) right after the world starts."""
 
-    def __init__(self):
+    def __init__(self, settings):
         from conformance.worlds.spawned import WorldPool
-        self.pool, self.worlds, self.start = WorldPool(), {}, {}
+        self.pool, self.worlds, self.start = WorldPool(settings), {}, {}
 
     def get(self, runtime, world_size):
         world = self.worlds[(runtime, world_size)] = self.pool.get(runtime, world_size)
@@ -85,35 +85,36 @@ def _rss_text(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cmd_repeat(args) -> int:
-    from conformance.cli.calibrate import ParityRunner
+def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: str | None,
+            only: str | None, skip: str | None, time_budget: float | None, json: str) -> int:
+    """``python -m conformance repeat N`` (also ``run --repeat N``): rerun the parity cases of the
+    correct implementations N times (seed = table seed + k); exit 1 on any non-passing verdict."""
+    import json as _json
+
+    from conformance.cases.train.parity import ParityRunner
     from conformance.errors import UsageError
     from conformance.evaluate import Session
     from conformance.options import parse_targets
     from conformance.report.text import environment
     from conformance.tolerances import lookup
 
-    n = args.repeat
+    n = times
     if n < 1:
         raise UsageError(f"--repeat: need N >= 1, got {n}")
-    if args.launcher == "env":
-        raise UsageError("--repeat runs on worlds the kit spawns; it cannot run under --launcher env")
-    if args.mutants:
-        raise UsageError("--repeat reruns the correct implementations; drop --mutants")
-    targets = parse_targets(args.runtime, args.world_size, args.ddp)
-    models = [c.model for c in _parity_cases(args)]
+    targets = parse_targets(runtime, world_size, ddp)
+    models = [c.model for c in _parity_cases(only, skip)]
     for _, _, impls in targets:
         for impl in impls:
             if impl.startswith("mutant:"):
                 raise UsageError(f"--repeat: {impl} is a mutant; --repeat measures correct implementations")
 
-    pool = _MeteredPool()
-    runner = ParityRunner(Session(pool))
+    pool = _MeteredPool(settings)
+    runner = ParityRunner(Session(pool, settings=settings))
     rss_first, rss_end = {}, {}
     cells: dict = {}
     failures, done, runs = [], 0, 0
     t0 = time.monotonic()
-    budget = args.time_budget
+    budget = time_budget
     try:
         for k in range(n):
             if budget is not None and done and time.monotonic() - t0 > budget:
@@ -169,7 +170,7 @@ def cmd_repeat(args) -> int:
            "requested": n, "completed": done, "stopped_by_budget": cut, "wall_seconds": round(wall, 1),
            "seeds": "table seed + k, k = 0..completed-1", "cells": list(cells.values()),
            "host_rss": rss, "failures": failures}
-    with open(args.json, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(f"JSON report: {args.json}")
+    with open(json, "w") as f:
+        _json.dump(doc, f, indent=1)
+    print(f"JSON report: {json}")
     return 1 if failures else 0

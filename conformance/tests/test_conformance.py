@@ -3,7 +3,7 @@ size (``pytest --pyargs conformance --conformance-ddp mypkg:MyDDP``), and the ki
 matrix: every catalog mutant must fail every case that must kill it."""
 import pytest
 
-from conformance.verdict import BAD
+from conformance.outcome import outcome
 
 
 def test_case(conformance_case, conformance_session, conformance_log, conformance_expected):
@@ -18,15 +18,13 @@ def test_case(conformance_case, conformance_session, conformance_log, conformanc
         if "no longer fails" in text:
             import warnings as w_
             w_.warn(text)
-    bad = [v for v in verdicts if v.status in BAD]
-    if bad:
-        details = "\n".join(dict.fromkeys(v.diagnosis for v in bad if v.diagnosis))
-        pytest.fail("\n".join(v.summary() for v in bad) + ("\n\n" + details if details else ""),
-                    pytrace=False)
-    if any(v.status == "xfail" for v in verdicts):
-        pytest.xfail("; ".join(v.summary() for v in verdicts if v.status == "xfail"))
-    if all(v.status in ("unsupported", "skip") for v in verdicts):
-        pytest.skip(f"{verdicts[0].status}: {verdicts[0].reason}")
+    got = outcome(verdicts)
+    if got.kind == "fail":
+        pytest.fail(got.message, pytrace=False)
+    if got.kind == "xfail":
+        pytest.xfail(got.message)
+    if got.kind == "skip":
+        pytest.skip(got.message)
 
 
 def test_mutant_killed(conformance_kill, conformance_session, conformance_log):

@@ -42,7 +42,8 @@ import threading
 
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from conformance.worlds.diagnosis import blank as blank_diagnosis, details as diagnosis_details
-from conformance.worlds.spawned import DEFAULT_TIMEOUT, ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, _die_with_parent
+from conformance.settings import Settings
+from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, _die_with_parent
 
 # What a launcher must set (torchrun does; so do `python -m torch.distributed.run`
 # and most cluster launchers that speak env://). MASTER_PORT defaults in gloo.
@@ -125,12 +126,13 @@ class ExternalWorld:
 
     Args:
         runtime: ``"cpu"`` (the only one, see :data:`EXTERNAL_RUNTIMES`).
-        timeout: default bound in seconds on each task (env
-            ``CONFORMANCE_TIMEOUT``): a replica waits at most this long for
+        timeout: default bound in seconds on each task (default
+            ``settings.replica_timeout``): a replica waits at most this long for
             the others at the result gather, and a replica still inside the
             task after this long prints its Python stacks to stderr.
         collective_timeout: bound on every collective of the default group
-            the DDP under test uses (env ``CONFORMANCE_COLLECTIVE_TIMEOUT``).
+            the DDP under test uses (default ``settings.collective_timeout``).
+        settings: the run's :class:`~conformance.settings.Settings`.
 
     Raises:
         LauncherEnvError: the process was not started by an env:// launcher.
@@ -138,17 +140,17 @@ class ExternalWorld:
         RuntimeError: the rendezvous failed (within the group timeout).
     """
 
-    def __init__(self, runtime: str = "cpu", timeout: float = DEFAULT_TIMEOUT,
-                 collective_timeout: float | None = None):
+    def __init__(self, runtime: str = "cpu", timeout: float | None = None,
+                 collective_timeout: float | None = None, settings: Settings | None = None):
         import torch
         import torch.distributed as dist
 
         import ddp_impl
 
         from conformance.worlds.runtimes.base import ReplicaContext
-        from conformance.worlds.runtimes.cpu import COLLECTIVE_TIMEOUT_S
+        settings = settings or Settings()
         self.runtime = runtime
-        self.timeout = timeout
+        self.timeout = timeout or settings.replica_timeout
         self.broken = False
         self.world_size = check_external(runtime)
         self.env = launcher_env()
@@ -162,7 +164,7 @@ class ExternalWorld:
         if self._owns_group:
             ddp_impl.init_process_group(
                 "gloo", init_method="env://",
-                timeout=datetime.timedelta(seconds=collective_timeout or COLLECTIVE_TIMEOUT_S))
+                timeout=datetime.timedelta(seconds=collective_timeout or settings.collective_timeout))
         b = ddp_impl.runtime.ranks.bindings()
         if (b.process_count, b.global_ordinal) != (self.world_size, int(self.env["RANK"])):
             raise RuntimeError(f"torch.distributed is initialised with rank {b.global_ordinal} of "
@@ -310,10 +312,10 @@ class ExternalPool:
     exactly the launcher's processes. A broken world cannot be replaced.
     """
 
-    def __init__(self, runtime: str = "cpu", timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, runtime: str = "cpu", settings: Settings | None = None):
         check_external(runtime)
         self.runtime = runtime
-        self.timeout = timeout
+        self.settings = settings or Settings()
         self.world: ExternalWorld | None = None
 
     @property
@@ -327,7 +329,7 @@ class ExternalPool:
             raise RuntimeUnavailable(f"this launch runs runtime {self.runtime}, not {runtime}")
         check_external(runtime, world_size)
         if self.world is None:
-            self.world = ExternalWorld(runtime, self.timeout)
+            self.world = ExternalWorld(runtime, settings=self.settings)
         elif self.world.broken:
             raise ReplicaError(f"{self.world.describe()} is broken by an earlier failure; relaunch it")
         return self.world

@@ -51,10 +51,9 @@ import time
 import traceback
 from multiprocessing.connection import wait as wait_any
 
+from conformance.settings import Settings
 from conformance.worlds import diagnosis as dg
 
-DEFAULT_TIMEOUT = float(os.environ.get("CONFORMANCE_TIMEOUT", 120))
-START_TIMEOUT = float(os.environ.get("CONFORMANCE_START_TIMEOUT", 180))
 # After the first replica raised (or a host died), how long the parent waits
 # for other replicas' simultaneous reports before it tears the world down.
 # Short: the others are most likely blocked in a collective the failed one left.
@@ -147,7 +146,7 @@ def _instrument(ctx, board, host, runtime):
         ctx.mark_step = dg.recorded_step_sync(ctx.mark_step, p)
 
 
-def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid):
+def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, settings):
     """Entry point of a host process (spawned; runs until told to stop)."""
     for var in LAUNCHER_VARS:  # before anything reads them (torch.distributed, ranks)
         os.environ.pop(var, None)
@@ -170,7 +169,7 @@ def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid):
             conn.send(msg)
     try:
         from conformance.worlds.runtimes import get_runtime
-        runtime = get_runtime(runtime_name)
+        runtime = get_runtime(runtime_name, settings)
         replicas = runtime.setup_host(host, world_size, workdir)
         board = dg.ProgressBoard(os.path.join(workdir, "progress"))
         for ctx in replicas:
@@ -201,21 +200,25 @@ class World:
     Args:
         runtime: a runtime name from :data:`conformance.worlds.runtimes.RUNTIMES`.
         world_size: number of replicas (``>= 1``).
-        timeout: default bound in seconds on each task (env ``CONFORMANCE_TIMEOUT``).
+        timeout: default bound in seconds on each task (default ``settings.replica_timeout``).
+        settings: the run's :class:`~conformance.settings.Settings` (default: built-in defaults).
 
     Raises:
-        ReplicaError: when the hosts cannot start within ``CONFORMANCE_START_TIMEOUT``.
+        ReplicaError: when the hosts cannot start within ``settings.start_timeout``.
         conformance.worlds.runtimes.RuntimeUnavailable: when the runtime cannot run here.
     """
 
-    def __init__(self, runtime: str, world_size: int, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, runtime: str, world_size: int, timeout: float | None = None,
+                 settings: Settings | None = None):
         from conformance.worlds.runtimes import get_runtime
+        settings = settings or Settings()
+        self.settings = settings
         self.runtime = runtime
         self.world_size = world_size
-        self.timeout = timeout
+        self.timeout = timeout or settings.replica_timeout
         self.broken = False
         self.hosts = []
-        adapter = get_runtime(runtime)
+        adapter = get_runtime(runtime, settings)
         adapter.check(world_size)
         self.collective_bound = adapter.collective_bound
         self.workdir = tempfile.mkdtemp(prefix=f"ddpconf-{runtime}{world_size}-")
@@ -226,11 +229,11 @@ class World:
             for host, env in enumerate(adapter.host_envs(world_size)):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_host_main, daemon=True, name=f"{runtime}-host{host}",
-                                   args=(runtime, host, world_size, child, self.workdir, env, os.getpid()))
+                                   args=(runtime, host, world_size, child, self.workdir, env, os.getpid(), settings))
                 proc.start()
                 child.close()
                 self.hosts.append((proc, parent))
-            self._ranks = self._collect_ready(START_TIMEOUT)
+            self._ranks = self._collect_ready(settings.start_timeout)
         except BaseException:
             self.close()
             raise
@@ -605,15 +608,16 @@ def _first_line(text):
 class WorldPool:
     """Worlds keyed by ``(runtime, world_size)``, started on first use, replaced when broken."""
 
-    def __init__(self, timeout: float = DEFAULT_TIMEOUT):
-        self.timeout = timeout
+    def __init__(self, settings: Settings | None = None):
+        self.settings = settings or Settings()
+        self.timeout = self.settings.replica_timeout
         self._worlds: dict[tuple[str, int], World] = {}
 
     def get(self, runtime: str, world_size: int) -> World:
         key = (runtime, world_size)
         world = self._worlds.get(key)
         if world is None or world.broken:
-            world = self._worlds[key] = World(runtime, world_size, self.timeout)
+            world = self._worlds[key] = World(runtime, world_size, settings=self.settings)
         return world
 
     def close(self) -> None:

@@ -31,22 +31,21 @@ The properties:
 """
 from __future__ import annotations
 
-import os
-
 from conformance.errors import Unsupported, UsageError
+from conformance.settings import DEFAULT_PROFILE
 
 #: Examples per property, per profile (shrinking comes on top on a failure).
 PROFILES = {"dev": 25, "ci": 200, "ci-pjrt": 50, "thorough": 2000}
-DEFAULT_PROFILE = "dev"
 
 
 def profile_name(name: str | None = None) -> str:
-    """The profile in force: ``name``, else env ``CONFORMANCE_PROFILE``, else ``dev``.
+    """``name``, else the default profile (the faces pass ``Settings.profile``, which the
+    environment variable ``CONFORMANCE_PROFILE`` sets).
 
     Raises:
         UsageError: unknown profile.
     """
-    name = name or os.environ.get("CONFORMANCE_PROFILE") or DEFAULT_PROFILE
+    name = name or DEFAULT_PROFILE
     if name not in PROFILES:
         raise UsageError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
     return name

@@ -13,14 +13,6 @@ RUNTIMES = {"cpu": "conformance.worlds.runtimes.cpu:CpuRuntime",
             "pjrt": "conformance.worlds.runtimes.pjrt:PjrtRuntime",
             "xrt": "conformance.worlds.runtimes.xrt:XrtRuntime"}
 
-# What a test run covers per runtime unless --world-size / --ddp say otherwise.
-DEFAULTS = {
-    "cpu": {"world_sizes": (2, 3), "impls": ("torch", "ref")},  # 3: see options.DEFAULT_WORLD_SIZES
-    "pjrt": {"world_sizes": (2, 4), "slow_world_sizes": (8,), "impls": ("ref", "xla_recipe", "torch")},
-    "xrt": {"world_sizes": (8,), "impls": ("ref",)},
-}
-
-
 # Topologies an implementation row maps a runtime to (``Impl.topology``); not
 # selectable with --runtime. ``world_for`` names their worlds.
 TOPOLOGIES = {"spmd": "conformance.worlds.runtimes.pjrt_spmd:PjrtSpmdRuntime"}
@@ -37,8 +29,9 @@ def world_for(runtime: str, topology: str | None, world_size: int) -> tuple[str,
     return f"pjrt_{topology}:{world_size}", 1
 
 
-def get_runtime(name: str) -> Runtime:
-    """Return the adapter for runtime ``name`` (or a topology world, ``pjrt_spmd:W``).
+def get_runtime(name: str, settings=None) -> Runtime:
+    """Return the adapter for runtime ``name`` (or a topology world, ``pjrt_spmd:W``),
+    configured by ``settings`` (:class:`conformance.settings.Settings`; default: built-in).
 
     Raises:
         KeyError: unknown runtime (message lists the known ones).
@@ -46,12 +39,18 @@ def get_runtime(name: str) -> Runtime:
     base, _, arg = name.partition(":")
     if base.startswith("pjrt_") and base[len("pjrt_"):] in TOPOLOGIES and arg.isdigit():
         module, cls = TOPOLOGIES[base[len("pjrt_"):]].split(":")
-        return getattr(importlib.import_module(module), cls)(int(arg))
+        return _configured(getattr(importlib.import_module(module), cls)(int(arg)), settings)
     if name not in RUNTIMES:
         raise KeyError(f"unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
     module, cls = RUNTIMES[name].split(":")
-    return getattr(importlib.import_module(module), cls)()
+    return _configured(getattr(importlib.import_module(module), cls)(), settings)
 
 
-__all__ = ["DEFAULTS", "RUNTIMES", "TOPOLOGIES", "ReplicaContext", "Runtime", "RuntimeUnavailable",
+def _configured(adapter: Runtime, settings) -> Runtime:
+    if settings is not None:
+        adapter.settings = settings
+    return adapter
+
+
+__all__ = ["RUNTIMES", "TOPOLOGIES", "ReplicaContext", "Runtime", "RuntimeUnavailable",
            "get_runtime", "world_for"]

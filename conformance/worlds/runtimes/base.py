@@ -1,6 +1,8 @@
 """The runtime adapter interface and the per-replica context tasks receive."""
 from __future__ import annotations
 
+from conformance.settings import Settings
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -95,6 +97,8 @@ class Runtime:
     # Must be below the runtime's own collective timeout, so the World names the
     # peer instead of reporting the waiter's timeout error or abort.
     collective_bound: float | None = None
+    # The run's configuration (conformance.settings.Settings), set by get_runtime.
+    settings: Settings = Settings()
     # True where collectives are lazy and run (and block) in ctx.mark_step (XLA).
     step_sync_runs_collectives = False
 

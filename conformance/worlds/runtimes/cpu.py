@@ -11,9 +11,6 @@ import os
 
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
 
-# Bound on every gloo collective: a replica stuck in one raises after this.
-COLLECTIVE_TIMEOUT_S = float(os.environ.get("CONFORMANCE_COLLECTIVE_TIMEOUT", 60))
-
 
 class CpuRuntime(Runtime):
     name = "cpu"
@@ -22,7 +19,9 @@ class CpuRuntime(Runtime):
     # left waiting in an all-reduce by a hung peer would otherwise raise gloo's
     # "Timed out waiting ... for recv" first, and the report would blame the
     # waiter instead of the peer.
-    collective_bound = 0.8 * COLLECTIVE_TIMEOUT_S
+    @property
+    def collective_bound(self) -> float:
+        return 0.8 * self.settings.collective_timeout
 
     def host_envs(self, world_size):
         return [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
@@ -35,7 +34,7 @@ class CpuRuntime(Runtime):
         torch.set_num_threads(1)
         ddp_impl.init_process_group(
             "gloo", init_method=f"file://{os.path.join(workdir, 'rendezvous')}",
-            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+            timeout=datetime.timedelta(seconds=self.settings.collective_timeout))
         b = ddp_impl.runtime.ranks.bindings()
         return [ReplicaContext(runtime=self.name, rank=b.global_ordinal, world_size=b.world_size,
                                device=torch.device("cpu"),

@@ -30,7 +30,7 @@ then SIGABRT). In torch_xla 2.9's XLA that timeout is fixed at about 10 s: the
 ``xla_cpu_collective_call_terminate_timeout_seconds`` flag of later XLA releases
 is absent from its ``_XLAC`` library (checked with ``strings``), so it cannot be
 raised. The kit's bound is therefore the shorter one:
-:attr:`PjrtRuntime.collective_bound` (:data:`COLLECTIVE_BOUND_S`, 6 s) is
+:attr:`PjrtRuntime.collective_bound` (``Settings.pjrt_collective_bound``, 6 s) is
 measured from the moment a replica enters ``ctx.mark_step`` (where XLA's lazy
 collectives run), which is no later than its arrival at XLA's rendezvous; so
 when a replica has waited that long while a peer is elsewhere, the World dumps
@@ -55,7 +55,6 @@ from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUna
 XLA_CPU_COLLECTIVE_ABORT_S = 10.0
 # The World's collective bound on this runtime: shorter than XLA's abort, with
 # room for the stack dump and the kill (module docstring).
-COLLECTIVE_BOUND_S = float(os.environ.get("CONFORMANCE_PJRT_COLLECTIVE_BOUND", 6.0))
 # Bound on the start-up self-test collective (includes one compilation).
 STARTUP_TIMEOUT_S = 120.0
 
@@ -145,7 +144,9 @@ class PjrtRuntime(Runtime):
     # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.
     reference_quirks = frozenset({"bn_running_var_biased"})
     uniform_graphs = True
-    collective_bound = COLLECTIVE_BOUND_S  # below XLA's abort (module docstring)
+    @property
+    def collective_bound(self) -> float:  # below XLA's abort (module docstring)
+        return self.settings.pjrt_collective_bound
     step_sync_runs_collectives = True
 
     def check(self, world_size):

@@ -1,0 +1,122 @@
+"""One ``Settings``: every configuration value of a run, read once by each face.
+
+A face (CLI, pytest plugin, absltest) builds it with :meth:`Settings.from_env`:
+the environment variables below are the defaults, the face's options override
+them, and the value is passed down explicitly (worlds, sessions, searches). No
+other module of the kit reads ``os.environ`` for configuration, and nothing is
+read at import, so an option given on the command line always takes effect.
+
+=====================================  ==========================  ========
+field                                  environment variable        default
+=====================================  ==========================  ========
+``replica_timeout`` (s)                ``CONFORMANCE_TIMEOUT``            120
+``start_timeout`` (s)                  ``CONFORMANCE_START_TIMEOUT``      180
+``collective_timeout`` (s, gloo)       ``CONFORMANCE_COLLECTIVE_TIMEOUT`` 60
+``pjrt_collective_bound`` (s)          ``CONFORMANCE_PJRT_COLLECTIVE_BOUND`` 6
+``profile``                            ``CONFORMANCE_PROFILE``            dev
+=====================================  ==========================  ========
+
+The default world sizes and implementations per runtime are data of this module
+too (:data:`DEFAULT_WORLD_SIZES`, :data:`DEFAULT_IMPLS`); every face uses them,
+so the same (runtime, W, implementation) matrix runs whatever the face.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from conformance.errors import UsageError
+
+# World sizes a run covers unless told: 2, and 3 because divisor faults cancel at powers of
+# two (an FSDP-style pre/post divide by 2 and W // 2 is exact at W=2 and 4, 1.5x off at 3;
+# measured with tests/outside/sharded_predivide_int.py). XRT runs on a whole v2-8/v3-8 host.
+DEFAULT_WORLD_SIZES = {"cpu": (2, 3), "pjrt": (2, 3), "xrt": (8,)}
+# Implementations a run covers unless --ddp says otherwise.
+DEFAULT_IMPLS = {"cpu": ("torch", "ref"), "pjrt": ("ref", "xla_recipe", "torch"), "xrt": ("ref",)}
+# Example budget profiles (their numbers live with the searches, conformance.cases.search).
+PROFILES = ("dev", "ci", "ci-pjrt", "thorough")
+DEFAULT_PROFILE = "dev"
+
+# field -> (environment variable, default); the single place an environment name is read.
+ENVIRONMENT = {
+    "replica_timeout": ("CONFORMANCE_TIMEOUT", 120.0),
+    "start_timeout": ("CONFORMANCE_START_TIMEOUT", 180.0),
+    "collective_timeout": ("CONFORMANCE_COLLECTIVE_TIMEOUT", 60.0),
+    "pjrt_collective_bound": ("CONFORMANCE_PJRT_COLLECTIVE_BOUND", 6.0),
+    "profile": ("CONFORMANCE_PROFILE", DEFAULT_PROFILE),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Configuration of one run (picklable: it travels to replica hosts).
+
+    Attributes:
+        replica_timeout: seconds one task may take on a world before the kit
+            takes every replica's stack and decides the culprit.
+        start_timeout: seconds a world's hosts may take to start.
+        collective_timeout: seconds of the gloo process group's own timeout
+            (CPU runtime and env:// launched worlds).
+        pjrt_collective_bound: seconds a PJRT replica may sit in one collective
+            before the world reports it (below XLA's own abort).
+        profile: example budget of the property and scenario searches.
+    """
+
+    replica_timeout: float = ENVIRONMENT["replica_timeout"][1]
+    start_timeout: float = ENVIRONMENT["start_timeout"][1]
+    collective_timeout: float = ENVIRONMENT["collective_timeout"][1]
+    pjrt_collective_bound: float = ENVIRONMENT["pjrt_collective_bound"][1]
+    profile: str = DEFAULT_PROFILE
+
+    def __post_init__(self):
+        for name in ("replica_timeout", "start_timeout", "collective_timeout", "pjrt_collective_bound"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise UsageError(f"{_option(name)}: need seconds > 0, got {value!r}")
+        if self.profile not in PROFILES:
+            raise UsageError(f"{_option('profile')}: unknown profile {self.profile!r}; known: {', '.join(PROFILES)}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **options) -> "Settings":
+        """Environment variables as defaults, ``options`` (``None`` = not given) over them.
+
+        Raises:
+            UsageError: a value that is not a number of seconds > 0, or an unknown profile
+                (the message names the option or variable).
+        """
+        env = os.environ if environ is None else environ
+        values = {}
+        for name, (var, default) in ENVIRONMENT.items():
+            given = options.pop(name, None)
+            if given is not None:
+                values[name] = given
+            elif env.get(var):
+                values[name] = _parse(name, var, env[var], default)
+        if options:
+            raise TypeError(f"unknown settings: {', '.join(sorted(options))}")
+        return cls(**values)
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(name, var, text, default):
+    if isinstance(default, str):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"{var}={text!r}: not a number of seconds") from None
+
+
+def _option(name: str) -> str:
+    return f"--{name.replace('_', '-')} / {ENVIRONMENT[name][0]}"
+
+
+def default_world_sizes(runtime: str) -> tuple[int, ...]:
+    return DEFAULT_WORLD_SIZES[runtime]
+
+
+def default_impls(runtime: str) -> tuple[str, ...]:
+    return DEFAULT_IMPLS[runtime]

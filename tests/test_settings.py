@@ -1,0 +1,96 @@
+"""One Settings: the environment gives defaults, each face's options override them, and
+every option that shapes a run takes effect (measured through the main command)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import options, plugin
+from conformance.errors import UsageError
+from conformance.settings import DEFAULT_IMPLS, DEFAULT_WORLD_SIZES, ENVIRONMENT, Settings
+
+from .procs import REPO, run_cli
+
+
+def test_options_override_the_environment_and_the_environment_overrides_defaults():
+    env = {"CONFORMANCE_TIMEOUT": "33", "CONFORMANCE_PROFILE": "ci"}
+    assert Settings.from_env({}).replica_timeout == ENVIRONMENT["replica_timeout"][1]
+    assert Settings.from_env(env).replica_timeout == 33.0
+    assert Settings.from_env(env).profile == "ci"
+    assert Settings.from_env(env, replica_timeout=7.0, profile="thorough") == Settings(
+        replica_timeout=7.0, profile="thorough")
+
+
+@pytest.mark.parametrize("env, options, names", [
+    ({"CONFORMANCE_TIMEOUT": "soon"}, {}, "CONFORMANCE_TIMEOUT"),
+    ({}, {"replica_timeout": -1.0}, "--replica-timeout"),
+    ({}, {"start_timeout": 0.0}, "--start-timeout"),
+    ({"CONFORMANCE_PROFILE": "fast"}, {}, "CONFORMANCE_PROFILE"),
+])
+def test_a_bad_value_is_one_usage_error_naming_its_option(env, options, names):
+    with pytest.raises(UsageError, match=names):
+        Settings.from_env(env, **options)
+
+
+def _pytest_matrix(runtime):
+    config = SimpleNamespace(getoption=lambda name, default=None: runtime if name == "--conformance-runtime" else None)
+    return [(rt, w, tuple(plugin.impls_for(config, rt))) for rt, w, _ in plugin.runtime_worlds(config)]
+
+
+@pytest.mark.parametrize("runtime", sorted(DEFAULT_WORLD_SIZES))
+def test_every_face_runs_the_same_default_matrix(runtime):
+    """CLI and absltest (``options.parse_targets``) and the pytest plugin, given no options."""
+    cli = [(runtime, w, tuple(DEFAULT_IMPLS[runtime])) for w in options.parse_world_sizes(None, runtime)]
+    assert _pytest_matrix(runtime) == cli
+    if runtime == "cpu":  # the only runtime every machine can validate end to end
+        got = [(rt, w, tuple(i)) for rt, w, i in options.parse_targets("cpu", None, None)]
+        assert got == cli
+
+
+SLEEPY = textwrap.dedent('''
+    import time
+    import torch
+
+
+    class SleepyDDP(torch.nn.Module):
+        """Every replica sleeps far longer than the timeout in its first forward."""
+
+        def __init__(self, module, **kwargs):
+            super().__init__()
+            self.module, self.slept = module, False
+
+        def forward(self, *args, **kwargs):
+            if not self.slept:
+                self.slept = True
+                time.sleep(600)
+            return self.module(*args, **kwargs)
+''')
+
+
+@pytest.mark.cpu
+@pytest.mark.long
+def test_replica_timeout_option_bounds_the_task(tmp_path):
+    """``--replica-timeout 5`` ends a run whose replicas all sleep 600 s: exit 1 and the
+    verdict names the 5 s bound (with the old import-time read it waited 120 s and passed)."""
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    r = run_cli("run", "--ddp", "sleepy:SleepyDDP", "--world-size", "2", "--only", "parity.linear",
+                "--replica-timeout", "5", "--quiet", "--json", str(tmp_path / "r.json"),
+                cwd=tmp_path, extra_path=str(tmp_path), timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert {v["status"] for v in doc["verdicts"]} == {"fail"}
+    assert all("within 5 s" in v["reason"] for v in doc["verdicts"]), [v["reason"] for v in doc["verdicts"]]
+
+
+def test_usage_errors_come_before_torch_is_imported():
+    code = ("import sys; from conformance import cli\n"
+            "try:\n    cli.parse(['run', '--world-size', '1'])\nexcept Exception as e:\n    print(type(e).__name__)\n"
+            "cli.parse(['run', '--ddp', 'x:Y', '--replica-timeout', '3'])\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.stdout.split() == ["UsageError", "False"], out.stdout + out.stderr
