@@ -79,8 +79,8 @@ class ConformanceTestCase(parameterized.TestCase):
     DDP: str | None = None
 
     def _targets(self):
-        from conformance.options import parse_targets
-        return parse_targets(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or self.DDP)
+        from conformance.options import parse_matrix
+        return parse_matrix(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or self.DDP)
 
     def _run_case(self, name: str):
         from conformance.cases.table import select
@@ -128,7 +128,7 @@ def validate_flags(argv: list[str]) -> list[str]:
     except flags.Error as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
     from conformance.cases.table import select
-    from conformance.options import parse_targets
+    from conformance.options import parse_matrix
     from conformance.cases.properties.run import profile_examples
     from conformance.report.text import read_expected_failures
     select(split_list(FLAGS.only), split_list(FLAGS.skip))
@@ -136,7 +136,7 @@ def validate_flags(argv: list[str]) -> list[str]:
     profile_examples(FLAGS.profile)
     if FLAGS.expected_failures:
         read_expected_failures(FLAGS.expected_failures)
-    parse_targets(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or _default_ddp())
+    parse_matrix(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or _default_ddp())
     return rest
 
 

@@ -56,7 +56,7 @@ def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> 
     return runtimes
 
 
-def parse_targets(runtime: str | None, world_size: str | None, ddp: str | None,
+def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
                   launcher: str = "spawn") -> list[tuple[str, int, list[str]]]:
     """``[(runtime, world_size, [impl, ...])]`` for the CLI and absltest faces.
 

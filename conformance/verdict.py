@@ -29,9 +29,10 @@ class Verdict:
         movement: how far the reference moved (the vacuity guard's measure).
         first_bad_step: 1-based training step of the first violation, if any.
         replica: the first deviating replica (rank), where known.
-        per_step: max deviation per step (plots).
+        per_step: max deviation per step (plots; entry ``i`` is step ``i + 1``).
         diagnosis: full text of a failure (replica exceptions, stacks, the
-            shrunk counterexample); the table shows only ``reason``.
+            shrunk counterexample, the tensors out of bound); the table shows
+            ``reason`` (its first sentence when long).
         example: the minimal failing scenario (JSON) of a scenario case.
         replicas: on a replica failure, one dict per replica (rank, host, pid,
             status, step, phase, last collective, exception, traceback, stacks,

@@ -107,11 +107,11 @@ def test_tox_cpu_runs_every_target_row_with_this_file():
     and this file to the CLI."""
     import configparser
 
-    from conformance.impls.torch_paths import target_rows
+    from conformance.impls.torch_paths import shipped_rows
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(DOCS.parent / "tox.ini")
     run = [ln for ln in tox["testenv:cpu"]["commands"].splitlines() if "-m conformance run" in ln]
     assert len(run) == 1, run
     ddp = re.search(r"--ddp (\S+)", run[0])[1].split(",")
-    assert sorted(ddp) == sorted(r.name for r in target_rows())
+    assert sorted(ddp) == sorted(r.name for r in shipped_rows())
     assert f"--expected-failures {EXPECTED.relative_to(DOCS.parent)}" in run[0]

@@ -44,11 +44,11 @@ def _pytest_matrix(runtime):
 
 @pytest.mark.parametrize("runtime", sorted(DEFAULT_WORLD_SIZES))
 def test_every_face_runs_the_same_default_matrix(runtime):
-    """CLI and absltest (``options.parse_targets``) and the pytest plugin, given no options."""
+    """CLI and absltest (``options.parse_matrix``) and the pytest plugin, given no options."""
     cli = [(runtime, w, tuple(DEFAULT_IMPLS[runtime])) for w in options.parse_world_sizes(None, runtime)]
     assert _pytest_matrix(runtime) == cli
     if runtime == "cpu":  # the only runtime every machine can validate end to end
-        got = [(rt, w, tuple(i)) for rt, w, i in options.parse_targets("cpu", None, None)]
+        got = [(rt, w, tuple(i)) for rt, w, i in options.parse_matrix("cpu", None, None)]
         assert got == cli
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.cases.checks import Check, judge
-from conformance.cases.train.loop import RANK_BUFFER_OFFSET, RANK_SEED_STRIDE, flat_buffers, flat_params, to_device, wrap
+from conformance.cases.train.loop import (RANK_BUFFER_OFFSET, RANK_SEED_STRIDE, buffer_layout, flat_buffers, flat_params,
+                      param_layout, to_device, wrap)
 from conformance.tolerances import lookup
 
 SEED = 4321
@@ -53,10 +54,12 @@ def _grads(module):
 
 
 def _judge(name, results, expected, impl, runtime, model, tol, movement, per_rank=False):
-    """Verdict for ``results[r][name]`` (``[N]`` per replica) vs ``expected``."""
+    """Verdict for ``results[r][name]`` (``[N]`` per replica) vs ``expected``; the
+    tensors are named by ``results[0]["layout"]`` (one observation: no step)."""
     check = Check(name, name, lambda reps, ref: (np.stack([r[name][None] for r in reps]),
                                                  expected[:, None] if per_rank else expected[None]),
-                  lambda t: (t.atol, t.rtol), movement=lambda ref: movement)
+                  lambda t: (t.atol, t.rtol), movement=lambda ref: movement,
+                  layout=lambda reps: reps[0].get("layout"), when="once", nan_is_absent=True)
     return judge(check, results, {}, tol, case="", impl=impl, runtime=runtime, model=model)
 
 
@@ -66,14 +69,15 @@ def task_state_sync(ctx, impl):
     m = _build(ctx, "batchnorm")
     before = np.concatenate([flat_params(m), flat_buffers(m)])
     _wrap(ctx, impl, m)
-    return {"before": before, "after": np.concatenate([flat_params(m), flat_buffers(m)])}
+    return {"before": before, "after": np.concatenate([flat_params(m), flat_buffers(m)]),
+            "layout": param_layout(m) + buffer_layout(m)}
 
 
 def judge_state_sync(results, impl, runtime):
     ref0 = results[0]["before"]
     spread = max(float(np.max(np.abs(r["before"] - ref0))) for r in results)
-    return [_judge("state_sync", [{"state_sync": r["after"]} for r in results], ref0, impl, runtime,
-                   "batchnorm", lookup(runtime, "*", "exact"), spread)]
+    return [_judge("state_sync", [{"state_sync": r["after"], "layout": r["layout"]} for r in results], ref0,
+                   impl, runtime, "batchnorm", lookup(runtime, "*", "exact"), spread)]
 
 
 # --- broadcast_buffers=True: rank 0's edit reaches every replica at forward --
@@ -92,7 +96,8 @@ def task_buffers_on(ctx, impl):
     x, _, _, _ = _batch("batchnorm", 0, ctx.world_size, ctx.rank)
     ddp(x.to(ctx.device))
     ctx.mark_step()
-    return {"buffers": torch.cat([bn.running_mean, bn.running_var]).double().cpu().numpy()}
+    return {"buffers": torch.cat([bn.running_mean, bn.running_var]).double().cpu().numpy(),
+            "layout": [(f"1.{n}", tuple(getattr(bn, n).shape)) for n in ("running_mean", "running_var")]}
 
 
 def judge_buffers_on(results, impl, runtime):
@@ -110,7 +115,7 @@ def task_unused(ctx, impl):
     x, y, _, _ = _batch("unused", 0, ctx.world_size, ctx.rank)
     F.mse_loss(ddp(x.to(ctx.device), use_branch=ctx.rank == 0), y.to(ctx.device)).backward()
     ctx.mark_step()
-    return {"grads": _grads(m)}
+    return {"grads": _grads(m), "layout": param_layout(m)}
 
 
 def _unused_reference(world_size):
@@ -149,7 +154,7 @@ def task_no_sync(ctx, impl):
     inside = _grads(m)
     F.mse_loss(ddp(xb.to(ctx.device)), yb.to(ctx.device)).backward()
     ctx.mark_step()
-    return {"inside": inside, "after": _grads(m)}
+    return {"inside": inside, "after": _grads(m), "layout": param_layout(m)}
 
 
 def _local_grads(model, step, world_size):
@@ -192,7 +197,7 @@ def task_join(ctx, impl, lr=0.1):
             F.mse_loss(ddp(x.to(ctx.device)), y.to(ctx.device)).backward()
             opt.step()
             ctx.mark_step()
-    return {"params": flat_params(m).astype(np.float64)}
+    return {"params": flat_params(m).astype(np.float64), "layout": param_layout(m)}
 
 
 def _join_reference(world_size, lr=0.1):

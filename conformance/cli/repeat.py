@@ -94,14 +94,14 @@ def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: 
     from conformance.cases.train.parity import ParityRunner
     from conformance.errors import UsageError
     from conformance.evaluate import Session
-    from conformance.options import parse_targets
+    from conformance.options import parse_matrix
     from conformance.report.text import environment
     from conformance.tolerances import lookup
 
     n = times
     if n < 1:
         raise UsageError(f"--repeat: need N >= 1, got {n}")
-    targets = parse_targets(runtime, world_size, ddp)
+    targets = parse_matrix(runtime, world_size, ddp)
     models = [c.model for c in _parity_cases(only, skip)]
     for _, _, impls in targets:
         for impl in impls:

@@ -8,7 +8,7 @@ from conformance.cases.scenarios.scenario import ScenarioError, load_scenario
 from conformance.cases.table import CASES
 from conformance.errors import UsageError
 from conformance.evaluate import Session, evaluate
-from conformance.options import parse_targets
+from conformance.options import parse_matrix
 from conformance.report.text import exit_code, verdict_table
 from conformance.settings import Settings
 
@@ -19,7 +19,7 @@ def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None)
         sc = load_scenario(scenario)
     except ScenarioError as exc:
         raise UsageError(f"{scenario}: {exc}" if not str(exc).startswith(scenario) else str(exc)) from None
-    targets = parse_targets(runtime, str(sc.world_size), ddp)
+    targets = parse_matrix(runtime, str(sc.world_size), ddp)
     case = replace(CASES["scenario.core"], name="scenario.replay", description=f"replay of {scenario}")
     session = Session(settings=settings)
     try:

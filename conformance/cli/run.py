@@ -13,7 +13,7 @@ from conformance.errors import UsageError, split_list
 from conformance.evaluate import Session, evaluate
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.killmatrix import kill_rows
-from conformance.options import parse_targets
+from conformance.options import parse_matrix
 from conformance.outcome import repro_command
 from conformance.report.text import (apply_expected_failures, counts, exit_code, kill_matrix_text,
                                      kill_summary, read_expected_failures, verdict_table, write_json)
@@ -43,7 +43,7 @@ def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: st
                              f"processes cannot stop together; drop {flag} or use --launcher spawn")
     if exitfirst and exitfirst_each:
         raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
-    targets = parse_targets(runtime, world_size, ddp, launcher)
+    targets = parse_matrix(runtime, world_size, ddp, launcher)
     expected = read_expected_failures(expected_failures) if expected_failures else set()
     env_launch = launcher == "env"
     pool = ExternalPool(targets[0][0], settings) if env_launch else WorldPool(settings)

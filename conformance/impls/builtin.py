@@ -106,14 +106,14 @@ IMPLS = {i.name: i for i in [
 ]}
 
 
-def _add_targets():
-    from conformance.impls.torch_paths import target_rows
-    from conformance.impls.xla_paths import xla_target_rows
-    for row in target_rows() + xla_target_rows():
+def _add_shipped_paths():
+    from conformance.impls.torch_paths import shipped_rows
+    from conformance.impls.xla_paths import xla_shipped_rows
+    for row in shipped_rows() + xla_shipped_rows():
         IMPLS[row.name] = row
 
 
-_add_targets()
+_add_shipped_paths()
 
 
 def register(impl: Impl) -> None:
@@ -170,9 +170,9 @@ def mutant_impl(name: str) -> Impl:
     if name not in MUTANTS:
         raise ImplSpecError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
     m = MUTANTS[name]
-    if m.target is not None:  # a shipped path's row (conformance/impls/torch_paths.py) with one fault
+    if m.shipped_path is not None:  # a shipped path's row (conformance/impls/torch_paths.py) with one fault
         from dataclasses import replace
-        return replace(m.target(), name=f"mutant:{name}", description=m.description, mutant=True)
+        return replace(m.shipped_path(), name=f"mutant:{name}", description=m.description, mutant=True)
 
     def wrap(module, ctx, kwargs):
         cls = m.ddp_class if isinstance(m.ddp_class, type) else m.ddp_class()

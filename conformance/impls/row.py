@@ -1,4 +1,4 @@
-"""The implementation row type (a leaf module: ``impls``, ``targets`` and ``mutants``
+"""The implementation row type (a leaf module: ``impls.builtin``, ``impls.torch_paths`` and ``impls.mutants``
 import it, it imports none of them), and the two torch helpers rows share."""
 from __future__ import annotations
 

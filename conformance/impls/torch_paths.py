@@ -1,6 +1,6 @@
 """Implementation rows for PyTorch's shipped data-parallel paths (CPU runtime).
 
-Added to :data:`conformance.impls.builtin.IMPLS` by ``impls`` (:func:`target_rows`). Every row runs on the CPU runtime (gloo); on other runtimes
+Added to :data:`conformance.impls.builtin.IMPLS` by ``impls`` (:func:`shipped_rows`). Every row runs on the CPU runtime (gloo); on other runtimes
 it is ``unsupported`` with the reason. Semantics mirrored, per row:
 
 * ``torch_compile`` - ``torch.compile(DistributedDataParallel(m))`` with dynamo's
@@ -259,7 +259,7 @@ def fsdp2_row(name, reshard, **wrap_options) -> Impl:
                 holds_copies=False, unsupported_features=dict(FSDP2_LACKS))
 
 
-def target_rows() -> list[Impl]:
+def shipped_rows() -> list[Impl]:
     """The rows of this module (see the module docstring)."""
     return [
         torch_compile_row(),

@@ -145,8 +145,8 @@ def _wrap_xla_fsdp(module, ctx, kwargs):
     return XlaFullyShardedDataParallel(module, flatten_parameters=False)
 
 
-def xla_target_rows() -> list[Impl]:
-    """The PJRT target rows (module docstring)."""
+def xla_shipped_rows() -> list[Impl]:
+    """The PJRT shipped paths (module docstring)."""
     return [
         _spmd_row("xla_spmd", "torch_xla SPMD data parallel: xr.use_spmd(), batch sharded with "
                   "xs.mark_sharding over a 1-D 'data' mesh, parameters replicated", _wrap_spmd),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from conformance.verdict import BAD, STATUSES, Verdict
 
 #: Version of the JSON report layout (docs/report-format.md).
 SCHEMA_VERSION = 2
+#: Characters of a reason a text table prints (the JSON and the failures file keep all of it).
+REASON_WIDTH = 120
 
 
 def fmt(x, spec=".2e") -> str:
@@ -27,12 +30,30 @@ def verdict_cells(v: Verdict) -> dict:
             "replica": "-" if v.replica is None else str(v.replica), "reason": v.reason}
 
 
-def text_table(rows: list[dict], wrap_last: int = 90) -> str:
+def first_sentence(text: str, width: int = REASON_WIDTH) -> str:
+    """``text`` on one line if it fits in ``width`` characters, else its first
+    sentence, cut at a word boundary if still too long (never mid-word: a single
+    longer word is kept whole); `` ...`` marks what was left out."""
+    text = " ".join(str(text).split())
+    if len(text) <= width:
+        return text
+    # a sentence ends at ". " (not in "1.5e-05" or "fc.weight")
+    m = re.search(r"[.!?](?=\s)", text)
+    head = text[:m.end()] if m else text
+    if len(head) > width:
+        cut = head.rfind(" ", 0, width + 1)
+        head = head[:cut] if cut > 0 else head.split(" ", 1)[0]
+        head = head.rstrip(" ,;:(")
+    return head + " ..."
+
+
+def text_table(rows: list[dict], wrap_last: int = REASON_WIDTH) -> str:
+    """Rows as aligned columns; the last column (a reason) shortened by :func:`first_sentence`."""
     if not rows:
         return "(no rows)"
     head = list(rows[0])
     lines = [head] + [[str(r[h]) for h in head] for r in rows]
-    lines = [ln[:-1] + [ln[-1][:wrap_last]] for ln in lines]
+    lines = [ln[:-1] + [first_sentence(ln[-1], wrap_last)] for ln in lines]
     widths = [max(len(ln[i]) for ln in lines) for i in range(len(head) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(ln, widths)) + "  " + ln[-1] for ln in lines)
 

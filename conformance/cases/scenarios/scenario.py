@@ -130,23 +130,25 @@ class Scenario:
         w = None
         for i, step in enumerate(self.steps):
             if not isinstance(step, dict) or set(step) != STEP_KEYS or not step["micro"]:
-                raise ScenarioError(f"step {i}: an object with a non-empty 'micro' list")
+                raise ScenarioError(f"step {i + 1}: an object with a non-empty 'micro' list")
             for j, m in enumerate(step["micro"]):
                 if not isinstance(m, dict) or set(m) != MICRO_KEYS:
-                    raise ScenarioError(f"step {i} micro-step {j}: keys {sorted(MICRO_KEYS)}")
+                    raise ScenarioError(f"step {i + 1} micro-step {j + 1}: keys {sorted(MICRO_KEYS)}")
                 w = w or len(m["batch"])
                 if len(m["batch"]) != w or len(m["plan"]) != w or w < 1:
-                    raise ScenarioError(f"step {i} micro-step {j}: batch and plan need one entry per replica")
+                    raise ScenarioError(f"step {i + 1} micro-step {j + 1}: batch and plan need one entry per replica")
                 if any(not isinstance(n, int) or n < 1 for n in m["batch"]):
-                    raise ScenarioError(f"step {i} micro-step {j}: local batch sizes are integers >= 1")
+                    raise ScenarioError(f"step {i + 1} micro-step {j + 1}: local batch sizes are integers >= 1")
                 for p in m["plan"]:
                     if any(b not in BRANCHES for b in p) or len(set(p)) != len(p):
-                        raise ScenarioError(f"step {i} micro-step {j}: plan {p}: distinct branches of {BRANCHES}")
+                        raise ScenarioError(f"step {i + 1} micro-step {j + 1}: plan {p}: "
+                                            f"distinct branches of {BRANCHES}")
         if self.checkpoint_at is not None and not 0 <= self.checkpoint_at < len(self.steps) - 1:
             raise ScenarioError(f"checkpoint_at {self.checkpoint_at}: a step before the last")
 
-    def describe_step(self, s: int) -> str:
-        """The scenario dimensions in play at step ``s`` (0-based), for verdict reasons."""
+    def describe_step(self, s: int, config: bool = True) -> str:
+        """The scenario dimensions in play at step ``s`` (0-based), for verdict reasons;
+        ``config``: with the optimizer and DDP keywords (the same at every step)."""
         step = self.steps[s]["micro"]
         parts = []
         k = len(step)
@@ -175,7 +177,8 @@ class Scenario:
         if self.checkpoint_at is not None and s > self.checkpoint_at:
             parts.append(f"after the checkpoint reload at step {self.checkpoint_at + 1}")
         on = [k for k, v in self.ddp.items() if v not in (None, False)]
-        parts.append(f"optimizer {self.optimizer}" + (f", DDP {', '.join(on)}" if on else ""))
+        if config:
+            parts.append(f"optimizer {self.optimizer}" + (f", DDP {', '.join(on)}" if on else ""))
         return "; ".join(parts)
 
 
@@ -283,7 +286,8 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
 
     Returns ``params`` float32 ``[S+1, P]``, ``buffers`` float64 ``[S+1, B]`` (after
     construction and after each optimizer step), ``optim_digests`` (SHA-1 per step),
-    ``optim`` (final optimizer state, float64).
+    ``optim`` (final optimizer state, float64), ``layout`` (the tensors' names and
+    shapes, as ``harness.train_replica`` gives them).
 
     Raises:
         Unsupported: the implementation refuses a keyword or lacks no_sync /
@@ -295,7 +299,8 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     import torch.nn.functional as F
 
     from conformance.cases.train.loop import wrap
-    from conformance.cases.train.readback import flat_buffers, flat_optimizer_state, flat_params, saved_copy, state_digest, to_device
+    from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params, optimizer_state_layout,
+                        param_layout, saved_copy, state_digest, to_device)
     from conformance.impls.builtin import resolve_impl
     from conformance.errors import Unsupported
     sc = Scenario.from_json(scenario)
@@ -358,8 +363,10 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
             torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
             model.load_state_dict(saved["model"])
             opt.load_state_dict(saved["optim"])
+    layout = {"params": param_layout(model), "buffers": buffer_layout(model),
+              "optim": optimizer_state_layout(opt, None, model)}
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
-            "optim": flat_optimizer_state(opt)}
+            "optim": flat_optimizer_state(opt), "layout": layout}
 
 
 # --------------------------------------------------------------------------
@@ -445,29 +452,31 @@ def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 
     :class:`~conformance.verdict.Verdict` per check ``params``, ``buffers``,
     ``optimizer_state``, ``agreement`` (case and implementation fields left for
     the caller)."""
-    from conformance.cases.checks import AGREEMENT, Check, judge, judge_agreement
+    from conformance.cases.checks import AGREEMENT, Check, judge, judge_agreement, named
     ref = scenario_reference(sc)
     out = []
-    for name, series in (
-            ("params", lambda reps, r: (np.stack([x["params"][1:] for x in reps]), r["params"][1:])),
+    for name, series, key in (
+            ("params", lambda reps, r: (np.stack([x["params"][1:] for x in reps]), r["params"][1:]), "params"),
             ("buffers", lambda reps, r: (np.stack([x["buffers"][1:] for x in reps]),
-                                         np.stack([r["buffers"][1:, k] for k in range(len(reps))]))),
-            ("optimizer_state", lambda reps, r: (np.stack([x["optim"][None] for x in reps]), r["optim"][None]))):
+                                         np.stack([r["buffers"][1:, k] for k in range(len(reps))])), "buffers"),
+            ("optimizer_state", lambda reps, r: (np.stack([x["optim"][None] for x in reps]), r["optim"][None]),
+             "optim")):
         mv = (lambda r: float(np.max(np.abs(r["buffers"][-1, 0] - r["buffers"][0, 0])))) if name == "buffers" \
             else (lambda r: float(np.max(np.abs(r["params"][-1].astype(np.float64) - r["params"][0]))))
-        v = judge(Check(name, name, series, lambda t: (t.atol, t.rtol), movement=mv), results, ref, tol,
+        v = judge(Check(name, name, series, lambda t: (t.atol, t.rtol), movement=mv, layout=named(key),
+                        when="final" if key == "optim" else "steps"), results, ref, tol,
                   case="", impl="", runtime="", model="scenario")
         if name == "optimizer_state":
-            v.first_bad_step = None if v.status != "fail" else len(sc.steps)
             if v.status == "vacuous" and not ref["optim"].size:
                 v.status, v.reason = "pass", "the optimizer keeps no state (plain SGD): nothing to compare"
         out.append(v)
     out.append(judge_agreement(results, case="", impl="", runtime="", model="scenario", atol=agreement_atol))
-    for v in out:
+    for v in out:  # the dimensions in play at the failing step first (the table shows the first sentence)
         if v.status == "fail" and v.first_bad_step:
             s = min(v.first_bad_step, len(sc.steps)) - 1
-            who = f"replica {v.replica}, " if v.replica is not None else ""
-            v.reason = f"{who}step {s + 1} ({sc.describe_step(s)}): {v.reason}"
+            dims = sc.describe_step(s, config=False)
+            v.reason = (f"step {s + 1} of {len(sc.steps)}{f' ({dims})' if dims else ''}: {v.reason} "
+                        f"The scenario runs optimizer {sc.optimizer}, DDP keywords {sc.ddp}.")
     assert [v.check for v in out] == ["params", "buffers", "optimizer_state", AGREEMENT]
     return out
 
@@ -654,9 +663,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
             v.example = sc.to_json()
             v.diagnosis = (f"{'minimal ' if shrink else ''}failing scenario ({len(sc.steps)} step(s), world size {sc.world_size}):\n"
                            f"{blob}\nreproduce: python -m conformance replay SCENARIO.json --ddp {target.impl} "
-                           f"--runtime {target.runtime}")
-            if v.status == "fail":
-                v.reason = f"scenario of {len(sc.steps)} step(s): {v.reason}"
+                           f"--runtime {target.runtime}" + (f"\n{v.diagnosis}" if v.diagnosis else ""))
         return vs
     n = state["examples"]
     out = []

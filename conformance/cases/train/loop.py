@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from conformance.cases.train.readback import flat_buffers, flat_optimizer_state, flat_params, optimizer_state, optimizer_state_dict, state_digest, to_cpu, to_device
+from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,  # noqa: F401
+                    optimizer_state, optimizer_state_dict, optimizer_state_layout, param_layout,
+                    state_digest, to_cpu, to_device)
 from conformance.tolerances import lookup
 
 # Rank r != 0 builds its model from seed + RANK_SEED_STRIDE * r and adds
@@ -157,7 +159,9 @@ def train_replica(ctx, spec: dict) -> dict:
     construction, then after each step), ``losses`` float64 ``[steps]`` (this
     replica's local mean loss), ``buffers`` float64 ``[steps+1, B]``, ``optim``
     (final optimizer state, float64), ``optim_digests`` (SHA-1 of the optimizer
-    state after each step) and ``shard`` (the shard index trained on).
+    state after each step), ``shard`` (the shard index trained on) and ``layout``
+    (``{"params" | "buffers" | "optim": [(name, shape), ...]}``: the tensors behind
+    each flat vector, so verdicts can name them).
 
     Raises:
         Unsupported: the implementation cannot serve the run (see :func:`wrap`).
@@ -182,7 +186,7 @@ def train_replica(ctx, spec: dict) -> dict:
         xs = shard(x, which, ctx.world_size).to(ctx.device)
         ys = shard(y, which, ctx.world_size).to(ctx.device)
         loop.opt.zero_grad(set_to_none=True)
-        ctx.note(step=step, phase="forward")
+        ctx.note(step=step + 1, phase="forward")  # 1-based, as verdicts count
         with contextlib.ExitStack() as stack:
             for s in loop.setups:
                 stack.enter_context(s.forward_context(loop, step))
@@ -205,6 +209,10 @@ def train_replica(ctx, spec: dict) -> dict:
         digests.append(state_digest(optimizer_state(loop.impl, loop.opt, ctx)))
         for s in loop.setups:
             s.after_step(loop, step)
+    # the optimizer_state() read, with its state dict kept for the names (a collective when sharded)
+    final = optimizer_state_dict(loop.impl, loop.opt, ctx) if loop.impl.optimizer_state_dict else None
+    layout = {"params": param_layout(loop.model), "buffers": buffer_layout(loop.model),
+              "optim": optimizer_state_layout(loop.opt, final, loop.model)}
     return {"params": np.stack(params), "losses": np.asarray(losses),
-            "buffers": np.stack(buffers), "optim": optimizer_state(loop.impl, loop.opt, ctx),
-            "optim_digests": digests, "shard": which}
+            "buffers": np.stack(buffers), "optim": flat_optimizer_state(loop.opt, final),
+            "optim_digests": digests, "shard": which, "layout": layout}

@@ -272,7 +272,7 @@ def _local_stats_bn_class():
 
 
 # --- faults of PyTorch's shipped data-parallel paths (conformance/impls/torch_paths.py) ---
-# Each is a factory of the target's Impl row with one fault built in.
+# Each is a factory of the shipped path's Impl row with one fault built in.
 
 def _fsdp2_no_divide():
     """The ``fsdp2`` row with every group's gradient divide factor set to 1
@@ -320,7 +320,7 @@ def _zero_no_param_sync():
 def _torch_compile_eager():
     """The ``torch_compile`` row without its user-code root forward: for a bare
     ``torch.nn`` root dynamo compiles no graph (docs/findings.md, finding 2) and
-    the row's no-graph guard (``targets._require_compiled``) must refuse it."""
+    the row's no-graph guard (``torch_paths._require_compiled``) must refuse it."""
     from conformance.impls.torch_paths import torch_compile_row
     return torch_compile_row(user_frame_root=False)
 
@@ -332,8 +332,8 @@ class Mutant:
     ones are constructed without the replica's collectives; ``sync_bn`` is the
     SyncBatchNorm class the mutant converts BatchNorm layers to; ``honours``
     lists torch DDP keywords the mutant implements although the reference
-    ignores them (so cases requiring them run); ``target`` is a zero-argument
-    factory of a target row (``conformance.impls.torch_paths``) with the fault built in,
+    ignores them (so cases requiring them run); ``shipped_path`` is a zero-argument
+    factory of a shipped path's row (``conformance.impls.torch_paths``) with the fault built in,
     used instead of ``ddp_class``."""
 
     name: str
@@ -344,7 +344,7 @@ class Mutant:
     sync_bn: object = None
     honours: tuple = ()
     unsupported: dict | None = None
-    target: object = None
+    shipped_path: object = None
 
 
 MUTANTS = {m.name: m for m in [
@@ -387,17 +387,17 @@ MUTANTS = {m.name: m for m in [
     # PyTorch's shipped paths (conformance/impls/torch_paths.py), one fault each.
     Mutant("fsdp2_no_divide", "fully_shard with set_gradient_divide_factor(1.0): the gradient "
            "reduce-scatter sums instead of averaging (W x the gradient; a divide factor set for a "
-           "pre-scaled loss or another world size).", None, target=_fsdp2_no_divide),
+           "pre-scaled loss or another world size).", None, shipped_path=_fsdp2_no_divide),
     Mutant("fsdp2_wrong_mesh", "fully_shard on the size-1 'tp' dim of a (dp, tp) = (W, 1) mesh "
            "instead of 'dp': gradients are reduced over a group of one, each replica trains on its "
            "own shard (the wrong-mesh-dim bug of 2-D parallel setups).", None,
-           target=_fsdp2_wrong_mesh),
+           shipped_path=_fsdp2_wrong_mesh),
     Mutant("zero_no_param_sync", "ZeroRedundancyOptimizer whose step() skips the post-step "
            "broadcast of parameter shards (_sync_params): each replica updates only the shard it "
            "owns, so parameters diverge (ZeRO's lost all-gather of updated shards).", None,
-           target=_zero_no_param_sync),
+           shipped_path=_zero_no_param_sync),
     Mutant("torch_compile_eager", "torch.compile(DDP(m)) over a bare torch.nn root: dynamo compiles "
            "no graph and every step runs eagerly (pytorch#140416, docs/findings.md 2); the row's "
            "no-graph guard must refuse it rather than pass eager DDP as compiled.", None,
-           target=_torch_compile_eager),
+           shipped_path=_torch_compile_eager),
 ]}
