@@ -13,7 +13,7 @@ outcome into verdicts - one per check the row declares, whatever happens:
 """
 from __future__ import annotations
 
-from conformance.cases.table import Case
+from conformance.cases.row import Case
 from conformance.errors import Unsupported
 from conformance.verdict import Verdict
 
