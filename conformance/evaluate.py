@@ -62,7 +62,7 @@ class Session:
             (default: a new :class:`conformance.worlds.spawned.WorldPool`); a
             :class:`conformance.worlds.launched.ExternalPool` makes this process one
             replica of a launcher-started world (non-root ranks get ``[]``).
-        profile: Hypothesis example budget name (``conformance.cases.properties.run.PROFILES``).
+        profile: Hypothesis example budget name (``conformance.cases.search.PROFILES``).
     """
 
     def __init__(self, pool=None, profile: str | None = None):
@@ -214,7 +214,8 @@ def _task(case, impl, runtime, w, session, overrides):
 
 
 def _property(case, impl, runtime, w, session, overrides):
-    from conformance.cases.properties.run import Target, profile_examples, run_property
+    from conformance.cases.properties.run import run_property
+    from conformance.cases.search import Target, profile_examples
     target = Target(lambda fn, **p: session.run(runtime, w, fn, **p), runtime, w, impl)
     fields = run_property(case.prop, target, profile_examples(session.profile), overrides.get("shrink", True))
     return [Verdict(case.name, "property", impl, runtime, case.model, w, **fields)]
@@ -238,9 +239,9 @@ def _invariant(case, impl, runtime, w, session, overrides):
 def _scenario(case, impl, runtime, w, session, overrides):
     from dataclasses import replace
 
-    from conformance.cases.properties.run import Target, profile_name
+    from conformance.cases.scenarios.scenario import Space, run_scenario_case
+    from conformance.cases.search import Target, scenario_examples
     from conformance.worlds.runtimes import get_runtime
-    from conformance.cases.scenarios.scenario import SCENARIO_EXAMPLES, Space, run_scenario_case
     from conformance.tolerances import lookup
     tol, agree = lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol
     if "scenario" in overrides:  # one given scenario (python -m conformance replay)
@@ -248,12 +249,11 @@ def _scenario(case, impl, runtime, w, session, overrides):
         sc = overrides["scenario"]
         results = session.run(runtime, w, scenario_task, timeout=case.timeout, impl=impl, scenario=sc.to_json())
         return None if results is None else judge_scenario(sc, results, tol, agreement_atol=agree)
-    profile = profile_name(session.profile)
     target = Target(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
     space = Space(**case.args.get("space", {}))
     if get_runtime(runtime).uniform_graphs:
         space = replace(space, rank_uniform=True)
-    return run_scenario_case(space, target, tol, agree, max(1, round(SCENARIO_EXAMPLES[profile] * space.budget)),
+    return run_scenario_case(space, target, tol, agree, scenario_examples(session.profile, space.budget),
                              overrides.get("shrink", True))
 
 

@@ -479,8 +479,6 @@ def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 
 #: Learning rates per optimizer: large enough that one step moves parameters by
 #: >= 100 x atol (the vacuity guard), small enough to stay stable for 120 steps.
 LRS = {"sgd": (0.05, 0.1, 0.2), "sgd_momentum": (0.02, 0.05), "adam": (0.005, 0.01), "adamw": (0.005, 0.01)}
-#: Example budget of a scenario case per profile (each example is a training run).
-SCENARIO_EXAMPLES = {"dev": 12, "ci": 40, "ci-pjrt": 8, "thorough": 500}
 
 
 @dataclass(frozen=True)
@@ -490,7 +488,7 @@ class Space:
     optimizers: tuple = OPTIMIZERS
     ddp_extra: tuple = ()        # ("buckets",) and/or ("comm_hook",)
     max_steps: int = 120
-    budget: float = 1.0          # fraction of the profile's example budget
+    budget: float = 1.0          # fraction of the profile's example budget (conformance.cases.search)
     rank_uniform: bool = False   # equal local batches and plans on every replica (XLA runtimes)
 
 
@@ -594,7 +592,7 @@ SCENARIO_CHECKS = ("params", "buffers", "optimizer_state", "agreement")
 def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_examples: int,
                       shrink: bool = True) -> list:
     """Run the explicit scenarios, then ``max_examples`` generated ones, on ``target``
-    (a :class:`conformance.cases.properties.run.Target`); Hypothesis shrinks a failing
+    (a :class:`conformance.cases.search.Target`); Hypothesis shrinks a failing
     scenario to a minimal one (unless ``shrink`` is false: the first failing one).
 
     Returns one :class:`~conformance.verdict.Verdict` per :data:`SCENARIO_CHECKS`
@@ -608,7 +606,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
     from hypothesis import given
 
     from conformance.errors import Unsupported
-    from conformance.cases.properties.run import kit_settings
+    from conformance.cases.search import kit_settings
     from conformance.verdict import Verdict
     worst: dict = {}
     state = {"examples": 0, "vacuous": 0, "failing": None}
