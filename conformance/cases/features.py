@@ -222,3 +222,17 @@ def _join_reference(world_size, lr=0.1):
 def judge_join(results, impl, runtime):
     ref, moved = _join_reference(len(results))
     return [_judge("params", results, ref, impl, runtime, "linear", lookup(runtime, "linear"), moved)]
+
+
+# --- the task kind ------------------------------------------------------------
+
+def evaluate_task(case, impl, runtime, w, session, overrides):
+    """Verdicts of a ``task`` row: its task on every replica, then its judge (one verdict
+    per check the row declares, in that order)."""
+    results = session.run(runtime, w, case.task, timeout=case.timeout, impl=impl, **case.args)
+    if results is None:
+        return None
+    verdicts = case.judge(results, impl, runtime)
+    got = [v.check for v in verdicts]
+    assert got == list(case.checks), f"{case.name}: judge gave checks {got}, the row declares {case.checks}"
+    return verdicts

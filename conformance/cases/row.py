@@ -87,19 +87,11 @@ class Case:
         return None
 
 
-def _train_checks(model: str, run: dict) -> tuple:
-    from fixtures.models import MODELS
-
-    from conformance.cases.checks import AGREEMENT, CHECKS
-    from conformance.cases.train.loop import RunSpec
-    spec = RunSpec(impl="-", model=model, lr=0.1, steps=1, global_batch=2, seed=0, **run)
-    return tuple(n for n, c in CHECKS.items() if c.applies(MODELS[model], spec)) + (AGREEMENT,)
-
-
 def _validate(rows: list[Case]) -> dict[str, Case]:
     from fixtures.models import MODELS
 
     from conformance.impls.mutants.catalog import MUTANTS
+    from conformance.cases.train.evaluate import train_checks
     from conformance.cases.train.setups import SETUPS
     from conformance.tolerances import TOLERANCES
     keys = {t.dtype for t in TOLERANCES} | {"grad"}
@@ -124,7 +116,7 @@ def _validate(rows: list[Case]) -> dict[str, Case]:
         if unknown:
             raise bad(f"unknown setup(s) {unknown}")
         if c.kind == "train":
-            object.__setattr__(c, "checks", _train_checks(c.model, c.run))
+            object.__setattr__(c, "checks", train_checks(c.model, c.run))
         elif c.kind == "task" and (c.task is None or c.judge is None):
             raise bad("a task case needs task and judge")
         if not c.checks:

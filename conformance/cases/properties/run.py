@@ -27,9 +27,9 @@ The properties:
 """
 from __future__ import annotations
 
-# profile_examples: the faces validate --profile through this import
-from conformance.cases.search import Target, kit_settings, profile_examples  # noqa: F401
+from conformance.cases.search import Target, kit_settings, profile_examples
 from conformance.errors import Unsupported
+from conformance.verdict import Verdict
 
 
 def _props():
@@ -155,3 +155,11 @@ def run_property(name: str, target: Target, max_examples: int, shrink: bool = Tr
     if target.runs < max_examples:
         out.update(status="vacuous", reason=f"ran {target.runs} example(s), the budget asks {max_examples}")
     return out
+
+
+def evaluate_property(case, impl, runtime, w, session, overrides):
+    """Verdict of a ``property`` row: its property within the session profile's budget
+    (``overrides["shrink"]``: shrink a failing example, default true)."""
+    target = Target(lambda fn, **p: session.run(runtime, w, fn, **p), runtime, w, impl)
+    fields = run_property(case.prop, target, profile_examples(session.profile), overrides.get("shrink", True))
+    return [Verdict(case.name, "property", impl, runtime, case.model, w, **fields)]

@@ -665,3 +665,25 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
             v.status, v.reason = "vacuous", f"all {n} scenario(s) moved too little to fail"
         out.append(v)
     return out
+
+
+def evaluate_scenario(case, impl, runtime, w, session, overrides):
+    """Verdicts of a ``scenario`` row: its space's scenarios within the session profile's
+    budget, or with ``overrides["scenario"]`` that one scenario (``python -m conformance
+    replay``); ``overrides["shrink"]``: shrink a failing scenario, default true."""
+    from dataclasses import replace
+
+    from conformance.cases.search import Target, scenario_examples
+    from conformance.tolerances import lookup
+    from conformance.worlds.runtimes import get_runtime
+    tol, agree = lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol
+    if "scenario" in overrides:  # one given scenario (python -m conformance replay)
+        sc = overrides["scenario"]
+        results = session.run(runtime, w, scenario_task, timeout=case.timeout, impl=impl, scenario=sc.to_json())
+        return None if results is None else judge_scenario(sc, results, tol, agreement_atol=agree)
+    target = Target(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
+    space = Space(**case.args.get("space", {}))
+    if get_runtime(runtime).uniform_graphs:
+        space = replace(space, rank_uniform=True)
+    return run_scenario_case(space, target, tol, agree, scenario_examples(session.profile, space.budget),
+                             overrides.get("shrink", True))
