@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.cases.checks import Check, judge
-from conformance.cases.train.loop import RANK_BUFFER_OFFSET, RANK_SEED_STRIDE, flat_buffers, flat_params, to_device, wrap
+from conformance.cases.train.loop import rank_buffer_offset, rank_seed, wrap
+from conformance.cases.train.readback import flat_buffers, flat_params, to_device
 from conformance.tolerances import lookup
 
 SEED = 4321
@@ -27,8 +28,8 @@ JOIN_TIMEOUT_S = 15.0   # bound for the join feature: its mutant hangs by design
 def _build(ctx, model, rank_seeded=True):
     from fixtures import build_model
     r = ctx.rank if rank_seeded else 0
-    return to_device(build_model(model, seed=SEED + RANK_SEED_STRIDE * r,
-                                 perturb_buffers=RANK_BUFFER_OFFSET * r), ctx.device)
+    return to_device(build_model(model, seed=rank_seed(SEED, r), perturb_buffers=rank_buffer_offset(r)),
+                     ctx.device)
 
 
 def _wrap(ctx, impl, module, requires=(), **kwargs):

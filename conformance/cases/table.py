@@ -8,6 +8,7 @@ means and the validation are in :mod:`conformance.cases.row`.
 from __future__ import annotations
 
 from conformance.cases import features as F
+from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.row import Case, _validate, select_rows, tags_of
 
 
@@ -35,7 +36,7 @@ def _property(name, description, must_kill):
 
 def _scenario(name, description, space, must_kill, tags=()):
     return Case(f"scenario.{name}", "scenario", description, "scenario", "scenario", args={"space": space},
-                checks=("params", "buffers", "optimizer_state", "agreement"), tags=("scenarios",) + tags,
+                checks=tuple(SCENARIO_CHECKS), tags=("scenarios",) + tags,
                 must_kill=must_kill)
 
 
