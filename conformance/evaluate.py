@@ -151,12 +151,9 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         return [Verdict(case.name, c, impl, runtime, model, world_size, status, reason=reason,
                         diagnosis=diagnosis, family=case.family) for c in case.checks]
 
-    why = case.skip_reason(runtime, impl)
     if case.kind in ("property", "scenario") and type(session.pool).__name__ == "ExternalPool":
-        why = (f"{case.family} cases need a world the kit spawns: Hypothesis draws each example from "
-               "the result of the last one, which only the root process of a launcher-built world sees")
-    if why:
-        return each("skip", why)
+        return each("skip", f"{case.family} cases need a world the kit spawns: Hypothesis draws each example "
+                    "from the result of the last one, which only the root process of a launcher-built world sees")
     try:
         get_runtime(runtime).check(world_size)
     except RuntimeUnavailable as exc:

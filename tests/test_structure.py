@@ -79,3 +79,27 @@ def test_cycle_finder_finds_a_cycle():
 @pytest.mark.parametrize("pkg", PACKAGES)
 def test_meta_tests_are_not_in_the_installed_packages(pkg):
     assert not os.path.exists(os.path.join(REPO, pkg, "tests", "test_world.py"))
+
+
+#: The case kinds (conformance.cases): a kind may import the shared modules (checks, search,
+#: row, the training loop's helpers and state reading in train/), never another kind.
+KINDS = {"train": "conformance.cases.train", "task": "conformance.cases.features",
+         "property": "conformance.cases.properties", "scenario": "conformance.cases.scenarios",
+         "invariant": "conformance.cases.ranks"}
+SHARED = {"conformance.cases.train.loop", "conformance.cases.train.readback"}
+
+
+def _kind(module):
+    return next((k for k, pkg in KINDS.items() if module == pkg or module.startswith(pkg + ".")), None)
+
+
+def test_kinds_do_not_import_each_other():
+    graph = _graph(_modules())
+    bad = [f"{m} -> {t}" for m, targets in graph.items() for t in targets
+           if _kind(m) and _kind(t) and _kind(m) != _kind(t) and t not in SHARED]
+    assert not bad, bad
+
+
+def test_every_kind_is_covered():
+    from conformance.cases.row import KINDS as TABLE_KINDS
+    assert set(KINDS) == set(TABLE_KINDS)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -466,6 +466,35 @@ class Space:
     max_steps: int = 120
     budget: float = 1.0          # fraction of the profile's example budget (conformance.cases.search)
     rank_uniform: bool = False   # equal local batches and plans on every replica (XLA runtimes)
+
+
+#: ``Space.ddp_extra`` values -> the DDP keywords / methods their scenarios require.
+DDP_EXTRAS = {"buckets": ("bucket_cap_mb", "gradient_as_bucket_view"), "comm_hook": ("register_comm_hook",)}
+
+
+def space_problem(space: dict) -> str | None:
+    """Why ``space`` (a scenario row's ``args["space"]``) is not a :class:`Space` the
+    scenarios can be drawn from, or None."""
+    known = [f.name for f in fields(Space)]
+    unknown = sorted(set(space) - set(known))
+    if unknown:
+        return f"unknown key(s) {unknown}; known: {known}"
+    sp = Space(**space)
+    if set(sp.ddp_extra) - set(DDP_EXTRAS):
+        return f"unknown ddp_extra {sorted(set(sp.ddp_extra) - set(DDP_EXTRAS))}; known: {sorted(DDP_EXTRAS)}"
+    if not sp.optimizers or set(sp.optimizers) - set(OPTIMIZERS):
+        return f"optimizers {sp.optimizers}: a non-empty subset of {OPTIMIZERS}"
+    if sp.max_steps < 41:
+        return f"max_steps {sp.max_steps}: at least 41 (long runs are drawn from 41..max_steps)"
+    if not sp.budget > 0:
+        return f"budget {sp.budget}: a positive fraction of the profile's example budget"
+    return None
+
+
+def space_requires(space: dict) -> tuple:
+    """The DDP keywords / methods the scenarios of ``space`` require (an implementation
+    ignoring or lacking one is ``unsupported`` for the case)."""
+    return tuple(k for extra in Space(**space).ddp_extra for k in DDP_EXTRAS[extra])
 
 
 def scenarios(world_size: int, space: Space):
