@@ -27,103 +27,100 @@ The properties:
 """
 from __future__ import annotations
 
-from hypothesis import given, note
-from hypothesis import strategies as st
-
-from conformance.cases.properties import gradsync as P
 from conformance.cases.search import Target, kit_settings, profile_examples
 from conformance.errors import Unsupported
 from conformance.verdict import Verdict
 
-_TOL = P.GRAD_TOLERANCES["float32"]
 
+def _props():
+    from hypothesis import given, note
+    from hypothesis import strategies as st
 
-def _label(t):
-    note(f"target: {t.describe()}")
-    return t.describe()
+    from conformance.cases.properties import gradsync as P
+    tol = P.GRAD_TOLERANCES["float32"]
 
+    def label(t):
+        note(f"target: {t.describe()}")
+        return t.describe()
 
-def allreduce_mean(t, m):
-    dtypes = P.ALLREDUCE_DTYPES.get(t.runtime, P.DEFAULT_ALLREDUCE_DTYPES)
+    def allreduce_mean(t, m):
+        dtypes = P.ALLREDUCE_DTYPES.get(t.runtime, P.DEFAULT_ALLREDUCE_DTYPES)
 
-    @given(ex=P.allreduce_examples(t.world_size, dtypes))
-    def prop(ex):
-        _label(t)
-        P.check_allreduce_mean(ex, t.run(P.allreduce_mean_task, **ex.payload()), m)
-    return prop
+        @given(ex=P.allreduce_examples(t.world_size, dtypes))
+        def prop(ex):
+            label(t)
+            P.check_allreduce_mean(ex, t.run(P.allreduce_mean_task, **ex.payload()), m)
+        return prop
 
+    def full_batch_grad(t, m):
+        @given(ex=P.mlp_examples(t.world_size))
+        def prop(ex):
+            who = label(t)
+            expected = P.full_batch_grads(ex.widths, ex.seed, ex.x[0], ex.y[0])
+            for r, res in enumerate(t.run(P.mlp_grad_task, **ex.payload())):
+                P.compare_grads(res["grads"], expected, tol, measure=m,
+                                what=f"{who}: replica {r} vs single-device gradient on the global "
+                                     f"batch (widths={ex.widths}, local_batch={ex.local_batch})")
+        return prop
 
-def full_batch_grad(t, m):
-    @given(ex=P.mlp_examples(t.world_size))
-    def prop(ex):
-        who = _label(t)
-        expected = P.full_batch_grads(ex.widths, ex.seed, ex.x[0], ex.y[0])
-        for r, res in enumerate(t.run(P.mlp_grad_task, **ex.payload())):
-            P.compare_grads(res["grads"], expected, _TOL, measure=m,
-                            what=f"{who}: replica {r} vs single-device gradient on the global "
-                                 f"batch (widths={ex.widths}, local_batch={ex.local_batch})")
-    return prop
+    def rank_permutation(t, m):
+        @given(ex=P.mlp_examples(t.world_size), perm=P.nontrivial_permutations(t.world_size))
+        def prop(ex, perm):
+            who = label(t)
+            for r, res in enumerate(t.run(P.mlp_grad_task, perm=perm, **ex.payload())):
+                P.compare_grads(res["perm_grads"], res["grads"], tol, measure=m,
+                                what=f"{who}: replica {r}, shards permuted by {perm} vs identity "
+                                     f"(widths={ex.widths}, local_batch={ex.local_batch})")
+        return prop
 
+    def broadcast(t, m):
+        @given(ex=P.bn_examples(t.world_size))
+        def prop(ex):
+            who = label(t)
+            res = t.run(P.broadcast_task, **ex.payload())
+            rank0 = res[0]["before"]
+            for r in range(1, t.world_size):  # the setup really is rank-dependent
+                assert P.state_mismatch(res[r]["before"], rank0), \
+                    f"{who}: vacuous example, replica {r} was built equal to replica 0"
+            for r in range(t.world_size):
+                why = P.state_mismatch(res[r]["first"], rank0)
+                assert why is None, f"{who}: after DDP construction replica {r} != rank 0's state: {why}"
+                why = P.state_mismatch(res[r]["second"], res[r]["first"])
+                assert why is None, f"{who}: constructing a second DDP changed replica {r}: {why}"
+            m.add([0.0], [0.0])  # exact comparison: any deviation fails above
+        return prop
 
-def rank_permutation(t, m):
-    @given(ex=P.mlp_examples(t.world_size), perm=P.nontrivial_permutations(t.world_size))
-    def prop(ex, perm):
-        who = _label(t)
-        for r, res in enumerate(t.run(P.mlp_grad_task, perm=perm, **ex.payload())):
-            P.compare_grads(res["perm_grads"], res["grads"], _TOL, measure=m,
-                            what=f"{who}: replica {r}, shards permuted by {perm} vs identity "
-                                 f"(widths={ex.widths}, local_batch={ex.local_batch})")
-    return prop
+    def no_sync_accumulation(t, m):
+        @given(ex=P.mlp_examples(t.world_size, micro_steps=st.integers(2, 4)))
+        def prop(ex):
+            who = label(t)
+            k = len(ex.x)
+            expected = P.accumulated_grads(ex.widths, ex.seed, ex.x, ex.y)
+            for r, res in enumerate(t.run(P.no_sync_task, **ex.payload())):
+                P.compare_grads(res["grads"], expected, tol, scale=k, measure=m,
+                                what=f"{who}: replica {r}, {k - 1} no_sync micro-step(s) + 1 synced vs "
+                                     f"sum of {k} global-batch gradients (widths={ex.widths}, "
+                                     f"local_batch={ex.local_batch})")
+        return prop
 
+    def scale_linearity(t, m):
+        @given(ex=P.mlp_examples(t.world_size), c=P.scales())
+        def prop(ex, c):
+            who = label(t)
+            for r, res in enumerate(t.run(P.scaled_grad_task, c=c, **ex.payload())):
+                expected = [(n, None if g is None else c * g.astype("float64")) for n, g in res["grads"]]
+                P.compare_grads(res["scaled_grads"], expected, tol, scale=abs(c), measure=m,
+                                what=f"{who}: replica {r}, gradient of {c!r} * loss vs {c!r} * "
+                                     f"gradient of loss (widths={ex.widths}, local_batch={ex.local_batch})")
+        return prop
 
-def broadcast(t, m):
-    @given(ex=P.bn_examples(t.world_size))
-    def prop(ex):
-        who = _label(t)
-        res = t.run(P.broadcast_task, **ex.payload())
-        rank0 = res[0]["before"]
-        for r in range(1, t.world_size):  # the setup really is rank-dependent
-            assert P.state_mismatch(res[r]["before"], rank0), \
-                f"{who}: vacuous example, replica {r} was built equal to replica 0"
-        for r in range(t.world_size):
-            why = P.state_mismatch(res[r]["first"], rank0)
-            assert why is None, f"{who}: after DDP construction replica {r} != rank 0's state: {why}"
-            why = P.state_mismatch(res[r]["second"], res[r]["first"])
-            assert why is None, f"{who}: constructing a second DDP changed replica {r}: {why}"
-        m.add([0.0], [0.0])  # exact comparison: any deviation fails above
-    return prop
-
-
-def no_sync_accumulation(t, m):
-    @given(ex=P.mlp_examples(t.world_size, micro_steps=st.integers(2, 4)))
-    def prop(ex):
-        who = _label(t)
-        k = len(ex.x)
-        expected = P.accumulated_grads(ex.widths, ex.seed, ex.x, ex.y)
-        for r, res in enumerate(t.run(P.no_sync_task, **ex.payload())):
-            P.compare_grads(res["grads"], expected, _TOL, scale=k, measure=m,
-                            what=f"{who}: replica {r}, {k - 1} no_sync micro-step(s) + 1 synced vs "
-                                 f"sum of {k} global-batch gradients (widths={ex.widths}, "
-                                 f"local_batch={ex.local_batch})")
-    return prop
-
-
-def scale_linearity(t, m):
-    @given(ex=P.mlp_examples(t.world_size), c=P.scales())
-    def prop(ex, c):
-        who = _label(t)
-        for r, res in enumerate(t.run(P.scaled_grad_task, c=c, **ex.payload())):
-            expected = [(n, None if g is None else c * g.astype("float64")) for n, g in res["grads"]]
-            P.compare_grads(res["scaled_grads"], expected, _TOL, scale=abs(c), measure=m,
-                            what=f"{who}: replica {r}, gradient of {c!r} * loss vs {c!r} * "
-                                 f"gradient of loss (widths={ex.widths}, local_batch={ex.local_batch})")
-    return prop
+    return {f.__name__: f for f in (allreduce_mean, full_batch_grad, rank_permutation, broadcast,
+                                     no_sync_accumulation, scale_linearity)}
 
 
 #: The property kind's registry (a property row's ``prop`` names one):
 #: ``factory(target, measure) -> Hypothesis test``.
-PROPERTIES = {f.__name__: f for f in (allreduce_mean, full_batch_grad, rank_permutation, broadcast,
-                                      no_sync_accumulation, scale_linearity)}
+PROPERTIES = _props()
 
 
 def run_property(name: str, target: Target, max_examples: int, shrink: bool = True) -> dict:
@@ -137,7 +134,8 @@ def run_property(name: str, target: Target, max_examples: int, shrink: bool = Tr
     Raises:
         Unsupported: the implementation cannot serve the property.
     """
-    measure = P.Measure()
+    from conformance.cases.properties.gradsync import Measure
+    measure = Measure()
     test = kit_settings(max_examples, shrink)(PROPERTIES[name](target, measure))
     try:
         test()
