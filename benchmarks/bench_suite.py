@@ -183,7 +183,7 @@ def fail_text(raw: dict, what: str) -> str:
 
 
 def part_cli(args, pythons, tmp) -> list:
-    from conformance.cases.table import FAMILIES
+    from conformance.cases.row import FAMILIES
     runs = [("cpu", f) for f in FAMILIES] + [("cpu", None)] + [("pjrt", None)]
     rows = []
     for rt, only in runs:

@@ -1,8 +1,9 @@
 """The one entry point: ``evaluate(case, impl, runtime, world_size) -> list[Verdict]``.
 
-Every face calls it. It resolves the implementation, applies the row's skips,
-runs the case on a persistent world of the :class:`Session`, and turns every
-outcome into verdicts - one per check the row declares, whatever happens:
+Every face calls it. It resolves the implementation, dispatches to the evaluator of
+the row's kind (:data:`EVALUATORS`; each lives with its kind under
+:mod:`conformance.cases`), runs on a persistent world of the :class:`Session`, and
+turns every outcome into verdicts - one per check the row declares, whatever happens:
 
 * :class:`~conformance.errors.Unsupported` raised anywhere (a replica, a
   wrapper, a setup, a property) -> ``unsupported`` with the reason (the one place
@@ -10,11 +11,20 @@ outcome into verdicts - one per check the row declares, whatever happens:
 * a replica that raised, hung or died -> ``fail`` with the replica's summary in
   ``reason`` and the full text (tracebacks, stacks, log tails) in ``diagnosis``;
 * a runtime that cannot run here -> ``skip`` with the runtime's reason.
+
+:func:`kill_rows` runs the kill matrix (every catalog mutant through every case
+that must kill it) through the same entry point.
 """
 from __future__ import annotations
 
-from conformance.cases.table import Case
+from conformance.cases.features import evaluate_task
+from conformance.cases.properties.run import evaluate_property
+from conformance.cases.ranks import evaluate_invariant
+from conformance.cases.row import KINDS, Case
+from conformance.cases.scenarios.scenario import evaluate_scenario
+from conformance.cases.train.evaluate import evaluate_train
 from conformance.errors import Unsupported
+from conformance.report.text import KillRow
 from conformance.verdict import Verdict
 
 _UNSUPPORTED = "__unsupported__"
@@ -64,7 +74,7 @@ class Session:
             replica of a launcher-started world (non-root ranks get ``[]``).
         settings: the run's :class:`~conformance.settings.Settings` (timeouts, example budget
             profile); default: ``Settings.from_env()``.
-        profile: overrides ``settings.profile`` (a name of ``conformance.settings.PROFILES``).
+        profile: overrides ``settings.profile`` (a name of ``conformance.settings.PROFILES``; budgets: ``conformance.cases.search.PROFILES``).
     """
 
     def __init__(self, pool=None, profile: str | None = None, settings=None):
@@ -147,12 +157,9 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         return [Verdict(case.name, c, impl, runtime, model, world_size, status, reason=reason,
                         diagnosis=diagnosis, family=case.family) for c in case.checks]
 
-    why = case.skip_reason(runtime, impl)
     if case.kind in ("property", "scenario") and type(session.pool).__name__ == "ExternalPool":
-        why = (f"{case.family} cases need a world the kit spawns: Hypothesis draws each example from "
-               "the result of the last one, which only the root process of a launcher-built world sees")
-    if why:
-        return each("skip", why)
+        return each("skip", f"{case.family} cases need a world the kit spawns: Hypothesis draws each example "
+                    "from the result of the last one, which only the root process of a launcher-built world sees")
     try:
         get_runtime(runtime).check(world_size)
     except RuntimeUnavailable as exc:
@@ -163,7 +170,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
             raise Unsupported(row.unsupported[runtime])
         if case.kind in row.unsupported_kinds:
             raise Unsupported(row.unsupported_kinds[case.kind])
-        verdicts = _EVALUATORS[case.kind](case, impl, runtime, world_size, session, overrides)
+        verdicts = EVALUATORS[case.kind](case, impl, runtime, world_size, session, overrides)
     except Unsupported as exc:
         return each("unsupported", exc.reason)
     except ReplicaError as exc:
@@ -180,88 +187,30 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     return verdicts
 
 
-def _train(case, impl, runtime, w, session, overrides):
-    from conformance.cases.checks import AGREEMENT, CHECKS, judge, judge_agreement
-    from conformance.cases.train.loop import RunSpec
-    from conformance.impls.builtin import resolve_impl
-    from conformance.cases.train.reference import reference_run
-    from conformance.tolerances import lookup
-    from conformance.worlds.runtimes import world_for
-    row = resolve_impl(impl)
-    spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.run, **overrides))
-    world_runtime, n = world_for(runtime, row.topology.get(runtime), w)
-    reps = session.trajectories(world_runtime, n, spec)
-    if reps is None:
-        return None
-    ref = reference_run(spec, w, world_runtime)  # the quirks of the runtime that ran it
-    tol = lookup(runtime, case.model, case.tolerance)
-    out = []
-    for name in case.checks:
-        if name == AGREEMENT and not row.holds_copies:
-            out.append(Verdict(case.name, name, impl, runtime, case.model, w, "skip",
-                               reason=f"{impl} {row.no_copies_reason}"))
-        elif name == AGREEMENT:
-            out.append(judge_agreement(reps, case=case.name, impl=impl, runtime=runtime, model=case.model,
-                                       atol=lookup(runtime, case.model, "agreement").atol))
-        else:
-            out.append(judge(CHECKS[name], reps, ref, tol, case=case.name, impl=impl, runtime=runtime,
-                             model=case.model, world_size=w))
-    return out
+#: kind -> its evaluator ``(case, impl, runtime, world_size, session, overrides) -> [Verdict]``
+#: (``None`` on a non-root process of a launcher-built world); each lives with its kind.
+EVALUATORS = {"train": evaluate_train, "task": evaluate_task, "property": evaluate_property,
+              "invariant": evaluate_invariant, "scenario": evaluate_scenario}
+assert set(EVALUATORS) == set(KINDS), "every kind of conformance.cases.row.KINDS needs an evaluator"
 
 
-def _task(case, impl, runtime, w, session, overrides):
-    results = session.run(runtime, w, case.task, timeout=case.timeout, impl=impl, **case.args)
-    if results is None:
-        return None
-    verdicts = case.judge(results, impl, runtime)
-    got = [v.check for v in verdicts]
-    assert got == list(case.checks), f"{case.name}: judge gave checks {got}, the row declares {case.checks}"
-    return verdicts
+def kill_rows(runtime: str, world_size: int, session=None, mutants=None, cases=None, progress=None) -> list[KillRow]:
+    """The kill matrix: a ``KillRow`` per (catalog mutant, case whose ``must_kill`` names it)
+    on one runtime and world size.
 
-
-def _property(case, impl, runtime, w, session, overrides):
-    from conformance.cases.properties.run import Target, profile_examples, run_property
-    target = Target(lambda fn, **p: session.run(runtime, w, fn, **p), runtime, w, impl)
-    fields = run_property(case.prop, target, profile_examples(session.profile), overrides.get("shrink", True))
-    return [Verdict(case.name, "property", impl, runtime, case.model, w, **fields)]
-
-
-def _invariant(case, impl, runtime, w, session, overrides):
-    from conformance.cli.ranks import check_reports
-    from conformance.worlds.tasks import rank_report
-    reports = session.run(runtime, w, rank_report)
-    if reports is None:
-        return None
-    bad = check_reports(reports, w)
-    v = Verdict(case.name, "ranks", impl, runtime, case.model, w, "fail" if bad else "pass",
-                reason="; ".join(bad)[:300] if bad else f"{w} replica(s) on "
-                f"{len({r['host'] for r in reports})} host(s)", diagnosis="\n".join(bad))
-    if not bad and w < 2:
-        v.status, v.reason = "vacuous", f"world size {w}: nothing to check across replicas"
-    return [v]
-
-
-def _scenario(case, impl, runtime, w, session, overrides):
-    from dataclasses import replace
-
-    from conformance.cases.properties.run import Target, profile_name
-    from conformance.worlds.runtimes import get_runtime
-    from conformance.cases.scenarios.scenario import SCENARIO_EXAMPLES, Space, run_scenario_case
-    from conformance.tolerances import lookup
-    tol, agree = lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol
-    if "scenario" in overrides:  # one given scenario (python -m conformance replay)
-        from conformance.cases.scenarios.scenario import judge_scenario, scenario_task
-        sc = overrides["scenario"]
-        results = session.run(runtime, w, scenario_task, timeout=case.timeout, impl=impl, scenario=sc.to_json())
-        return None if results is None else judge_scenario(sc, results, tol, agreement_atol=agree)
-    profile = profile_name(session.profile)
-    target = Target(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
-    space = Space(**case.args.get("space", {}))
-    if get_runtime(runtime).uniform_graphs:
-        space = replace(space, rank_uniform=True)
-    return run_scenario_case(space, target, tol, agree, max(1, round(SCENARIO_EXAMPLES[profile] * space.budget)),
-                             overrides.get("shrink", True))
-
-
-_EVALUATORS = {"train": _train, "task": _task, "property": _property, "invariant": _invariant,
-               "scenario": _scenario}
+    ``mutants`` / ``cases`` restrict the matrix (default: the whole catalog and table). A
+    failing property or scenario search is not shrunk: a kill needs one failing example.
+    """
+    from conformance.cases.table import CASES
+    from conformance.impls.mutants.catalog import MUTANTS
+    allowed = None if cases is None else {c.name for c in cases}
+    rows = []
+    for m in mutants or list(MUTANTS):
+        for case in CASES.values():
+            if m in case.must_kill and (allowed is None or case.name in allowed):
+                rows.append(KillRow(runtime, world_size, m, case.name,
+                                    evaluate(case, f"mutant:{m}", runtime, world_size, session,
+                                             shrink=False)))
+                if progress:
+                    progress()
+    return rows

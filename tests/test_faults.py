@@ -174,7 +174,7 @@ def test_sigint_to_cli_parent_leaves_nothing(runtime, tmp_path):
 def test_spawned_world_ignores_parent_launcher_variables(monkeypatch):
     """A kit-spawned world started from inside a torchrun job (launcher variables
     exported) keeps its own layout: ranks 0..W-1, one host, not the parent's."""
-    from conformance.worlds.tasks import rank_report
+    from conformance.cases.ranks import rank_report
     for var, value in {"GROUP_RANK": "1", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(var, value)

@@ -15,10 +15,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from conformance.cases.ranks import rank_invariant_violations
-from conformance.cli.ranks import check_reports
+from conformance.cases.ranks import check_reports, rank_invariant_violations, rank_report
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
-from conformance.worlds.tasks import rank_report
 from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, World
 
 SIZES = [2, 4, pytest.param(8, marks=pytest.mark.slow)]
@@ -102,7 +100,7 @@ def process_group_task(ctx):
     import torch
     import torch.distributed as dist
 
-    from conformance.worlds.tasks import rank_report
+    from conformance.cases.ranks import rank_report
     from ddp_impl.runtime.xla import init_pjrt_process_group
     first = init_pjrt_process_group()
     again = init_pjrt_process_group()  # idempotent per process

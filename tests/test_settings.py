@@ -94,3 +94,10 @@ def test_usage_errors_come_before_torch_is_imported():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.stdout.split() == ["UsageError", "False"], out.stdout + out.stderr
+
+
+def test_the_profile_names_are_the_budget_table_s():
+    """settings validates profile names without importing the searches; the two must agree."""
+    from conformance.cases.search import PROFILES as BUDGETS
+    from conformance.settings import PROFILES
+    assert tuple(BUDGETS) == PROFILES

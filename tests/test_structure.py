@@ -143,3 +143,27 @@ def test_the_top_level_names_the_layers():
             "evaluate.py"} <= entries
     flat = sorted(e for e in entries if e.endswith(".py"))
     assert len(flat) <= 12, f"the top level is filling up again: {flat}"
+
+
+#: The case kinds (conformance.cases): a kind may import the shared modules (checks, search,
+#: row, the training loop's helpers and state reading in train/), never another kind.
+KINDS = {"train": "conformance.cases.train", "task": "conformance.cases.features",
+         "property": "conformance.cases.properties", "scenario": "conformance.cases.scenarios",
+         "invariant": "conformance.cases.ranks"}
+SHARED = {"conformance.cases.train.loop", "conformance.cases.train.readback"}
+
+
+def _kind(module):
+    return next((k for k, pkg in KINDS.items() if module == pkg or module.startswith(pkg + ".")), None)
+
+
+def test_kinds_do_not_import_each_other():
+    graph = _graph(_modules())
+    bad = [f"{m} -> {t}" for m, targets in graph.items() for t in targets
+           if _kind(m) and _kind(t) and _kind(m) != _kind(t) and t not in SHARED]
+    assert not bad, bad
+
+
+def test_every_kind_is_covered():
+    from conformance.cases.row import KINDS as TABLE_KINDS
+    assert set(KINDS) == set(TABLE_KINDS)

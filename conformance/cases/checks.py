@@ -97,6 +97,11 @@ CHECKS = {c.name: c for c in [
 #: Name of the replica-agreement check (see :func:`judge_agreement`).
 AGREEMENT = "agreement"
 
+#: The checks of a scenario case (:mod:`conformance.cases.scenarios`), in order: its check
+#: name -> the row of :data:`CHECKS` that judges it (agreement: :func:`judge_agreement`).
+SCENARIO_CHECKS = {"params": "param_parity", "buffers": "buffer_parity", "optimizer_state": "optimizer_state",
+                   AGREEMENT: AGREEMENT}
+
 
 class Names:
     """Where a flat index of a compared vector lives: tensor name, shape, index inside it.

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.cases.checks import Check, judge
-from conformance.cases.train.loop import (RANK_BUFFER_OFFSET, RANK_SEED_STRIDE, buffer_layout, flat_buffers, flat_params,
-                      param_layout, to_device, wrap)
+from conformance.cases.train.loop import rank_buffer_offset, rank_seed, wrap
+from conformance.cases.train.readback import buffer_layout, flat_buffers, flat_params, param_layout, to_device
 from conformance.tolerances import lookup
 
 SEED = 4321
@@ -28,8 +28,8 @@ JOIN_TIMEOUT_S = 15.0   # bound for the join feature: its mutant hangs by design
 def _build(ctx, model, rank_seeded=True):
     from fixtures import build_model
     r = ctx.rank if rank_seeded else 0
-    return to_device(build_model(model, seed=SEED + RANK_SEED_STRIDE * r,
-                                 perturb_buffers=RANK_BUFFER_OFFSET * r), ctx.device)
+    return to_device(build_model(model, seed=rank_seed(SEED, r), perturb_buffers=rank_buffer_offset(r)),
+                     ctx.device)
 
 
 def _wrap(ctx, impl, module, requires=(), **kwargs):
@@ -227,3 +227,17 @@ def _join_reference(world_size, lr=0.1):
 def judge_join(results, impl, runtime):
     ref, moved = _join_reference(len(results))
     return [_judge("params", results, ref, impl, runtime, "linear", lookup(runtime, "linear"), moved)]
+
+
+# --- the task kind ------------------------------------------------------------
+
+def evaluate_task(case, impl, runtime, w, session, overrides):
+    """Verdicts of a ``task`` row: its task on every replica, then its judge (one verdict
+    per check the row declares, in that order)."""
+    results = session.run(runtime, w, case.task, timeout=case.timeout, impl=impl, **case.args)
+    if results is None:
+        return None
+    verdicts = case.judge(results, impl, runtime)
+    got = [v.check for v in verdicts]
+    assert got == list(case.checks), f"{case.name}: judge gave checks {got}, the row declares {case.checks}"
+    return verdicts

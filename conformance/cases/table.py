@@ -1,101 +1,15 @@
 """The case table: every conformance case the kit runs, in one validated table.
 
-One row (in the spirit of PyTorch's OpInfo) per case: parity on a model, a DDP
-feature, a Hypothesis property, a rank invariant (and generated scenarios).
 Every face - the CLI, the pytest plugin, the absltest face, the kill matrix,
 ``calibrate``, ``run --repeat``, the JSON and HTML reports - iterates this table
-through :func:`conformance.evaluate.evaluate`.
-
-A row says how it is evaluated (``kind``):
-
-* ``train`` - the standard training loop (:func:`conformance.cases.train.loop.train_replica`)
-  with the row's run overrides and setups (``run``), judged against the
-  single-device reference by the check table and by replica agreement;
-* ``task`` - the row's own replica task and judge (``task``, ``judge``);
-* ``property`` - a Hypothesis property (:mod:`conformance.cases.properties.run`);
-* ``invariant`` - the rank-binding invariants of the world;
-* ``scenario`` - generated training scenarios (:mod:`conformance.cases.scenarios.scenario`):
-  explicit ones, then Hypothesis-drawn ones, against the DDP-semantics oracle.
-
-``must_kill`` names the catalog mutants the case must fail: the only place the
-mutant <-> case relation is stored. The table is validated when built: a
-duplicate name, an unknown model, tolerance key, setup or mutant, or a mutant
-no case must kill raises ``ValueError`` naming the row.
+through :func:`conformance.evaluate.evaluate`. The row type, what each column
+means and the validation are in :mod:`conformance.cases.row`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
-
-#: Case families (also tags).
-FAMILIES = ("parity", "feature", "property", "invariant", "scenario")
-KINDS = ("train", "task", "property", "invariant", "scenario")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One row of the case table.
-
-    Attributes:
-        name: unique id, ``<family>.<name>`` (e.g. ``feature.no_sync``).
-        family: one of :data:`FAMILIES`.
-        description: what a conforming DDP does, one sentence.
-        kind: how it is evaluated (see the module docstring).
-        model: the model (``fixtures.models.MODELS``) or ``"-"``.
-        tolerance: the tolerance key: a dtype row of ``conformance.tolerances``
-            (``float32``, ``bf16-autocast``, ``exact``) or ``grad`` (the
-            gradient tolerances of the properties).
-        run: for ``train``: RunSpec overrides (``setups``, ``ddp_kwargs``,
-            ``requires``, ``momentum``, ``broadcast_buffers``...).
-        task / judge: for ``task``: ``task(ctx, impl, **args) -> dict`` on every
-            replica, ``judge(results, impl, runtime) -> list[Verdict]``.
-        args: keyword arguments of ``task``.
-        prop: for ``property``: the property name.
-        checks: the check names the case reports (one verdict each, whatever
-            the outcome, so verdict ids are stable).
-        tags: extra selection tags (feature names); the family, the model and
-            the name are tags too (see :attr:`all_tags`).
-        must_kill: catalog mutants this case must fail.
-        skips: ``{runtime | impl | "runtime/impl": reason}``: where the case
-            cannot run, with the reason (a ``skip`` verdict).
-        timeout: bound on one world task in seconds (``None``: the world's).
-    """
-
-    name: str
-    family: str
-    description: str
-    kind: str
-    model: str = "-"
-    tolerance: str = "float32"
-    run: dict = field(default_factory=dict)
-    task: Callable | None = None
-    judge: Callable | None = None
-    args: dict = field(default_factory=dict)
-    prop: str = ""
-    checks: tuple = ()
-    tags: tuple = ()
-    must_kill: tuple = ()
-    skips: dict = field(default_factory=dict)
-    timeout: float | None = None
-
-    @property
-    def all_tags(self) -> frozenset:
-        return frozenset((self.name, self.family, self.model, self.name.split(".", 1)[-1]) + tuple(self.tags)) - {"-"}
-
-    def skip_reason(self, runtime: str, impl: str) -> str | None:
-        for key in (f"{runtime}/{impl}", impl, runtime):
-            if key in self.skips:
-                return self.skips[key]
-        return None
-
-
-def _train_checks(model: str, run: dict) -> tuple:
-    from fixtures.models import MODELS
-
-    from conformance.cases.checks import AGREEMENT, CHECKS
-    from conformance.cases.train.loop import RunSpec
-    spec = RunSpec(impl="-", model=model, lr=0.1, steps=1, global_batch=2, seed=0, **run)
-    return tuple(n for n, c in CHECKS.items() if c.applies(MODELS[model], spec)) + (AGREEMENT,)
+from conformance.cases import features as F
+from conformance.cases.checks import SCENARIO_CHECKS
+from conformance.cases.row import Case, _validate, select_rows, tags_of
 
 
 def _parity(model, must_kill, description=None):
@@ -122,12 +36,11 @@ def _property(name, description, must_kill):
 
 def _scenario(name, description, space, must_kill, tags=()):
     return Case(f"scenario.{name}", "scenario", description, "scenario", "scenario", args={"space": space},
-                checks=("params", "buffers", "optimizer_state", "agreement"), tags=("scenarios",) + tags,
+                checks=tuple(SCENARIO_CHECKS), tags=("scenarios",) + tags,
                 must_kill=must_kill)
 
 
 def _build() -> dict[str, Case]:
-    from conformance.cases import features as F
     P = ("no_grad_sync", "sum_not_mean", "wrong_count", "no_initial_broadcast", "last_param_unsynced",
          "scale_twice", "stale_gradient", "shard_mixup")
     # Faults of the shipped paths (conformance/impls/torch_paths.py): parity on a model without buffers
@@ -218,71 +131,18 @@ def _build() -> dict[str, Case]:
     return _validate(rows)
 
 
-def _validate(rows: list[Case]) -> dict[str, Case]:
-    from fixtures.models import MODELS
-
-    from conformance.impls.mutants.catalog import MUTANTS
-    from conformance.cases.train.setups import SETUPS
-    from conformance.tolerances import TOLERANCES
-    keys = {t.dtype for t in TOLERANCES} | {"grad"}
-    table: dict[str, Case] = {}
-    for c in rows:
-        def bad(why):
-            return ValueError(f"case table: row {c.name!r}: {why}")
-        if c.name in table:
-            raise bad("duplicate name")
-        if c.family not in FAMILIES or not c.name.startswith(c.family + "."):
-            raise bad(f"family {c.family!r} must be one of {FAMILIES} and prefix the name")
-        if c.kind not in KINDS:
-            raise bad(f"unknown kind {c.kind!r}")
-        if c.model not in ("-", "scenario") and c.model not in MODELS:
-            raise bad(f"unknown model {c.model!r}")
-        if c.tolerance not in keys:
-            raise bad(f"unknown tolerance key {c.tolerance!r}; known: {', '.join(sorted(keys))}")
-        unknown = [m for m in c.must_kill if m not in MUTANTS]
-        if unknown:
-            raise bad(f"unknown mutant(s) {unknown}")
-        unknown = [s for s in c.run.get("setups", ()) if s not in SETUPS]
-        if unknown:
-            raise bad(f"unknown setup(s) {unknown}")
-        if c.kind == "train":
-            object.__setattr__(c, "checks", _train_checks(c.model, c.run))
-        elif c.kind == "task" and (c.task is None or c.judge is None):
-            raise bad("a task case needs task and judge")
-        if not c.checks:
-            raise bad("no checks")
-        table[c.name] = c
-    orphans = sorted(set(MUTANTS) - {m for c in rows for m in c.must_kill})
-    if orphans:
-        raise ValueError(f"case table: mutant(s) {orphans} are killed by no case (add them to a row's must_kill)")
-    return table
-
-
 CASES: dict[str, Case] = _build()
 
 
 def all_tags() -> frozenset:
     """Every tag that selects something (``--only`` / ``--skip`` accept these)."""
-    return frozenset().union(*(c.all_tags for c in CASES.values()))
+    return tags_of(CASES.values())
 
 
 def select(only=(), skip=()) -> list[Case]:
-    """Rows carrying a tag of ``only`` (all rows if empty) and none of ``skip``.
+    """Rows of :data:`CASES` carrying a tag of ``only`` (all rows if empty) and none of ``skip``.
 
     Raises:
         UsageError: a tag that selects nothing (the message lists the families).
     """
-    from conformance.errors import UsageError
-    known = all_tags()
-    for opt, tags in (("--only", only), ("--skip", skip)):
-        unknown = [t for t in tags if t not in known]
-        if unknown:
-            raise UsageError(f"{opt}: unknown tag(s) {', '.join(unknown)}; use a family "
-                             f"({', '.join(FAMILIES)}), a model, a feature or a case name")
-    return [c for c in CASES.values()
-            if (not only or c.all_tags & set(only)) and not (c.all_tags & set(skip))]
-
-
-def cases_killing(mutant: str) -> list[Case]:
-    """Rows whose ``must_kill`` names ``mutant``."""
-    return [c for c in CASES.values() if mutant in c.must_kill]
+    return select_rows(CASES.values(), only, skip)

@@ -1,32 +1,16 @@
 """Rank bindings of a live world, checked: ``python -m conformance ranks`` and the ``invariant.ranks`` case.
 
-Every replica reports its bindings (:func:`conformance.worlds.tasks.rank_report`:
+Every replica reports its bindings (:func:`conformance.cases.ranks.rank_report`:
 ``ddp_impl.runtime.ranks``'s snapshot and module functions, torch.distributed's rank,
 and ``host`` = torchrun's ``GROUP_RANK``, the machine) and the world must satisfy
 :func:`conformance.cases.ranks.rank_invariant_violations` - global ordinals
 0..W-1, process indices 0..P-1, local ordinals 0..n-1 on every host - plus
-the consistency checks below. Under ``torchrun --nnodes=2 --nproc-per-node=2``
+the consistency checks of ``check_reports``. Under ``torchrun --nnodes=2 --nproc-per-node=2``
 that is 4 replicas, process indices 0..3, local ordinals 0..1 on each of two hosts.
 """
 from __future__ import annotations
 
-from conformance.cases.ranks import rank_invariant_violations
-from conformance.worlds.tasks import rank_report
-
-
-def check_reports(reports: list[dict], world_size: int) -> list[str]:
-    """Violations over one world's ``rank_report`` results (by global ordinal); [] = ok."""
-    out = rank_invariant_violations([dict(r["bindings"], host=r["host"]) for r in reports], world_size)
-    for ordinal, r in enumerate(reports):
-        b = r["bindings"]
-        if r["module_api"] != b:
-            out.append(f"replica {ordinal}: module functions {r['module_api']} != bindings {b}")
-        if b["global_ordinal"] != ordinal or r["ctx_rank"] != ordinal:
-            out.append(f"replica {ordinal}: reports global ordinal {b['global_ordinal']}, ctx rank {r['ctx_rank']}")
-        if r["dist"] is not None and r["dist"] != {"rank": b["process_index"], "world_size": b["process_count"]}:
-            out.append(f"replica {ordinal}: torch.distributed {r['dist']} is not (process_index, process_count) "
-                       f"= ({b['process_index']}, {b['process_count']})")
-    return out
+from conformance.cases.ranks import check_reports, rank_report
 
 
 def rank_check(world) -> dict | None:

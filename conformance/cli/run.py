@@ -10,9 +10,8 @@ import sys
 from conformance.cases.scenarios.scenario import OPTIMIZER_REVEALS
 from conformance.cases.table import select
 from conformance.errors import UsageError, split_list
-from conformance.evaluate import Session, evaluate
+from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.mutants.catalog import MUTANTS
-from conformance.killmatrix import kill_rows
 from conformance.options import parse_matrix
 from conformance.outcome import repro_command
 from conformance.report.text import (apply_expected_failures, counts, exit_code, kill_matrix_text,

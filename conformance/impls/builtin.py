@@ -116,11 +116,6 @@ def _add_shipped_paths():
 _add_shipped_paths()
 
 
-def register(impl: Impl) -> None:
-    """Add ``impl`` to the table (runtime adapters register their own rows)."""
-    IMPLS[impl.name] = impl
-
-
 def resolve_impl(spec: str) -> Impl:
     """Return the :class:`Impl` for ``spec``.
 

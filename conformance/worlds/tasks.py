@@ -8,23 +8,6 @@ import os
 import time
 
 
-def rank_report(ctx) -> dict:
-    """This replica's rank bindings, as seen by ``ddp_impl.runtime.ranks`` and torch.distributed."""
-    import torch.distributed as dist
-
-    from ddp_impl.runtime import ranks
-    b = ranks.bindings()
-    return {"ctx_rank": ctx.rank, "ctx_world_size": ctx.world_size, "pid": os.getpid(),
-            # the machine: torchrun's node rank when launched by it, else one host
-            "host": os.environ.get("GROUP_RANK", "0"),
-            "bindings": {k: getattr(b, k) for k in b.__dataclass_fields__},
-            "module_api": {"process_index": ranks.process_index(), "process_count": ranks.process_count(),
-                           "global_ordinal": ranks.global_ordinal(), "local_ordinal": ranks.local_ordinal(),
-                           "world_size": ranks.world_size(), "local_device_count": ranks.local_device_count()},
-            "dist": ({"rank": dist.get_rank(), "world_size": dist.get_world_size()}
-                     if dist.is_available() and dist.is_initialized() else None)}
-
-
 def all_reduce_value(ctx, values) -> list:
     """All-reduce (sum) ``values[ctx.rank]`` with the replica's collectives."""
     import torch

@@ -30,7 +30,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from conformance.cases.train.loop import RANK_SEED_STRIDE
+from conformance.cases.train.loop import rank_seed
 
 # --------------------------------------------------------------------------
 # numbers
@@ -322,7 +322,7 @@ def mlp_examples(draw, world_size: int, micro_steps=st.just(1)):
 
 @dataclass(frozen=True)
 class BnExample:
-    """Property 4: replica ``r`` builds ``build_bn_net(widths, seed + RANK_SEED_STRIDE * r)``."""
+    """Property 4: replica ``r`` builds ``build_bn_net(widths, rank_seed(seed, r))``."""
 
     world_size: int
     widths: tuple
@@ -453,7 +453,7 @@ def broadcast_task(ctx, *, impl: str, widths, seed: int) -> dict:
     """Property 4: build the BatchNorm net from a rank-dependent seed, wrap it,
     wrap its module again; return the state before, after the first and after
     the second construction."""
-    module = build_bn_net(widths, seed + RANK_SEED_STRIDE * ctx.rank)
+    module = build_bn_net(widths, rank_seed(seed, ctx.rank))
     module.to(ctx.device)
     before = _state(module)
     from conformance.impls.builtin import resolve_impl

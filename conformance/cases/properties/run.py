@@ -6,12 +6,8 @@ are drawn in the evaluating process with the strategies of
 persistent world, and judged by the oracles there. :func:`run_property` runs one
 property within an example budget and returns the fields of a verdict: the worst
 use of the bound over all examples (max deviation, bound, margin) on a pass, and
-the shrunk counterexample on a failure.
-
-Hypothesis settings are applied per run (never through global profiles), so
-the kit changes nothing in other projects' Hypothesis configuration. Budgets:
-:data:`PROFILES`, selected by name (CLI ``--profile``, pytest
-``--conformance-profile``, absl ``--profile``, env ``CONFORMANCE_PROFILE``).
+the shrunk counterexample on a failure. Budgets, settings and the target:
+:mod:`conformance.cases.search`.
 
 The properties:
 
@@ -31,69 +27,9 @@ The properties:
 """
 from __future__ import annotations
 
-from conformance.errors import Unsupported, UsageError
-from conformance.settings import DEFAULT_PROFILE
-
-#: Examples per property, per profile (shrinking comes on top on a failure).
-PROFILES = {"dev": 25, "ci": 200, "ci-pjrt": 50, "thorough": 2000}
-
-
-def profile_name(name: str | None = None) -> str:
-    """``name``, else the default profile (the faces pass ``Settings.profile``, which the
-    environment variable ``CONFORMANCE_PROFILE`` sets).
-
-    Raises:
-        UsageError: unknown profile.
-    """
-    name = name or DEFAULT_PROFILE
-    if name not in PROFILES:
-        raise UsageError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
-    return name
-
-
-def profile_examples(name: str | None = None) -> int:
-    """Examples per property of profile :func:`profile_name` ``(name)``."""
-    return PROFILES[profile_name(name)]
-
-
-def kit_settings(max_examples: int, shrink: bool = True):
-    """The Hypothesis settings of every kit search (properties and scenarios), applied per
-    test so no global profile changes: derandomized, no example database, no deadline,
-    shrinking on unless ``shrink`` is false (the kill matrix only asks whether a search
-    fails), the explain phase off (it reruns failing examples for nothing we report)."""
-    from hypothesis import HealthCheck, Phase, settings
-    off = {Phase.explain} | (set() if shrink else {Phase.shrink})
-    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-                    print_blob=True, phases=[p for p in Phase if p not in off],
-                    suppress_health_check=list(HealthCheck))
-
-
-class Target:
-    """One (runtime, world size, implementation) the properties run against.
-
-    ``run(task, **payload)`` ships one example to the world. The first replica
-    failure or ``Unsupported`` is remembered and raised again at once for every
-    later example, so Hypothesis shrinks a deterministic crash without touching
-    the world again (seconds, not minutes).
-    """
-
-    def __init__(self, run_task, runtime: str, world_size: int, impl: str):
-        self._run_task, self.runtime, self.world_size, self.impl = run_task, runtime, world_size, impl
-        self.runs = 0
-        self.error: BaseException | None = None
-
-    def run(self, fn, **payload) -> list:
-        if self.error is not None:
-            raise self.error
-        self.runs += 1
-        try:
-            return self._run_task(fn, impl=self.impl, **payload)
-        except Exception as exc:  # ReplicaError or Unsupported
-            self.error = exc
-            raise
-
-    def describe(self) -> str:
-        return f"impl={self.impl} runtime={self.runtime} world_size={self.world_size}"
+from conformance.cases.search import SearchWorld, kit_settings, profile_examples
+from conformance.errors import Unsupported
+from conformance.verdict import Verdict
 
 
 def _props():
@@ -182,11 +118,12 @@ def _props():
                                      no_sync_accumulation, scale_linearity)}
 
 
-PROPERTY_NAMES = ("allreduce_mean", "full_batch_grad", "rank_permutation", "broadcast",
-                  "no_sync_accumulation", "scale_linearity")
+#: The property kind's registry (a property row's ``prop`` names one):
+#: ``factory(target, measure) -> Hypothesis test``.
+PROPERTIES = _props()
 
 
-def run_property(name: str, target: Target, max_examples: int, shrink: bool = True) -> dict:
+def run_property(name: str, target: SearchWorld, max_examples: int, shrink: bool = True) -> dict:
     """Run property ``name`` on ``target`` with ``max_examples`` examples (a failing
     example shrunk to a minimal counterexample unless ``shrink`` is false).
 
@@ -199,7 +136,7 @@ def run_property(name: str, target: Target, max_examples: int, shrink: bool = Tr
     """
     from conformance.cases.properties.gradsync import Measure
     measure = Measure()
-    test = kit_settings(max_examples, shrink)(_props()[name](target, measure))
+    test = kit_settings(max_examples, shrink)(PROPERTIES[name](target, measure))
     try:
         test()
     except Exception as exc:
@@ -219,3 +156,11 @@ def run_property(name: str, target: Target, max_examples: int, shrink: bool = Tr
     if target.runs < max_examples:
         out.update(status="vacuous", reason=f"ran {target.runs} example(s), the budget asks {max_examples}")
     return out
+
+
+def evaluate_property(case, impl, runtime, w, session, overrides):
+    """Verdict of a ``property`` row: its property within the session profile's budget
+    (``overrides["shrink"]``: shrink a failing example, default true)."""
+    target = SearchWorld(lambda fn, **p: session.run(runtime, w, fn, **p), runtime, w, impl)
+    fields = run_property(case.prop, target, profile_examples(session.profile), overrides.get("shrink", True))
+    return [Verdict(case.name, "property", impl, runtime, case.model, w, **fields)]

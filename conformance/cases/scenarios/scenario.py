@@ -33,13 +33,18 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
+from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, judge, judge_agreement
+from conformance.cases.train.loop import OPTIMIZERS, build_optimizer, rank_buffer_offset, rank_seed, wrap
+from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
+                                              optimizer_state_layout, param_layout, saved_checkpoint, state_digest,
+                                              to_device)
+
 #: Branches of the scenario model; a plan uses a subset, in an order.
 BRANCHES = ("a", "b", "c")
-OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw")
 #: Fault kinds each optimizer can reveal (docs and report): Adam's update is
 #: invariant to a constant gradient scale, so a mean/sum or world-size-count fault
 #: is nearly invisible under it; SGD reveals it in proportion.
@@ -261,22 +266,6 @@ def scenario_batch(seed: int, step: int, micro: int, rank: int, n: int):
     return torch.randn(n, IN_FEATURES, generator=gen), torch.randn(n, OUT_FEATURES, generator=gen)
 
 
-def make_optimizer(name: str, params, lr: float):
-    import torch
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "sgd_momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-
-
-#: Rank r builds its model from seed + RANK_SEED_STRIDE * r with ema offset r * 0.5
-#: (only a DDP that broadcasts module state at construction matches).
-RANK_SEED_STRIDE = 7919
-
-
 # --------------------------------------------------------------------------
 # the replica task
 # --------------------------------------------------------------------------
@@ -298,9 +287,6 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from conformance.cases.train.loop import wrap
-    from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params, optimizer_state_layout,
-                        param_layout, saved_copy, state_digest, to_device)
     from conformance.impls.builtin import resolve_impl
     from conformance.errors import Unsupported
     sc = Scenario.from_json(scenario)
@@ -319,15 +305,15 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     if sc.ddp.get("comm_hook"):
         requires.append("register_comm_hook")
 
-    def build(salt=0):
-        m = to_device(build_scenario_model(sc.seed + RANK_SEED_STRIDE * r + salt, sc.rebind_buffers,
-                                           0.5 * r + salt), ctx.device)
+    def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
+        m = to_device(build_scenario_model(rank_seed(sc.seed, r, salt), sc.rebind_buffers,
+                                           rank_buffer_offset(r, salt)), ctx.device)
         ddp = wrap(row, m, ctx, kwargs, tuple(requires))
         if sc.ddp.get("comm_hook"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         ctx.mark_step()
-        return m, ddp, make_optimizer(sc.optimizer, ddp.parameters(), sc.lr)
+        return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr)
 
     model, ddp, opt = build()
     which = row.shard_rank(ctx)
@@ -358,11 +344,10 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
         buffers.append(flat_buffers(model))
         digests.append(state_digest(flat_optimizer_state(opt)))
         if sc.checkpoint_at == s:
-            saved = saved_copy({"model": ddp.state_dict(), "optim": opt.state_dict()})
+            model_state, optim_state = saved_checkpoint(ddp.state_dict(), opt.state_dict())
             model, ddp, opt = build(salt=1)
-            torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optim"])
+            model.load_state_dict(model_state)
+            opt.load_state_dict(optim_state)
     layout = {"params": param_layout(model), "buffers": buffer_layout(model),
               "optim": optimizer_state_layout(opt, None, model)}
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
@@ -382,15 +367,14 @@ def scenario_reference(sc: Scenario) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from conformance.cases.train.readback import flat_optimizer_state, flat_params
     w = sc.world_size
     net = build_scenario_model(sc.seed, sc.rebind_buffers)
-    opt = make_optimizer(sc.optimizer, net.parameters(), sc.lr)
+    opt = build_optimizer(sc.optimizer, net.parameters(), sc.lr)
     scale = 2.0 ** sc.loss_scale_log2
     params = list(net.parameters())
     bcast = sc.ddp.get("broadcast_buffers", True)
     # Construction broadcasts buffers only with broadcast_buffers (as upstream).
-    rank_bufs = [[t.detach().clone() + (0 if bcast or not t.is_floating_point() else 0.5 * r)
+    rank_bufs = [[t.detach().clone() + (0 if bcast or not t.is_floating_point() else rank_buffer_offset(r))
                   for t in net.buffers()] for r in range(w)]
     names = [n for n, _ in net.named_buffers()]
 
@@ -449,35 +433,26 @@ def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 
     """Compare every replica with the oracle: parameters and buffers after every step,
     final optimizer state, and replica agreement (parameters and optimizer state
     bit-identical to replica 0's after every step). Returns one
-    :class:`~conformance.verdict.Verdict` per check ``params``, ``buffers``,
-    ``optimizer_state``, ``agreement`` (case and implementation fields left for
-    the caller)."""
-    from conformance.cases.checks import AGREEMENT, Check, judge, judge_agreement, named
+    :class:`~conformance.verdict.Verdict` per check of
+    :data:`~conformance.cases.checks.SCENARIO_CHECKS` (case and implementation fields left
+    for the caller)."""
     ref = scenario_reference(sc)
     out = []
-    for name, series, key in (
-            ("params", lambda reps, r: (np.stack([x["params"][1:] for x in reps]), r["params"][1:]), "params"),
-            ("buffers", lambda reps, r: (np.stack([x["buffers"][1:] for x in reps]),
-                                         np.stack([r["buffers"][1:, k] for k in range(len(reps))])), "buffers"),
-            ("optimizer_state", lambda reps, r: (np.stack([x["optim"][None] for x in reps]), r["optim"][None]),
-             "optim")):
-        mv = (lambda r: float(np.max(np.abs(r["buffers"][-1, 0] - r["buffers"][0, 0])))) if name == "buffers" \
-            else (lambda r: float(np.max(np.abs(r["params"][-1].astype(np.float64) - r["params"][0]))))
-        v = judge(Check(name, name, series, lambda t: (t.atol, t.rtol), movement=mv, layout=named(key),
-                        when="final" if key == "optim" else "steps"), results, ref, tol,
-                  case="", impl="", runtime="", model="scenario")
+    for name, row in SCENARIO_CHECKS.items():
+        if name == AGREEMENT:
+            out.append(judge_agreement(results, case="", impl="", runtime="", model="scenario", atol=agreement_atol))
+            continue
+        v = judge(replace(CHECKS[row], name=name), results, ref, tol, case="", impl="", runtime="", model="scenario")
         if name == "optimizer_state":
             if v.status == "vacuous" and not ref["optim"].size:
                 v.status, v.reason = "pass", "the optimizer keeps no state (plain SGD): nothing to compare"
         out.append(v)
-    out.append(judge_agreement(results, case="", impl="", runtime="", model="scenario", atol=agreement_atol))
     for v in out:  # the dimensions in play at the failing step first (the table shows the first sentence)
         if v.status == "fail" and v.first_bad_step:
             s = min(v.first_bad_step, len(sc.steps)) - 1
             dims = sc.describe_step(s, config=False)
             v.reason = (f"step {s + 1} of {len(sc.steps)}{f' ({dims})' if dims else ''}: {v.reason} "
                         f"The scenario runs optimizer {sc.optimizer}, DDP keywords {sc.ddp}.")
-    assert [v.check for v in out] == ["params", "buffers", "optimizer_state", AGREEMENT]
     return out
 
 
@@ -488,8 +463,6 @@ def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 
 #: Learning rates per optimizer: large enough that one step moves parameters by
 #: >= 100 x atol (the vacuity guard), small enough to stay stable for 120 steps.
 LRS = {"sgd": (0.05, 0.1, 0.2), "sgd_momentum": (0.02, 0.05), "adam": (0.005, 0.01), "adamw": (0.005, 0.01)}
-#: Example budget of a scenario case per profile (each example is a training run).
-SCENARIO_EXAMPLES = {"dev": 12, "ci": 40, "ci-pjrt": 8, "thorough": 500}
 
 
 @dataclass(frozen=True)
@@ -499,8 +472,37 @@ class Space:
     optimizers: tuple = OPTIMIZERS
     ddp_extra: tuple = ()        # ("buckets",) and/or ("comm_hook",)
     max_steps: int = 120
-    budget: float = 1.0          # fraction of the profile's example budget
+    budget: float = 1.0          # fraction of the profile's example budget (conformance.cases.search)
     rank_uniform: bool = False   # equal local batches and plans on every replica (XLA runtimes)
+
+
+#: ``Space.ddp_extra`` values -> the DDP keywords / methods their scenarios require.
+DDP_EXTRAS = {"buckets": ("bucket_cap_mb", "gradient_as_bucket_view"), "comm_hook": ("register_comm_hook",)}
+
+
+def space_problem(space: dict) -> str | None:
+    """Why ``space`` (a scenario row's ``args["space"]``) is not a :class:`Space` the
+    scenarios can be drawn from, or None."""
+    known = [f.name for f in fields(Space)]
+    unknown = sorted(set(space) - set(known))
+    if unknown:
+        return f"unknown key(s) {unknown}; known: {known}"
+    sp = Space(**space)
+    if set(sp.ddp_extra) - set(DDP_EXTRAS):
+        return f"unknown ddp_extra {sorted(set(sp.ddp_extra) - set(DDP_EXTRAS))}; known: {sorted(DDP_EXTRAS)}"
+    if not sp.optimizers or set(sp.optimizers) - set(OPTIMIZERS):
+        return f"optimizers {sp.optimizers}: a non-empty subset of {OPTIMIZERS}"
+    if sp.max_steps < 41:
+        return f"max_steps {sp.max_steps}: at least 41 (long runs are drawn from 41..max_steps)"
+    if not sp.budget > 0:
+        return f"budget {sp.budget}: a positive fraction of the profile's example budget"
+    return None
+
+
+def space_requires(space: dict) -> tuple:
+    """The DDP keywords / methods the scenarios of ``space`` require (an implementation
+    ignoring or lacking one is ``unsupported`` for the case)."""
+    return tuple(k for extra in Space(**space).ddp_extra for k in DDP_EXTRAS[extra])
 
 
 def scenarios(world_size: int, space: Space):
@@ -597,16 +599,13 @@ def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
     return out
 
 
-SCENARIO_CHECKS = ("params", "buffers", "optimizer_state", "agreement")
-
-
 def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_examples: int,
                       shrink: bool = True) -> list:
     """Run the explicit scenarios, then ``max_examples`` generated ones, on ``target``
-    (a :class:`conformance.cases.properties.run.Target`); Hypothesis shrinks a failing
+    (a :class:`conformance.cases.search.SearchWorld`); Hypothesis shrinks a failing
     scenario to a minimal one (unless ``shrink`` is false: the first failing one).
 
-    Returns one :class:`~conformance.verdict.Verdict` per :data:`SCENARIO_CHECKS`
+    Returns one :class:`~conformance.verdict.Verdict` per :data:`~conformance.cases.checks.SCENARIO_CHECKS`
     (case fields filled by the caller): on a pass, the worst deviation over all
     examples; on a failure, the minimal failing scenario's verdicts, with the
     scenario JSON in ``example`` and a reproducer in ``diagnosis``.
@@ -617,7 +616,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
     from hypothesis import given
 
     from conformance.errors import Unsupported
-    from conformance.cases.properties.run import kit_settings
+    from conformance.cases.search import kit_settings
     from conformance.verdict import Verdict
     worst: dict = {}
     state = {"examples": 0, "vacuous": 0, "failing": None}
@@ -674,3 +673,23 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
             v.status, v.reason = "vacuous", f"all {n} scenario(s) moved too little to fail"
         out.append(v)
     return out
+
+
+def evaluate_scenario(case, impl, runtime, w, session, overrides):
+    """Verdicts of a ``scenario`` row: its space's scenarios within the session profile's
+    budget, or with ``overrides["scenario"]`` that one scenario (``python -m conformance
+    replay``); ``overrides["shrink"]``: shrink a failing scenario, default true."""
+    from conformance.cases.search import SearchWorld, scenario_examples
+    from conformance.tolerances import lookup
+    from conformance.worlds.runtimes import get_runtime
+    tol, agree = lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol
+    if "scenario" in overrides:  # one given scenario (python -m conformance replay)
+        sc = overrides["scenario"]
+        results = session.run(runtime, w, scenario_task, timeout=case.timeout, impl=impl, scenario=sc.to_json())
+        return None if results is None else judge_scenario(sc, results, tol, agreement_atol=agree)
+    target = SearchWorld(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
+    space = Space(**case.args.get("space", {}))
+    if get_runtime(runtime).uniform_graphs:
+        space = replace(space, rank_uniform=True)
+    return run_scenario_case(space, target, tol, agree, scenario_examples(session.profile, space.budget),
+                             overrides.get("shrink", True))

@@ -14,14 +14,25 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,  # noqa: F401
-                    optimizer_state, optimizer_state_dict, optimizer_state_layout, param_layout,
-                    state_digest, to_cpu, to_device)
+                                              optimizer_state, optimizer_state_dict, optimizer_state_layout,
+                                              param_layout, state_digest, to_cpu, to_device)
 from conformance.tolerances import lookup
 
 # Rank r != 0 builds its model from seed + RANK_SEED_STRIDE * r and adds
-# r * RANK_BUFFER_OFFSET to its buffers before the DDP is constructed.
+# r * RANK_BUFFER_OFFSET to its buffers before the DDP is constructed (every kind
+# that builds replicas does, so only a DDP that broadcasts module states matches).
 RANK_SEED_STRIDE = 7919
 RANK_BUFFER_OFFSET = 0.5
+
+
+def rank_seed(seed: int, rank: int, salt: int = 0) -> int:
+    """The seed replica ``rank`` builds its model from (``salt``: a rebuild, e.g. after a checkpoint)."""
+    return seed + RANK_SEED_STRIDE * rank + salt
+
+
+def rank_buffer_offset(rank: int, salt: float = 0.0) -> float:
+    """What replica ``rank`` adds to its floating buffers before wrapping."""
+    return RANK_BUFFER_OFFSET * rank + salt
 
 
 @dataclass(frozen=True)
@@ -105,9 +116,28 @@ def wrap(impl, module, ctx, kwargs: dict, requires=()):
     return ddp
 
 
-def make_optimizer(params, run: RunSpec):
+#: The kit's optimizers by name (a scenario draws one; a training run uses ``sgd``).
+OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw")
+
+
+def build_optimizer(name: str, params, lr: float, momentum: float = 0.0):
+    """Optimizer ``name`` of :data:`OPTIMIZERS` over ``params``: ``sgd`` (with ``momentum``),
+    ``sgd_momentum`` (0.9), ``adam``, ``adamw`` (weight decay 0.01)."""
     import torch
-    return torch.optim.SGD(params, lr=run.lr, momentum=run.momentum)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if name == "sgd_momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+
+
+def make_optimizer(params, run: RunSpec):
+    """A training run's optimizer (an ``Impl.make_optimizer`` replaces it): SGD with the run's momentum."""
+    return build_optimizer("sgd", params, run.lr, run.momentum)
 
 
 class Loop:
@@ -123,12 +153,12 @@ class Loop:
 
     def fresh_model(self, salt: int = 0):
         """The run's model as this replica builds it: rank 0 from the run's seed,
-        rank r from ``seed + RANK_SEED_STRIDE * r`` with buffers offset by
-        ``RANK_BUFFER_OFFSET * r`` (only a DDP that broadcasts module states matches)."""
+        rank r from :func:`rank_seed` with buffers offset by :func:`rank_buffer_offset`
+        (only a DDP that broadcasts module states matches)."""
         from fixtures import build_model
         r = self.ctx.rank
-        m = to_device(build_model(self.run.model, seed=self.run.seed + RANK_SEED_STRIDE * r + salt,
-                                  perturb_buffers=RANK_BUFFER_OFFSET * r + salt), self.ctx.device)
+        m = to_device(build_model(self.run.model, seed=rank_seed(self.run.seed, r, salt),
+                                  perturb_buffers=rank_buffer_offset(r, salt)), self.ctx.device)
         for s in self.setups:
             m = s.prepare_model(m, self)
         return m

@@ -146,3 +146,13 @@ def saved_copy(obj):
     torch.save(to_cpu(obj), blob)
     blob.seek(0)
     return torch.load(blob, map_location="cpu")
+
+
+def saved_checkpoint(model_state: dict, optim_state: dict) -> tuple[dict, dict]:
+    """The kit's checkpoint: a model's and an optimizer's state dicts through :func:`saved_copy`,
+    the DDP wrapper's ``module.`` prefix dropped from the model's keys, so both load into a
+    replica rebuilt from other seeds (the train kind's checkpoint setups, the scenarios)."""
+    import torch
+    saved = saved_copy({"model": model_state, "optim": optim_state})
+    torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
+    return saved["model"], saved["optim"]

@@ -15,7 +15,8 @@ import functools
 
 import numpy as np
 
-from conformance.cases.train.loop import RANK_BUFFER_OFFSET, RunSpec, flat_buffers, flat_optimizer_state, flat_params
+from conformance.cases.train.loop import RunSpec, build_optimizer, rank_buffer_offset
+from conformance.cases.train.readback import flat_buffers, flat_optimizer_state, flat_params
 
 # Runtime quirks the reference can reproduce (a runtime adapter lists its own in
 # ``Runtime.reference_quirks``): measured differences of the runtime's *ops*
@@ -74,7 +75,7 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
     # SyncBatchNorm is the DDP's own code, except where the runtime's BatchNorm runs it
     if ("bn_running_var_biased" in quirks and not sync_bn) or ("sync_bn_running_var_biased" in quirks and sync_bn):
         _biased_running_var(net)
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    opt = build_optimizer("sgd", net.parameters(), lr, momentum)
 
     def fwd(inp):
         ctx = (torch.autocast(device_type="cpu", dtype=getattr(torch, autocast)) if autocast
@@ -94,7 +95,7 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
     # Without broadcast_buffers nothing aligns the buffers: rank r keeps the
     # offset the harness gave it (upstream's construction sync skips buffers too).
     rank_bufs = [[b.clone() + (0 if broadcast_buffers or not b.is_floating_point()
-                               else RANK_BUFFER_OFFSET * r) for b in bufs()]
+                               else rank_buffer_offset(r)) for b in bufs()]
                  for r in range(world_size)]
     params, losses = [flat_params(net)], []
     buffers = []

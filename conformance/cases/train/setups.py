@@ -96,18 +96,15 @@ class CheckpointSetup(Setup):
     source: str = "ddp"
 
     def after_step(self, loop, step):
-        import torch
-
-        from conformance.cases.train.readback import optimizer_state_dict, saved_copy
+        from conformance.cases.train.readback import optimizer_state_dict, saved_checkpoint
         if step != loop.run.steps // 2:
             return
         state = loop.ddp.state_dict() if self.source == "ddp" else loop.model.state_dict()
-        saved = saved_copy({"model": state, "optim": optimizer_state_dict(loop.impl, loop.opt, loop.ctx)})
+        model_state, optim_state = saved_checkpoint(state, optimizer_state_dict(loop.impl, loop.opt, loop.ctx))
         loop.model = loop.fresh_model(salt=1)
-        torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(saved["model"], "module.")
-        loop.model.load_state_dict(saved["model"])
+        loop.model.load_state_dict(model_state)
         loop.wrap()
-        loop.opt.load_state_dict(saved["optim"])
+        loop.opt.load_state_dict(optim_state)
 
 
 class _ModuleCheckpoint(CheckpointSetup):
