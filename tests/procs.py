@@ -1,4 +1,5 @@
-"""Process helpers of the meta-tests: is a pid alive, are they all gone, run the CLI."""
+"""Process helpers of the meta-tests: is a pid alive, are they all gone, how loaded is the
+machine, run the CLI."""
 import os
 import subprocess
 import sys
@@ -35,3 +36,35 @@ def run_cli(*args, cwd=None, timeout=300, extra_path=None):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, REPO, env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "conformance", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
+
+
+#: Start-up of a 2-replica CPU world (``World("cpu", 2)``: spawn, import torch, gloo
+#: rendezvous) on the quiet 2-core development machine: 1.2-1.6 s (2.4-2.6 s beside two
+#: busy loops). Time bounds written for a quiet machine are scaled by how much slower a
+#: start-up measured in the same test was (:func:`load_scale`).
+QUIET_START_S = 1.5
+
+
+def load_scale(startup_s: float) -> float:
+    """How many times slower than quiet this machine is now (at least 1), judged by a
+    start-up measured in this run (a world's or a child interpreter's that starts one)."""
+    return max(1.0, startup_s / QUIET_START_S)
+
+
+def start_world(runtime: str, world_size: int, **kw):
+    """``(World(runtime, world_size, **kw), load scale)``: the world, and :func:`load_scale`
+    of its start-up (the time until every replica was ready) for a CPU world of 2; for
+    any other world (its quiet start-up is not :data:`QUIET_START_S`), of a CPU world of 2
+    started and closed just before."""
+    from conformance.worlds.spawned import World
+    scale = None if (runtime, world_size) == ("cpu", 2) else measured_scale()
+    t0 = time.monotonic()
+    world = World(runtime, world_size, **kw)
+    return world, scale or load_scale(time.monotonic() - t0)
+
+
+def measured_scale() -> float:
+    """:func:`load_scale` of a CPU world of 2 started (and closed) now."""
+    world, scale = start_world("cpu", 2)
+    world.close()
+    return scale

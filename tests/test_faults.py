@@ -6,8 +6,9 @@ left behind. One table, run on the CPU runtime (marker ``cpu``) and on PJRT
 Each case runs :func:`conformance.worlds.tasks.fault` (a training-shaped loop: forward,
 an all-reduce whose size changes per step, step sync) on a fresh world of 2
 replicas with a short task bound (:data:`TIMEOUT_S`), with the fault on
-replica :data:`K` at step 1. Bounds are generous for a loaded machine; they are
-limits a hang would blow through, not timing assertions.
+replica :data:`K` at step 1. Bounds are limits a hang would blow through, not timing
+assertions: written for a quiet machine, each is multiplied by the load scale measured in
+the same test (:func:`tests.procs.load_scale`: the world's start-up against a quiet one).
 """
 import os
 import signal
@@ -22,11 +23,11 @@ from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from conformance.worlds.tasks import fault
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World
 
-from tests.procs import gone
+from tests.procs import gone, measured_scale, start_world
 
 K = 1                # the faulty replica
-TIMEOUT_S = 8.0      # the task bound configured for each case (s)
-SLACK_S = 10.0       # report within TIMEOUT_S + SLACK_S (stack dump, teardown, load)
+TIMEOUT_S = 8.0      # the task bound configured for each case (s, quiet machine; x load scale)
+SLACK_S = 10.0       # report within TIMEOUT_S + SLACK_S (stack dump, teardown; x load scale)
 RUNTIMES = [pytest.param("cpu", marks=pytest.mark.cpu), pytest.param("pjrt", marks=pytest.mark.pjrt)]
 
 # how -> (error classes accepted, status of replica K, text that must be in the report)
@@ -62,19 +63,20 @@ def _children(pid):
 
 
 def _run_fault(runtime, how, **kw):
+    """``(error, seconds until it was reported, load scale)``."""
     _available(runtime)
-    world = World(runtime, 2, timeout=TIMEOUT_S)
+    world, scale = start_world(runtime, 2, timeout=TIMEOUT_S)
     pids = world.pids()
     t0 = time.monotonic()
     try:
         with pytest.raises(ReplicaError) as info:
-            world.run(fault, rank=K, how=how, **kw)
+            world.run(fault, timeout=TIMEOUT_S * scale, rank=K, how=how, **kw)
         elapsed = time.monotonic() - t0
     finally:
         world.close()
     assert world.broken
-    assert gone(pids), "a host process outlived the failure report"
-    return info.value, elapsed
+    assert gone(pids, within=10 * scale), "a host process outlived the failure report"
+    return info.value, elapsed, scale
 
 
 def _check_diagnosis(err):
@@ -89,10 +91,10 @@ def _check_diagnosis(err):
 @pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("how", list(CASES))
 def test_fault_is_classified_and_named(runtime, how):
-    err, elapsed = _run_fault(runtime, how)
+    err, elapsed, scale = _run_fault(runtime, how)
     classes, status, text = CASES[how]
     assert isinstance(err, classes), f"{how}: {type(err).__name__}: {err.summary()}"
-    assert elapsed <= TIMEOUT_S + SLACK_S, f"{how}: reported after {elapsed:.1f} s"
+    assert elapsed <= (TIMEOUT_S + SLACK_S) * scale, f"{how}: reported after {elapsed:.1f} s (load x{scale:.1f})"
     _check_diagnosis(err)
     summary = err.summary()
     assert f"replica {K}" in summary, summary
@@ -117,53 +119,55 @@ def test_fault_is_classified_and_named(runtime, how):
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_replica_killed_from_outside(runtime):
     _available(runtime)
-    world = World(runtime, 2, timeout=TIMEOUT_S)
+    world, scale = start_world(runtime, 2, timeout=TIMEOUT_S)
     pids = world.pids()
     victim = pids[K] if len(pids) > K else pids[0]  # PJRT: one host holds every replica
-    killer = threading.Timer(2.0, os.kill, args=(victim, signal.SIGKILL))
+    killer = threading.Timer(2.0 * scale, os.kill, args=(victim, signal.SIGKILL))
     t0 = time.monotonic()
     killer.start()
     try:
         with pytest.raises(ReplicaDied) as info:
-            world.run(fault, rank=K, how="sleep", seconds=TIMEOUT_S * 3)
+            world.run(fault, timeout=TIMEOUT_S * scale, rank=K, how="sleep", seconds=TIMEOUT_S * 3 * scale)
         elapsed = time.monotonic() - t0
     finally:
         killer.cancel()
         world.close()
     err = info.value
     _check_diagnosis(err)
-    assert elapsed <= TIMEOUT_S + SLACK_S
+    assert elapsed <= (TIMEOUT_S + SLACK_S) * scale, f"reported after {elapsed:.1f} s (load x{scale:.1f})"
     assert "killed by SIGKILL" in err.summary() and f"replica {K}" in err.summary()
     assert err.diagnosis[K]["status"] == "died" and err.diagnosis[K]["signal"] == "SIGKILL"
     assert [d["rank"] for d in err.diagnosis if d["culprit"]] == [K]
-    assert gone(pids)
+    assert gone(pids, within=10 * scale)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_sigint_to_cli_parent_leaves_nothing(runtime, tmp_path):
     """Ctrl-C to ``python -m conformance run``: exit 130 with one ``error:`` line, no host left."""
     _available(runtime)
-    env = dict(os.environ, CONFORMANCE_TIMEOUT=str(TIMEOUT_S * 10))
+    scale = measured_scale()
+    env = dict(os.environ, CONFORMANCE_TIMEOUT=str(TIMEOUT_S * 10 * scale))
     cmd = [sys.executable, "-m", "conformance", "run", "--runtime", runtime, "--ddp", "ref",
            "--world-size", "2", "--json", str(tmp_path / "r.json")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60 * scale
         hosts = []
         while time.monotonic() < deadline and not hosts and proc.poll() is None:
             time.sleep(0.2)
             hosts = _children(proc.pid)
-        assert hosts, "the CLI started no host process within 60 s"
-        time.sleep(1.0)
+        assert hosts, f"the CLI started no host process within {60 * scale:.0f} s (load x{scale:.1f})"
+        time.sleep(1.0 * scale)
         hosts = sorted(set(hosts) | set(_children(proc.pid)))
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=TIMEOUT_S + SLACK_S)
-        assert time.monotonic() - t0 <= TIMEOUT_S + SLACK_S
+        bound = (TIMEOUT_S + SLACK_S) * scale
+        _, err = proc.communicate(timeout=bound)
+        assert time.monotonic() - t0 <= bound
         assert proc.returncode == 130, err[-2000:]
         assert "error: interrupted" in err
-        assert gone(hosts), "host processes outlived the interrupted CLI"
+        assert gone(hosts, within=10 * scale), "host processes outlived the interrupted CLI"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -71,6 +71,21 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _is_worker(pid: int) -> bool:
+    """A torchrun worker of these tests: its command line runs ``-m conformance``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(a == b"-m" and b == b"conformance" for a, b in zip(args, args[1:]))
+
+
+def workers(procs) -> list[int]:
+    """The live worker processes the launchers ``procs`` have started (not the launchers)."""
+    return [pid for p in procs for pid in descendants(p.pid) if _is_worker(pid) and alive(pid)]
+
+
 def kill_launch(procs) -> list[int]:
     """SIGTERM each launcher (it stops its workers), then SIGKILL whatever of it is left, by pid.
 
@@ -99,9 +114,9 @@ def kill_launch(procs) -> list[int]:
 class LaunchTimeout(AssertionError):
     """The launch did not finish in time and was killed; ``pids`` are the processes killed."""
 
-    def __init__(self, text, pids):
+    def __init__(self, text, pids, workers=()):
         super().__init__(text)
-        self.pids = pids
+        self.pids, self.workers = pids, list(workers)
 
 
 class Launch:
@@ -112,11 +127,15 @@ class Launch:
         return "\n".join(f"===== node {n} =====\n{log[-6000:]}" for n, log in enumerate(self.logs))
 
 
-def launch_two_nodes(tmp_path, *cli_args, json_path=None, timeout=LAUNCH_TIMEOUT, rdzv="static") -> Launch:
+def launch_two_nodes(tmp_path, *cli_args, json_path=None, timeout=LAUNCH_TIMEOUT, rdzv="static",
+                     timeout_from="launch") -> Launch:
     """Run ``python -m conformance <cli_args>`` on 2 torchrun nodes x 2 processes; wait for both.
 
     ``rdzv``: ``static`` (``--node-rank``, ``--master-addr``/``--master-port``) or
     ``c10d`` (elastic rendezvous at 127.0.0.1; torchrun assigns the node ranks).
+    ``timeout_from``: ``launch`` (``timeout`` counts from the launchers' start) or
+    ``workers`` (it counts from the moment all 4 workers run, however long the launchers
+    took to start them on a loaded machine; they must within :data:`LAUNCH_TIMEOUT`).
     """
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
@@ -137,13 +156,29 @@ def launch_two_nodes(tmp_path, *cli_args, json_path=None, timeout=LAUNCH_TIMEOUT
                      "-m", "conformance", *cli_args],
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path, env=env))
         deadline = start + timeout
+        if timeout_from == "workers":
+            up = []
+            while time.monotonic() < start + LAUNCH_TIMEOUT and all(p.poll() is None for p in procs):
+                up = workers(procs)
+                if len(up) >= 4:
+                    break
+                time.sleep(0.2)
+            if len(up) < 4:
+                kill_launch(procs)
+                text = "\n".join(f"===== node {n} =====\n{log.read_text()[-6000:]}" for n, log in enumerate(logs))
+                raise AssertionError(f"the launchers started {len(up)} of 4 workers within "
+                                     f"{time.monotonic() - start:.0f} s (rcs {[p.poll() for p in procs]})\n{text}")
+            workers_up = time.monotonic() - start
+            print(f"the 4 workers ran {workers_up:.1f} s after the launchers started")
+            deadline = time.monotonic() + timeout
         for p in procs:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+        running = workers(procs)
         pids = kill_launch(procs)
         text = "\n".join(f"===== node {n} =====\n{log.read_text()[-6000:]}" for n, log in enumerate(logs))
         raise LaunchTimeout(f"the two-node launch did not finish within {timeout:.0f} s; killed it.\n{text}",
-                            pids) from None
+                            pids, running) from None
     finally:
         kill_launch([p for p in procs if p.poll() is None])  # an exception above: no orphans
     wall = time.monotonic() - start
@@ -225,11 +260,18 @@ def test_two_nodes_ranks_subcommand(tmp_path, rdzv):
 
 
 def test_launch_timeout_kills_both_nodes(tmp_path):
-    """The test's own bound: a launch over time is killed with all its workers."""
+    """The test's own bound: a launch over time is killed with all its workers.
+
+    The bound (10 s) counts from the moment the four workers run, not from the launchers'
+    start: on a loaded machine two torchruns take longer than 10 s to start four workers
+    (the launch would be killed before it had workers to kill). The run (whole table and kill
+    matrix) takes minutes on a quiet machine, so it is over time in any case."""
     with pytest.raises(LaunchTimeout) as info:
         launch_two_nodes(tmp_path, "run", "--launcher", "env", "--ddp", "torch,ref", "--mutants",
-                         "--json", str(tmp_path / "r.json"), timeout=10)
-    pids = info.value.pids
+                         "--json", str(tmp_path / "r.json"), timeout=10, timeout_from="workers")
+    pids, running = info.value.pids, info.value.workers
+    assert len(running) == 4, running   # the four workers still ran when the bound passed
+    assert set(running) <= set(pids), (running, pids)   # and they were among the killed
     assert len(pids) >= 2 + 4, pids  # two launchers and (at least) their four workers
     assert_no_orphans(pids)
 

@@ -9,16 +9,19 @@ import time
 import pytest
 
 from conformance.worlds.tasks import all_reduce_value, fail_on
-from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout, World
+from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout
 
-from tests.procs import alive, gone
+from tests.procs import QUIET_START_S, alive, gone, load_scale, start_world
 
 pytestmark = pytest.mark.cpu
 
 
 @pytest.fixture
 def fresh_world():
-    w = World("cpu", 2, timeout=30)
+    """A CPU world of 2; ``.load_scale``: how much slower than quiet its start-up was
+    (:func:`tests.procs.load_scale`): the bounds below, written for a quiet machine, are
+    multiplied by it."""
+    w, w.load_scale = start_world("cpu", 2, timeout=30)
     yield w
     w.close()
     assert gone(w.pids())
@@ -35,10 +38,12 @@ def test_replica_exception_reports_traceback(fresh_world):
 
 
 def test_stuck_replica_times_out_with_stack(fresh_world):
+    scale = fresh_world.load_scale
     t0 = time.monotonic()
     with pytest.raises(ReplicaTimeout) as err:
-        fresh_world.run(fail_on, timeout=3, rank=0, how="sleep", seconds=60)
-    assert time.monotonic() - t0 < 15
+        fresh_world.run(fail_on, timeout=3 * scale, rank=0, how="sleep", seconds=60 * scale)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 15 * scale, f"reported after {elapsed:.1f} s (load x{scale:.1f})"
     assert "fail_on" in str(err.value) and "replica 0 Python stacks" in str(err.value)
     assert "replica 0 hung" in err.value.summary()
     assert gone(fresh_world.pids())
@@ -46,7 +51,7 @@ def test_stuck_replica_times_out_with_stack(fresh_world):
 
 def test_replica_stuck_in_collective_times_out(fresh_world):
     with pytest.raises(ReplicaTimeout, match="(?s)all_reduce"):
-        fresh_world.run(fail_on, timeout=3, rank=1, how="hang_collective")
+        fresh_world.run(fail_on, timeout=3 * fresh_world.load_scale, rank=1, how="hang_collective")
 
 
 def test_dead_replica_reported_with_exit_code(fresh_world):
@@ -62,6 +67,7 @@ def test_pool_replaces_broken_world(world_pool):
     assert w2 is not w and w2.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0], [3.0]]
 
 
+QUIET_PARENT_START_S = 1.8   # SCRIPT until it prints its pids, quiet 2-core machine (s): ~1.2 x a world start
 SCRIPT = textwrap.dedent("""
     import sys, time
     from conformance.worlds.spawned import World
@@ -77,14 +83,17 @@ SCRIPT = textwrap.dedent("""
 def test_no_orphans_when_parent_interrupted_or_killed(tmp_path, sig):
     script = tmp_path / "parent.py"
     script.write_text(SCRIPT)
+    t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
+        # the child's start-up (interpreter, imports, its world) against a quiet world start
+        scale = load_scale((time.monotonic() - t0) * QUIET_START_S / QUIET_PARENT_START_S)
         assert len(pids) == 2 and all(alive(p) for p in pids)
-        time.sleep(1.0)
+        time.sleep(1.0 * scale)
         proc.send_signal(sig)
-        proc.wait(timeout=30)
-        assert gone(pids, within=15), "replica processes outlived their parent"
+        proc.wait(timeout=30 * scale)
+        assert gone(pids, within=15 * scale), "replica processes outlived their parent"
     finally:
         proc.kill()
         proc.wait()

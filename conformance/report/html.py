@@ -7,13 +7,19 @@ calibration JSON files (``python -m conformance calibrate --json``).
 
 Output in ``--out DIR``:
 
-* ``report.html`` - one file, no external resources: the conformance table
-  (check x model rows, implementation x runtime columns, statuses colour-coded),
-  the mutant kill matrix, the calibration table, and the plots embedded as
-  ``data:image/png;base64`` URIs;
+* ``report.html`` - one file, no external resources, no script: the overall
+  result; one row per implementation under test (every ``impl`` of ``verdicts``,
+  a ``mutant:`` named with ``--ddp`` included) with its own counts and a label
+  derived from its verdicts (``correct`` only without a fail or vacuous verdict);
+  the failures (every fail / vacuous verdict, every surviving mutant); one folded
+  ``<details>`` per implementation (case x check rows, failing rows first,
+  runtime-wW columns, statuses colour-coded, margins decoded: :func:`margin_text`);
+  the mutant kill matrix (folded), the calibration table, and the plots embedded
+  as ``data:image/png;base64`` URIs;
 * ``sensitivity.png`` - per-step deviation from the single-device reference on a
   log axis, one row of panels per runtime (and world size), one panel per model:
-  the correct implementations' ``param_parity`` deviation, and for every mutant
+  the correct implementations' ``param_parity`` deviation (an implementation under
+  test that failed is drawn like a mutant, labelled with its failures), and for every mutant
   its ``param_parity`` deviation when that check kills it, else the failing check
   with the largest deviation (named on the panel), with the table's atol line;
 * ``calibration.png`` (with ``--calibration``) - one panel per calibration: the
@@ -30,11 +36,14 @@ import html
 import json
 import math
 import os
+import re
+
+from conformance.verdict import BAD
 
 ZERO_FLOOR = 1e-10   # a deviation of exactly 0 is drawn here on the log axis
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ef9a9a", "vacuous": "#ffcc80",
                   "unsupported": "#e0e0e0", "skip": "#bbdefb", "xfail": "#f8bbd0"}
-# Kill-matrix results (conformance.report.text.KillRow.result): survived is the red one.
+# Kill-matrix results (conformance.report.KillRow.result): survived is the red one.
 KILL_COLOURS = {"KILL": "#c8e6c9", "survived": "#ef9a9a", "unsupported": "#e0e0e0", "skip": "#bbdefb"}
 
 
@@ -67,14 +76,60 @@ def _is_mutant(impl: str) -> bool:
 
 # --------------------------------------------------------------------- data
 def merge_runs(docs: list[dict]) -> dict:
-    """Verdicts and kill-matrix rows of several run JSON files."""
-    verdicts, kills, envs = [], [], []
+    """Verdicts and kill-matrix rows of several run JSON files. A verdict id seen
+    twice (the same run given twice, overlapping runs) keeps the later input's
+    verdict once: counts and tables show each verdict id once."""
+    by_id, kills, envs, dups = {}, [], [], 0
     for d in docs:
-        verdicts += d.get("verdicts", [])
+        for v in d.get("verdicts", []):
+            vid = v.get("id") or f"{v['case']}:{v['check']}[{v['impl']}-{v['runtime']}-w{v['world_size']}]"
+            dups += vid in by_id
+            by_id[vid] = v
         kills += d.get("kill_matrix", [])
         if d.get("environment"):
             envs.append(d["environment"])
-    return {"verdicts": verdicts, "kill_matrix": kills, "environments": envs}
+    return {"verdicts": list(by_id.values()), "kill_matrix": kills, "environments": envs,
+            "duplicates": dups}
+
+
+def impl_counts(verdicts: list[dict]) -> dict:
+    """``{impl: {status: n}}`` in first-seen order: every implementation under test
+    (every ``impl`` of ``verdicts``, a ``mutant:`` named with ``--ddp`` included) on
+    its own; nothing is summed across implementations."""
+    out: dict = {}
+    for v in verdicts:
+        c = out.setdefault(v["impl"], dict.fromkeys(STATUS_COLOURS, 0))
+        c[v["status"]] = c.get(v["status"], 0) + 1
+    return out
+
+
+def impl_label(counts: dict) -> str:
+    """What the verdicts say about one implementation: ``correct`` only when no verdict
+    is ``fail`` or ``vacuous`` (BAD), none is an expected failure and something passed."""
+    bad = [f"{counts[s]} {s}" for s in BAD if counts.get(s)]
+    if bad:
+        return "NOT conformant: " + ", ".join(bad)
+    if counts.get("xfail"):
+        return f"correct except {counts['xfail']} expected failure(s)"
+    if not counts.get("pass"):
+        return "nothing checked (no verdict passed)"
+    return "correct"
+
+
+def margin_text(v: dict) -> str:
+    """The margin (atol / max dev) of a JSON verdict. JSON has no infinity: a margin
+    is saved as ``null`` both when the deviation was exactly 0 (margin infinite:
+    the check matched exactly) and when nothing was measured (unsupported, skip,
+    invariants); ``max_dev`` tells them apart (0 versus ``null``)."""
+    m, dev = v.get("margin"), v.get("max_dev")
+    if isinstance(m, (int, float)) and not isinstance(m, bool):
+        if m == math.inf:
+            return "∞ (exact)"
+        if m == m and m != -math.inf:
+            return f"{m:.3g}×"
+    if m is None and isinstance(dev, (int, float)) and dev == 0:
+        return "∞ (exact)"
+    return "-"
 
 
 def _signal_check(vs: list[dict]) -> dict | None:
@@ -91,35 +146,47 @@ def _signal_check(vs: list[dict]) -> dict | None:
 
 
 def sensitivity_series(run: dict) -> dict:
-    """``{panel: {model: {"atol": float, "lines": [(label, kind, per_step)]}}}``."""
+    """``{panel: {model: {"atol": float, "lines": [(label, kind, per_step)]}}}``.
+
+    Implementations under test (``verdicts``) are labelled from their verdicts
+    (:func:`impl_label`): ``"<impl> (correct)"``, kind ``correct``, only when none of
+    them failed or was vacuous; any other is kind ``failing`` and drawn like a mutant
+    (its failing check with the largest deviation). Kill-matrix mutants are kind
+    ``mutant``."""
     out: dict = {}
 
     def slot(v):
         return out.setdefault(_panel(v), {}).setdefault(v["model"], {"atol": None, "lines": []})
 
-    by_mutant: dict = {}
+    counts = impl_counts(run["verdicts"])
+    labels = {impl: impl_label(c) for impl, c in counts.items()}
+    by_line: dict = {}   # (panel, name, kind, model) -> parity verdicts
     for v in run["verdicts"]:
         if v.get("family") != "parity" or v["check"] == "agreement":  # parity trajectories only
             continue
-        if _is_mutant(v["impl"]):
-            by_mutant.setdefault((_panel(v), v["impl"][7:], v["model"]), []).append(v)
-        elif v["check"] == "param_parity" and v.get("per_step"):
-            s = slot(v)
-            s["atol"] = v["atol"]
-            s["lines"].append((f"{v['impl']} (correct)", "correct", v["per_step"]))
+        if labels[v["impl"]] == "correct":
+            if v["check"] == "param_parity" and v.get("per_step"):
+                s = slot(v)
+                s["atol"] = v["atol"]
+                s["lines"].append((f"{v['impl']} (correct)", "correct", v["per_step"]))
+        else:   # the plot names what failed: "torch (78 fail)", "x (3 xfail)", "y (nothing checked)"
+            c = counts[v["impl"]]
+            what = [f"{c[s]} {s}" for s in (*BAD, "xfail") if c[s]]
+            name = f"{v['impl']} ({', '.join(what) or 'nothing checked'})"
+            by_line.setdefault((_panel(v), name, "failing", v["model"]), []).append(v)
     for row in run["kill_matrix"]:
         for v in row["verdicts"]:
             if v.get("family") != "parity" or v["check"] == "agreement" or not _is_mutant(v["impl"]):
                 continue
-            by_mutant.setdefault((_panel(v), row["mutant"], v["model"]), []).append(v)
-    for (panel, mutant, model), vs in by_mutant.items():
+            by_line.setdefault((_panel(v), row["mutant"], "mutant", v["model"]), []).append(v)
+    for (panel, name, kind, model), vs in by_line.items():
         best = _signal_check(vs)
         if best is None:
             continue
         s = slot(best)
         s["atol"] = s["atol"] or next((v["atol"] for v in vs if v["check"] == "param_parity"), best["atol"])
-        label = mutant if best["check"] == "param_parity" else f"{mutant} [{best['check']}]"
-        s["lines"].append((label, "mutant", best["per_step"]))
+        label = name if best["check"] == "param_parity" else f"{name} [{best['check']}]"
+        s["lines"].append((label, kind, best["per_step"]))
     return out
 
 
@@ -148,11 +215,13 @@ def plot_sensitivity(series: dict, path: str) -> None:
     if not panels:
         panels, models = ["(no data)"], ["(no data)"]
     mutant_names = sorted({lab.split(" [")[0] for p in series.values() for s in p.values()
-                           for lab, kind, _ in s["lines"] if kind == "mutant"})
+                           for lab, kind, _ in s["lines"] if kind != "correct"})
     colours = _mutant_colours(mutant_names)
     correct_styles = ["-", "--", ":", "-."]
+    labels = [lab for p in series.values() for s in p.values() for lab, _, _ in s["lines"]]
+    legend_w = max([2.6] + [0.7 + 0.075 * len(lab) for lab in labels])   # inches, fontsize 9
     fig, axes = plt.subplots(len(panels), len(models), squeeze=False,
-                             figsize=(4.6 * len(models) + 2.8, 3.6 * len(panels) + 0.6))
+                             figsize=(4.6 * len(models) + legend_w + 0.2, 3.6 * len(panels) + 0.6))
     handles = {}
     for i, panel in enumerate(panels):
         for j, model in enumerate(models):
@@ -178,8 +247,10 @@ def plot_sensitivity(series: dict, path: str) -> None:
                     handles.setdefault(label, h)
                 else:
                     base = label.split(" [")[0]
-                    h, = ax.plot(xs, _clip(steps), color=colours[base], lw=1.2, marker="o", ms=2.5,
-                                 label=base, alpha=0.9)
+                    failing = kind == "failing"   # an implementation under test that failed
+                    h, = ax.plot(xs, _clip(steps), color=colours[base], lw=2.2 if failing else 1.2,
+                                 ls="-." if failing else "-", marker="s" if failing else "o",
+                                 ms=3 if failing else 2.5, label=base, alpha=0.9)
                     handles.setdefault(base, h)
                     if label != base:  # name the check on the panel
                         ax.annotate(label[len(base) + 1:], (xs[-1], _clip(steps)[-1]), fontsize=6,
@@ -193,7 +264,7 @@ def plot_sensitivity(series: dict, path: str) -> None:
                  f"(0 drawn at {ZERO_FLOOR:g})", fontsize=11)
     fig.legend(list(handles.values()), list(handles.keys()), loc="center right", fontsize=9,
                frameon=False)
-    fig.tight_layout(rect=(0, 0, 1 - 2.6 / fig.get_figwidth(), 0.96))
+    fig.tight_layout(rect=(0, 0, 1 - legend_w / fig.get_figwidth(), 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -273,54 +344,157 @@ h1{font-size:22px} h2{font-size:18px;margin-top:28px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}
 th,td{border:1px solid #bdbdbd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#eeeeee} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td small{color:#555}
+td small, th small{color:#555;font-weight:normal}
 .legend span{display:inline-block;padding:1px 8px;margin-right:6px;border:1px solid #bdbdbd}
 img{max-width:100%;border:1px solid #e0e0e0}
 .meta{color:#616161;font-size:12px}
+#overall{font-size:15px;padding:6px 10px;border:1px solid #bdbdbd}
+#overall.bad{background:#ef9a9a} #overall.ok{background:#c8e6c9}
+details{margin:6px 0} details>summary{cursor:pointer;font-size:15px;padding:3px 0}
+pre{font-size:11px;white-space:pre-wrap;max-height:24em;overflow:auto;background:#fafafa;margin:4px 0}
 """
+DIAGNOSIS_CHARS = 4000   # of a failure's diagnosis shown in the page (all of it: <json>.failures.txt)
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _slug(impl: str) -> str:
+    return "impl-" + re.sub(r"[^A-Za-z0-9_.-]", "-", impl)
 
 
 def _cell(status: str, body: str, title: str = "") -> str:
     colour = STATUS_COLOURS.get(status, "#ffffff")
-    return (f'<td class="status-{html.escape(status)}" style="background:{colour}" '
-            f'title="{html.escape(title)}">{body}</td>')
+    return (f'<td class="status-{_e(status)}" style="background:{colour}" '
+            f'title="{_e(title)}">{body}</td>')
 
 
-def conformance_table(verdicts: list[dict]) -> str:
-    """Rows (case, check), columns (implementation, runtime-wW) of the non-mutant verdicts;
-    cells from :func:`conformance.report.text.verdict_cells` (the text table's cells)."""
-    from conformance.report.text import verdict_cells
-    from conformance.verdict import Verdict
-    vs = [Verdict.from_json(v) for v in verdicts if not _is_mutant(v["impl"])]
+def _counts_text(c: dict) -> str:
+    return ", ".join(f"{n} {s}" for s, n in c.items() if n) or "no verdicts"
+
+
+def _measure_text(v: dict) -> str:
+    """``dev / atol · margin · step · replica`` of a verdict that measured a deviation, else ""."""
+    dev = v.get("max_dev")
+    if not isinstance(dev, (int, float)):
+        return ""
+    out = f"dev {_fmt(dev)} / atol {_fmt(v.get('atol'))} · margin {margin_text(v)}"
+    if v.get("first_bad_step") is not None:
+        out += f" · step {v['first_bad_step']}"
+    if v.get("replica") is not None:
+        out += f" · replica {v['replica']}"
+    return out
+
+
+def _vid(v: dict) -> str:
+    return v.get("id") or f"{v['case']}:{v['check']}[{v['impl']}-{v['runtime']}-w{v['world_size']}]"
+
+
+def _label_status(label: str) -> str:
+    """The status colour of an :func:`impl_label`."""
+    if label == "correct":
+        return "pass"
+    if label.startswith("correct except"):
+        return "xfail"
+    return "fail" if label.startswith("NOT") else "unsupported"
+
+
+def summary_table(verdicts: list[dict]) -> str:
+    """One row per implementation under test: what its verdicts say and its own counts."""
+    if not verdicts:
+        return "<p>No verdicts in the input.</p>"
+    out = ['<table id="implementations"><thead><tr><th>implementation</th><th>verdict</th>']
+    out += [f"<th>{s}</th>" for s in STATUS_COLOURS]
+    out.append("</tr></thead><tbody>")
+    for impl, c in impl_counts(verdicts).items():
+        label = impl_label(c)
+        out.append(f'<tr class="impl-row" data-impl="{_e(impl)}"><td><a href="#{_slug(impl)}">{_e(impl)}</a></td>'
+                   + _cell(_label_status(label), f"<b>{_e(label)}</b>")
+                   + "".join(f'<td class="num count-{s}">{n}</td>' for s, n in c.items()) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def failures_section(verdicts: list[dict], kill_rows: list[dict]) -> str:
+    """Every fail / vacuous verdict (what makes the run exit 1), implementation by
+    implementation, failures before vacuous; then every mutant that survived."""
+    from conformance.report.text import KillRow, kill_summary
+    order = {impl: i for i, impl in enumerate(impl_counts(verdicts))}
+    bad = sorted((v for v in verdicts if v["status"] in BAD),
+                 key=lambda v: (order[v["impl"]], BAD.index(v["status"])))  # stable: table order
+    krs = [KillRow.from_json(r) for r in kill_rows]
+    survived = [k for k, res in kill_summary(krs).items() if res == "SURVIVED"]
+    if not bad and not survived:
+        return ('<p id="no-failures">None: no verdict failed or was vacuous'
+                + (" and every mutant was killed" if kill_rows else "") + ".</p>")
+    out = []
+    if bad:
+        out.append(f"<p>{len(bad)} failing or vacuous verdict(s).</p>"
+                   '<table id="failures-table"><thead><tr><th>status</th><th>verdict id</th>'
+                   "<th>deviation</th><th>reason</th></tr></thead><tbody>")
+        for v in bad:
+            diag = v.get("diagnosis") or ""
+            more = ""
+            if diag:
+                cut = len(diag) > DIAGNOSIS_CHARS
+                more = ("<details><summary><small>diagnosis" + (" (first part; all of it in "
+                        "&lt;json&gt;.failures.txt)" if cut else "") + "</small></summary><pre>"
+                        + _e(diag[:DIAGNOSIS_CHARS]) + "</pre></details>")
+            out.append(f'<tr class="failure-row" data-id="{_e(_vid(v))}">'
+                       + _cell(v["status"], f"<b>{_e(v['status'])}</b>")
+                       + f"<td><code>{_e(_vid(v))}</code></td><td><small>{_e(_measure_text(v))}</small></td>"
+                       + f"<td><small>{_e(v.get('reason') or '')}</small>{more}</td></tr>")
+        out.append("</tbody></table>")
+    if survived:
+        out.append('<p>Mutants that survived a case that must kill them:</p><table id="survivors"><thead><tr>'
+                   "<th>mutant</th><th>runtime</th><th>cases that did not kill it</th></tr></thead><tbody>")
+        for m, rt, w in survived:
+            cases = [r.case + ": " + r.reason() for r in krs
+                     if (r.mutant, r.runtime, r.world_size) == (m, rt, w) and r.result == "survived"]
+            out.append(f'<tr class="survivor-row"><td>{_e(m)}</td><td>{_e(rt)}-w{w}</td>'
+                       f"<td><small>{'<br>'.join(_e(c) for c in cases)}</small></td></tr>")
+        out.append("</tbody></table>")
+    return "".join(out)
+
+
+def impl_section(impl: str, verdicts: list[dict]) -> str:
+    """One implementation: a ``<details>`` whose summary gives its verdict and own counts;
+    rows (case, check), failing rows first; columns runtime-wW, each with its counts."""
+    vs = [v for v in verdicts if v["impl"] == impl]
+    c = impl_counts(vs)[impl]
     cols, rows, cells = [], [], {}
     for v in vs:
-        col, row = (v.impl, f"{v.runtime}-w{v.world_size}"), (v.case, v.check)
+        col, row = f"{v['runtime']}-w{v['world_size']}", (v["case"], v["check"])
         cols += [col] if col not in cols else []
         rows += [row] if row not in rows else []
         cells[(row, col)] = v
-    if not vs:
-        return "<p>No verdicts of correct implementations in the input.</p>"
-    out = ['<table id="conformance-table"><thead><tr><th>case</th><th>check</th>']
-    out += [f"<th>{html.escape(i)}<br><small>{html.escape(r)}</small></th>" for i, r in cols]
+    col_counts = {col: _counts_text(impl_counts([v for v in vs if f"{v['runtime']}-w{v['world_size']}" == col])
+                                    [impl]) for col in cols}
+    bad_rows = {row for (row, _), v in cells.items() if v["status"] in BAD}
+    rows.sort(key=lambda r: r not in bad_rows)   # stable: failing rows first, else table order
+    out = [f'<details class="impl" id="{_slug(impl)}" data-impl="{_e(impl)}"><summary><b>{_e(impl)}</b>'
+           f' — <span class="impl-label">{_e(impl_label(c))}</span> — '
+           f'<span class="impl-counts">{_e(_counts_text(c))}</span></summary>',
+           f'<table class="conformance-table"><thead><tr><th>case</th><th>check</th>']
+    out += [f"<th>{_e(col)}<br><small>{_e(col_counts[col])}</small></th>" for col in cols]
     out.append("</tr></thead><tbody>")
     for row in rows:
-        out.append(f'<tr class="verdict-row"><td>{html.escape(row[0])}</td><td>{html.escape(row[1])}</td>')
+        cls = "verdict-row bad" if row in bad_rows else "verdict-row"
+        out.append(f'<tr class="{cls}"><td>{_e(row[0])}</td><td>{_e(row[1])}</td>')
         for col in cols:
             v = cells.get((row, col))
             if v is None:
                 out.append("<td></td>")
                 continue
-            c = verdict_cells(v)
-            body = f"<b>{html.escape(c['status'])}</b>"
-            if c["max dev"] != "-":
-                body += (f"<br><small>dev {c['max dev']} / atol {c['atol']} · margin {c['margin']}x"
-                         + (f" · step {c['first bad step']}" if c["first bad step"] != "-" else "")
-                         + (f" · replica {c['replica']}" if c["replica"] != "-" else "") + "</small>")
-            if c["reason"]:
-                body += f"<br><small>{html.escape(c['reason'][:120])}</small>"
-            out.append(_cell(v.status, body, c["reason"]))
+            body = f"<b>{_e(v['status'])}</b>"
+            if _measure_text(v):
+                body += f"<br><small>{_e(_measure_text(v))}</small>"
+            if v.get("reason"):
+                body += f"<br><small>{_e(v['reason'][:120])}</small>"
+            out.append(_cell(v["status"], body, v.get("reason") or ""))
         out.append("</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></details>")
     return "".join(out)
 
 
@@ -384,7 +558,13 @@ def _img(path: str, alt: str, ident: str) -> str:
 
 
 def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sources=()) -> dict:
-    """Write ``report.html`` and the PNGs into ``out_dir``; return their paths."""
+    """Write ``report.html`` and the PNGs into ``out_dir``; return their paths.
+
+    The page, top to bottom: the overall result (what the run's exit code says), one
+    row per implementation with its own verdict and counts, the failures (every
+    fail / vacuous verdict and every surviving mutant), one collapsed section per
+    implementation (its table, failing rows first), the kill matrix (collapsed), the
+    plots. No script: every part reads without JavaScript."""
     os.makedirs(out_dir, exist_ok=True)
     run = merge_runs(run_docs)
     cals = [c for d in cal_docs for c in d.get("calibrations", [])]
@@ -394,37 +574,56 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
     if cals:
         paths["calibration"] = os.path.join(out_dir, "calibration.png")
         plot_calibrations(cals, paths["calibration"])
-    counts = {s: sum(v["status"] == s for v in run["verdicts"] if not _is_mutant(v["impl"]))
-              for s in STATUS_COLOURS}
     from conformance.report.text import KillRow, kill_summary
     summ = kill_summary([KillRow.from_json(r) for r in run["kill_matrix"]])
     killed = sum(v == "killed" for v in summ.values())
+    survived = sum(v == "SURVIVED" for v in summ.values())
+    per_impl = impl_counts(run["verdicts"])
+    n_bad = sum(c[s] for c in per_impl.values() for s in BAD)
+    bad_impls = [i for i, c in per_impl.items() if any(c[s] for s in BAD)]
+    failed = bool(n_bad or survived)
+    overall = (f"FAIL: {n_bad} failing or vacuous verdict(s) in {len(bad_impls)} of {len(per_impl)} "
+               f"implementation(s) ({', '.join(bad_impls) or 'none'})" if n_bad else
+               f"PASS: no verdict of the {len(per_impl)} implementation(s) failed or was vacuous")
+    if run["kill_matrix"]:
+        overall += f"; {killed}/{len(summ)} mutants killed" + (f", {survived} SURVIVED" if survived else "")
     env = run["environments"][0] if run["environments"] else {}
+    meta = _e(", ".join(f"{k} {v}" for k, v in env.items() if v)) + "<br>" + \
+        _e("inputs: " + ", ".join(os.path.basename(s) for s in sources))
+    if run["duplicates"]:
+        meta += f"<br>{run['duplicates']} verdict id(s) appeared in more than one input: the later input's verdict is shown"
     parts = [
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
         "<title>DDP conformance report</title>", f"<style>{CSS}</style></head><body>",
         "<h1>DDP conformance report</h1>",
-        '<p class="meta">' + html.escape(", ".join(f"{k} {v}" for k, v in env.items() if v)) + "<br>"
-        + html.escape("inputs: " + ", ".join(os.path.basename(s) for s in sources)) + "</p>",
-        '<p id="summary">' + html.escape(", ".join(f"{n} {s}" for s, n in counts.items())
-                                         + (f"; {killed}/{len(summ)} mutants killed"
-                                            if run["kill_matrix"] else "")) + "</p>",
+        f'<p class="meta">{meta}</p>',
+        f'<p id="overall" class="{"bad" if failed else "ok"}"><b>{_e(overall)}</b></p>',
+        "<h2>Implementations</h2>",
+        "<p>Each implementation under test with its own counts. <i>correct</i> only when none of its "
+        "verdicts failed or was vacuous (and one passed).</p>",
+        summary_table(run["verdicts"]),
+        '<h2 id="failures">Failures</h2>',
+        failures_section(run["verdicts"], run["kill_matrix"]),
+        "<h2>Verdicts per implementation</h2>",
+        "<p>Click an implementation to open its table. Rows: case × check, failing rows first; "
+        "columns: runtime-world size. A cell gives the status, the largest deviation from the "
+        "single-device reference, the atol, the margin (atol / deviation; ∞ (exact): the deviation "
+        "was 0; - : nothing measured), the first bad step and the deviating replica.</p>",
         '<p class="legend">' + "".join(f'<span style="background:{c}">{s}</span>'
                                        for s, c in STATUS_COLOURS.items()) + "</p>",
-        "<h2>Conformance table</h2>",
-        "<p>Rows: case × check; columns: implementation × runtime-world size. A cell gives the "
-        "status, the largest deviation from the single-device reference, the atol, the margin "
-        "(atol / deviation), the first bad step and the deviating replica.</p>",
-        conformance_table(run["verdicts"]),
+        *[impl_section(impl, run["verdicts"]) for impl in per_impl],
         "<h2>Mutant kill matrix</h2>",
         "<p>Every catalog mutant through every case that must kill it. KILL: a verdict of the case "
         "failed; survived: it ran and nothing failed; unsupported/skip: it could not run (reason).</p>",
-        kill_table(run["kill_matrix"]),
+        (f'<details id="kill-section"><summary>{len(run["kill_matrix"])} cells: {killed}/{len(summ)} '
+         f"mutants killed{f', {survived} SURVIVED' if survived else ''}</summary>"
+         + kill_table(run["kill_matrix"]) + "</details>") if run["kill_matrix"] else kill_table([]),
         "<h2>Sensitivity</h2>",
         "<p>Per-step deviation on a log axis: the correct implementations (black; "
-        "<code>param_parity</code>) and every mutant (<code>param_parity</code> when it kills the "
-        "mutant, else the failing check with the largest deviation, named in brackets), with the tolerance table's "
-        "atol (red dashed). Everything above the line fails.</p>",
+        "<code>param_parity</code>), implementations under test that failed (thick dash-dot, "
+        "labelled with their failures) and every mutant (<code>param_parity</code> when it fails, "
+        "else the failing check with the largest deviation, named in brackets), with the tolerance "
+        "table's atol (red dashed). Everything above the line fails.</p>",
         _img(paths["sensitivity"], "per-step deviation of correct runs and mutants", "sensitivity-plot"),
     ]
     if cals:
