@@ -36,6 +36,14 @@ from absl.testing import absltest, parameterized
 
 from conformance.cases.table import CASES
 from conformance.errors import UsageError, split_list
+from conformance.cases.properties.run import profile_examples
+from conformance.cases.table import select
+from conformance.evaluate import evaluate
+from conformance.options import parse_matrix
+from conformance.outcome import outcome
+from conformance.report.text import read_expected_failures
+from conformance.settings import Settings
+from conformance.report.text import apply_expected_failures, read_expected_failures
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("runtime", "cpu", "comma list of runtimes: cpu, pjrt, xrt")
@@ -64,7 +72,6 @@ def _session():
 
 def settings():
     """The run's :class:`~conformance.settings.Settings`: the environment, then the flags."""
-    from conformance.settings import Settings
     return Settings.from_env(replica_timeout=FLAGS.replica_timeout, profile=FLAGS.profile)
 
 
@@ -79,14 +86,9 @@ class ConformanceTestCase(parameterized.TestCase):
     DDP: str | None = None
 
     def _targets(self):
-        from conformance.options import parse_matrix
         return parse_matrix(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or self.DDP)
 
     def _run_case(self, name: str):
-        from conformance.cases.table import select
-        from conformance.evaluate import evaluate
-        from conformance.report.text import apply_expected_failures, read_expected_failures
-        from conformance.outcome import outcome
         case = CASES[name]
         if case not in select(split_list(FLAGS.only), split_list(FLAGS.skip)):
             self.skipTest(f"{name} not selected by --only/--skip")
@@ -127,10 +129,6 @@ def validate_flags(argv: list[str]) -> list[str]:
         rest = FLAGS(argv, known_only=False)
     except flags.Error as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
-    from conformance.cases.table import select
-    from conformance.options import parse_matrix
-    from conformance.cases.properties.run import profile_examples
-    from conformance.report.text import read_expected_failures
     select(split_list(FLAGS.only), split_list(FLAGS.skip))
     settings()
     profile_examples(FLAGS.profile)

@@ -26,6 +26,14 @@ from conformance.cases.train.evaluate import evaluate_train
 from conformance.errors import Unsupported
 from conformance.report.text import KillRow
 from conformance.verdict import Verdict
+import json
+from conformance.cases.table import CASES
+from conformance.cases.train.loop import train_replica
+from conformance.impls.builtin import resolve_impl
+from conformance.impls.mutants.catalog import MUTANTS
+from conformance.settings import Settings
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+from conformance.worlds.spawned import ReplicaError
 
 _UNSUPPORTED = "__unsupported__"
 
@@ -52,7 +60,6 @@ def replica_error_text(exc) -> tuple[str, str]:
 
 def _jsonable(obj):
     """``obj`` with anything JSON cannot hold turned into its ``str``."""
-    import json
     try:
         json.dumps(obj)
         return obj
@@ -78,7 +85,6 @@ class Session:
     """
 
     def __init__(self, pool=None, profile: str | None = None, settings=None):
-        from conformance.settings import Settings
         settings = settings or Settings.from_env()
         if profile is not None:
             settings = settings.replace(profile=profile)
@@ -107,7 +113,6 @@ class Session:
 
     def trajectories(self, runtime: str, world_size: int, spec) -> list | None:
         """Every replica's :func:`~conformance.cases.train.loop.train_replica` result (cached per spec)."""
-        from conformance.cases.train.loop import train_replica
         key = (runtime, world_size, spec)
         if key not in self._cache:
             self._cache[key] = self.run(runtime, world_size, train_replica, spec=spec.as_dict())
@@ -145,8 +150,6 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     Raises:
         ImplSpecError: ``impl`` names nothing usable (callers validate first).
     """
-    from conformance.impls.builtin import resolve_impl
-    from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
     session = session or default_session()
     if case.kind in ("property", "scenario"):  # the searches' evaluators read it from overrides
         overrides["shrink"] = shrink
@@ -164,7 +167,6 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         get_runtime(runtime).check(world_size)
     except RuntimeUnavailable as exc:
         return each("skip", f"runtime {runtime}: {exc}")
-    from conformance.worlds.spawned import ReplicaError
     try:
         if row.unsupported.get(runtime) and case.kind != "invariant":  # rank bindings need no DDP
             raise Unsupported(row.unsupported[runtime])
@@ -201,8 +203,6 @@ def kill_rows(runtime: str, world_size: int, session=None, mutants=None, cases=N
     ``mutants`` / ``cases`` restrict the matrix (default: the whole catalog and table). A
     failing property or scenario search is not shrunk: a kill needs one failing example.
     """
-    from conformance.cases.table import CASES
-    from conformance.impls.mutants.catalog import MUTANTS
     allowed = None if cases is None else {c.name for c in cases}
     rows = []
     for m in mutants or list(MUTANTS):

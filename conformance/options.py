@@ -6,6 +6,8 @@ from __future__ import annotations
 from conformance.errors import UsageError, split_list
 from conformance.settings import default_impls, default_world_sizes
 from conformance.tolerances import MIN_WORLD_SIZE
+from conformance.worlds.runtimes import RUNTIMES
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 
 
 def parse_world_sizes(value: str | None, runtime: str = "cpu") -> list[int]:
@@ -32,7 +34,6 @@ def parse_impl_names(value: str | None, runtime: str) -> list[str]:
 
 
 def _parse_runtime_names(value: str | None) -> list[str]:
-    from conformance.worlds.runtimes import RUNTIMES
     runtimes = split_list(value)
     if not runtimes:
         raise UsageError("--runtime is empty")
@@ -44,7 +45,6 @@ def _parse_runtime_names(value: str | None) -> list[str]:
 
 def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> list[str]:
     """Runtime names; with ``strict`` a runtime that cannot run here is a usage error."""
-    from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
     runtimes = _parse_runtime_names(value)
     for rt in runtimes:
         if strict:

@@ -167,3 +167,126 @@ def test_kinds_do_not_import_each_other():
 def test_every_kind_is_covered():
     from conformance.cases.row import KINDS as TABLE_KINDS
     assert set(KINDS) == set(TABLE_KINDS)
+
+
+# Modules that import no torch, numpy, torch_xla, hypothesis or matplotlib: the faces' parsing
+# paths (bad input is reported before torch loads), the pytest plugin (it loads into every
+# project's pytest), the parent side of a world (torch lives in its replica hosts), reports.
+# Their function-level imports of heavier kit modules are the reason for deferral.
+LIGHT = (
+    "conformance",
+    "conformance.cases",
+    "conformance.cases.properties",
+    "conformance.cases.ranks",
+    "conformance.cases.row",
+    "conformance.cases.scenarios",
+    "conformance.cases.search",
+    "conformance.cases.train",
+    "conformance.cases.train.parity",
+    "conformance.cases.train.setups",
+    "conformance.cli",
+    "conformance.cli.calibrate",
+    "conformance.cli.ranks",
+    "conformance.cli.repeat",
+    "conformance.cli.report",
+    "conformance.errors",
+    "conformance.impls",
+    "conformance.impls.mutants",
+    "conformance.impls.row",
+    "conformance.impls.torch_paths",
+    "conformance.impls.xla_paths",
+    "conformance.options",
+    "conformance.outcome",
+    "conformance.plugin",
+    "conformance.report",
+    "conformance.report.html",
+    "conformance.report.text",
+    "conformance.settings",
+    "conformance.tolerances",
+    "conformance.verdict",
+    "conformance.worlds",
+    "conformance.worlds.diagnosis",
+    "conformance.worlds.launched",
+    "conformance.worlds.procmem",
+    "conformance.worlds.runtimes",
+    "conformance.worlds.runtimes.base",
+    "conformance.worlds.runtimes.cpu",
+    "conformance.worlds.runtimes.pjrt",
+    "conformance.worlds.runtimes.pjrt_spmd",
+    "conformance.worlds.spawned",
+    "conformance.worlds.tasks",
+)
+# Modules that defer every kit import, and why.
+DEFERS_ALL = {"conformance.plugin": "it loads into every pytest session of the environment (pytest11); "
+                                    "it imports the kit only when the kit's options or fixtures are used"}
+HEAVY_LIBRARIES = ("torch", "numpy", "torch_xla", "hypothesis", "matplotlib")
+# Libraries imported where used even in heavy modules: optional, slow, or global-state ones.
+DEFERRED_LIBRARIES = ("torch_xla", "hypothesis", "matplotlib", "absl", "jinja2", "tqdm", "torch", "numpy")
+
+
+def test_light_modules_import_no_heavy_library():
+    code = ("import importlib, sys\n"
+            f"for m in {LIGHT!r}:\n    importlib.import_module(m)\n"
+            f"print(sorted(x for x in {HEAVY_LIBRARIES!r} if x in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _import_targets(node, m, path, mods):
+    pkg = m if path.endswith("__init__.py") else m.rsplit(".", 1)[0]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    parts = pkg.split(".")
+    base = (".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            if node.level else (node.module or ""))
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+
+
+def _top_level_graph(mods):
+    graph = {}
+    for m, path in mods.items():
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        graph[m] = {t for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for t in _import_targets(node, m, path, mods) if t in mods}
+    return graph
+
+
+def _reaches(graph, a, b):
+    seen, stack = set(), [a]
+    while stack:
+        x = stack.pop()
+        if x == b:
+            return True
+        if x not in seen:
+            seen.add(x)
+            stack.extend(graph.get(x, ()))
+    return False
+
+
+def test_imports_sit_at_the_top_unless_deferral_has_a_reason():
+    """A function-level import must pull a heavy library (DEFERRED_LIBRARIES, or a heavier kit
+    module from a LIGHT one), or close an import cycle if it moved to the top; anything else
+    belongs at the top of the file, where a reader sees what the file uses."""
+    mods = {m: p for m, p in _modules().items() if not m.startswith("conformance.tests")}
+    graph = _top_level_graph(mods)
+    offenders = []
+    for m, path in mods.items():
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or node in tree.body:
+                continue
+            if m in DEFERS_ALL or not isinstance(parents.get(node), (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue  # inside try/if/with: an optional or guarded import
+            targets = _import_targets(node, m, path, mods)
+            if any(t.split(".")[0] in DEFERRED_LIBRARIES for t in targets):
+                continue
+            kit = [t for t in targets if t in mods]
+            if m in LIGHT and any(t not in LIGHT for t in kit):
+                continue
+            if any(t == m or _reaches(graph, t, m) for t in kit):
+                continue
+            offenders.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, "move to the top of the file:\n" + "\n".join(offenders)

@@ -16,6 +16,8 @@ from conformance.cases.checks import Check, judge
 from conformance.cases.train.loop import rank_buffer_offset, rank_seed, wrap
 from conformance.cases.train.readback import buffer_layout, flat_buffers, flat_params, param_layout, to_device
 from conformance.tolerances import lookup
+from conformance.impls.builtin import resolve_impl
+from fixtures import build_model, global_batch, shard
 
 SEED = 4321
 LOCAL_BATCH = 6
@@ -26,7 +28,6 @@ JOIN_TIMEOUT_S = 15.0   # bound for the join feature: its mutant hangs by design
 # --- helpers ------------------------------------------------------------------
 
 def _build(ctx, model, rank_seeded=True):
-    from fixtures import build_model
     r = ctx.rank if rank_seeded else 0
     return to_device(build_model(model, seed=rank_seed(SEED, r), perturb_buffers=rank_buffer_offset(r)),
                      ctx.device)
@@ -34,14 +35,12 @@ def _build(ctx, model, rank_seeded=True):
 
 def _wrap(ctx, impl, module, requires=(), **kwargs):
     """Wrap with the implementation ``impl``; raises Unsupported (see harness.wrap)."""
-    from conformance.impls.builtin import resolve_impl
     ddp = wrap(resolve_impl(impl), module, ctx, kwargs, requires)
     ctx.mark_step()  # XLA: run the construction's collectives before any read-back
     return ddp
 
 
 def _batch(model, step, world_size, rank):
-    from fixtures import global_batch, shard
     x, y = global_batch(model, SEED, step, LOCAL_BATCH * world_size)
     return shard(x, rank, world_size), shard(y, rank, world_size), x, y
 
@@ -121,8 +120,6 @@ def task_unused(ctx, impl):
 def _unused_reference(world_size):
     import torch.nn.functional as F
 
-    from fixtures import build_model, shard
-    from fixtures.data import global_batch
     m = build_model("unused", seed=SEED)
     x, y = global_batch("unused", SEED, 0, LOCAL_BATCH * world_size)
     loss = sum(F.mse_loss(m(shard(x, r, world_size), use_branch=r == 0), shard(y, r, world_size))
@@ -160,7 +157,6 @@ def task_no_sync(ctx, impl):
 def _local_grads(model, step, world_size):
     import torch.nn.functional as F
 
-    from fixtures import build_model
     out = []
     for r in range(world_size):
         m = build_model(model, seed=SEED)
@@ -207,7 +203,6 @@ def _join_reference(world_size, lr=0.1):
     import torch
     import torch.nn.functional as F
 
-    from fixtures import build_model
     m = build_model("linear", seed=SEED)
     start = flat_params(m).astype(np.float64)
     opt = torch.optim.SGD(m.parameters(), lr=lr)

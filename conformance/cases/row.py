@@ -24,6 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
+from conformance.cases.train.setups import SETUPS
+from conformance.errors import UsageError
+from conformance.tolerances import TOLERANCES
+from conformance.worlds.runtimes import RUNTIMES
 
 #: Case families (also tags).
 FAMILIES = ("parity", "feature", "property", "invariant", "scenario")
@@ -102,8 +106,6 @@ def _validate(rows: list[Case], mutants: dict | None = None) -> dict[str, Case]:
     from conformance.cases.properties.run import PROPERTIES
     from conformance.cases.scenarios.scenario import space_problem
     from conformance.cases.train.evaluate import train_checks
-    from conformance.cases.train.setups import SETUPS
-    from conformance.tolerances import TOLERANCES
     if mutants is None:
         from conformance.impls.mutants.catalog import MUTANTS as mutants
     keys = {t.dtype for t in TOLERANCES} | {"grad"}
@@ -177,7 +179,6 @@ def _ref_ignores() -> frozenset:
 def _claim_problems(m) -> str | None:
     """What mutant ``m`` (a catalog row) claims that has no effect where
     ``conformance.impls.builtin.mutant_impl`` builds it, or None."""
-    from conformance.worlds.runtimes import RUNTIMES
     if m.shipped_path is not None:
         moot = [f for f in ("ddp_class", "shard_rank", "sync_bn", "honours", "unsupported") if getattr(m, f)]
         if moot or m.torch_based:
@@ -227,7 +228,6 @@ def select_rows(cases, only=(), skip=()) -> list[Case]:
     Raises:
         UsageError: a tag that selects nothing (the message lists the families).
     """
-    from conformance.errors import UsageError
     cases = list(cases)
     known = tags_of(cases)
     for opt, tags in (("--only", only), ("--skip", skip)):

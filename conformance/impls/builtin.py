@@ -12,6 +12,12 @@ import importlib
 
 
 from conformance.impls.row import Impl, ImplSpecError, refuse_keywords, torch_sync_bn, wrap_torch_ddp
+from conformance.impls.mutants.catalog import MUTANTS
+from conformance.impls.torch_paths import shipped_rows
+from conformance.impls.xla_paths import xla_shipped_rows
+from ddp_impl.ddp import IGNORED_TORCH_DDP_KWARGS
+from ddp_impl.sync_batchnorm import SyncBatchNorm
+import ddp_impl
 
 # Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
 # group, in the PJRT topology the kit runs (1 process x W replica threads).
@@ -27,12 +33,10 @@ TORCH_DDP_ON_PJRT = (
 
 
 def _wrap_ref(module, ctx, kwargs):
-    import ddp_impl
     return ddp_impl.DistributedDataParallel(module, collectives=ctx.collectives, **kwargs)
 
 
 def _ref_sync_bn(module, ctx):
-    from ddp_impl.sync_batchnorm import SyncBatchNorm
     return SyncBatchNorm.convert_sync_batchnorm(module, ctx.collectives)
 
 
@@ -83,7 +87,6 @@ def _xla_recipe_after_backward(model, optimizer, ctx):
 
 
 def _ref_ignores() -> frozenset:
-    from ddp_impl.ddp import IGNORED_TORCH_DDP_KWARGS
     return frozenset(IGNORED_TORCH_DDP_KWARGS)
 
 
@@ -107,8 +110,6 @@ IMPLS = {i.name: i for i in [
 
 
 def _add_shipped_paths():
-    from conformance.impls.torch_paths import shipped_rows
-    from conformance.impls.xla_paths import xla_shipped_rows
     for row in shipped_rows() + xla_shipped_rows():
         IMPLS[row.name] = row
 
@@ -161,7 +162,6 @@ def mutant_impl(name: str) -> Impl:
     Raises:
         ImplSpecError: unknown mutant.
     """
-    from conformance.impls.mutants.catalog import MUTANTS
     if name not in MUTANTS:
         raise ImplSpecError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
     m = MUTANTS[name]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from conformance.errors import Unsupported
 from conformance.impls.row import Impl, torch_sync_bn, wrap_torch_ddp
+import functools
 
 CPU_ONLY = "the row is measured on the CPU runtime (gloo) only; run it with --runtime cpu"
 NOT_ON = {"pjrt": CPU_ONLY, "xrt": CPU_ONLY}
@@ -232,7 +233,6 @@ def _zero_state_dict(opt, ctx):
 def torch_compile_row(user_frame_root=True) -> Impl:
     """The ``torch_compile`` row (``user_frame_root=False``: without the re-homed
     root forward, for the catalog's eager-fallback mutant)."""
-    import functools
     return Impl("torch_compile", "torch.compile(torch.nn.parallel.DistributedDataParallel(m)), default "
                 "optimize_ddp (DDPOptimizer splits graphs at bucket boundaries; C++ reducer); a bare "
                 "torch.nn root gets a user-code forward so dynamo traces it",
@@ -242,7 +242,6 @@ def torch_compile_row(user_frame_root=True) -> Impl:
 
 def zero_row(zero_class=None) -> Impl:
     """The ``zero`` row; ``zero_class`` replaces ``ZeroRedundancyOptimizer`` (mutants)."""
-    import functools
     return Impl("zero", "torch DDP + torch.distributed.optim.ZeroRedundancyOptimizer(SGD); optimizer "
                 "state read after consolidate_state_dict to every rank", wrap_torch_ddp,
                 sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,

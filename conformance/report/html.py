@@ -39,6 +39,9 @@ import os
 import re
 
 from conformance.verdict import BAD
+from conformance.errors import UsageError
+from conformance.report.text import KillRow, kill_summary
+from conformance.report.text import fmt
 
 ZERO_FLOOR = 1e-10   # a deviation of exactly 0 is drawn here on the log axis
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ef9a9a", "vacuous": "#ffcc80",
@@ -48,7 +51,6 @@ KILL_COLOURS = {"KILL": "#c8e6c9", "survived": "#ef9a9a", "unsupported": "#e0e0e
 
 
 def _load(path: str) -> dict:
-    from conformance.errors import UsageError
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -66,7 +68,6 @@ def _panel(v: dict) -> str:
 
 
 def _fmt(x, spec=".2e"):
-    from conformance.report.text import fmt  # the text table's number format
     return fmt(x, spec)
 
 
@@ -419,7 +420,6 @@ def summary_table(verdicts: list[dict]) -> str:
 def failures_section(verdicts: list[dict], kill_rows: list[dict]) -> str:
     """Every fail / vacuous verdict (what makes the run exit 1), implementation by
     implementation, failures before vacuous; then every mutant that survived."""
-    from conformance.report.text import KillRow, kill_summary
     order = {impl: i for i, impl in enumerate(impl_counts(verdicts))}
     bad = sorted((v for v in verdicts if v["status"] in BAD),
                  key=lambda v: (order[v["impl"]], BAD.index(v["status"])))  # stable: table order
@@ -502,7 +502,6 @@ def kill_table(rows: list[dict]) -> str:
     """Every mutant x every case that must kill it (the CLI's kill matrix, same cells)."""
     if not rows:
         return "<p>No mutants in the input (run with <code>--mutants</code>).</p>"
-    from conformance.report.text import KillRow, kill_summary
     krs = [KillRow.from_json(r) for r in rows]
     summ = kill_summary(krs)
     out = ['<table id="kill-matrix"><thead><tr><th>mutant</th><th>runtime</th><th>case</th>'
@@ -574,7 +573,6 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
     if cals:
         paths["calibration"] = os.path.join(out_dir, "calibration.png")
         plot_calibrations(cals, paths["calibration"])
-    from conformance.report.text import KillRow, kill_summary
     summ = kill_summary([KillRow.from_json(r) for r in run["kill_matrix"]])
     killed = sum(v == "killed" for v in summ.values())
     survived = sum(v == "SURVIVED" for v in summ.values())

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from conformance.errors import UsageError
 from conformance.verdict import BAD, STATUSES, Verdict
+from conformance.tolerances import TOLERANCES
 
 #: Version of the JSON report layout (docs/report-format.md).
 SCHEMA_VERSION = 2
@@ -187,7 +188,6 @@ def environment() -> dict:
 
 def build_json(verdicts: list[Verdict], kill_rows: list[KillRow] = (), extra: dict | None = None) -> dict:
     """The run report (layout: docs/report-format.md)."""
-    from conformance.tolerances import TOLERANCES
     doc = {"kit": "ddp-conformance", "schema": SCHEMA_VERSION,
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "environment": environment(),

@@ -4,11 +4,12 @@ matrix: every catalog mutant must fail every case that must kill it."""
 import pytest
 
 from conformance.outcome import outcome
+from conformance.evaluate import evaluate
+from conformance.report.text import KillRow
+from conformance.report.text import apply_expected_failures
 
 
 def test_case(conformance_case, conformance_session, conformance_log, conformance_expected):
-    from conformance.evaluate import evaluate
-    from conformance.report.text import apply_expected_failures
     case, impl, runtime, w = conformance_case
     verdicts = evaluate(case, impl, runtime, w, conformance_session)
     warnings = apply_expected_failures(verdicts, {i for i in conformance_expected
@@ -28,8 +29,6 @@ def test_case(conformance_case, conformance_session, conformance_log, conformanc
 
 
 def test_mutant_killed(conformance_kill, conformance_session, conformance_log):
-    from conformance.evaluate import evaluate
-    from conformance.report.text import KillRow
     mutant, case, runtime, w = conformance_kill
     row = KillRow(runtime, w, mutant, case.name, evaluate(case, f"mutant:{mutant}", runtime, w, conformance_session,
                                                               shrink=False))

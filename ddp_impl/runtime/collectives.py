@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
+from ddp_impl.runtime import ranks
 from ddp_impl.runtime.types import Completed  # noqa: F401  (re-exported)
 
 
@@ -126,7 +127,6 @@ def default_collectives() -> Collectives:
     Raises:
         RuntimeError: if no runtime is initialised.
     """
-    from ddp_impl.runtime import ranks
     if ranks.current_runtime() == "pjrt":
         from ddp_impl.runtime.xla import XlaCollectives
         return XlaCollectives()

@@ -64,6 +64,8 @@ import threading
 import torch
 
 from ddp_impl.runtime.types import RankBindings
+from importlib import metadata, util
+from ddp_impl.runtime.types import Completed
 
 # The torch_xla (and matching torch) minor version this module is written for.
 # mark_step() uses private torch_xla APIs whose behaviour was measured on it.
@@ -93,7 +95,6 @@ def torch_xla_problem() -> str | None:
     Reads installed package metadata only: torch_xla is *not* imported, so this
     is cheap and safe in processes that must stay plain-CPU.
     """
-    from importlib import metadata, util
     if util.find_spec("torch_xla") is None:
         return "torch_xla is not installed (pip install 'ddp-conformance[pjrt]')"
     try:
@@ -360,7 +361,6 @@ class XlaCollectives:
         """:meth:`all_reduce_`, recorded lazily like every XLA op; the handle it
         returns is already complete (no host sync per call: the collective runs
         with the step's graph)."""
-        from ddp_impl.runtime.types import Completed
         return Completed(self.all_reduce_(tensor, scale=scale))
 
     def _gather(self, tensor):

@@ -31,6 +31,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from conformance.cases.train.loop import rank_seed
+from conformance.cases.train.readback import full
+from conformance.impls.builtin import resolve_impl
 
 # --------------------------------------------------------------------------
 # numbers
@@ -360,7 +362,6 @@ def scales():
 def _wrap(impl: str, module, ctx):
     import torch
 
-    from conformance.impls.builtin import resolve_impl
     row = resolve_impl(impl)
     module.to(ctx.device)
     ddp = row.wrap(module, ctx, {})
@@ -381,7 +382,6 @@ def _host(t):
     ``p.grad`` (and SGD applies the synced value) but stale - the local
     accumulated gradient - through ``p.grad.detach()``. A DTensor shard (FSDP2)
     is gathered first (a collective: every replica reads the same tensors)."""
-    from conformance.cases.train.readback import full
     return full(t).cpu().detach()
 
 
@@ -456,7 +456,6 @@ def broadcast_task(ctx, *, impl: str, widths, seed: int) -> dict:
     module = build_bn_net(widths, rank_seed(seed, ctx.rank))
     module.to(ctx.device)
     before = _state(module)
-    from conformance.impls.builtin import resolve_impl
     row = resolve_impl(impl)
     row.wrap(module, ctx, {})
     ctx.mark_step()

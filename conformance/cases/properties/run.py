@@ -30,13 +30,14 @@ from __future__ import annotations
 from conformance.cases.search import SearchWorld, kit_settings, profile_examples
 from conformance.errors import Unsupported
 from conformance.verdict import Verdict
+from conformance.cases.properties import gradsync as P
+from conformance.cases.properties.gradsync import Measure
 
 
 def _props():
     from hypothesis import given, note
     from hypothesis import strategies as st
 
-    from conformance.cases.properties import gradsync as P
     tol = P.GRAD_TOLERANCES["float32"]
 
     def label(t):
@@ -134,7 +135,6 @@ def run_property(name: str, target: SearchWorld, max_examples: int, shrink: bool
     Raises:
         Unsupported: the implementation cannot serve the property.
     """
-    from conformance.cases.properties.gradsync import Measure
     measure = Measure()
     test = kit_settings(max_examples, shrink)(PROPERTIES[name](target, measure))
     try:

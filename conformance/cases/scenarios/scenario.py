@@ -42,6 +42,14 @@ from conformance.cases.train.loop import OPTIMIZERS, build_optimizer, rank_buffe
 from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
                                               optimizer_state_layout, param_layout, saved_checkpoint, state_digest,
                                               to_device)
+import contextlib
+from conformance.cases.search import SearchWorld, scenario_examples
+from conformance.cases.search import kit_settings
+from conformance.errors import Unsupported
+from conformance.impls.builtin import resolve_impl
+from conformance.tolerances import lookup
+from conformance.verdict import Verdict
+from conformance.worlds.runtimes import get_runtime
 
 #: Branches of the scenario model; a plan uses a subset, in an order.
 BRANCHES = ("a", "b", "c")
@@ -282,13 +290,10 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
         Unsupported: the implementation refuses a keyword or lacks no_sync /
             register_comm_hook.
     """
-    import contextlib
 
     import torch
     import torch.nn.functional as F
 
-    from conformance.impls.builtin import resolve_impl
-    from conformance.errors import Unsupported
     sc = Scenario.from_json(scenario)
     row = resolve_impl(impl)
     if row.forward_backward is not None or row.make_optimizer is not None:
@@ -615,9 +620,6 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
     """
     from hypothesis import given
 
-    from conformance.errors import Unsupported
-    from conformance.cases.search import kit_settings
-    from conformance.verdict import Verdict
     worst: dict = {}
     state = {"examples": 0, "vacuous": 0, "failing": None}
 
@@ -679,9 +681,6 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``scenario`` row: its space's scenarios within the session profile's
     budget, or with ``overrides["scenario"]`` that one scenario (``python -m conformance
     replay``); ``overrides["shrink"]``: shrink a failing scenario, default true."""
-    from conformance.cases.search import SearchWorld, scenario_examples
-    from conformance.tolerances import lookup
-    from conformance.worlds.runtimes import get_runtime
     tol, agree = lookup(runtime, "scenario"), lookup(runtime, "scenario", "agreement").atol
     if "scenario" in overrides:  # one given scenario (python -m conformance replay)
         sc = overrides["scenario"]

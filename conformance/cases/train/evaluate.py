@@ -11,6 +11,8 @@ from conformance.cases.train.loop import RunSpec
 from conformance.cases.train.reference import reference_run
 from conformance.tolerances import lookup
 from conformance.verdict import Verdict
+from conformance.impls.builtin import resolve_impl
+from conformance.worlds.runtimes import world_for
 
 
 def train_checks(model: str, run: dict) -> tuple:
@@ -22,8 +24,6 @@ def train_checks(model: str, run: dict) -> tuple:
 
 def evaluate_train(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``train`` row (``overrides``: RunSpec fields, e.g. ``seed``, ``lr``, ``steps``)."""
-    from conformance.impls.builtin import resolve_impl
-    from conformance.worlds.runtimes import world_for
     row = resolve_impl(impl)
     spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.run, **overrides))
     world_runtime, n = world_for(runtime, row.topology.get(runtime), w)

@@ -17,6 +17,12 @@ from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_
                                               optimizer_state, optimizer_state_dict, optimizer_state_layout,
                                               param_layout, state_digest, to_cpu, to_device)
 from conformance.tolerances import lookup
+from conformance.cases.train.setups import SETUPS
+from conformance.errors import Unsupported
+from conformance.impls.builtin import resolve_impl
+from fixtures import build_model
+from fixtures import global_batch, shard
+from fixtures.models import MODELS
 
 # Rank r != 0 builds its model from seed + RANK_SEED_STRIDE * r and adds
 # r * RANK_BUFFER_OFFSET to its buffers before the DDP is constructed (every kind
@@ -86,7 +92,6 @@ def require(ddp, impl, requires) -> None:
     ``TypeError`` on it, which :func:`wrap` turns into ``Unsupported``. A method
     (``join``, ``register_comm_hook``, ``no_sync``) is unsupported when missing.
     """
-    from conformance.errors import Unsupported
     for need in requires:
         if need in impl.unsupported_features:
             raise Unsupported(f"{impl.name}: {impl.unsupported_features[need]}")
@@ -104,7 +109,6 @@ def wrap(impl, module, ctx, kwargs: dict, requires=()):
             constructor contract: refuse what you do not implement) or ignored,
             or a required method is missing.
     """
-    from conformance.errors import Unsupported
     try:
         ddp = impl.wrap(module, ctx, dict(kwargs))
     except TypeError as exc:
@@ -155,7 +159,6 @@ class Loop:
         """The run's model as this replica builds it: rank 0 from the run's seed,
         rank r from :func:`rank_seed` with buffers offset by :func:`rank_buffer_offset`
         (only a DDP that broadcasts module states matches)."""
-        from fixtures import build_model
         r = self.ctx.rank
         m = to_device(build_model(self.run.model, seed=rank_seed(self.run.seed, r, salt),
                                   perturb_buffers=rank_buffer_offset(r, salt)), self.ctx.device)
@@ -165,7 +168,6 @@ class Loop:
 
     def wrap(self):
         """Wrap :attr:`model`, run the construction's collectives, build the optimizer."""
-        from fixtures.models import MODELS
         kwargs = dict(MODELS[self.run.model].ddp_kwargs, broadcast_buffers=self.run.broadcast_buffers)
         kwargs.update(dict(self.run.ddp_kwargs))
         requires = tuple(self.run.requires) + tuple(r for s in self.setups for r in s.requires)
@@ -198,10 +200,7 @@ def train_replica(ctx, spec: dict) -> dict:
     """
     import torch.nn.functional as F
 
-    from fixtures import global_batch, shard
 
-    from conformance.impls.builtin import resolve_impl
-    from conformance.cases.train.setups import SETUPS
 
     run = RunSpec(**spec)
     loop = Loop(ctx, run, resolve_impl(run.impl), [SETUPS[n] for n in run.setups])

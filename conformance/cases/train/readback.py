@@ -3,6 +3,9 @@ the setups and the scenario task all use it)."""
 from __future__ import annotations
 
 import numpy as np
+import copy
+import hashlib
+import io
 
 
 def full(t):
@@ -67,7 +70,6 @@ def to_cpu(obj):
     """``obj`` (nested dicts/lists of tensors) with every tensor copied to the host,
     as ``torch_xla``'s ``xm.save`` does before saving: XLA-device storages cannot
     be restored by ``torch.load``."""
-    import copy
 
     import torch
     if torch.is_tensor(obj):
@@ -129,7 +131,6 @@ def optimizer_state(impl, opt, ctx) -> np.ndarray:
 
 def state_digest(*arrays) -> str:
     """SHA-1 of the bytes of ``arrays`` (replica agreement compares bits, cheaply)."""
-    import hashlib
     h = hashlib.sha1()
     for a in arrays:
         h.update(np.ascontiguousarray(a).tobytes())
@@ -139,7 +140,6 @@ def state_digest(*arrays) -> str:
 def saved_copy(obj):
     """What a checkpoint of ``obj`` gives back: ``torch.save`` of :func:`to_cpu` ``(obj)``
     into memory, then ``torch.load`` onto the CPU (``load_state_dict`` copies to the device)."""
-    import io
 
     import torch
     blob = io.BytesIO()

@@ -17,6 +17,10 @@ import numpy as np
 
 from conformance.cases.train.loop import RunSpec, build_optimizer, rank_buffer_offset
 from conformance.cases.train.readback import flat_buffers, flat_optimizer_state, flat_params
+import contextlib
+from conformance.cases.train.setups import SETUPS
+from fixtures import build_model, global_batch, shard
+from fixtures.models import MODELS
 
 # Runtime quirks the reference can reproduce (a runtime adapter lists its own in
 # ``Runtime.reference_quirks``): measured differences of the runtime's *ops*
@@ -65,12 +69,9 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
     import torch
     import torch.nn.functional as F
 
-    from fixtures import build_model, global_batch, shard
-    from fixtures.models import MODELS
 
     # SyncBatchNorm normalises with global-batch statistics: one global forward.
     coupled = MODELS[model].batch_coupled and not sync_bn
-    import contextlib
     net = build_model(model, seed=seed)
     # SyncBatchNorm is the DDP's own code, except where the runtime's BatchNorm runs it
     if ("bn_running_var_biased" in quirks and not sync_bn) or ("sync_bn_running_var_biased" in quirks and sync_bn):
@@ -139,9 +140,7 @@ def reference_run(spec: RunSpec, world_size: int, runtime: str | None = None) ->
     (the global-batch loss), ``buffers`` float64 ``[steps+1, world_size, B]``
     (the buffers each rank should hold after each step). Cached per spec.
     """
-    from fixtures.models import MODELS
 
-    from conformance.cases.train.setups import SETUPS
     over = {}
     for name in spec.setups:
         over.update(SETUPS[name].reference)

@@ -18,6 +18,11 @@ import torch
 from ddp_impl import DistributedDataParallel as RefDDP
 
 from conformance.impls.mutants import scratch as S
+import contextlib
+from conformance.impls.torch_paths import fsdp2_row
+from conformance.impls.torch_paths import torch_compile_row
+from conformance.impls.torch_paths import zero_row
+from ddp_impl.sync_batchnorm import SyncBatchNorm
 
 SCRATCH_ON_PJRT = ("written on torch.distributed (gloo collectives); the PJRT world has no "
                    "process-per-replica torch.distributed group")
@@ -145,7 +150,6 @@ class NoSyncIgnored(RefDDP):
     """``no_sync()`` is a no-op: gradients are all-reduced every micro-step."""
 
     def no_sync(self):
-        import contextlib
         return contextlib.nullcontext()
 
 
@@ -153,7 +157,6 @@ class NoSyncSticky(RefDDP):
     """``no_sync()`` never re-enables synchronisation when the block exits."""
 
     def no_sync(self):
-        import contextlib
         self.require_backward_grad_sync = False
         return contextlib.nullcontext()
 
@@ -235,7 +238,6 @@ def _comm_hook_no_divide():
 
 
 def _join_dropped():
-    import contextlib
 
     class JoinDropped(_torch_ddp_class()):
         """torch DDP whose ``join()`` does nothing: a replica with more batches
@@ -263,7 +265,6 @@ def _shard_zero(ctx):
 
 
 def _local_stats_bn_class():
-    from ddp_impl.sync_batchnorm import SyncBatchNorm
 
     class LocalStatsBN(SyncBatchNorm):
         def forward(self, x):  # local statistics, local backward: plain BatchNorm
@@ -278,7 +279,6 @@ def _fsdp2_no_divide():
     """The ``fsdp2`` row with every group's gradient divide factor set to 1
     (``FSDPModule.set_gradient_divide_factor(1.0)``): the reduce-scatter sums.
     Upstream's default divides by the data-parallel size W (``ReduceOp.AVG``)."""
-    from conformance.impls.torch_paths import fsdp2_row
 
     def divide_by_one(module):
         from torch.distributed.fsdp import FSDPModule
@@ -295,7 +295,6 @@ def _fsdp2_wrong_mesh():
     """The ``fsdp2`` row sharded over the ``tp`` dim of a ``(dp, tp) = (W, 1)``
     mesh: fully_shard reduce-scatters over the mesh it is given (here a group of
     one), where the row's mesh spans the data-parallel world."""
-    from conformance.impls.torch_paths import fsdp2_row
 
     def tp_dim(ctx):
         from torch.distributed.device_mesh import init_device_mesh
@@ -309,7 +308,6 @@ def _zero_no_param_sync():
     every rank's shard to all ranks (``_sync_params``)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from conformance.impls.torch_paths import zero_row
 
     class ZeroNoParamSync(ZeroRedundancyOptimizer):
         def _sync_params(self):
@@ -321,7 +319,6 @@ def _torch_compile_eager():
     """The ``torch_compile`` row without its user-code root forward: for a bare
     ``torch.nn`` root dynamo compiles no graph (docs/findings.md, finding 2) and
     the row's no-graph guard (``torch_paths._require_compiled``) must refuse it."""
-    from conformance.impls.torch_paths import torch_compile_row
     return torch_compile_row(user_frame_root=False)
 
 
