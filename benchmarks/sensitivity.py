@@ -5,7 +5,7 @@ on one replica (``--mode one``: replica 1 only) or on every replica (``--mode al
 - is run through the main command (``python -m conformance run``) for a descending
 ladder of eps; the figure is the smallest eps whose run exits 1. Writes JSON.
 
-    python benchmarks/sensitivity.py --out benchmarks/results/sensitivity.json [--only parity,scenarios]
+    python benchmarks/sensitivity.py --out benchmarks/results/sensitivity.json [--only parity,scenario]
 
 The perturbed DDP is ``conformance.impls.mutants.scratch.ScratchDDP`` with a scaled
 reduction (``benchmarks.sensitivity:PerturbedDDP``), eps and mode passed through

@@ -103,7 +103,7 @@ def test_unsupported_feature_is_visible_in_the_table(tmp_path):
 
 
 def test_only_and_skip_select_by_tag(tmp_path):
-    r = run_cli("run", "--ddp", "ref", "--world-size", "2", "--only", "properties", "--skip", "property.allreduce_mean,"
+    r = run_cli("run", "--ddp", "ref", "--world-size", "2", "--only", "property", "--skip", "property.allreduce_mean,"
                 "property.broadcast,property.scale_linearity,property.full_batch_grad,property.rank_permutation",
                 "--json", str(tmp_path / "r.json"))
     assert r.returncode == 0, r.stdout + r.stderr

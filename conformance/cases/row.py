@@ -47,7 +47,7 @@ class Case:
         tolerance: the tolerance key: a dtype row of ``conformance.tolerances``
             (``float32``, ``bf16-autocast``, ``exact``) or ``grad`` (the
             gradient tolerances of the properties).
-        run: for ``train``: RunSpec overrides (``setups``, ``ddp_kwargs``,
+        train: for ``train``: RunSpec overrides (``setups``, ``ddp_kwargs``,
             ``requires``, ``momentum``, ``broadcast_buffers``...).
         task / judge: for ``task``: ``task(ctx, impl, **args) -> dict`` on every
             replica, ``judge(results, impl, runtime) -> list[Verdict]``.
@@ -69,7 +69,7 @@ class Case:
     kind: str
     model: str = "-"
     tolerance: str = "float32"
-    run: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
     task: Callable | None = None
     judge: Callable | None = None
     args: dict = field(default_factory=dict)
@@ -126,11 +126,11 @@ def _validate(rows: list[Case], mutants: dict | None = None) -> dict[str, Case]:
         unknown = [m for m in c.must_kill if m not in mutants]
         if unknown:
             raise bad(f"unknown mutant(s) {unknown}")
-        unknown = [s for s in c.run.get("setups", ()) if s not in SETUPS]
+        unknown = [s for s in c.train.get("setups", ()) if s not in SETUPS]
         if unknown:
             raise bad(f"unknown setup(s) {unknown}")
         if c.kind == "train":
-            object.__setattr__(c, "checks", train_checks(c.model, c.run))
+            object.__setattr__(c, "checks", train_checks(c.model, c.train))
         elif c.kind == "task" and (c.task is None or c.judge is None):
             raise bad("a task case needs task and judge")
         elif c.kind == "property" and c.prop not in PROPERTIES:
@@ -153,7 +153,7 @@ def _validate(rows: list[Case], mutants: dict | None = None) -> dict[str, Case]:
         killers = [c for c in rows if name in c.must_kill]
         unused = [k for k in m.honours if not any(k in _requires(c, SETUPS) for c in killers)]
         if m.sync_bn and not any(SETUPS[s].reference.get("sync_bn") for c in killers
-                                 for s in c.run.get("setups", ())):
+                                 for s in c.train.get("setups", ())):
             unused.append("sync_bn")
         if unused:
             raise ValueError(f"case table: row(s) {[c.name for c in killers]}: mutant {name!r} claims {unused}, "
@@ -164,7 +164,7 @@ def _validate(rows: list[Case], mutants: dict | None = None) -> dict[str, Case]:
 def _requires(c: Case, setups: dict) -> tuple:
     """The DDP keywords and methods row ``c`` needs an implementation to honour."""
     if c.kind == "train":
-        return tuple(c.run.get("requires", ())) + tuple(r for s in c.run.get("setups", ()) for r in setups[s].requires)
+        return tuple(c.train.get("requires", ())) + tuple(r for s in c.train.get("setups", ()) for r in setups[s].requires)
     if c.kind == "scenario":
         from conformance.cases.scenarios.scenario import space_requires
         return space_requires(c.args.get("space", {}))

@@ -19,7 +19,7 @@ def _parity(model, must_kill, description=None):
 
 
 def _feature_train(name, description, model, run, must_kill, tolerance="float32", tags=()):
-    return Case(f"feature.{name}", "feature", description, "train", model, tolerance=tolerance, run=run,
+    return Case(f"feature.{name}", "feature", description, "train", model, tolerance=tolerance, train=run,
                 tags=(name,) + tags, must_kill=must_kill)
 
 
@@ -31,12 +31,12 @@ def _feature_task(name, description, model, task, judge, checks, must_kill, tole
 
 def _property(name, description, must_kill):
     return Case(f"property.{name}", "property", description, "property", tolerance="grad", prop=name,
-                checks=("property",), tags=("properties",), must_kill=must_kill)
+                checks=("property",), must_kill=must_kill)
 
 
 def _scenario(name, description, space, must_kill, tags=()):
     return Case(f"scenario.{name}", "scenario", description, "scenario", "scenario", args={"space": space},
-                checks=tuple(SCENARIO_CHECKS), tags=("scenarios",) + tags,
+                checks=tuple(SCENARIO_CHECKS), tags=tags,
                 must_kill=must_kill)
 
 

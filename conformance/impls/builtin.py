@@ -50,7 +50,7 @@ XLA_RECIPE_KWARGS = frozenset({"broadcast_buffers"})
 def _xla_broadcast(tensors):
     """``xm.collective_broadcast`` from replica 0 - the body of
     ``xm.broadcast_master_param`` without its trailing ``torch_xla.sync()``,
-    which can deadlock with replica threads (PJRT_CPU_NOTES.md, cause 3); the
+    which can deadlock with replica threads (docs/runtimes/pjrt.md, cause 3); the
     harness runs ``ctx.mark_step()`` after construction instead. It multiplies
     by a 1/0 *device* scalar and all-reduces (layout pinned, as
     ``xm.reduce_gradients``), so every replica's graph is the same."""

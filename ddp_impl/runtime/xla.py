@@ -7,8 +7,8 @@ with a clear error because :func:`mark_step` relies on private torch_xla APIs.
 Multi-replica collectives on the PJRT *CPU* device (one process, one Python
 thread per replica - the TPU v2/v3 shape) are called unsupported upstream
 (pytorch/xla issues #5005, #9089, #9496) and hang or abort out of the box. They
-work with three measures, each taken from the team's measured PJRT CPU notes (``PJRT_CPU_NOTES.md``)
-("the notes") and each applied here:
+work with three measures, each answering one measured cause (docs/runtimes/pjrt.md, "the PJRT CPU causes")
+and each applied here:
 
 1. **Identical graphs on every replica, compiled once.** XLA:CPU uses the HLO
    module's unique id as a collective's op_id when it has no channel id, so
@@ -72,7 +72,7 @@ from ddp_impl.runtime.types import Completed
 SUPPORTED_TORCH_XLA = "2.9"
 # Set to 1 to run on another torch_xla version at your own risk.
 ALLOW_UNTESTED_ENV = "DDP_IMPL_ALLOW_UNTESTED_TORCH_XLA"
-# XLA_THREAD_POOL_SIZE default for CPU replicas: the notes measured 64 enough for
+# XLA_THREAD_POOL_SIZE default for CPU replicas: 64 was measured enough for
 # up to 16 replicas; it must be >= the number of replicas.
 DEFAULT_THREAD_POOL = 64
 # Measure 4 (see the module docstring): no input/output aliasing (buffer donation).
@@ -165,7 +165,7 @@ def mark_step(device=None) -> None:
     """Cut and run the pending lazy graph of ``device`` and wait for it.
 
     The deadlock-free replacement for ``torch_xla.sync()`` on multi-replica
-    PJRT CPU (team notes ``PJRT_CPU_NOTES.md``, "Three causes", 1 and 3;
+    PJRT CPU (docs/runtimes/pjrt.md, the PJRT CPU causes 1 and 3;
     upstream pytorch/xla #5005, #9089, #9496 call CPU collectives unsupported).
     Steps:
 

@@ -25,7 +25,7 @@ def train_checks(model: str, run: dict) -> tuple:
 def evaluate_train(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``train`` row (``overrides``: RunSpec fields, e.g. ``seed``, ``lr``, ``steps``)."""
     row = resolve_impl(impl)
-    spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.run, **overrides))
+    spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.train, **overrides))
     world_runtime, n = world_for(runtime, row.topology.get(runtime), w)
     reps = session.trajectories(world_runtime, n, spec)
     if reps is None:

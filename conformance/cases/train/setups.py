@@ -1,6 +1,6 @@
 """Run setups: what a case adds to the shared training loop, as data.
 
-A case row names setups (``Case.run["setups"]``); the loop
+A case row names setups (``Case.train["setups"]``); the loop
 (:func:`conformance.cases.train.loop.train_replica`) calls every setup's hooks and knows
 none of them. A setup also tells the single-device reference what it changes
 (``reference``: keyword overrides of :func:`conformance.cases.train.reference.reference_run`).

@@ -89,7 +89,7 @@ class Runtime:
     # single-device reference must reproduce (see conformance.cases.train.reference.QUIRKS).
     reference_quirks: frozenset = frozenset()
     # True where every replica must run the same graph for its collectives to meet
-    # (XLA's in-process CPU collectives, PJRT_CPU_NOTES.md cause 1): generated
+    # (XLA's in-process CPU collectives, docs/runtimes/pjrt.md, cause 1): generated
     # scenarios then keep batch sizes and control flow equal across replicas.
     uniform_graphs: bool = False
     # Seconds a replica may wait inside one collective while a peer is elsewhere

@@ -14,7 +14,7 @@ thread-local, so torch_xla's ordinal queries answer ``i`` in it), pins its
 a replica always sees the same device, bindings and compile cache.
 
 ``ctx.mark_step`` is :func:`ddp_impl.runtime.xla.mark_step` - the deadlock-free step
-sync of the team's measured PJRT CPU notes (``PJRT_CPU_NOTES.md``). Tasks must call it after each
+sync of docs/runtimes/pjrt.md (the PJRT CPU causes). Tasks must call it after each
 optimizer step and before reading back (``.cpu()``) anything computed from a
 collective; the adapter calls it once more after every successful task so no
 pending graph leaks into the next task.
@@ -138,7 +138,7 @@ class PjrtRuntime(Runtime):
     """torch_xla PJRT on the CPU device: one host, W replicas as threads."""
 
     name = "pjrt"
-    max_world_size = 16  # the notes measured up to 16 CPU replicas
+    max_world_size = 16  # measured up to 16 CPU replicas (docs/runtimes/pjrt.md)
     # torch_xla 2.9 updates BatchNorm's running_var with the *biased* batch
     # variance (CPU PyTorch: unbiased); measured, pinned by
     # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.
@@ -172,7 +172,7 @@ class PjrtRuntime(Runtime):
         torch_xla = xla.require_torch_xla()
         import torch_xla.core.xla_model as xm
         # Initialises the XLA runtime before any task runs: a CPU autograd
-        # backward before that breaks later XLA backwards (the notes).
+        # backward before that breaks later XLA backwards (measured; docs/runtimes/pjrt.md).
         devices = xm.get_xla_supported_devices()
         if len(devices) != world_size:
             raise RuntimeError(f"PJRT CPU exposes {len(devices)} device(s) "
