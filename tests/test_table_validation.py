@@ -43,7 +43,7 @@ def test_duplicate_name():
     ("model", "resnet", "unknown model 'resnet'"),
     ("tolerance", "float8", "unknown tolerance key 'float8'"),
     ("must_kill", ("no_such_mutant",), "unknown mutant(s) ['no_such_mutant']"),
-    ("run", {"setups": ("no_such_setup",)}, "unknown setup(s) ['no_such_setup']"),
+    ("train", {"setups": ("no_such_setup",)}, "unknown setup(s) ['no_such_setup']"),
 ])
 def test_unknown_names(field, value, needle):
     refused(rows(**{"feature.comm_hook": {field: value}}), "row 'feature.comm_hook'", needle)
@@ -73,7 +73,7 @@ def test_scenario_spaces(space, needle):
 
 def test_a_mutant_that_ignores_a_keyword_the_row_requires_could_never_be_killed():
     # the reference DDP (and its mutants) accept mixed_precision and ignore it
-    refused(rows(**{"parity.linear": {"run": {"requires": ("mixed_precision",)}}}),
+    refused(rows(**{"parity.linear": {"train": {"requires": ("mixed_precision",)}}}),
             "row 'parity.linear'", "mutant 'no_grad_sync'", "ignores keyword(s) ['mixed_precision']")
 
 
