@@ -39,7 +39,9 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 
+from .blame import collective_in
 from .runtimes import RuntimeUnavailable, get_runtime
 from .diagnosis import blank as blank_diagnosis, details as diagnosis_details
 from .world import DEFAULT_TIMEOUT, ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, _die_with_parent
@@ -130,7 +132,10 @@ class ExternalWorld:
             the others at the result gather, and a replica still inside the
             task after this long prints its Python stacks to stderr.
         collective_timeout: bound on every collective of the default group
-            the DDP under test uses (env ``CONFORMANCE_COLLECTIVE_TIMEOUT``).
+            the DDP under test uses (default
+            :func:`conformance.runtimes.cpu.process_group_timeout_s` of
+            ``timeout``: above it, so a stuck replica's stacks are printed before
+            a waiting peer's gloo timeout fires).
 
     Raises:
         LauncherEnvError: the process was not started by an env:// launcher.
@@ -146,7 +151,7 @@ class ExternalWorld:
         import ddp_impl
 
         from .runtimes.base import ReplicaContext
-        from .runtimes.cpu import COLLECTIVE_TIMEOUT_S
+        from .runtimes.cpu import process_group_timeout_s
         self.runtime = runtime
         self.timeout = timeout
         self.broken = False
@@ -162,7 +167,7 @@ class ExternalWorld:
         if self._owns_group:
             ddp_impl.init_process_group(
                 "gloo", init_method="env://",
-                timeout=datetime.timedelta(seconds=collective_timeout or COLLECTIVE_TIMEOUT_S))
+                timeout=datetime.timedelta(seconds=collective_timeout or process_group_timeout_s(timeout)))
         b = ddp_impl.ranks.bindings()
         if (b.process_count, b.global_ordinal) != (self.world_size, int(self.env["RANK"])):
             raise RuntimeError(f"torch.distributed is initialised with rank {b.global_ordinal} of "
@@ -258,9 +263,15 @@ class ExternalWorld:
         return [v for _, v in gathered] if self.is_root else None
 
     def _dump_stacks(self, task, fn, limit):
+        me = threading.get_ident()  # the watchdog: not evidence
+        stacks = ["Traceback (most recent call last):\n" + "".join(traceback.format_stack(f))
+                  for tid, f in sys._current_frames().items() if tid != me]
+        seen = next((c for c in map(collective_in, stacks) if c), None)
+        verdict = (f"it waits in {seen} (a peer has not reached it)" if seen else
+                   "it is outside any collective (if a peer waits in one, this replica is the culprit)")
         sys.stderr.write(f"--- replica {self.rank} (host {self.members[self.rank]['host']}, pid {os.getpid()}) "
                          f"is still in task {task} ({getattr(fn, '__name__', fn)}) after its {limit:.0f} s "
-                         f"timeout; its Python stacks:\n")
+                         f"timeout; {verdict}; its Python stacks:\n")
         sys.stderr.flush()
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
 

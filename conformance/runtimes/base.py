@@ -5,6 +5,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
+# Set by the World in each host's environment: the task bound in seconds (a runtime
+# keeps its own collective timeouts above it, e.g. gloo's on the CPU runtime).
+TASK_BOUND_ENV = "CONFORMANCE_TASK_BOUND"
+
+
 class RuntimeUnavailable(RuntimeError):
     """The runtime cannot run here; ``str(exc)`` is the one-line reason."""
 

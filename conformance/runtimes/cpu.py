@@ -9,10 +9,26 @@ from __future__ import annotations
 import datetime
 import os
 
-from .base import ReplicaContext, Runtime
+from .base import TASK_BOUND_ENV, ReplicaContext, Runtime
 
-# Bound on every gloo collective: a replica stuck in one raises after this.
+# Least bound on every gloo collective: a replica stuck in one raises after this
+# (or later: see process_group_timeout_s).
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("CONFORMANCE_COLLECTIVE_TIMEOUT", 60))
+# How far gloo's timeout stays above a World's task bound: the World's stack dump
+# (at most 3 s) and teardown happen before any replica's gloo timeout fires.
+PG_TIMEOUT_MARGIN_S = 30.0
+
+
+def process_group_timeout_s(task_bound_s: float | None = None) -> float:
+    """gloo's timeout in seconds for a world whose tasks are bounded by ``task_bound_s``:
+    :data:`COLLECTIVE_TIMEOUT_S`, raised to ``task_bound_s + PG_TIMEOUT_MARGIN_S``.
+
+    Above the bound, so the World takes every replica's stack and decides who
+    hung; below it, a replica waiting in a collective of the DDP under test (one
+    the kit does not instrument) would raise gloo's "Timed out waiting" first and
+    be reported as the replica that failed.
+    """
+    return max(COLLECTIVE_TIMEOUT_S, (task_bound_s or 0.0) + PG_TIMEOUT_MARGIN_S)
 
 
 class CpuRuntime(Runtime):
@@ -22,7 +38,7 @@ class CpuRuntime(Runtime):
     # left waiting in an all-reduce by a hung peer would otherwise raise gloo's
     # "Timed out waiting ... for recv" first, and the report would blame the
     # waiter instead of the peer.
-    collective_bound = 0.8 * COLLECTIVE_TIMEOUT_S
+    collective_bound = 0.8 * COLLECTIVE_TIMEOUT_S  # gloo's timeout is never below COLLECTIVE_TIMEOUT_S
 
     def host_envs(self, world_size):
         return [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
@@ -35,7 +51,7 @@ class CpuRuntime(Runtime):
         torch.set_num_threads(1)
         ddp_impl.init_process_group(
             "gloo", init_method=f"file://{os.path.join(workdir, 'rendezvous')}",
-            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+            timeout=datetime.timedelta(seconds=process_group_timeout_s(_task_bound())))
         b = ddp_impl.ranks.bindings()
         return [ReplicaContext(runtime=self.name, rank=b.global_ordinal, world_size=b.world_size,
                                device=torch.device("cpu"),
@@ -45,3 +61,8 @@ class CpuRuntime(Runtime):
         import torch.distributed as dist
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _task_bound():
+    value = os.environ.get(TASK_BOUND_ENV)  # set by the World in its hosts
+    return float(value) if value else None
