@@ -468,7 +468,6 @@ class World:
                 tids.setdefault(self._host_of.get(rank, rank), []).append(b["tid"])
         self._dump_stacks(alive, tids)
         board = dg.read_board(self._board, self.world_size)
-        per_host = {h: len(ranks) for h, ranks in enumerate(self._ranks)}
         diag = []
         for rank in range(self.world_size):
             host = self._host_of.get(rank, rank)
@@ -486,7 +485,7 @@ class World:
             seen_in = None
             if dump:  # one replica per host: its other threads (a DDP's comm thread) count too
                 d["stacks"], seen_in = _replica_stacks(dump, b.get("tid") or board[rank].get("tid"),
-                                                       whole_host=per_host.get(host, 1) == 1)
+                                                       tids.get(host, []))
             d["log_tail"] = self.log_tail(host)
             if rank in raised:
                 info = raised[rank]
@@ -586,7 +585,7 @@ class World:
             else:
                 d["status"] = "hung"
                 outside = "outside any collective" in (d["culprit_reason"] or "")
-                top = blame_mod.top_frame(d.get("stacks") or "")
+                top = _top_frame(d.get("stacks") or "")
                 parts.append(f"replica {d['rank']} hung{' outside any collective' if outside else ''}"
                              f"{f' at {top}' if top else ''} ({dg.where(d) or 'no progress noted'}; "
                              f"rss {_mib(d.get('rss_mib'))})")
@@ -658,19 +657,48 @@ def _kit_thread(block):
                for f in blame_mod.frames(block))
 
 
-def _replica_stacks(dump, tid, whole_host):
-    """``(stacks, collective)``: a replica's thread in a host's faulthandler ``dump``
-    (with source lines), every other thread too when ``whole_host``; the collective
-    (:func:`conformance.blame.collective_in`) its thread is inside, else one another
-    thread of the host is inside when ``whole_host``, else ``None``."""
+def _replica_stacks(dump, tid, host_tids):
+    """``(stacks, collective)`` of the replica on thread ``tid`` from its host's
+    faulthandler ``dump`` (with source lines), and the collective
+    (:func:`conformance.blame.collective_in`) the first of those threads is inside.
+
+    Its threads: on a host of one replica (``host_tids``: the replica threads of the
+    host), every thread; on a host of several, its own, plus the threads no replica
+    owns when it alone waits in backward (autograd runs an XLA device's backward,
+    and its hooks, on a worker thread of its own)."""
     blocks = {t: b for t, b in dg.thread_stacks(dump).items() if not _kit_thread(b)}
-    mine = blocks.pop(tid, None) if tid else None
-    if mine is None and not whole_host:
+    mine = blocks.get(tid) if tid else None
+    if len(host_tids) <= 1:
+        ordered = ([mine] if mine else []) + [b for t, b in blocks.items() if t != tid]
+    elif mine is None:
         return dump, None
-    ordered = ([mine] if mine else []) + (list(blocks.values()) if whole_host or mine is None else [])
+    else:
+        ordered = [mine]
+        in_backward = [t for t in host_tids if _innermost(blocks.get(t)) == "_engine_run_backward"]
+        if in_backward == [tid]:
+            ordered += [b for t, b in blocks.items() if t not in host_tids and _worker(b)]
     seen = next((c for c in map(blame_mod.collective_in, ordered) if c), None)
     text = "\n\n".join(dg.with_source(b) for b in ordered) if ordered else dump
     return text, seen
+
+
+def _top_frame(stacks):
+    """Where a replica is, in one line: the innermost frame of its first thread that is
+    not just waiting for autograd (whose worker thread runs the backward)."""
+    blocks = list(dg.thread_stacks(stacks).values()) or [stacks]
+    busy = [b for b in blocks if _innermost(b) != "_engine_run_backward"]
+    return blame_mod.top_frame((busy or blocks)[0])
+
+
+def _innermost(block):
+    fs = blame_mod.frames(block or "")
+    return fs[0].func if fs else None
+
+
+def _worker(block):
+    """A thread started outside Python (no ``threading`` bootstrap, not the main thread)."""
+    fs = blame_mod.frames(block)
+    return bool(fs) and fs[-1].func not in ("_bootstrap", "<module>")
 
 
 def _mib(value):
