@@ -11,7 +11,7 @@ field                                  environment variable        default
 =====================================  ==========================  ========
 ``replica_timeout`` (s)                ``CONFORMANCE_TIMEOUT``            120
 ``start_timeout`` (s)                  ``CONFORMANCE_START_TIMEOUT``      180
-``collective_timeout`` (s, gloo)       ``CONFORMANCE_COLLECTIVE_TIMEOUT`` 60
+``collective_timeout`` (s, gloo, least)``CONFORMANCE_COLLECTIVE_TIMEOUT`` 60
 ``pjrt_collective_bound`` (s)          ``CONFORMANCE_PJRT_COLLECTIVE_BOUND`` 6
 ``profile``                            ``CONFORMANCE_PROFILE``            dev
 =====================================  ==========================  ========
@@ -56,8 +56,9 @@ class Settings:
         replica_timeout: seconds one task may take on a world before the kit
             takes every replica's stack and decides the culprit.
         start_timeout: seconds a world's hosts may take to start.
-        collective_timeout: seconds of the gloo process group's own timeout
-            (CPU runtime and env:// launched worlds).
+        collective_timeout: least seconds of the gloo process group's own timeout (CPU
+            runtime and env:// launched worlds; raised above the task bound, see
+            :func:`conformance.worlds.runtimes.cpu.process_group_timeout_s`).
         pjrt_collective_bound: seconds a PJRT replica may sit in one collective
             before the world reports it (below XLA's own abort).
         profile: example budget of the property and scenario searches.

@@ -9,6 +9,8 @@ replicas with a short task bound (:data:`TIMEOUT_S`), with the fault on
 replica :data:`K` at step 1. Bounds are limits a hang would blow through, not timing
 assertions: written for a quiet machine, each is multiplied by the load scale measured in
 the same test (:func:`tests.procs.load_scale`: the world's start-up against a quiet one).
+A second table (:data:`SCRATCH_FAULTS`) puts the fault inside a from-scratch DDP's own
+collectives, which the kit does not instrument: the culprit is found from stacks.
 """
 import os
 import signal
@@ -82,7 +84,7 @@ def _run_fault(runtime, how, **kw):
 def _check_diagnosis(err):
     assert [d["rank"] for d in err.diagnosis] == [0, 1]
     for d in err.diagnosis:
-        assert d["status"] in ("raised", "hung", "died", "aborted-by-peer", "ok")
+        assert d["status"] in ("raised", "hung", "died", "waiting", "aborted-by-peer", "ok")
         assert d["pid"] and d["host"] is not None
     assert "\n" not in err.summary() and err.summary() in str(err)
     assert err.details() in str(err)
@@ -188,3 +190,289 @@ def test_spawned_world_ignores_parent_launcher_variables(monkeypatch):
     assert [r["bindings"]["global_ordinal"] for r in reports] == [0, 1]
     assert [r["bindings"]["local_ordinal"] for r in reports] == [0, 1]
     assert [r["dist"] for r in reports] == [{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}]
+
+
+# --- faults inside a from-scratch DDP's own torch.distributed calls -------------
+# The kit's instrumented collectives (ctx.collectives) are not used here: the DDP
+# calls torch.distributed itself, as a user's DDP does, so the kit can only
+# classify from the replicas' stacks.
+
+SCRATCH_FAULTS = ("hang", "skip", "stall")
+STALL_MIB = 200      # what the stalling replica allocates before it stalls
+
+
+def _hang_in_backward(seconds):
+    time.sleep(seconds)  # the frame the report must show
+
+
+def _stall_after_allocating(seconds):
+    import torch
+    ballast = torch.ones(STALL_MIB * 2 ** 18)  # float32: STALL_MIB MiB, touched
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # busy, not asleep: a stalled replica burns CPU
+        pass
+    return ballast
+
+
+class ScratchDDP:
+    """Data parallelism written from scratch (not the kit's reference DDP): each
+    gradient all-reduced and averaged by a post-accumulate-grad hook as backward
+    produces it, with ``torch.distributed`` (parameters broadcast from rank 0 at
+    wrap) or, on ``xla``, ``xm.all_reduce`` (replicas seed alike; the collectives
+    run in the step sync). ``fault`` (rank 1, step 1, first hook) is ``hang``
+    (sleeps in backward), ``skip`` (skips that all-reduce) or ``stall``
+    (allocates, then spins)."""
+
+    def __init__(self, module, rank, world_size, fault=None, seconds=600.0, xla=False):
+        self.module, self.rank, self.world_size, self.xla = module, rank, world_size, xla
+        self.fault, self.seconds, self.step = fault, seconds, 0
+        self._hooks_this_step = 0
+        for p in module.parameters():
+            if not xla:
+                import torch.distributed as dist
+                dist.broadcast(p.data, src=0)
+            p.register_post_accumulate_grad_hook(self._reduce)
+
+    def __call__(self, x):
+        self._hooks_this_step = 0
+        return self.module(x)
+
+    def _reduce(self, p):
+        first = self._hooks_this_step == 0
+        self._hooks_this_step += 1
+        if first and self.rank == 1 and self.step == 1:
+            if self.fault == "hang":
+                _hang_in_backward(self.seconds)
+            elif self.fault == "stall":
+                _stall_after_allocating(self.seconds)
+            elif self.fault == "skip":
+                return
+        if self.xla:
+            import torch_xla.core.xla_model as xm
+            p.grad.copy_(xm.all_reduce(xm.REDUCE_SUM, p.grad, scale=1.0 / self.world_size))
+        else:
+            import torch.distributed as dist
+            dist.all_reduce(p.grad)
+            p.grad /= self.world_size
+
+
+def scratch_ddp_fault(ctx, how, steps=3, seconds=600.0) -> int:
+    """Train a 3-layer MLP under :class:`ScratchDDP` with fault ``how``; return the rank.
+    The layers have the same size, so a skipped all-reduce pairs with the next one
+    instead of a size mismatch (gloo aborts on those)."""
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8, bias=False) for _ in range(3)]).to(ctx.device)
+    ddp = ScratchDDP(model, ctx.rank, ctx.world_size, fault=how, seconds=seconds, xla=ctx.runtime == "pjrt")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(ctx.rank)
+    for step in range(steps):
+        ddp.step = step
+        ctx.note(step=step, phase="forward")
+        loss = ddp(torch.randn(4, 8, generator=data).to(ctx.device)).square().mean()
+        ctx.note(phase="backward")
+        loss.backward()
+        ctx.note(phase="optimizer step")
+        opt.step()
+        opt.zero_grad()
+        ctx.mark_step()  # XLA: the step's all-reduces run here
+    return ctx.rank
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("how", SCRATCH_FAULTS)
+def test_fault_inside_scratch_ddp_names_the_culprit(runtime, how):
+    """Replica 1 misbehaves inside a from-scratch DDP's backward while replica 0 waits in
+    the DDP's own ``torch.distributed.all_reduce`` (PJRT: in the step sync that runs its
+    ``xm.all_reduce``): replica 1 is the culprit (with the stack of where it is), replica 0
+    a waiter, within the task bound."""
+    _available(runtime)
+    if runtime == "pjrt" and how == "skip":
+        pytest.skip("unsupported: on XLA the skipped all-reduce only changes replica 1's compiled graph; "
+                    "both replicas then wait in the step sync and no stack or progress shows which skipped")
+    world = World(runtime, 2, timeout=TIMEOUT_S)
+    pids = world.pids()
+    try:
+        # first the same task without a fault: its imports (torch.optim, ...) would take
+        # most of the short bound on a loaded machine
+        assert world.run(scratch_ddp_fault, timeout=120, how=None) == [0, 1]
+        t0 = time.monotonic()
+        with pytest.raises(ReplicaError) as info:
+            world.run(scratch_ddp_fault, how=how)
+        elapsed = time.monotonic() - t0
+    finally:
+        world.close()
+    assert gone(pids), "a host process outlived the failure report"
+    err = info.value
+    summary = err.summary()
+    assert isinstance(err, ReplicaTimeout), f"{how}: {type(err).__name__}: {summary}"
+    assert elapsed <= TIMEOUT_S + SLACK_S, f"{how}: reported after {elapsed:.1f} s"
+    _check_diagnosis(err)
+    assert [d["rank"] for d in err.diagnosis if d["culprit"]] == [K], summary
+    waiter, culprit = err.diagnosis[1 - K], err.diagnosis[K]
+    assert waiter["status"] == "waiting", summary
+    collective, frame = {"cpu": ("all_reduce", "distributed_c10d.py"), "pjrt": ("mark_step", "mark_step")}[runtime]
+    assert collective in (waiter["in_collective"] or ""), summary
+    assert frame in (waiter["stacks"] or "")
+    assert f"replica {K}" in summary and collective in summary
+    if how == "skip":  # it went on and returned: one all-reduce short
+        assert culprit["status"] == "ok", summary
+    else:
+        assert culprit["status"] == "hung", summary
+        frame = {"hang": "_hang_in_backward", "stall": "_stall_after_allocating"}[how]
+        assert frame in (culprit["stacks"] or ""), culprit["stacks"]
+        assert frame in summary  # its innermost frame, in the one line
+        assert (culprit["step"], culprit["phase"]) == (1, "backward")
+    if how == "stall" and runtime == "cpu":  # its resident set shows the allocation (PJRT: one host)
+        assert culprit["rss_mib"] - waiter["rss_mib"] >= 0.8 * STALL_MIB, summary
+
+
+# --- the blame decision alone (no world) ----------------------------------------
+
+SITE = "/venv/lib/python3.11/site-packages"
+WAITER_STACK = f"""Current thread 0x00007fa2f2641b80 (most recent call first):
+  File "{SITE}/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "{SITE}/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/home/u/mydp.py", line 41 in _reduce
+  File "{SITE}/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "/home/u/train.py", line 9 in main
+"""
+SLEEPER_STACK = f"""Current thread 0x00007fdc3163bb80 (most recent call first):
+  File "/home/u/mydp.py", line 30 in _reduce
+  File "{SITE}/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "/home/u/train.py", line 9 in main
+"""
+# What replica 0 raised in the user's measurement: gloo's own timeout, out of all_reduce.
+GLOO_TIMEOUT_TB = f"""Traceback (most recent call last):
+  File "/home/u/mydp.py", line 41, in _reduce
+    dist.all_reduce(p.grad)
+  File "{SITE}/torch/distributed/c10d_logger.py", line 83, in wrapper
+    return func(*args, **kwargs)
+  File "{SITE}/torch/distributed/distributed_c10d.py", line 3252, in all_reduce
+    work.wait()
+RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 60000ms for recv operation to complete
+"""
+
+
+def _replica(rank, status, stack=None, **kw):
+    from conformance.worlds.blame import collective_in
+    return {"rank": rank, "host": rank, "status": status,
+            "in_collective": kw.pop("in_collective", None) or collective_in(stack or ""), **kw}
+
+
+def test_collective_in_recognises_torch_distributed_and_xla_frames():
+    from conformance.worlds.blame import collective_in
+    assert collective_in(WAITER_STACK) == "torch.distributed.all_reduce at u/mydp.py:41 in _reduce"
+    assert collective_in(GLOO_TIMEOUT_TB) == "torch.distributed.all_reduce at u/mydp.py:41 in _reduce"
+    assert collective_in(SLEEPER_STACK) is None
+    xla = (f'  File "{SITE}/torch_xla/core/xla_model.py", line 1090 in mark_step\n'
+           '  File "/u/t.py", line 3 in step\n')
+    assert collective_in(xla) == "torch_xla.core.xla_model.mark_step at u/t.py:3 in step"
+    # an innermost user frame at `handle.wait()` is dist.Work.wait (C++: no frame of its own) ...
+    work = '  File "/u/dp.py", line 7 in finish\n  File "/u/t.py", line 3 in step\n'
+    assert collective_in(work, source=lambda p, n: "        h.wait()\n") == "Work.wait at u/dp.py:7 in finish"
+    # ... but threading.Event.wait has Python frames below the user's line
+    event = f'  File "/usr/lib/python3.11/threading.py", line 320 in wait\n{work}'
+    lines = {"/u/dp.py": "        h.wait()\n", "/usr/lib/python3.11/threading.py": "    waiter.acquire()\n"}
+    assert collective_in(event, source=lambda p, n: lines[p]) is None
+
+
+def test_blame_measured_case_gloo_timeout_raised_by_the_waiter():
+    """The user's measurement: replica 0 raised gloo's timeout inside the DDP's own
+    all_reduce while replica 1 slept in backward. Replica 1 is the culprit."""
+    from conformance.worlds.blame import blame
+    v = blame([_replica(0, "raised", GLOO_TIMEOUT_TB), _replica(1, "hung", SLEEPER_STACK)])
+    assert v.culprits == [1] and v.status == {0: "waiting", 1: "hung"}
+    assert "outside any collective" in v.reason[1]
+
+
+@pytest.mark.parametrize("case, culprits, status", [
+    # hang in user code / stall: the one outside any collective
+    ([("hung", WAITER_STACK), ("hung", SLEEPER_STACK)], [1], ["waiting", "hung"]),
+    # skipped collective: the one that returned
+    ([("hung", WAITER_STACK), ("ok", None)], [1], ["waiting", "ok"]),
+    # raised in its own code: the raiser; the waiter was cut off
+    ([("hung", WAITER_STACK), ("raised", None)], [1], ["aborted-by-peer", "raised"]),
+    # died: the dead one
+    ([("hung", WAITER_STACK), ("died", None)], [1], ["aborted-by-peer", "died"]),
+    # nobody inside a collective: every replica still running
+    ([("hung", SLEEPER_STACK), ("hung", SLEEPER_STACK)], [0, 1], ["hung", "hung"]),
+    # one sleeps, the other returned without any collective: the sleeper
+    ([("hung", SLEEPER_STACK), ("ok", None)], [0], ["hung", "ok"]),
+])
+def test_blame_by_evidence(case, culprits, status):
+    from conformance.worlds.blame import blame
+    v = blame([_replica(r, s, stack) for r, (s, stack) in enumerate(case)])
+    assert v.culprits == culprits and [v.status[r] for r in range(len(case))] == status
+
+
+def test_blame_odd_one_out_when_every_replica_waits():
+    """Three replicas all inside collectives, one in an earlier one (it skipped or
+    added one): that one is the culprit."""
+    from conformance.worlds.blame import blame
+    ds = [_replica(r, "hung", in_collective="all_reduce_ float32[4]", collectives=4) for r in range(3)]
+    ds[2].update(collectives=3)
+    v = blame(ds)
+    assert v.culprits == [2] and v.status[0] == v.status[1] == "waiting"
+
+
+def test_blame_threads_of_one_dead_host():
+    """PJRT: one host holds every replica; when it dies, the replica thread outside
+    any collective is the culprit, not the ones waiting in one."""
+    from conformance.worlds.blame import blame
+    v = blame([{"rank": 0, "host": 0, "status": "died", "in_collective": "mark_step"},
+               {"rank": 1, "host": 0, "status": "died", "in_collective": None}])
+    assert v.culprits == [1]
+
+
+def _thread_in_fake_all_reduce():
+    """A thread blocked in a function whose frame reads as torch.distributed.all_reduce
+    (compiled under that file name); returns (thread, event that releases it)."""
+    ns = {}
+    exec(compile("def all_reduce(release):\n    release.wait(30)\n",
+                 f"{SITE}/torch/distributed/distributed_c10d.py", "exec"), ns)
+    release = threading.Event()
+    t = threading.Thread(target=ns["all_reduce"], args=(release,), daemon=True)
+    t.start()
+    return t, release
+
+
+def test_launched_replica_says_whether_it_waits_in_a_collective(capfd):
+    """A launcher-started world cannot see its peers: at its bound a stuck replica
+    prints whether it waits in a collective or is outside any (the likely culprit)."""
+    from conformance.worlds.launched import ExternalWorld
+    w = ExternalWorld.__new__(ExternalWorld)  # its __init__ needs a launcher
+    w.rank, w.members = 1, [{"host": "0"}, {"host": "0"}]
+    w._dump_stacks(3, scratch_ddp_fault, 10.0)
+    assert "it is outside any collective" in capfd.readouterr().err
+    t, release = _thread_in_fake_all_reduce()
+    try:
+        w._dump_stacks(3, scratch_ddp_fault, 10.0)
+        assert "it waits in torch.distributed.all_reduce" in capfd.readouterr().err
+    finally:
+        release.set()
+        t.join()
+
+
+@pytest.mark.cpu
+def test_collective_bound_applies_to_scratch_ddp_collectives():
+    """The hosts sample each replica's stack: a replica inside the DDP's own
+    all_reduce for longer than the collective bound while its peer sleeps elsewhere
+    is reported then, not at the (here much longer) task bound."""
+    world = World("cpu", 2, timeout=120)
+    world.collective_bound = 3.0  # the CPU runtime's is 0.8 x gloo's timeout (48 s)
+    pids = world.pids()
+    try:
+        assert world.run(scratch_ddp_fault, how=None) == [0, 1]  # imports (see above)
+        t0 = time.monotonic()
+        with pytest.raises(ReplicaTimeout) as info:
+            world.run(scratch_ddp_fault, how="hang")
+        elapsed = time.monotonic() - t0
+    finally:
+        world.close()
+    assert gone(pids)
+    err = info.value
+    assert "collective bound" in err.summary(), err.summary()
+    assert elapsed < 60, f"reported after {elapsed:.1f} s: the task bound, not the collective bound"
+    assert [d["rank"] for d in err.diagnosis if d["culprit"]] == [K]
+    assert err.diagnosis[1 - K]["status"] == "waiting" and err.diagnosis[1 - K]["waited_s"] >= 3.0

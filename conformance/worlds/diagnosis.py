@@ -14,6 +14,7 @@ No torch import here: the parent process stays plain Python.
 from __future__ import annotations
 
 import json
+import linecache
 import mmap
 import re
 import signal
@@ -25,9 +26,10 @@ SLOT_BYTES = 2048
 # Keys of one replica's diagnosis (values None when unknown).
 DIAGNOSIS_KEYS = ("rank", "host", "pid", "status", "task", "step", "phase", "last_collective",
                   "collectives", "in_collective", "waited_s", "exception_type", "exception_message",
-                  "traceback", "stacks", "exit_code", "signal", "log_tail")
-# status values, from most to least to blame
-STATUSES = ("raised", "hung", "died", "aborted-by-peer", "ok")
+                  "traceback", "stacks", "exit_code", "signal", "log_tail", "rss_mib", "peak_rss_mib",
+                  "culprit_reason")
+# status values, from most to least to blame (conformance.worlds.blame.Blame says what each means)
+STATUSES = ("raised", "hung", "died", "waiting", "aborted-by-peer", "ok")
 
 
 # --- the progress board (written by hosts, read by the parent) -------------
@@ -73,8 +75,10 @@ class Progress:
     ``last_collective`` (e.g. ``"all_reduce_ #3 float32[10]"``), ``collectives``
     (entered in this task), ``in_collective`` (name while inside one, else
     None), ``since`` (``time.monotonic()`` when it entered the current
-    collective), ``state`` (``running``/``returned``/``raised``) and the
-    thread ident ``tid`` (to find the replica's thread in a stack dump).
+    collective), ``seen_collective`` / ``seen_since`` (a collective the kit did
+    not record, found by sampling the stack: :meth:`seen_in`), ``state``
+    (``running``/``returned``/``raised``) and the thread ident ``tid`` (to find
+    the replica's thread in a stack dump).
     """
 
     def __init__(self, mm, rank, fixed):
@@ -89,7 +93,8 @@ class Progress:
 
     def begin(self, task, fn_name: str) -> None:
         with self._lock:
-            for k in ("step", "phase", "last_collective", "in_collective", "since", "failed_in"):
+            for k in ("step", "phase", "last_collective", "in_collective", "since", "failed_in",
+                      "seen_collective", "seen_since"):
                 self.state.pop(k, None)
             self.state.update(task=task, fn=fn_name, collectives=0, state="running",
                               tid=self.state.get("tid") or threading.get_ident())
@@ -106,6 +111,17 @@ class Progress:
             self.state["last_collective"] = f"{name} #{self.state['collectives']}"
             self.state["in_collective"] = name
             self.state["since"] = time.monotonic()
+            self._flush()
+
+    def seen_in(self, name: str | None) -> None:
+        """Record the collective a sample of this replica's stack shows (``None``: none):
+        ``seen_collective``, and ``seen_since`` (``time.monotonic()`` of the first
+        sample inside it). Writes only on a change."""
+        with self._lock:
+            if self.state.get("seen_collective") == name:
+                return
+            self.state["seen_collective"] = name
+            self.state["seen_since"] = time.monotonic() if name else None
             self._flush()
 
     def leave(self, failed: bool = False) -> None:
@@ -212,6 +228,23 @@ def thread_stacks(dump: str) -> dict[int, str]:
     return out
 
 
+_FRAME_LINE = re.compile(r'^(\s*)File "([^"]+)", line (\d+)', re.M)
+
+
+def with_source(block: str) -> str:
+    """A ``faulthandler`` stack ``block`` with each frame's source line under it
+    (read from the file now; frames whose file is unreadable are left as they are)."""
+    out = []
+    for line in block.splitlines():
+        out.append(line)
+        m = _FRAME_LINE.match(line)
+        if m:
+            src = linecache.getline(m.group(2), int(m.group(3))).strip()
+            if src:
+                out.append(f"{m.group(1)}    {src}")
+    return "\n".join(out)
+
+
 def exit_description(code) -> tuple[int | None, str | None]:
     """``(exit code, signal name)`` of a ``multiprocessing`` exit code (negative = signal)."""
     if code is None:
@@ -268,6 +301,11 @@ def details(diagnosis: list[dict]) -> str:
         parts.append(head + (f" [{place}]" if place else ""))
         if d.get("exception_type"):
             parts.append(f"exception: {d['exception_type']}: {d.get('exception_message')}")
+        if d.get("culprit_reason"):
+            parts.append(f"blamed: {d['culprit_reason']}")
+        if d.get("rss_mib") is not None:
+            parts.append(f"resident set {d['rss_mib']:.0f} MiB (peak {d.get('peak_rss_mib') or 0:.0f} MiB) "
+                         f"of host {d.get('host')}")
         if d.get("exit_code") is not None:
             parts.append(f"exited with code {d['exit_code']}" + (f" ({d['signal']})" if d.get("signal") else ""))
         if d.get("traceback"):

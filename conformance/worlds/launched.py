@@ -39,10 +39,12 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 
-from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
-from conformance.worlds.diagnosis import blank as blank_diagnosis, details as diagnosis_details
 from conformance.settings import Settings
+from conformance.worlds.blame import collective_in
+from conformance.worlds.diagnosis import blank as blank_diagnosis, details as diagnosis_details
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, _die_with_parent
 
 # What a launcher must set (torchrun does; so do `python -m torch.distributed.run`
@@ -131,7 +133,10 @@ class ExternalWorld:
             the others at the result gather, and a replica still inside the
             task after this long prints its Python stacks to stderr.
         collective_timeout: bound on every collective of the default group
-            the DDP under test uses (default ``settings.collective_timeout``).
+            the DDP under test uses (default
+            :func:`conformance.worlds.runtimes.cpu.process_group_timeout_s`: above the
+            task bound, so a stuck replica's stacks are printed before a waiting peer's
+            gloo timeout fires).
         settings: the run's :class:`~conformance.settings.Settings`.
 
     Raises:
@@ -148,6 +153,7 @@ class ExternalWorld:
         import ddp_impl
 
         from conformance.worlds.runtimes.base import ReplicaContext
+        from conformance.worlds.runtimes.cpu import process_group_timeout_s
         settings = settings or Settings()
         self.runtime = runtime
         self.timeout = timeout or settings.replica_timeout
@@ -164,7 +170,8 @@ class ExternalWorld:
         if self._owns_group:
             ddp_impl.init_process_group(
                 "gloo", init_method="env://",
-                timeout=datetime.timedelta(seconds=collective_timeout or settings.collective_timeout))
+                timeout=datetime.timedelta(seconds=collective_timeout or process_group_timeout_s(
+                    settings.replace(replica_timeout=self.timeout))))
         b = ddp_impl.runtime.ranks.bindings()
         if (b.process_count, b.global_ordinal) != (self.world_size, int(self.env["RANK"])):
             raise RuntimeError(f"torch.distributed is initialised with rank {b.global_ordinal} of "
@@ -260,9 +267,15 @@ class ExternalWorld:
         return [v for _, v in gathered] if self.is_root else None
 
     def _dump_stacks(self, task, fn, limit):
+        me = threading.get_ident()  # the watchdog: not evidence
+        stacks = ["Traceback (most recent call last):\n" + "".join(traceback.format_stack(f))
+                  for tid, f in sys._current_frames().items() if tid != me]
+        seen = next((c for c in map(collective_in, stacks) if c), None)
+        verdict = (f"it waits in {seen} (a peer has not reached it)" if seen else
+                   "it is outside any collective (if a peer waits in one, this replica is the culprit)")
         sys.stderr.write(f"--- replica {self.rank} (host {self.members[self.rank]['host']}, pid {os.getpid()}) "
                          f"is still in task {task} ({getattr(fn, '__name__', fn)}) after its {limit:.0f} s "
-                         f"timeout; its Python stacks:\n")
+                         f"timeout; {verdict}; its Python stacks:\n")
         sys.stderr.flush()
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
 

@@ -20,8 +20,16 @@ per replica (:attr:`ReplicaError.diagnosis`):
   (:attr:`conformance.worlds.runtimes.base.Runtime.collective_bound`): a replica that
   has waited that long inside a collective while a peer is elsewhere (still
   computing, or returned from the task) means that peer hung or skipped the
-  collective. The bound is below the runtime's own collective timeout (gloo's
-  error, XLA's abort), so the report names the peer, not the waiter.
+  collective. Both bounds are below the runtime's own collective timeout
+  (gloo's error, raised above the task bound, see
+  :func:`conformance.worlds.runtimes.cpu.process_group_timeout_s`; XLA's abort), so
+  the report names the peer, not the waiter.
+
+Who is to blame is decided from evidence (:func:`conformance.worlds.blame.blame`):
+every replica's stacks (all threads), its progress, and the collective it is
+inside - recorded by the kit, or found in its stack when the DDP under test
+calls torch.distributed or torch_xla itself. A replica inside a collective is
+``waiting``; the one elsewhere, behind, returned or dead is the culprit.
 
 Each replica's progress (task, step, phase, last collective; tasks add to it
 with :meth:`ReplicaContext.note <conformance.worlds.runtimes.base.ReplicaContext.note>`)
@@ -45,6 +53,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -52,7 +61,9 @@ import traceback
 from multiprocessing.connection import wait as wait_any
 
 from conformance.settings import Settings
+from conformance.worlds import blame as blame_mod
 from conformance.worlds import diagnosis as dg
+from conformance.worlds import procmem
 
 # After the first replica raised (or a host died), how long the parent waits
 # for other replicas' simultaneous reports before it tears the world down.
@@ -79,14 +90,18 @@ class ReplicaError(RuntimeError):
         diagnosis: one ``dict`` per replica, by rank, with the keys of
             :data:`conformance.worlds.diagnosis.DIAGNOSIS_KEYS` (``None`` when
             unknown): ``rank``, ``host``, ``pid``, ``status`` (``raised``,
-            ``hung``, ``died``, ``aborted-by-peer``, ``ok``), ``task``,
-            ``step``, ``phase``, ``last_collective``, ``collectives`` (entered
-            in the task), ``in_collective``, ``waited_s``, ``exception_type``,
-            ``exception_message``, ``traceback``, ``stacks`` (faulthandler,
-            this replica's thread), ``exit_code``, ``signal``, ``log_tail``
-            (its host's last :data:`LOG_TAIL_LINES` lines), plus ``culprit``
-            (bool: named in the summary). Empty when the failure is not
-            per-replica (e.g. a broken world reused).
+            ``hung``, ``died``, ``waiting``, ``aborted-by-peer``, ``ok``; see
+            :class:`conformance.worlds.blame.Blame`), ``task``, ``step``, ``phase``,
+            ``last_collective``, ``collectives`` (kit-recorded, entered in the
+            task), ``in_collective`` (recorded, or found in its stack or
+            traceback), ``waited_s``, ``exception_type``,
+            ``exception_message``, ``traceback``, ``stacks`` (faulthandler with
+            source lines: this replica's thread, then on a one-replica host its
+            other threads), ``exit_code``, ``signal``, ``log_tail`` (its host's
+            last :data:`LOG_TAIL_LINES` lines), ``rss_mib`` / ``peak_rss_mib``
+            (its host process at the report, MiB), plus ``culprit`` (bool:
+            named in the summary) and ``culprit_reason``. Empty when the
+            failure is not per-replica (e.g. a broken world reused).
     """
 
     def __init__(self, message: str, diagnosis: list[dict] | None = None):
@@ -111,7 +126,8 @@ class ReplicaFailed(ReplicaError):
 
 class ReplicaTimeout(ReplicaError):
     """A bound passed: the task's timeout, or a replica waited in a collective a
-    peer never entered for the runtime's collective bound; stacks of every replica."""
+    peer never entered for the runtime's collective bound (or raised the runtime's
+    own collective timeout while a peer was elsewhere); stacks of every replica."""
 
 
 class ReplicaDied(ReplicaError):
@@ -146,6 +162,39 @@ def _instrument(ctx, board, host, runtime):
         ctx.mark_step = dg.recorded_step_sync(ctx.mark_step, p)
 
 
+def _stack_text(frame) -> str:
+    """A frame's stack in ``faulthandler``'s format, innermost first (no source read)."""
+    lines = []
+    while frame is not None:
+        code = frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
+        frame = frame.f_back
+    return "\n".join(lines)
+
+
+def _watch_collectives(replicas, every=POLL_S):
+    """Host thread: every ``every`` seconds, record in each running replica's progress
+    the collective its stack shows (:func:`conformance.worlds.blame.collective_in`), so the
+    collective bound applies to a DDP that calls torch.distributed or torch_xla itself.
+    On a host of one replica every thread counts (a DDP's communication thread)."""
+    me = threading.get_ident()
+    while True:
+        time.sleep(every)
+        try:
+            frames = sys._current_frames()
+            for ctx in replicas:
+                p = ctx.progress
+                if p.state.get("state") != "running" or p.state.get("in_collective"):
+                    p.seen_in(None)
+                    continue
+                tids = [p.state.get("tid")] if len(replicas) > 1 else [t for t in frames if t != me]
+                stacks = [_stack_text(frames[t]) for t in tids if t in frames]
+                p.seen_in(next((c for c in map(blame_mod.collective_in, stacks) if c), None))
+            del frames
+        except Exception:  # a sample is only a hint; never take the host down
+            pass
+
+
 def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, settings):
     """Entry point of a host process (spawned; runs until told to stop)."""
     for var in LAUNCHER_VARS:  # before anything reads them (torch.distributed, ranks)
@@ -174,6 +223,8 @@ def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, s
         board = dg.ProgressBoard(os.path.join(workdir, "progress"))
         for ctx in replicas:
             _instrument(ctx, board, host, runtime)
+        threading.Thread(target=_watch_collectives, args=(replicas,), daemon=True,
+                         name="collective-watch").start()
         send(("ready", [r.rank for r in replicas]))
     except BaseException:
         send(("error", traceback.format_exc()))
@@ -212,6 +263,8 @@ class World:
                  settings: Settings | None = None):
         from conformance.worlds.runtimes import get_runtime
         settings = settings or Settings()
+        if timeout:  # the hosts size gloo's timeout from the task bound (runtimes.cpu)
+            settings = settings.replace(replica_timeout=timeout)
         self.settings = settings
         self.runtime = runtime
         self.world_size = world_size
@@ -372,7 +425,7 @@ class World:
     def _collective_hang(self, task, pending, rows_by_host, now):
         """A replica waited in a collective longer than the collective bound while a
         peer is elsewhere: ``(board, waiting ranks)``, else ``None``."""
-        board = dg.read_board(self._board, self.world_size)
+        board = [_inside(b) for b in dg.read_board(self._board, self.world_size)]
         current = [b for b in board if b.get("task") == task]
         waiting = [b["rank"] for b in current
                    if b.get("in_collective") and b.get("since") and now - b["since"] > self.collective_bound]
@@ -386,9 +439,10 @@ class World:
         return (board, waiting) if elsewhere or mismatch else None
 
     # --- diagnosis -------------------------------------------------------
-    def _dump_stacks(self, hosts):
+    def _dump_stacks(self, hosts, tids=None):
         """Ask live ``hosts`` for their Python stacks (faulthandler on SIGUSR1); wait
-        until the dumps stop growing (at most 3 s)."""
+        until the dumps stop growing and hold every thread of ``tids`` (``{host: [thread
+        ident]}``: a replica's thread may come last), at most 3 s."""
         paths = {i: os.path.join(self.workdir, f"host{i}.stacks") for i in hosts}
         for i in hosts:
             try:
@@ -401,7 +455,8 @@ class World:
             time.sleep(0.1)
             sizes = {i: (os.path.getsize(p) if os.path.exists(p) else 0) for i, p in paths.items()}
             if sizes == last and all(sizes.values()):
-                if time.monotonic() - stable_since >= 0.2:
+                if time.monotonic() - stable_since >= 0.2 and all(
+                        set((tids or {}).get(i, ())) <= set(dg.thread_stacks(_read(p))) for i, p in paths.items()):
                     break
             else:
                 last, stable_since = sizes, time.monotonic()
@@ -409,7 +464,12 @@ class World:
     def _fail(self, task, name, timeout, elapsed, pending, rows_by_host, raised, dead, hang):
         now = time.monotonic()
         alive = [i for i in range(len(self.hosts)) if i not in dead and self.hosts[i][0].is_alive()]
-        self._dump_stacks(alive)
+        board = dg.read_board(self._board, self.world_size)
+        tids = {}
+        for rank, b in enumerate(board):
+            if b.get("tid"):
+                tids.setdefault(self._host_of.get(rank, rank), []).append(b["tid"])
+        self._dump_stacks(alive, tids)
         board = dg.read_board(self._board, self.world_size)
         diag = []
         for rank in range(self.world_size):
@@ -419,11 +479,16 @@ class World:
             d = dg.blank(rank) | {"host": host, "pid": proc.pid, "task": task, "culprit": False}
             for k in ("step", "phase", "last_collective", "collectives", "in_collective"):
                 d[k] = b.get(k)
-            if b.get("in_collective") and b.get("since"):
-                d["waited_s"] = round(now - b["since"], 1)
+            since = b.get("since") if b.get("in_collective") else b.get("seen_since")
+            if since:
+                d["waited_s"] = round(now - since, 1)
+            if host not in dead:  # before the kill: what the host holds now (all its replicas)
+                d["rss_mib"], d["peak_rss_mib"] = procmem.rss_mib(proc.pid), procmem.peak_rss_mib(proc.pid)
             dump = _read(os.path.join(self.workdir, f"host{host}.stacks"))
-            if dump:
-                d["stacks"] = dg.thread_stacks(dump).get(b.get("tid") or board[rank].get("tid")) or dump
+            seen_in = None
+            if dump:  # one replica per host: its other threads (a DDP's comm thread) count too
+                d["stacks"], seen_in = _replica_stacks(dump, b.get("tid") or board[rank].get("tid"),
+                                                       tids.get(host, []))
             d["log_tail"] = self.log_tail(host)
             if rank in raised:
                 info = raised[rank]
@@ -432,6 +497,8 @@ class World:
                 for k in ("step", "phase", "last_collective", "in_collective"):
                     if info.get(k) is not None or k == "in_collective":
                         d[k] = info.get(k)
+                # an exception out of torch.distributed itself (gloo's timeout) was a wait
+                d["in_collective"] = d["in_collective"] or blame_mod.collective_in(d["traceback"] or "")
                 d["waited_s"] = None
                 d["status"] = "raised"
             elif host in dead:
@@ -441,34 +508,28 @@ class World:
                 d["status"] = "ok" if b.get("state") == "returned" else "hung"
             else:
                 d["status"] = "ok"
+            if d["status"] in ("hung", "died") and not d["in_collective"]:
+                # a collective the kit did not record: in the stacks now, else the last sample
+                d["in_collective"] = seen_in if dump else b.get("seen_collective")
+            if not d["in_collective"]:
+                d["waited_s"] = None
             diag.append(d)
         summary, cls = self._classify(diag, name, timeout, elapsed, raised, dead, hang)
         self._break()
         raise cls(f"{summary}\n{dg.details(diag)}", diag)
 
     def _classify(self, diag, name, timeout, elapsed, raised, dead, hang):
-        """Decide the error class and the replicas to blame; set statuses; return the summary."""
+        """Decide the error class and the replicas to blame (:func:`conformance.worlds.blame.blame`);
+        set statuses and culprits; return the summary."""
         head = f"{self.describe()}: task {name}"
-        by = {d["rank"]: d for d in diag}
-        waiting = [d for d in diag if d["status"] == "hung" and d.get("in_collective")]
+        verdict = blame_mod.blame(diag)
+        for d in diag:
+            d["status"] = verdict.status[d["rank"]]
+            d["culprit"] = d["rank"] in verdict.culprits
+            d["culprit_reason"] = verdict.reason.get(d["rank"]) if d["culprit"] else None
+        culprits = [d for d in diag if d["culprit"]]
         if dead:
-            # A replica that raised inside a collective after a host died was cut off by it.
-            for d in diag:
-                if d["status"] == "raised" and d.get("in_collective"):
-                    d["status"] = "aborted-by-peer"
-                elif d["status"] == "hung":
-                    d["status"] = "aborted-by-peer"
             died = [d for d in diag if d["status"] == "died"]
-            for d in died:
-                d["culprit"] = True
-            suspects = []
-            for h in {d["host"] for d in died}:  # a host of several replicas (PJRT threads)
-                ds = [d for d in died if d["host"] == h]
-                outside = [d for d in ds if not d.get("in_collective")]
-                if len(ds) > 1 and 0 < len(outside) < len(ds):
-                    for d in ds:  # the ones its peers waited for
-                        d["culprit"] = d in outside
-                    suspects += outside
             hosts = sorted({d["host"] for d in died})
             parts = []
             for h in hosts:
@@ -485,72 +546,56 @@ class World:
                      if dg.where(d)]
             # An abort inside a collective whose peers sit in a different one (gloo's
             # "Received data size doesn't match"): name both sides of the mismatch.
-            for d in died:
-                if d["signal"] == "SIGABRT" and d.get("in_collective"):
-                    other = [o for o in diag if o not in died and o.get("last_collective")
-                             and o.get("last_collective") != d.get("last_collective")]
-                    for o in other:
-                        o["culprit"] = True
-                    if other:
-                        parts.append("collective mismatch: " + " vs ".join(
-                            f"replica {x['rank']} in {x['last_collective']} (step {x.get('step')})"
-                            for x in [d] + other))
+            other = [d for d in culprits if d["status"] != "died"]
+            if other:
+                aborted = [d for d in died if d["signal"] == "SIGABRT" and d.get("in_collective")]
+                parts.append("collective mismatch: " + " vs ".join(
+                    f"replica {x['rank']} in {x['last_collective'] or x['in_collective']} (step {x.get('step')})"
+                    for x in aborted[:1] + other))
+            suspects = [d for d in culprits if d["status"] == "died" and d["culprit_reason"] != "died"]
             if suspects:
                 parts.append("; ".join(f"suspect replica {d['rank']}: outside any collective "
                                         f"({dg.where(d) or 'no progress noted'}) while its peers waited in one"
                                         for d in suspects))
             return (f"{head}: {len(died)} replica(s) died: " + "; ".join(parts)
                     + (f" [{'; '.join(doing)}]" if doing else "")), ReplicaDied
-        genuine = {r: i for r, i in raised.items() if not i.get("in_collective")} or raised
-        if raised:
-            for d in diag:
-                if d["status"] == "raised" and d["rank"] not in genuine:
-                    d["status"] = "aborted-by-peer"
-                elif d["status"] == "hung":
-                    d["status"] = "aborted-by-peer"  # torn down: most likely blocked on the failed one
+        if any(d["status"] == "raised" for d in culprits):
             parts = []
-            for r in sorted(genuine):
-                d = by[r]
-                d["culprit"] = True
+            for d in culprits:
                 place = "; ".join(x for x in (f"host {d['host']}, pid {d['pid']}", dg.where(d)) if x)
-                parts.append(f"replica {r} raised {d['exception_type']}: "
+                parts.append(f"replica {d['rank']} raised {d['exception_type']}: "
                              f"{_first_line(d['exception_message'])} [{place}]")
-            return f"{head}: {len(genuine)} replica(s) raised; " + "; ".join(parts), ReplicaFailed
-        # A hang: the task bound passed, or a replica waited past the collective bound.
-        if hang:
-            board, waiters = hang
-            culprits = [d for d in diag if d["rank"] not in waiters
-                        and not (d.get("in_collective") and d["status"] == "hung")]
-            why = (f"replica(s) {waiters} waited in a collective for more than the collective bound "
+            return f"{head}: {len(culprits)} replica(s) raised; " + "; ".join(parts), ReplicaFailed
+        # A hang: the task bound passed, a replica waited past the collective bound, or
+        # the runtime's own collective timeout fired first (the waiters raised it).
+        if raised:
+            why = (f"replica(s) {sorted(raised)} raised inside a collective (the runtime's own timeout) "
+                   f"after {elapsed:.1f} s of the task")
+        elif hang:
+            why = (f"replica(s) {hang[1]} waited in a collective for more than the collective bound "
                    f"({self.collective_bound:.0f} s, below the runtime's own collective timeout) "
                    f"after {elapsed:.1f} s of the task")
-            if not culprits:  # every replica waits, in different collectives: name the odd ones out
-                counts = [d.get("collectives") for d in diag]
-                modal = [c for c in set(counts) if counts.count(c) > len(counts) / 2]
-                culprits = [d for d in diag if not modal or d.get("collectives") != modal[0]]
-                why += "; the replicas wait in different collectives (a replica skipped or added one)"
         else:
-            culprits = [d for d in diag if d["status"] == "hung" and not d.get("in_collective")]
-            if waiting and not culprits:  # everyone pending waits in a collective: who left it?
-                culprits = [d for d in diag if d["status"] == "ok"] or waiting
-            elif not culprits:
-                culprits = [d for d in diag if d["status"] == "hung"]
             why = f"no answer within {timeout:.0f} s (task bound; {elapsed:.1f} s elapsed)"
-        for d in diag:
-            if d["status"] == "hung" and d not in culprits:
-                d["status"] = "aborted-by-peer"  # blocked in a collective, waiting for a culprit
+        if any((d["culprit_reason"] or "").startswith("in a different collective") for d in culprits):
+            why += "; the replicas wait in different collectives (a replica skipped or added one)"
         parts = []
         for d in culprits:
-            d["culprit"] = True
             if d["status"] == "ok":
-                parts.append(f"replica {d['rank']} returned from the task after {d.get('collectives') or 0} "
-                             f"collective(s) while others wait in one ({dg.where(d) or 'no progress noted'})")
+                after = f" after {d['collectives']} recorded collective(s)" if d.get("collectives") else ""
+                parts.append(f"replica {d['rank']} returned from the task{after} while others wait in a "
+                             f"collective ({dg.where(d) or 'no progress noted'})")
             else:
                 d["status"] = "hung"
-                parts.append(f"replica {d['rank']} hung ({dg.where(d) or 'no progress noted'})")
+                outside = "outside any collective" in (d["culprit_reason"] or "")
+                top = _top_frame(d.get("stacks") or "")
+                parts.append(f"replica {d['rank']} hung{' outside any collective' if outside else ''}"
+                             f"{f' at {top}' if top else ''} ({dg.where(d) or 'no progress noted'}; "
+                             f"rss {_mib(d.get('rss_mib'))})")
         waits = [f"replica {d['rank']} in {d['last_collective'] or d['in_collective']}"
                  + (f" for {d['waited_s']:.1f} s" if d.get("waited_s") is not None else "")
-                 for d in diag if d.get("in_collective") and d not in culprits]
+                 + (f" (raised {d['exception_type']})" if d.get("exception_type") else "")
+                 for d in diag if d["status"] == "waiting"]
         return (f"{head}: {why}; " + "; ".join(parts)
                 + (f"; waiting: {', '.join(waits)}" if waits else "")), ReplicaTimeout
 
@@ -598,6 +643,69 @@ def _read(path):
             return f.read()
     except OSError:
         return ""
+
+
+def _inside(b):
+    """A board slot with a sampled collective (``seen_collective``) as its ``in_collective``
+    when the kit recorded none."""
+    if b.get("in_collective") or not b.get("seen_collective"):
+        return b
+    return dict(b, in_collective=b["seen_collective"], since=b.get("seen_since"))
+
+
+def _kit_thread(block):
+    """True for a stack of this module's own host threads (parent watchdog, collective watch)."""
+    here = os.path.basename(__file__)
+    return any(f.func in ("watch", "_watch_collectives") and os.path.basename(f.path) == here
+               for f in blame_mod.frames(block))
+
+
+def _replica_stacks(dump, tid, host_tids):
+    """``(stacks, collective)`` of the replica on thread ``tid`` from its host's
+    faulthandler ``dump`` (with source lines), and the collective
+    (:func:`conformance.worlds.blame.collective_in`) the first of those threads is inside.
+
+    Its threads: on a host of one replica (``host_tids``: the replica threads of the
+    host), every thread; on a host of several, its own, plus the threads no replica
+    owns when it alone waits in backward (autograd runs an XLA device's backward,
+    and its hooks, on a worker thread of its own)."""
+    blocks = {t: b for t, b in dg.thread_stacks(dump).items() if not _kit_thread(b)}
+    mine = blocks.get(tid) if tid else None
+    if len(host_tids) <= 1:
+        ordered = ([mine] if mine else []) + [b for t, b in blocks.items() if t != tid]
+    elif mine is None:
+        return dump, None
+    else:
+        ordered = [mine]
+        in_backward = [t for t in host_tids if _innermost(blocks.get(t)) == "_engine_run_backward"]
+        if in_backward == [tid]:
+            ordered += [b for t, b in blocks.items() if t not in host_tids and _worker(b)]
+    seen = next((c for c in map(blame_mod.collective_in, ordered) if c), None)
+    text = "\n\n".join(dg.with_source(b) for b in ordered) if ordered else dump
+    return text, seen
+
+
+def _top_frame(stacks):
+    """Where a replica is, in one line: the innermost frame of its first thread that is
+    not just waiting for autograd (whose worker thread runs the backward)."""
+    blocks = list(dg.thread_stacks(stacks).values()) or [stacks]
+    busy = [b for b in blocks if _innermost(b) != "_engine_run_backward"]
+    return blame_mod.top_frame((busy or blocks)[0])
+
+
+def _innermost(block):
+    fs = blame_mod.frames(block or "")
+    return fs[0].func if fs else None
+
+
+def _worker(block):
+    """A thread started outside Python (no ``threading`` bootstrap, not the main thread)."""
+    fs = blame_mod.frames(block)
+    return bool(fs) and fs[-1].func not in ("_bootstrap", "<module>")
+
+
+def _mib(value):
+    return "?" if value is None else f"{value:.0f} MiB"
 
 
 def _first_line(text):

@@ -11,6 +11,23 @@ import os
 
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
 
+# How far gloo's timeout stays above a World's task bound: the World's stack dump
+# (at most 3 s) and teardown happen before any replica's gloo timeout fires.
+PG_TIMEOUT_MARGIN_S = 30.0
+
+
+def process_group_timeout_s(settings) -> float:
+    """gloo's timeout in seconds for a world of ``settings``
+    (:class:`conformance.settings.Settings`): ``settings.collective_timeout``, raised to
+    ``settings.replica_timeout + PG_TIMEOUT_MARGIN_S``.
+
+    Above the task bound, so the World takes every replica's stack and decides who
+    hung; below it, a replica waiting in a collective of the DDP under test (one
+    the kit does not instrument) would raise gloo's "Timed out waiting" first and
+    be reported as the replica that failed.
+    """
+    return max(settings.collective_timeout, settings.replica_timeout + PG_TIMEOUT_MARGIN_S)
+
 
 class CpuRuntime(Runtime):
     name = "cpu"
@@ -21,7 +38,7 @@ class CpuRuntime(Runtime):
     # waiter instead of the peer.
     @property
     def collective_bound(self) -> float:
-        return 0.8 * self.settings.collective_timeout
+        return 0.8 * self.settings.collective_timeout  # gloo's timeout is never below it
 
     def host_envs(self, world_size):
         return [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
@@ -34,7 +51,7 @@ class CpuRuntime(Runtime):
         torch.set_num_threads(1)
         ddp_impl.init_process_group(
             "gloo", init_method=f"file://{os.path.join(workdir, 'rendezvous')}",
-            timeout=datetime.timedelta(seconds=self.settings.collective_timeout))
+            timeout=datetime.timedelta(seconds=process_group_timeout_s(self.settings)))
         b = ddp_impl.runtime.ranks.bindings()
         return [ReplicaContext(runtime=self.name, rank=b.global_ordinal, world_size=b.world_size,
                                device=torch.device("cpu"),
