@@ -190,15 +190,18 @@ def stdout_for_json(json_path: str | None):
         return
     sys.stdout.flush()
     saved = os.dup(1)
-    os.dup2(2, 1)
     out = os.fdopen(os.dup(saved), "w")
+    os.dup2(2, 1)
+    python_stdout, sys.stdout = sys.stdout, sys.stderr
     try:
         yield out
     finally:
-        try:
-            sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
+        sys.stdout = python_stdout
+        for f in (sys.stderr, python_stdout):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
         os.dup2(saved, 1)
         os.close(saved)
         try:
