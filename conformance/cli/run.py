@@ -226,9 +226,10 @@ def _write_scenarios(json_path: str, verdicts) -> None:
 
 
 def _write_diagnoses(json_path: str, verdicts) -> None:
-    """Full failure texts (replica tracebacks, stacks, counterexamples) next to the JSON
-    (none with ``--json -``: the texts are the verdicts' ``diagnosis`` in the JSON)."""
-    failing = [v for v in verdicts if v.diagnosis and v.status in ("fail", "xfail", "vacuous")]
+    """Every failing verdict (fail, vacuous, xfail) next to the JSON: its summary, the command
+    that reproduces it, and its full failure text (replica tracebacks, stacks,
+    counterexamples) where it has one; none with ``--json -`` (the JSON on stdout holds them)."""
+    failing = [v for v in verdicts if v.status in ("fail", "xfail", "vacuous")]
     path = side_file(json_path, ".failures.txt")
     if path is None:
         return
@@ -236,12 +237,11 @@ def _write_diagnoses(json_path: str, verdicts) -> None:
         if os.path.exists(path):
             os.remove(path)
         return
-    seen, parts = set(), []
+    groups: dict = {}  # the checks of one case run that share a failure text are written together
     for v in failing:
-        if (v.case, v.impl, v.runtime, v.world_size, v.diagnosis) in seen:
-            continue
-        seen.add((v.case, v.impl, v.runtime, v.world_size, v.diagnosis))
-        parts.append(f"=== {v.id}: {v.status}: {v.reason}\nreproduce: {repro_command(v)}\n{v.diagnosis}\n")
+        groups.setdefault((v.case, v.impl, v.runtime, v.world_size, v.diagnosis), []).append(v)
+    parts = ["".join(f"=== {v.id}: {v.status}: {v.reason}\n" for v in vs) + f"reproduce: {repro_command(vs[0])}\n"
+             + (f"{vs[0].diagnosis}\n" if vs[0].diagnosis else "") for vs in groups.values()]
     with open(path, "w") as f:
         f.write("\n".join(parts))
     print(f"failure details: {path}")
