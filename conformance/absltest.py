@@ -4,7 +4,7 @@ tests are ``absltest`` + ``parameterized`` files run as ``python test_x.py``).
 Run the kit::
 
     python -m conformance.absltest --runtime=pjrt --ddp=mypkg:MyDDP [--world_size=2,4]
-        [--only=parity,no_sync] [--skip=properties] [--profile=ci] [--expected_failures=FILE]
+        [--only=parity,no_sync] [--skip=property] [--profile=ci] [--expected_failures=FILE]
 
 or subclass it in your own test file and run that file::
 
@@ -41,9 +41,8 @@ from conformance.cases.table import select
 from conformance.evaluate import evaluate
 from conformance.options import parse_matrix
 from conformance.outcome import outcome
-from conformance.report.text import read_expected_failures
 from conformance.settings import Settings
-from conformance.report.text import apply_expected_failures, read_expected_failures
+from conformance.report.expected import ExpectedFailures, mark_expected_failures, read_expected_failures
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("runtime", "cpu", "comma list of runtimes: cpu, pjrt, xrt")
@@ -92,12 +91,12 @@ class ConformanceTestCase(parameterized.TestCase):
         case = CASES[name]
         if case not in select(split_list(FLAGS.only), split_list(FLAGS.skip)):
             self.skipTest(f"{name} not selected by --only/--skip")
-        expected = read_expected_failures(FLAGS.expected_failures) if FLAGS.expected_failures else set()
+        expected = read_expected_failures(FLAGS.expected_failures) if FLAGS.expected_failures else ExpectedFailures()
         for runtime, w, impls in self._targets():
             for impl in impls:
                 with self.subTest(impl=impl, runtime=runtime, world_size=w):
                     verdicts = evaluate(case, impl, runtime, w, _session())
-                    apply_expected_failures(verdicts, {i for i in expected if i.startswith(name + ":")})
+                    mark_expected_failures(verdicts, expected)
                     got = outcome(verdicts)
                     if got.kind == "fail":
                         self.fail(got.message)

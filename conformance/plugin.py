@@ -14,7 +14,8 @@ Options (defaults in brackets):
     --conformance-world-size       world sizes >= 2 [the runtime's]
     --conformance-only / --conformance-skip   tags selecting cases (as the CLI's --only/--skip)
     --conformance-profile          example budget: dev, ci, ci-pjrt, thorough [env CONFORMANCE_PROFILE, else dev]
-    --conformance-expected-failures FILE   listed verdict ids that fail are xfail
+    --conformance-expected-failures FILE   listed verdicts that fail or are vacuous are xfail
+                                   (cases, case:check, ids, * patterns: conformance.report.expected)
     --conformance-mutants          also run the kill matrix when --conformance-ddp is given
     --conformance-timeout          seconds one task may take on a world [120]
     --conformance-json PATH        write the run's JSON report (xdist-safe)
@@ -46,7 +47,8 @@ def pytest_addoption(parser):
     g.addoption("--conformance-profile", default=None,
                 help="example budget of property cases: dev, ci, ci-pjrt, thorough")
     g.addoption("--conformance-expected-failures", default=None, metavar="FILE",
-                help="verdict ids whose failure is expected (reported xfail)")
+                help="verdicts whose failure is expected (reported xfail): one a line, a case, "
+                "case:check, verdict id or a * pattern over ids")
     g.addoption("--conformance-mutants", action="store_true",
                 help="run the mutant kill matrix also when --conformance-ddp names implementations")
     g.addoption("--conformance-timeout", type=float, default=None,
@@ -80,6 +82,7 @@ def pytest_configure(config):
     sizes = _usage(parse_world_sizes, ws) if ws else []
     rts = _usage(parse_runtimes, _opt(config, "runtime"), sizes) if _opt(config, "runtime") else []
     if _opt(config, "ddp"):
+        _invocation_dir_on_path(config)
         for rt in rts or ["cpu"]:
             _usage(parse_impl_names, _opt(config, "ddp"), rt)
     if _opt(config, "only") or _opt(config, "skip"):
@@ -87,9 +90,20 @@ def pytest_configure(config):
         _usage(select, split_list(_opt(config, "only")), split_list(_opt(config, "skip")))
     _usage(profile_examples, _opt(config, "profile"))
     if _opt(config, "expected-failures"):
-        from conformance.report.text import read_expected_failures
+        from conformance.report.expected import read_expected_failures
         config.stash[_EXPECTED] = _usage(read_expected_failures, _opt(config, "expected-failures"))
     config.stash[_SETTINGS] = _usage(settings_of, config)
+
+
+def _invocation_dir_on_path(config):
+    """``package.module:Class`` specs resolve against the folder pytest was started in, as with
+    ``python -m pytest`` and ``python -m conformance run`` (the ``pytest`` script alone does not
+    put it on ``sys.path``). First, as ``python -m`` does; spawned replicas inherit the path."""
+    import os
+    import sys
+    here = os.path.realpath(str(config.invocation_params.dir))
+    if not any(os.path.realpath(p or os.getcwd()) == here for p in sys.path):
+        sys.path.insert(0, here)
 
 
 def settings_of(config):
@@ -201,6 +215,14 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_terminal_summary(terminalreporter, config):
     verdicts, kills = config.stash.get(_VERDICTS, []), config.stash.get(_KILLS, [])
+    expected = config.stash.get(_EXPECTED, None)
+    if expected and not hasattr(config, "workerinput"):
+        from conformance.report.expected import expected_failure_warnings
+        warnings = expected_failure_warnings(verdicts, expected)  # over the whole session
+        if warnings:
+            terminalreporter.section("conformance expected failures")
+            for text in warnings:
+                terminalreporter.write_line(f"warning: {text}")
     if _opt(config, "json"):
         terminalreporter.write_line(f"conformance JSON report: {_opt(config, 'json')} ({len(verdicts)} "
                                     f"verdicts, {len(kills)} kill-matrix cells)")

@@ -1,10 +1,15 @@
 """The CLI: bad input gives one clear line and exit code 2; a run prints the
 table and writes JSON."""
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
+
+from tests.procs import alive, gone
 
 pytestmark = pytest.mark.cpu
 
@@ -109,3 +114,157 @@ def test_only_and_skip_select_by_tag(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((tmp_path / "r.json").read_text())
     assert [v["case"] for v in doc["verdicts"]] == ["property.no_sync_accumulation"]
+
+
+# --- nothing lost: early errors, --json -, --junitxml, the report lock, signals -------------
+
+def test_binary_expected_failures_file_is_one_error_line(tmp_path):
+    bad = tmp_path / "xfails.bin"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe garbage")
+    r = run_cli("run", "--expected-failures", str(bad), "--json", str(tmp_path / "r.json"), timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") \
+        and "not a text file" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--junitxml", "/no/such/folder/j.xml"], "--junitxml /no/such/folder/j.xml: folder /no/such/folder does not exist"),
+    (["--junitxml", "-"], "--junitxml -: give a file path"),
+    (["--json", "same.xml", "--junitxml", "same.xml"], "the same file as --json"),
+    (["--json", "."], "is a folder"),
+])
+def test_bad_output_path_is_one_error_line(tmp_path, args, needle):
+    r = run_cli("run", *args, cwd=tmp_path, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_json_dash_is_stdout_with_junit_and_expected_patterns(tmp_path):
+    """--json -: stdout is the JSON alone (the table goes to stderr) and no file named '-';
+    --junitxml: one testcase per verdict, its element by status; expected-failures entries
+    in case:check and pattern form make the mutant's failures xfail."""
+    xf = tmp_path / "xfails.txt"
+    xf.write_text("parity.linear:param_parity      # a case:check (ref passes it, the mutant fails it)\n"
+                  "parity.*:loss_parity[mutant:sum*-cpu-w*]  # a pattern\n")
+    r = run_cli("run", "--ddp", "mutant:sum_not_mean,ref", "--world-size", "2", "--only", "parity.linear",
+                "--json", "-", "--junitxml", "j.xml", "--expected-failures", str(xf), cwd=tmp_path)
+    doc = json.loads(r.stdout)  # nothing else on stdout
+    assert "param_parity" in r.stderr and "JSON report: stdout" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["j.xml", "xfails.txt"]  # no '-', no failures file
+    st = {(v["impl"], v["check"]): v["status"] for v in doc["verdicts"]}
+    assert st == {("mutant:sum_not_mean", "param_parity"): "xfail", ("mutant:sum_not_mean", "loss_parity"): "xfail",
+                  ("mutant:sum_not_mean", "agreement"): "pass", ("ref", "param_parity"): "pass",
+                  ("ref", "loss_parity"): "pass", ("ref", "agreement"): "pass"}, st
+    assert r.returncode == 0, r.stderr
+    assert doc["complete"] is True and doc["interrupted"] is False
+    assert "warning" not in r.stderr
+    import xml.etree.ElementTree as ET
+    cases = {f'{tc.get("classname")}:{tc.get("name")}': tc for tc in ET.parse(tmp_path / "j.xml").iter("testcase")}
+    assert set(cases) == {v["id"] for v in doc["verdicts"]}
+    for v in doc["verdicts"]:
+        kids = [(c.tag, c.get("type")) for c in cases[v["id"]]]
+        assert kids == ({"pass": [], "xfail": [("skipped", "pytest.xfail")]}[v["status"]]), (v["id"], kids)
+
+
+def test_junit_failure_carries_the_repro_command(tmp_path):
+    r = run_cli("run", "--ddp", "mutant:sum_not_mean", "--world-size", "2", "--only", "parity.linear",
+                "--quiet", "--junitxml", "j.xml", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    import xml.etree.ElementTree as ET
+    root = ET.parse(tmp_path / "j.xml").getroot()
+    fails = {tc.get("name"): tc.find("failure") for tc in root.iter("testcase") if tc.find("failure") is not None}
+    assert "param_parity[mutant:sum_not_mean-cpu-w2]" in fails, list(fails)
+    f = fails["param_parity[mutant:sum_not_mean-cpu-w2]"]
+    assert f.get("type") == "fail" and f.get("message")
+    assert ("reproduce: python -m conformance run --ddp mutant:sum_not_mean --runtime cpu --world-size 2 "
+            "--only parity.linear") in f.text
+    assert (tmp_path / "conformance-report.json").exists() and (tmp_path / "conformance-report.failures.txt").exists()
+
+
+def test_second_run_on_the_same_report_is_refused_while_the_first_runs(tmp_path):
+    """Two runs in one folder, default --json: the second fails at once naming the first's pid;
+    the first writes its report and removes its lock."""
+    first = subprocess.Popen([sys.executable, "-m", "conformance", "run", "--ddp", "ref", "--world-size", "2",
+                              "--only", "parity.linear", "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        lock = tmp_path / "conformance-report.json.lock"
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and lock.read_text().strip()) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert lock.exists(), first.communicate()
+        second = run_cli("run", "--ddp", "ref", "--world-size", "2", "--only", "parity.linear", cwd=tmp_path,
+                         timeout=120)
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 2 and len(lines) == 1, second.stdout + second.stderr
+        assert lines[0].startswith("error: --json conformance-report.json: another run") \
+            and f"(pid {first.pid})" in lines[0], lines
+        out, err = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, out + err
+    assert json.loads((tmp_path / "conformance-report.json").read_text())["counts"]["pass"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conformance-report.json"]  # lock removed
+
+
+def _children(pid):
+    """Pids whose parent is ``pid`` (the world's host processes of a run)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
+    """Ctrl-C / SIGTERM once a case has finished (seen in the JSON's progress writes): exit
+    128 + signal with one stderr line, a partial JSON marked interrupted with the finished
+    verdicts (and the failures file of the failing mutant), no world work directory left in
+    the run's temp dir, no host process left."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    report = tmp_path / "r.json"
+    child = subprocess.Popen([sys.executable, "-m", "conformance", "run", "--ddp", "mutant:sum_not_mean,ref",
+                              "--world-size", "2", "--only", "parity", "--json", str(report), "--quiet"],
+                             cwd=tmp_path, env=dict(os.environ, TMPDIR=str(tmp)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, progress = time.monotonic() + 600, None
+        while child.poll() is None and time.monotonic() < deadline:
+            try:
+                progress = json.loads(report.read_text())
+            except (OSError, ValueError):
+                progress = None
+            if progress and progress["verdicts"]:
+                break
+            time.sleep(0.2)
+        assert progress and progress["verdicts"] and progress["complete"] is False, child.communicate()
+        assert [d for d in os.listdir(tmp) if d.startswith("ddpconf-")]  # a world is up
+        hosts = _children(child.pid)
+        child.send_signal(sig)
+        out, err = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 128 + sig, (child.returncode, out[-2000:], err[-2000:])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"interrupted by {signal.Signals(sig).name} after "), err
+    doc = json.loads(report.read_text())
+    assert doc["interrupted"] is True and doc["interrupted_by"] == signal.Signals(sig).name
+    assert doc["complete"] is False and len(doc["verdicts"]) >= len(progress["verdicts"]) >= 1
+    assert doc["finished"]["case_runs"] < doc["finished"]["of"] == 6
+    assert any(v["status"] == "fail" for v in doc["verdicts"])  # the mutant's parity.linear, first
+    assert (tmp_path / "r.failures.txt").read_text().startswith("=== parity.linear:")
+    assert [d for d in os.listdir(tmp) if d.startswith("ddpconf-")] == []
+    assert gone(hosts, within=30), [h for h in hosts if alive(h)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.failures.txt", "r.json", "tmp"]  # no lock, no .tmp

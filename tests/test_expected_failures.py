@@ -115,3 +115,81 @@ def test_tox_cpu_runs_every_target_row_with_this_file():
     ddp = re.search(r"--ddp (\S+)", run[0])[1].split(",")
     assert sorted(ddp) == sorted(r.name for r in shipped_rows())
     assert f"--expected-failures {EXPECTED.relative_to(DOCS.parent)}" in run[0]
+
+
+# --- the semantics of an expected-failures file (conformance.report.expected) -------------
+
+def _verdict(case, check, impl, status, w=2, runtime="cpu"):
+    from conformance.verdict import Verdict
+    return Verdict(case=case, check=check, impl=impl, runtime=runtime, model="linear", world_size=w,
+                   status=status, reason="why")
+
+
+def _run(entries, verdicts):
+    from conformance.report.expected import apply_expected_failures, parse_expected_failures
+    warnings = apply_expected_failures(verdicts, parse_expected_failures("\n".join(entries)))
+    return [v.status for v in verdicts], warnings
+
+
+@pytest.mark.parametrize("entry", [
+    "parity.linear",                                          # a case
+    "parity.linear:param_parity",                             # a case:check
+    "parity.linear:param_parity[mypkg.ddp:MyDDP-cpu-w2]",     # a verdict id
+    "parity.*:param_parity[mypkg*-cpu-w*]",                   # a pattern over ids
+    "parity.lin?ar:param_parity[mypkg.ddp:MyDDP-cpu-w?]",
+    "*",
+])
+def test_an_entry_names_a_case_a_check_an_id_or_a_pattern(entry):
+    statuses, warnings = _run([entry], [_verdict("parity.linear", "param_parity", "mypkg.ddp:MyDDP", "fail")])
+    assert statuses == ["xfail"] and warnings == [], warnings
+
+
+@pytest.mark.parametrize("entry", [
+    "parity.mlp", "parity.linear:loss_parity", "parity.linear:param_parity[torch-cpu-w2]",
+    "parity.*:param_parity[mypkg*-cpu-w3]", "parity.linear:param_parity[mypkg.ddp:MyDDP-cpu-w]",
+    "parity.lin", "parity.linear:param", "feature.*",
+])
+def test_an_entry_that_does_not_name_the_verdict_leaves_it_failing(entry):
+    statuses, warnings = _run([entry], [_verdict("parity.linear", "param_parity", "mypkg.ddp:MyDDP", "fail")])
+    assert statuses == ["fail"]
+    assert warnings == [f"expected failure {entry} matches no verdict of this run"]
+
+
+def test_brackets_are_literal_not_fnmatch_classes():
+    """fnmatch would read ``[mutant:x-cpu-w2]`` as a character class."""
+    from conformance.report.expected import parse_expected_failures
+    exp = parse_expected_failures("parity.linear:param_parity[mutant:x-cpu-w2]")
+    assert "parity.linear:param_parity[mutant:x-cpu-w2]" in exp
+    assert "parity.linear:param_parityx" not in exp
+
+
+def test_a_listed_vacuous_verdict_is_xfail_and_says_it_was_vacuous():
+    v = _verdict("parity.linear", "agreement", "ref", "vacuous")
+    statuses, warnings = _run(["parity.linear:agreement"], [v])
+    assert statuses == ["xfail"] and warnings == []
+    assert v.reason.startswith("expected failure (vacuous): ")
+
+
+def test_warnings_per_entry_no_longer_fails_and_matches_nothing():
+    vs = [_verdict("parity.linear", "param_parity", "ref", "pass"),
+          _verdict("parity.linear", "agreement", "ref", "pass"),
+          _verdict("parity.mlp", "param_parity", "ref", "fail"),
+          _verdict("parity.mlp", "agreement", "ref", "pass")]
+    statuses, warnings = _run(["parity.linear  # all pass", "parity.mlp", "parity.linear:agreement[ref-cpu-w2]",
+                               "parity.gone"], vs)
+    assert statuses == ["pass", "pass", "xfail", "pass"]
+    assert warnings == [  # parity.mlp still fails one verdict: no warning for it
+        "expected failure parity.linear no longer fails (its 2 verdicts: 2 pass)",
+        "expected failure parity.linear:agreement[ref-cpu-w2] no longer fails (status pass)",
+        "expected failure parity.gone matches no verdict of this run"]
+
+
+def test_a_binary_file_is_one_usage_error(tmp_path):
+    from conformance.errors import UsageError
+    from conformance.report.expected import read_expected_failures
+    for data in (b"\x89PNG\r\n\x1a\n\xff\xfe", b"parity.linear\x00\x00"):
+        (tmp_path / "x.bin").write_bytes(data)
+        with pytest.raises(UsageError, match="not a text file"):
+            read_expected_failures(str(tmp_path / "x.bin"))
+    (tmp_path / "ok.txt").write_text("parity.linear  # comment\n\n# only a comment\nparity.mlp:agreement\n")
+    assert list(read_expected_failures(str(tmp_path / "ok.txt"))) == ["parity.linear", "parity.mlp:agreement"]

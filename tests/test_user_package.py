@@ -137,3 +137,45 @@ def test_plugin_has_no_side_effects_on_other_projects(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "2 passed" in r.stdout
     assert "conformance" not in (r.stdout + r.stderr).replace("ddp-conformance", ""), r.stdout
+
+
+def _kit_env(*paths):
+    """The environment of a user's shell, with this checkout's kit first on the path (the
+    installed distribution supplies the pytest11 entry point; its code may be another copy)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), REPO])
+    return env
+
+
+def test_pytest_script_finds_a_package_in_the_current_folder(tmp_path):
+    """The README's ``pytest --pyargs conformance --conformance-ddp mypkg.ddp:MyDDP`` from the
+    folder holding ``mypkg``: the ``pytest`` script (unlike ``python -m pytest``) does not put
+    that folder on sys.path; the plugin does, and the spawned replicas inherit it."""
+    script = os.path.join(os.path.dirname(sys.executable), "pytest")
+    if not os.path.exists(script):
+        pytest.skip(f"no pytest script next to {sys.executable}")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "ddp.py").write_text(USER_MODULE)
+    r = subprocess.run([script, "--pyargs", "conformance", "--conformance-ddp", "mypkg.ddp:MyDDP", "-m", "cpu",
+                        "--conformance-world-size", "2", "--conformance-only", "parity.linear", "-q",
+                        "-p", "no:cacheprovider", "-rA"],
+                       cwd=tmp_path, env=_kit_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "PASSED" in r.stdout and "test_case[parity.linear-mypkg.ddp:MyDDP-cpu-w2]" in r.stdout, r.stdout[-2000:]
+
+
+def test_plugin_expected_failures_take_case_entries_and_warn_once(scratch, tmp_path):
+    """A case entry (not only a full verdict id) makes a failing test xfail; an entry that
+    matches nothing is one warning in the session summary."""
+    cwd, _ = scratch
+    xf = tmp_path / "known.txt"
+    xf.write_text("parity.linear   # no gradient sync\nparity.gone:agreement\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance", "--conformance-world-size", "2",
+                        "-m", "cpu", "-p", "no:cacheprovider", "-q", "--conformance-ddp", "userddp:NoGradSyncDDP",
+                        "--conformance-only", "parity.linear", "--conformance-expected-failures", str(xf)],
+                       cwd=cwd, env=_kit_env(tmp_path / "userpkg"), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "1 xfailed" in r.stdout, r.stdout[-2000:]
+    assert r.stdout.count("warning: expected failure parity.gone:agreement matches no verdict of this run") == 1
+    assert "warning: expected failure parity.linear" not in r.stdout

@@ -7,7 +7,9 @@ anything imports torch, so bad input is reported at once.
 
 Exit codes: 0 every verdict pass/unsupported/skip/xfail (and, with ``--mutants``,
 every mutant killed by every case that must kill it); 1 some verdict fail or
-vacuous, or a mutant survived; 2 bad input (one ``error:`` line on stderr).
+vacuous, or a mutant survived; 2 bad input (one ``error:`` line on stderr), or
+another live run writes the same ``--json`` report; 130 / 143 interrupted by SIGINT /
+SIGTERM (``run`` then writes the finished verdicts as a partial report).
 """
 from __future__ import annotations
 
@@ -68,7 +70,12 @@ def build_parser():
     run.add_argument("--exitfirst-each", action="store_true", help="stop each implementation at its "
                      "first fail or vacuous verdict not listed in --expected-failures and go on with "
                      "the next (a sweep over many DDPs: one world, shared reference runs; exit 1)")
-    run.add_argument("--json", default="conformance-report.json", help="JSON report path")
+    run.add_argument("--json", default="conformance-report.json", metavar="PATH",
+                     help="JSON report path (default conformance-report.json; locked for the run: a second "
+                     "live run on the same path is refused); '-' writes the JSON to stdout and the "
+                     "human text to stderr")
+    run.add_argument("--junitxml", default=None, metavar="FILE", help="also write JUnit XML: one testcase "
+                     "per verdict (classname = case, name = check[impl-runtime-wW])")
     run.add_argument("--launcher", choices=("spawn", "env"), default="spawn",
                      help="spawn: start the world's processes here (default); env: this process is one "
                      "replica of a world an env:// launcher started (torchrun ... -m conformance run "
@@ -85,7 +92,8 @@ def build_parser():
     ranks.add_argument("--world-size", default=None, help="world size (default 2; with --launcher env "
                        "the launcher's WORLD_SIZE)")
     ranks.add_argument("--launcher", choices=("spawn", "env"), default="spawn", help="as for run")
-    ranks.add_argument("--json", default=None, help="also write the reports to this JSON file")
+    ranks.add_argument("--json", default=None, metavar="PATH",
+                       help="also write the reports to this JSON file ('-': to stdout, the table to stderr)")
     ranks.set_defaults(command="ranks")
     replay = sub.add_parser("replay", help="rerun one scenario JSON (e.g. the minimal failing one a "
                             "scenario case wrote) against implementations")
@@ -100,7 +108,7 @@ def build_parser():
                  "--time-budget", "--json"):
         action = run_actions[flag]
         repeat.add_argument(flag, default=action.default, type=action.type, metavar=action.metavar,
-                            help=action.help)
+                            help=action.help.replace("JSON report path", "JSON report path (the sweep's)"))
     repeat.set_defaults(command="repeat")
     add_calibrate(sub).set_defaults(command="calibrate")
     add_report(sub).set_defaults(command="report")
@@ -121,9 +129,11 @@ def parse(argv=None) -> tuple[str, Settings, dict]:
     options = {k: values.pop(k, None) for k in SETTINGS_OPTIONS}
     command = args.command
     if command == "run" and values.get("repeat") is not None:  # run --repeat N: the repeat command
-        for flag in ("mutants", "exitfirst", "exitfirst_each"):
+        for flag in ("mutants", "exitfirst", "exitfirst_each", "junitxml"):
             if values[flag]:
-                raise UsageError(f"--repeat reruns the correct implementations; drop --{flag.replace('_', '-')}")
+                raise UsageError(f"--repeat reruns the correct implementations; drop --{flag.replace('_', '-')}"
+                                 if flag != "junitxml" else "--junitxml: --repeat writes a sweep report, not "
+                                 "verdicts; drop --junitxml")
         if values["launcher"] == "env":
             raise UsageError("--repeat runs on worlds the kit spawns; it cannot run under --launcher env")
         command, values = "repeat", {"times": values["repeat"], **{k: values[k] for k in (
@@ -138,36 +148,59 @@ def parse(argv=None) -> tuple[str, Settings, dict]:
 
 
 def _check_early(values: dict) -> None:
-    """What can be checked without torch: world sizes, and that input files can be read
-    and output paths written, before the first world starts (a report is never lost at
-    the end of a run)."""
+    """What can be checked without torch: world sizes, that input files can be read (and an
+    expected-failures file is text), and that output paths can be written, before the first
+    world starts (a report is never lost at the end of a run)."""
     import os
 
+    from conformance.cli.output import STDOUT
     from conformance.options import parse_world_sizes
     if values.get("world_size") and "model" not in values:  # calibrate takes one size, checked there
         parse_world_sizes(values["world_size"])
     for key in ("expected_failures", "scenario"):
         path = values.get(key)
+        flag = "--expected-failures " if key == "expected_failures" else ""
+        if path and os.path.isdir(path):
+            raise UsageError(f"{flag}{path}: is a folder, not a file")
         if path and not os.access(path, os.R_OK):
-            raise UsageError(f"{'--expected-failures ' if key == 'expected_failures' else ''}{path}: cannot read it "
+            raise UsageError(f"{flag}{path}: cannot read it "
                              f"({'no such file' if not os.path.exists(path) else 'permission denied'})")
+    if values.get("expected_failures"):
+        from conformance.report.expected import read_expected_failures
+        read_expected_failures(values["expected_failures"])  # not text: one error line, not a traceback
     out = values.get("json")
-    for path in ([out] if isinstance(out, str) and values.get("calibration") is None else []):
+    outputs = [("--json", out)] if isinstance(out, str) and values.get("calibration") is None else []
+    if values.get("junitxml") is not None:
+        if values["junitxml"] == STDOUT:
+            raise UsageError("--junitxml -: give a file path (stdout is the verdict table, or the JSON "
+                             "with --json -)")
+        outputs.append(("--junitxml", values["junitxml"]))
+    for flag, path in outputs:
+        if flag == "--json" and path == STDOUT:
+            continue
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
-            raise UsageError(f"--json {path}: folder {folder} does not exist")
+            raise UsageError(f"{flag} {path}: folder {folder} does not exist")
+        if os.path.isdir(path):
+            raise UsageError(f"{flag} {path}: is a folder; give a file path")
         if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-            raise UsageError(f"--json {path}: not writable")
+            raise UsageError(f"{flag} {path}: not writable")
+    if len(outputs) == 2 and os.path.realpath(outputs[0][1]) == os.path.realpath(outputs[1][1]):
+        raise UsageError(f"--junitxml {outputs[1][1]}: the same file as --json")
 
 
 def main(argv=None) -> int:
+    from conformance.cli.output import report_lock, signal_of, signals_raise
     try:
         command, settings, values = parse(argv)
-        module = importlib.import_module(f"conformance.cli.{command}")  # imports torch
-        return module.command(settings, **values)
+        with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C
+            module = importlib.import_module(f"conformance.cli.{command}")  # imports torch
+            return module.command(settings, **values)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # a command that writes no partial report
+        import signal
+        sig = signal_of(exc)
+        print(f"interrupted by {signal.Signals(sig).name}", file=sys.stderr)
+        return 128 + sig

@@ -47,8 +47,6 @@ def summary(check: dict) -> str:
 
 def command(settings, *, runtime: str, world_size: str | None, launcher: str, json: str | None) -> int:
     """``python -m conformance ranks``: print every replica's bindings; exit 1 on a violation."""
-    import json as _json
-
     from conformance.errors import UsageError
     from conformance.errors import split_list as _split
     from conformance.worlds.launched import root_decides
@@ -81,12 +79,14 @@ def command(settings, *, runtime: str, world_size: str | None, launcher: str, js
         check = rank_check(pool.get(runtime, size))
 
         def report():  # on the root only (the process that has every replica's report)
-            print(rank_table(check))
-            print(summary(check))
-            if json:
-                with open(json, "w") as f:
-                    _json.dump({"kit": "ddp-conformance", "ranks": [check]}, f, indent=1)
-                print(f"JSON report: {json}")
+            from conformance.cli.output import stdout_for_json
+            from conformance.report.text import write_json_doc
+            with stdout_for_json(json) as json_out:  # --json -: the JSON on stdout, the table on stderr
+                print(rank_table(check))
+                print(summary(check))
+                if json:
+                    write_json_doc(json_out or json, {"kit": "ddp-conformance", "ranks": [check]})
+                    print(f"JSON report: {'stdout' if json_out else json}")
             return 1 if check["violations"] else 0
         return root_decides(pool, report)
     finally:

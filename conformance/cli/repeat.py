@@ -14,8 +14,9 @@ vacuous, else 0 (also when the budget cut the sweep short: that is printed).
 """
 from __future__ import annotations
 
-import json
+import contextlib
 import math
+import signal
 import sys
 import time
 
@@ -89,9 +90,6 @@ def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: 
             only: str | None, skip: str | None, time_budget: float | None, json: str) -> int:
     """``python -m conformance repeat N`` (also ``run --repeat N``): rerun the parity cases of the
     correct implementations N times (seed = table seed + k); exit 1 on any non-passing verdict."""
-    import json as _json
-
-    from conformance.cases.train.parity import ParityRunner
     from conformance.errors import UsageError
     from conformance.evaluate import Session
     from conformance.options import parse_matrix
@@ -108,44 +106,62 @@ def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: 
             if impl.startswith("mutant:"):
                 raise UsageError(f"--repeat: {impl} is a mutant; --repeat measures correct implementations")
 
+    from conformance.cli.output import stdout_for_json
+    with stdout_for_json(json) as json_out:
+        return _sweep(settings, n, targets, models, time_budget, json, json_out)
+
+
+def _sweep(settings, n, targets, models, time_budget, json, json_out) -> int:
+    from conformance.cases.train.parity import ParityRunner
+    from conformance.cli.output import signal_of, signals_held
+    from conformance.evaluate import Session
+    from conformance.report.text import environment, write_json_doc
+    from conformance.tolerances import lookup
+
     pool = _MeteredPool(settings)
     runner = ParityRunner(Session(pool, settings=settings))
+    interrupted = None
     rss_first, rss_end = {}, {}
     cells: dict = {}
     failures, done, runs = [], 0, 0
     t0 = time.monotonic()
     budget = time_budget
+    stack = contextlib.ExitStack()  # after a signal: hold the next ones until the report is out
     try:
-        for k in range(n):
-            if budget is not None and done and time.monotonic() - t0 > budget:
-                break
-            for rt, w, impls in targets:
-                for model in models:
-                    seed = lookup(rt, model).seed + k
-                    for impl in impls:
-                        vs = runner.verdicts(rt, w, impl, model, seed=seed)
-                        runner.forget()
-                        runs += 1
-                        for v in vs.values():
-                            key = (rt, w, impl, model, v.check)
-                            c = cells.setdefault(key, {"runtime": rt, "world_size": w, "impl": impl,
-                                                       "model": model, "check": v.check, "runs": 0,
-                                                       "statuses": {}, "worst_max_dev": 0.0,
-                                                       "worst_seed": None, "atol": v.atol})
-                            c["runs"] += 1
-                            c["statuses"][v.status] = c["statuses"].get(v.status, 0) + 1
-                            if math.isfinite(v.max_dev) and v.max_dev >= c["worst_max_dev"]:
-                                c["worst_max_dev"], c["worst_seed"] = v.max_dev, seed
-                            if v.status in ("fail", "vacuous"):
-                                failures.append(dict(v.to_json(), seed=seed))
-                                print(f"NOT PASSING at seed {seed}: {v.summary()}", flush=True)
-            done += 1
-            if done == 1:
-                rss_first = pool.read()
-            if done % 10 == 0 or done == n:
-                print(f"repeat {done}/{n}: {runs} runs, {len(failures)} non-passing verdicts, "
-                      f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-        rss_end = pool.read()
+        try:
+            for k in range(n):
+                if budget is not None and done and time.monotonic() - t0 > budget:
+                    break
+                for rt, w, impls in targets:
+                    for model in models:
+                        seed = lookup(rt, model).seed + k
+                        for impl in impls:
+                            vs = runner.verdicts(rt, w, impl, model, seed=seed)
+                            runner.forget()
+                            runs += 1
+                            for v in vs.values():
+                                key = (rt, w, impl, model, v.check)
+                                c = cells.setdefault(key, {"runtime": rt, "world_size": w, "impl": impl,
+                                                           "model": model, "check": v.check, "runs": 0,
+                                                           "statuses": {}, "worst_max_dev": 0.0,
+                                                           "worst_seed": None, "atol": v.atol})
+                                c["runs"] += 1
+                                c["statuses"][v.status] = c["statuses"].get(v.status, 0) + 1
+                                if math.isfinite(v.max_dev) and v.max_dev >= c["worst_max_dev"]:
+                                    c["worst_max_dev"], c["worst_seed"] = v.max_dev, seed
+                                if v.status in ("fail", "vacuous"):
+                                    failures.append(dict(v.to_json(), seed=seed))
+                                    print(f"NOT PASSING at seed {seed}: {v.summary()}", flush=True)
+                done += 1
+                if done == 1:
+                    rss_first = pool.read()
+                if done % 10 == 0 or done == n:
+                    print(f"repeat {done}/{n}: {runs} runs, {len(failures)} non-passing verdicts, "
+                          f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+            rss_end = pool.read()
+        except KeyboardInterrupt as exc:  # SIGINT / SIGTERM: report the finished repetitions
+            interrupted = signal_of(exc)
+            stack.enter_context(signals_held())
     finally:
         runner.close()
     wall = time.monotonic() - t0
@@ -159,18 +175,23 @@ def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: 
                      for c in cells.values()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     print("\n".join("  ".join(x.ljust(wd) for x, wd in zip(r, widths)) for r in rows))
-    cut = done < n
+    cut = done < n and not interrupted
     rss = _rss_rows(pool.start, rss_first, rss_end)
     print(_rss_text(rss))
     print(f"\n{done}/{n} repetitions ({runs} training runs, {sum(c['runs'] for c in cells.values())} verdicts) "
           f"in {wall:.0f} s" + (f" - stopped by --time-budget {budget:g} s" if cut else "")
+          + (f" - interrupted by {signal.Signals(interrupted).name}" if interrupted else "")
           + f"; {len(failures)} non-passing verdict(s)" + ("" if failures else ": no flakiness seen"))
     doc = {"kit": "ddp-conformance", "kind": "repeat",
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "environment": environment(),
            "requested": n, "completed": done, "stopped_by_budget": cut, "wall_seconds": round(wall, 1),
            "seeds": "table seed + k, k = 0..completed-1", "cells": list(cells.values()),
-           "host_rss": rss, "failures": failures}
-    with open(json, "w") as f:
-        _json.dump(doc, f, indent=1)
-    print(f"JSON report: {json}")
+           "host_rss": rss, "failures": failures, "interrupted": bool(interrupted)}
+    write_json_doc(json_out or json, doc)
+    print(f"JSON report: {'stdout' if json_out else json}")
+    stack.close()
+    if interrupted:
+        print(f"interrupted by {signal.Signals(interrupted).name} after {done} of {n} repetitions: partial "
+              f"report {'on stdout' if json_out else json} (\"interrupted\": true)", file=sys.stderr)
+        return 128 + interrupted
     return 1 if failures else 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json as _json
 import os
+import signal
 import sys
+import time
 
 from conformance.cases.scenarios.scenario import OPTIMIZER_REVEALS
 from conformance.cases.table import select
@@ -14,8 +16,12 @@ from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import parse_matrix
 from conformance.outcome import repro_command
-from conformance.report.text import (apply_expected_failures, counts, exit_code, kill_matrix_text,
-                                     kill_summary, read_expected_failures, verdict_table, write_json)
+from conformance.cli.output import side_file, signal_of, signals_held, stdout_for_json
+from conformance.report.expected import (ExpectedFailures, expected_failure_warnings, mark_expected_failures,
+                                         read_expected_failures)
+from conformance.report.junit import write_junit
+from conformance.report.text import (build_json, counts, exit_code, kill_matrix_text, kill_summary,
+                                     verdict_table, write_json_doc)
 from conformance.settings import Settings
 from conformance.verdict import BAD
 from conformance.worlds.launched import ExternalPool, root_decides
@@ -24,17 +30,30 @@ from conformance.worlds.spawned import WorldPool
 
 # Repro commands printed under the table (all of them go to the failures file).
 REPRO_LINES = 5
+# Least seconds between two progress writes of the JSON report (the first case run is always written).
+PROGRESS_SECONDS = 5.0
 
 
 def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: str | None,
             only: str | None, skip: str | None, mutants: bool, expected_failures: str | None,
-            quiet: bool, exitfirst: bool, exitfirst_each: bool, json: str, launcher: str) -> int:
+            quiet: bool, exitfirst: bool, exitfirst_each: bool, json: str, launcher: str,
+            junitxml: str | None = None) -> int:
     """Run the selected cases; return the exit code (0 all good, 1 a fail/vacuous verdict or a
-    surviving mutant).
+    surviving mutant, 130 / 143 interrupted by SIGINT / SIGTERM: the finished verdicts are
+    written as a partial report marked ``"interrupted": true``).
 
     Raises:
         UsageError: bad input (the CLI prints one ``error:`` line, exit 2).
     """
+    with stdout_for_json(json) as json_out:
+        return _run(settings, runtime=runtime, ddp=ddp, world_size=world_size, only=only, skip=skip,
+                    mutants=mutants, expected_failures=expected_failures, quiet=quiet, exitfirst=exitfirst,
+                    exitfirst_each=exitfirst_each, json=json, json_out=json_out, launcher=launcher,
+                    junitxml=junitxml)
+
+
+def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_failures, quiet, exitfirst,
+         exitfirst_each, json, json_out, launcher, junitxml) -> int:
     cases = select(split_list(only), split_list(skip))
     for flag, on in (("--exitfirst", exitfirst), ("--exitfirst-each", exitfirst_each)):
         if on and launcher == "env":
@@ -43,40 +62,85 @@ def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: st
     if exitfirst and exitfirst_each:
         raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
     targets = parse_matrix(runtime, world_size, ddp, launcher)
-    expected = read_expected_failures(expected_failures) if expected_failures else set()
+    expected = read_expected_failures(expected_failures) if expected_failures else ExpectedFailures()
     env_launch = launcher == "env"
     pool = ExternalPool(targets[0][0], settings) if env_launch else WorldPool(settings)
     session = Session(pool, settings=settings)
     verdicts, kills = [], []
+    seconds = {}  # (case, impl, runtime, W) -> seconds its evaluation took (JUnit times)
     stopped = None  # --exitfirst: the verdict that stopped the run
     stopped_each = {}  # --exitfirst-each: implementation -> the verdict that stopped it
+    interrupted = None  # the signal number that stopped the run
     n_mutant = sum(1 for m in MUTANTS for c in cases if m in c.must_kill) if mutants else 0
-    bar = _progress(sum(len(impls) * len(cases) + n_mutant for _, _, impls in targets),
-                    quiet or env_launch)
-    tick = (lambda: bar.update(1)) if bar else None
+    total = sum(len(impls) * len(cases) + n_mutant for _, _, impls in targets)
+    done = [0]
+    bar = _progress(total, quiet or env_launch)
+    root = getattr(pool, "is_root", True)
+    saved = {"at": None, "cost": 0.0}
+
+    def extra(complete: bool) -> dict:
+        out = {"cases": sorted({c.name for c in cases}), "profile": settings.profile,
+               "optimizer_fault_kinds": OPTIMIZER_REVEALS, "complete": complete,
+               "interrupted": bool(interrupted), "finished": {"case_runs": done[0], "of": total}}
+        if interrupted:
+            out["interrupted_by"] = _signame(interrupted)
+        if stopped:
+            out["stopped_at"] = stopped.id
+        if stopped_each:
+            out["stopped_at_each"] = {impl: v.id for impl, v in stopped_each.items()}
+        if env_launch and pool.world is not None:
+            out["launch"] = pool.world.launch_info()
+        return out
+
+    def save_progress():
+        """The report so far, ``"complete": false`` (after the first case run, then at most every
+        PROGRESS_SECONDS and never more than ~10% of the run's time): a run killed by SIGKILL
+        leaves its finished verdicts too, and a reader can follow the run."""
+        now = time.monotonic()
+        if json_out or not root or (saved["at"] is not None
+                                    and now - saved["at"] < max(PROGRESS_SECONDS, 10 * saved["cost"])):
+            return
+        write_json_doc(json, build_json(verdicts, kills, extra(complete=False)))
+        saved["at"] = time.monotonic()
+        saved["cost"] = saved["at"] - now
+
+    def tick():
+        done[0] += 1
+        if bar:
+            bar.update(1)
     try:
-        for rt, w, impls in targets:
-            for impl in impls:
-                for case in cases:
-                    if stopped or impl in stopped_each:
-                        break
-                    if bar:
-                        bar.set_description(f"{case.name} {impl} {rt} W={w}")
-                    got = evaluate(case, impl, rt, w, session)
-                    verdicts += got
-                    tick and tick()
-                    bad = next((v for v in got if v.status in BAD and v.id not in expected), None)
-                    if exitfirst:
-                        stopped = bad
-                    elif exitfirst_each and bad:
-                        stopped_each[impl] = bad
-            if mutants and not stopped:
-                kills += kill_rows(rt, w, session, cases=cases, progress=tick)
+        try:
+            for rt, w, impls in targets:
+                for impl in impls:
+                    for case in cases:
+                        if stopped or impl in stopped_each:
+                            break
+                        if bar:
+                            bar.set_description(f"{case.name} {impl} {rt} W={w}")
+                        t0 = time.monotonic()
+                        got = evaluate(case, impl, rt, w, session)
+                        seconds[(case.name, impl, rt, w)] = time.monotonic() - t0
+                        mark_expected_failures(got, expected)
+                        verdicts += got
+                        tick()
+                        bad = next((v for v in got if v.status in BAD), None)
+                        if exitfirst:
+                            stopped = bad
+                        elif exitfirst_each and bad:
+                            stopped_each[impl] = bad
+                        save_progress()
+                if mutants and not stopped:
+                    for m in MUTANTS:  # one mutant at a time: an interrupt keeps the finished rows
+                        kills += kill_rows(rt, w, session, mutants=[m], cases=cases, progress=tick)
+                        save_progress()
+        except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (conformance.cli.output.Interrupted)
+            interrupted = signal_of(exc)
         if bar:
             bar.close()
 
         def report():
-            warnings = apply_expected_failures(verdicts, expected)
+            warnings = [w_ for w_ in expected_failure_warnings(verdicts, expected)  # not run is no news
+                        if not (interrupted and w_.endswith("matches no verdict of this run"))]
             print(verdict_table(verdicts))
             repros = list(dict.fromkeys(repro_command(v) for v in verdicts if v.status in BAD))
             if repros:
@@ -87,36 +151,45 @@ def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: st
             if kills:
                 print("\nmutant kill matrix (every catalog mutant x every case that must kill it)")
                 print(kill_matrix_text(kills))
-            extra = {"cases": sorted({c.name for c in cases}), "profile": settings.profile,
-                     "optimizer_fault_kinds": OPTIMIZER_REVEALS}
             if stopped:
-                extra["stopped_at"] = stopped.id
                 print(f"\nstopped at the first failure (--exitfirst): {stopped.id}; later cases not run")
-            if stopped_each:
-                extra["stopped_at_each"] = {impl: v.id for impl, v in stopped_each.items()}
-                for impl, v in stopped_each.items():
-                    print(f"\n{impl}: stopped at its first failure (--exitfirst-each): {v.id}")
-            if env_launch and pool.world is not None:
-                extra["launch"] = pool.world.launch_info()
+            for impl, v in stopped_each.items():
+                print(f"\n{impl}: stopped at its first failure (--exitfirst-each): {v.id}")
             _write_scenarios(json, verdicts)
-            write_json(json, verdicts, kills, extra)
+            doc = build_json(verdicts, kills, extra(complete=not interrupted))
+            write_json_doc(json_out or json, doc)
             _write_diagnoses(json, verdicts + [v for k in kills for v in k.verdicts])
+            if junitxml:
+                write_junit(junitxml, verdicts, kills, seconds=seconds, created=doc["created"],
+                            interrupted=_signame(interrupted) if interrupted else None)
             for w_ in warnings:
                 print(f"warning: {w_}", file=sys.stderr)
-            print(f"\nJSON report: {json}")
+            print(f"\nJSON report: {'stdout' if json_out else json}" + (f"; JUnit XML: {junitxml}" if junitxml else ""))
             c = counts(verdicts)
             ks = kill_summary(kills)
             print(", ".join(f"{n} {s}" for s, n in c.items() if n or s in ("pass", "fail"))
                   + (f"; mutants: {sum(r == 'killed' for r in ks.values())} killed, "
                      f"{sum(r == 'SURVIVED' for r in ks.values())} survived, "
                      f"{sum(r == 'unsupported' for r in ks.values())} unsupported" if kills else ""))
+            sys.stdout.flush()
             return exit_code(verdicts, kills)
+        if interrupted:  # no broadcast: the other processes of a launched world may be gone
+            with signals_held():  # a second signal must not lose the partial report
+                if root:
+                    report()
+                session.close()
+            print(f"interrupted by {_signame(interrupted)} after {done[0]} of {total} case runs: partial "
+                  f"report {'on stdout' if json_out else json} (\"interrupted\": true)", file=sys.stderr)
+            return 128 + interrupted
         return root_decides(pool, report)  # the same exit code on every launched process
     finally:
         if bar:
             bar.close()
         session.close()
 
+
+def _signame(signum: int) -> str:
+    return signal.Signals(signum).name
 
 
 def _progress(total: int, quiet: bool):
@@ -131,14 +204,17 @@ def _progress(total: int, quiet: bool):
 
 
 def _write_scenarios(json_path: str, verdicts) -> None:
-    """The minimal failing scenario of each failing scenario case, as a replayable file."""
+    """The minimal failing scenario of each failing scenario case, as a replayable file
+    (none with ``--json -``: the scenario is the verdict's ``example`` in the JSON)."""
+    if side_file(json_path, "") is None:
+        return
     done = set()
     for v in verdicts:
         if v.example is None or v.status not in ("fail", "xfail"):
             continue
         key = (v.case, v.impl, v.runtime, v.world_size)
         name = f"{v.case}-{v.impl}-{v.runtime}-w{v.world_size}".replace(":", "_").replace("/", "_")
-        path = f"{os.path.splitext(json_path)[0]}.{name}.json"
+        path = side_file(json_path, f".{name}.json")
         if key not in done:
             done.add(key)
             with open(path, "w") as f:
@@ -149,19 +225,22 @@ def _write_scenarios(json_path: str, verdicts) -> None:
 
 
 def _write_diagnoses(json_path: str, verdicts) -> None:
-    """Full failure texts (replica tracebacks, stacks, counterexamples) next to the JSON."""
-    failing = [v for v in verdicts if v.diagnosis and v.status in ("fail", "xfail", "vacuous")]
-    path = os.path.splitext(json_path)[0] + ".failures.txt"
+    """Every failing verdict (fail, vacuous, xfail) next to the JSON: its summary, the command
+    that reproduces it, and its full failure text (replica tracebacks, stacks,
+    counterexamples) where it has one; none with ``--json -`` (the JSON on stdout holds them)."""
+    failing = [v for v in verdicts if v.status in ("fail", "xfail", "vacuous")]
+    path = side_file(json_path, ".failures.txt")
+    if path is None:
+        return
     if not failing:
         if os.path.exists(path):
             os.remove(path)
         return
-    seen, parts = set(), []
+    groups: dict = {}  # the checks of one case run that share a failure text are written together
     for v in failing:
-        if (v.case, v.impl, v.runtime, v.world_size, v.diagnosis) in seen:
-            continue
-        seen.add((v.case, v.impl, v.runtime, v.world_size, v.diagnosis))
-        parts.append(f"=== {v.id}: {v.status}: {v.reason}\nreproduce: {repro_command(v)}\n{v.diagnosis}\n")
+        groups.setdefault((v.case, v.impl, v.runtime, v.world_size, v.diagnosis), []).append(v)
+    parts = ["".join(f"=== {v.id}: {v.status}: {v.reason}\n" for v in vs) + f"reproduce: {repro_command(vs[0])}\n"
+             + (f"{vs[0].diagnosis}\n" if vs[0].diagnosis else "") for vs in groups.values()]
     with open(path, "w") as f:
         f.write("\n".join(parts))
     print(f"failure details: {path}")

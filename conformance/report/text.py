@@ -9,7 +9,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from conformance.errors import UsageError
 from conformance.verdict import BAD, STATUSES, Verdict
 from conformance.tolerances import TOLERANCES
 
@@ -138,35 +137,8 @@ def kill_matrix_text(rows: list[KillRow]) -> str:
 
 
 # --- expected failures ------------------------------------------------------------
-
-def read_expected_failures(path: str) -> set[str]:
-    """Verdict ids (one a line, ``#`` comments, blank lines ignored).
-
-    Raises:
-        UsageError: the file cannot be read.
-    """
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError as exc:
-        raise UsageError(f"--expected-failures: cannot read {path!r}: {exc.strerror or exc}") from None
-    return {ln.split("#", 1)[0].strip() for ln in lines} - {""}
-
-
-def apply_expected_failures(verdicts: list[Verdict], expected: set[str]) -> list[str]:
-    """Turn listed ``fail`` verdicts into ``xfail``; return warnings for listed ids
-    that did not fail (no longer fail) or match no verdict (no longer exist)."""
-    seen, warnings = set(), []
-    for v in verdicts:
-        if v.id in expected:
-            seen.add(v.id)
-            if v.status == "fail":
-                v.status = "xfail"
-                v.reason = "expected failure: " + v.reason
-            else:
-                warnings.append(f"expected failure {v.id} no longer fails (status {v.status})")
-    warnings += [f"expected failure {i} matches no verdict of this run" for i in sorted(expected - seen)]
-    return warnings
+# The expected-failures pair lives in conformance.report.expected; kept importable here.
+from conformance.report.expected import apply_expected_failures, read_expected_failures  # noqa: E402,F401
 
 
 # --- JSON ---------------------------------------------------------------------------
@@ -201,12 +173,45 @@ def build_json(verdicts: list[Verdict], kill_rows: list[KillRow] = (), extra: di
     return doc
 
 
-def write_json(path: str, verdicts: list[Verdict], kill_rows: list[KillRow] = (), extra: dict | None = None) -> dict:
-    """Write :func:`build_json`'s report to ``path``; return it."""
+def write_json(path, verdicts: list[Verdict], kill_rows: list[KillRow] = (), extra: dict | None = None) -> dict:
+    """Write :func:`build_json`'s report to ``path`` and return it. ``path`` is a file name
+    (written whole or not at all: a temporary file in the same folder, then renamed, so a
+    reader never sees half a report) or an open text stream (``--json -``: stdout)."""
     doc = build_json(verdicts, kill_rows, extra)
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
+    write_json_doc(path, doc)
     return doc
+
+
+def write_json_doc(path, doc: dict) -> None:
+    """``doc`` as indented JSON to a file name (atomically) or an open text stream."""
+    if hasattr(path, "write"):
+        json.dump(doc, path, indent=1)
+        path.write("\n")
+        path.flush()
+        return
+    import os
+    import tempfile
+    target = os.path.realpath(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                               dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    import os
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def exit_code(verdicts: list[Verdict], kill_rows: list[KillRow] = ()) -> int:

@@ -1,0 +1,125 @@
+"""Expected-failures files: which ``fail`` and ``vacuous`` verdicts a run reports as ``xfail``.
+
+One entry a line, ``#`` starts a comment, blank lines are ignored. An entry names
+
+* a case: ``parity.linear`` (every verdict of the case),
+* a check of a case: ``parity.linear:param_parity`` (every implementation, runtime, W),
+* one verdict id: ``parity.linear:param_parity[mypkg.ddp:MyDDP-cpu-w2]``,
+* or any of these with wildcards: ``*`` (any text, ``:`` and brackets included) and
+  ``?`` (one character), e.g. ``parity.*:agreement[mypkg*-cpu-w*]``. Brackets are
+  literal: they are the id's own (``fnmatch``'s ``[seq]`` classes would clash with them).
+
+A listed ``fail`` or ``vacuous`` verdict becomes ``xfail`` (its reason says which it was).
+Warnings: an entry that matches no verdict of the run, and an entry whose verdicts all
+ran without failing ("no longer fails").
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from conformance.errors import UsageError
+from conformance.verdict import BAD, Verdict
+
+
+def _regex(entry: str) -> re.Pattern:
+    pattern = entry
+    if "[" not in pattern:  # a case or a case:check names every verdict under it
+        pattern += "[*]" if ":" in pattern else ":*"
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern),
+                      re.DOTALL)
+
+
+class ExpectedFailures:
+    """The entries of one expected-failures file; ``vid in expected`` tells whether an
+    entry covers verdict id ``vid``. Iterating gives the entries (strings)."""
+
+    def __init__(self, entries=()):
+        self.entries = list(dict.fromkeys(e.strip() for e in entries if e and e.strip()))
+        self._regexes = [(e, _regex(e)) for e in self.entries]
+
+    def matching(self, vid: str) -> list[str]:
+        """The entries that cover verdict id ``vid``."""
+        return [e for e, rx in self._regexes if rx.fullmatch(vid)]
+
+    def __contains__(self, vid) -> bool:
+        return any(rx.fullmatch(vid) for _, rx in self._regexes)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __repr__(self) -> str:
+        return f"ExpectedFailures({self.entries!r})"
+
+
+def _as_expected(expected) -> ExpectedFailures:
+    return expected if isinstance(expected, ExpectedFailures) else ExpectedFailures(expected or ())
+
+
+def parse_expected_failures(text: str) -> ExpectedFailures:
+    """The entries of a file's text (comments and blank lines dropped)."""
+    return ExpectedFailures(ln.split("#", 1)[0].strip() for ln in text.splitlines())
+
+
+def read_expected_failures(path: str) -> ExpectedFailures:
+    """The entries of the file at ``path``.
+
+    Raises:
+        UsageError: the file cannot be read or is not UTF-8 text (one line).
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise UsageError(f"--expected-failures {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--expected-failures {path}: not a text file (byte 0x{data[exc.start]:02x} at "
+                         f"offset {exc.start} is not UTF-8); list verdict ids, one a line") from None
+    if "\x00" in text:
+        raise UsageError(f"--expected-failures {path}: not a text file (NUL byte at offset "
+                         f"{text.index(chr(0))}); list verdict ids, one a line")
+    return parse_expected_failures(text)
+
+
+def mark_expected_failures(verdicts: list[Verdict], expected) -> None:
+    """Turn every listed ``fail`` / ``vacuous`` verdict into ``xfail`` (in place)."""
+    expected = _as_expected(expected)
+    if not expected:
+        return
+    for v in verdicts:
+        if v.status in BAD and v.id in expected:
+            was = v.status
+            v.status = "xfail"
+            v.reason = ("expected failure: " if was == "fail" else f"expected failure ({was}): ") + v.reason
+
+
+def expected_failure_warnings(verdicts: list[Verdict], expected) -> list[str]:
+    """One warning per entry that matches no verdict, or whose verdicts all ran without
+    failing (an ``xfail`` verdict counts as failing: it was listed and failed)."""
+    expected = _as_expected(expected)
+    statuses: dict[str, Counter] = {e: Counter() for e in expected}
+    for v in verdicts:
+        for e in expected.matching(v.id):
+            statuses[e][v.status] += 1
+    warnings = []
+    for e, st in statuses.items():
+        if not st:
+            warnings.append(f"expected failure {e} matches no verdict of this run")
+        elif not any(st[s] for s in BAD + ("xfail",)):
+            if sum(st.values()) == 1:
+                warnings.append(f"expected failure {e} no longer fails (status {next(iter(st))})")
+            else:
+                warnings.append(f"expected failure {e} no longer fails (its {sum(st.values())} verdicts: "
+                                + ", ".join(f"{n} {s}" for s, n in sorted(st.items())) + ")")
+    return warnings
+
+
+def apply_expected_failures(verdicts: list[Verdict], expected) -> list[str]:
+    """:func:`mark_expected_failures`, then :func:`expected_failure_warnings` for these verdicts."""
+    mark_expected_failures(verdicts, expected)
+    return expected_failure_warnings(verdicts, expected)
