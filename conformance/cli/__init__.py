@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from importlib.metadata import PackageNotFoundError, version as dist_version
 
 from conformance.cli.calibrate import add_parser as add_calibrate
+from conformance.cli.output import STDOUT, report_lock, signal_of, signals_raise
 from conformance.cli.report import add_parser as add_report
 from conformance.errors import UsageError
+from conformance.options import parse_world_sizes
 from conformance.settings import Settings
 
 # Options that shape the Settings rather than one command.
@@ -34,7 +38,6 @@ class _ErrorParser(argparse.ArgumentParser):
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version as dist_version
     try:
         return dist_version("ddp-conformance")
     except PackageNotFoundError:
@@ -151,10 +154,7 @@ def _check_early(values: dict) -> None:
     """What can be checked without torch: world sizes, that input files can be read (and an
     expected-failures file is text), and that output paths can be written, before the first
     world starts (a report is never lost at the end of a run)."""
-    import os
 
-    from conformance.cli.output import STDOUT
-    from conformance.options import parse_world_sizes
     if values.get("world_size") and "model" not in values:  # calibrate takes one size, checked there
         parse_world_sizes(values["world_size"])
     for key in ("expected_failures", "scenario"):
@@ -190,7 +190,6 @@ def _check_early(values: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from conformance.cli.output import report_lock, signal_of, signals_raise
     try:
         command, settings, values = parse(argv)
         with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C

@@ -55,6 +55,12 @@ import math
 import time
 
 from conformance.cases.train.parity import ParityRunner, parity_mutants
+from conformance.errors import UsageError
+from conformance.errors import split_list as _split
+from conformance.report.text import document
+from conformance.tolerances import MIN_WORLD_SIZE, lookup
+from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
+from conformance.worlds.spawned import WorldPool
 
 MIN_SIDE_FACTOR = 10.0     # atol must be >= 10 x noise and <= signal / 10
 MIN_SIGNAL_TO_NOISE = 100.0
@@ -88,7 +94,6 @@ def calibrate(runner, runtime: str, world_size: int, model: str, impl: str, seed
     correct implementations on one model runs every mutant once.
     """
     from conformance.cases.table import CASES
-    from conformance.tolerances import lookup
 
     tol = lookup(runtime, model, dtype)
     atol = tol.atol
@@ -216,14 +221,8 @@ def command(settings, *, runtime: str, model: str, ddp: str, seeds: int, world_s
     """The ``calibrate`` subcommand (see the module docstring)."""
     from fixtures.models import MODELS
 
-    from conformance.errors import UsageError
-    from conformance.errors import split_list as _split
     from conformance.evaluate import Session
     from conformance.impls.builtin import ImplSpecError, parse_impls
-    from conformance.report.text import environment
-    from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
-    from conformance.tolerances import MIN_WORLD_SIZE, lookup
-    from conformance.worlds.spawned import WorldPool
 
     runtimes = _split(runtime)
     models = _split(model)
@@ -274,12 +273,10 @@ def command(settings, *, runtime: str, model: str, ddp: str, seeds: int, world_s
                     print()
     finally:
         runner.close()
-    doc = {"kit": "ddp-conformance", "kind": "calibration",
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "environment": environment(), "wall_seconds": round(time.monotonic() - t0, 1),
-           "criteria": {"atol_over_noise": MIN_SIDE_FACTOR, "signal_over_atol": MIN_SIDE_FACTOR,
-                        "signal_over_noise": MIN_SIGNAL_TO_NOISE},
-           "calibrations": cals}
+    doc = document("calibration", wall_seconds=round(time.monotonic() - t0, 1),
+                   criteria={"atol_over_noise": MIN_SIDE_FACTOR, "signal_over_atol": MIN_SIDE_FACTOR,
+                             "signal_over_noise": MIN_SIGNAL_TO_NOISE},
+                   calibrations=cals)
     if json:
         with open(json, "w") as f:
             _json.dump(doc, f, indent=1)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import signal
 import sys
+import threading
 import time
 
 from conformance.errors import UsageError
@@ -53,7 +55,6 @@ def signals_raise():
     A signal this process was started with ignored (``nohup``, a background job of a
     non-interactive shell) stays ignored.
     """
-    import threading
     old = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -70,7 +71,6 @@ def signals_raise():
 def signals_held():
     """SIGINT and SIGTERM are ignored while inside (writing the partial report and closing
     the worlds after a first signal takes seconds; a second one must not lose it)."""
-    import threading
     old = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -106,7 +106,6 @@ class ReportLock:
             UsageError: another live run holds the lock (names its pid), or the lock file
                 cannot be created.
         """
-        import fcntl
         for _ in range(20):  # the holder may remove the file between our open and our lock
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)

@@ -11,6 +11,12 @@ that is 4 replicas, process indices 0..3, local ordinals 0..1 on each of two hos
 from __future__ import annotations
 
 from conformance.cases.ranks import check_reports, rank_report
+from conformance.cli.output import stdout_for_json
+from conformance.errors import UsageError
+from conformance.errors import split_list as _split
+from conformance.report.text import document, write_json_doc
+from conformance.worlds.launched import root_decides
+from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
 
 
 def rank_check(world) -> dict | None:
@@ -47,10 +53,6 @@ def summary(check: dict) -> str:
 
 def command(settings, *, runtime: str, world_size: str | None, launcher: str, json: str | None) -> int:
     """``python -m conformance ranks``: print every replica's bindings; exit 1 on a violation."""
-    from conformance.errors import UsageError
-    from conformance.errors import split_list as _split
-    from conformance.worlds.launched import root_decides
-    from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
     if runtime not in RUNTIMES:
         raise UsageError(f"--runtime: unknown runtime {runtime!r}; known: {', '.join(RUNTIMES)}")
     sizes = _split(world_size) if world_size else []
@@ -79,13 +81,11 @@ def command(settings, *, runtime: str, world_size: str | None, launcher: str, js
         check = rank_check(pool.get(runtime, size))
 
         def report():  # on the root only (the process that has every replica's report)
-            from conformance.cli.output import stdout_for_json
-            from conformance.report.text import write_json_doc
             with stdout_for_json(json) as json_out:  # --json -: the JSON on stdout, the table on stderr
                 print(rank_table(check))
                 print(summary(check))
                 if json:
-                    write_json_doc(json_out or json, {"kit": "ddp-conformance", "ranks": [check]})
+                    write_json_doc(json_out or json, document("ranks", ranks=[check]))
                     print(f"JSON report: {'stdout' if json_out else json}")
             return 1 if check["violations"] else 0
         return root_decides(pool, report)

@@ -20,12 +20,20 @@ import signal
 import sys
 import time
 
+from conformance.cases.train.parity import ParityRunner
+from conformance.cli.output import signal_of, signals_held, stdout_for_json
+from conformance.errors import UsageError, split_list
+from conformance.options import parse_matrix
+from conformance.report.text import document, write_json_doc
+from conformance.tolerances import lookup
+from conformance.worlds.procmem import host_rss
+from conformance.worlds.spawned import WorldPool
+
 
 def _parity_cases(only, skip):
     """The parity cases ``--only`` / ``--skip`` select (``--repeat`` sweeps seeds of
     the standard training run)."""
     from conformance.cases.table import select
-    from conformance.errors import split_list
     return [c for c in select(split_list(only), split_list(skip)) if c.family == "parity"]
 
 
@@ -34,7 +42,6 @@ class _MeteredPool:
     (:func:`conformance.worlds.procmem.host_rss`) right after the world starts."""
 
     def __init__(self, settings):
-        from conformance.worlds.spawned import WorldPool
         self.pool, self.worlds, self.start = WorldPool(settings), {}, {}
 
     def get(self, runtime, world_size):
@@ -46,7 +53,6 @@ class _MeteredPool:
 
     def read(self) -> dict:
         """``{(runtime, world_size): host_rss}`` of the worlds in use now."""
-        from conformance.worlds.procmem import host_rss
         return {key: host_rss(w) for key, w in self.worlds.items()}
 
     def close(self):
@@ -90,11 +96,7 @@ def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: 
             only: str | None, skip: str | None, time_budget: float | None, json: str) -> int:
     """``python -m conformance repeat N`` (also ``run --repeat N``): rerun the parity cases of the
     correct implementations N times (seed = table seed + k); exit 1 on any non-passing verdict."""
-    from conformance.errors import UsageError
     from conformance.evaluate import Session
-    from conformance.options import parse_matrix
-    from conformance.report.text import environment
-    from conformance.tolerances import lookup
 
     n = times
     if n < 1:
@@ -106,17 +108,12 @@ def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: 
             if impl.startswith("mutant:"):
                 raise UsageError(f"--repeat: {impl} is a mutant; --repeat measures correct implementations")
 
-    from conformance.cli.output import stdout_for_json
     with stdout_for_json(json) as json_out:
         return _sweep(settings, n, targets, models, time_budget, json, json_out)
 
 
 def _sweep(settings, n, targets, models, time_budget, json, json_out) -> int:
-    from conformance.cases.train.parity import ParityRunner
-    from conformance.cli.output import signal_of, signals_held
     from conformance.evaluate import Session
-    from conformance.report.text import environment, write_json_doc
-    from conformance.tolerances import lookup
 
     pool = _MeteredPool(settings)
     runner = ParityRunner(Session(pool, settings=settings))
@@ -182,11 +179,9 @@ def _sweep(settings, n, targets, models, time_budget, json, json_out) -> int:
           f"in {wall:.0f} s" + (f" - stopped by --time-budget {budget:g} s" if cut else "")
           + (f" - interrupted by {signal.Signals(interrupted).name}" if interrupted else "")
           + f"; {len(failures)} non-passing verdict(s)" + ("" if failures else ": no flakiness seen"))
-    doc = {"kit": "ddp-conformance", "kind": "repeat",
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "environment": environment(),
-           "requested": n, "completed": done, "stopped_by_budget": cut, "wall_seconds": round(wall, 1),
-           "seeds": "table seed + k, k = 0..completed-1", "cells": list(cells.values()),
-           "host_rss": rss, "failures": failures, "interrupted": bool(interrupted)}
+    doc = document("repeat", requested=n, completed=done, stopped_by_budget=cut, wall_seconds=round(wall, 1),
+                   seeds="table seed + k, k = 0..completed-1", cells=list(cells.values()),
+                   host_rss=rss, failures=failures, interrupted=bool(interrupted))
     write_json_doc(json_out or json, doc)
     print(f"JSON report: {'stdout' if json_out else json}")
     stack.close()

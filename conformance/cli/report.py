@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from conformance.report.html import _load, write_report
+from conformance.errors import UsageError
 
 
 def command(settings, *, json: list[str], calibration: list[str], out: str) -> int:
     """Write the HTML report of run (and calibration) JSON files into ``out``."""
-    from conformance.errors import UsageError
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -3,9 +3,11 @@ every face (CLI, pytest plugin, absltest, HTML report), plus expected-failures f
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -136,11 +138,6 @@ def kill_matrix_text(rows: list[KillRow]) -> str:
     return text_table(table)
 
 
-# --- expected failures ------------------------------------------------------------
-# The expected-failures pair lives in conformance.report.expected; kept importable here.
-from conformance.report.expected import apply_expected_failures, read_expected_failures  # noqa: E402,F401
-
-
 # --- JSON ---------------------------------------------------------------------------
 
 def environment() -> dict:
@@ -158,17 +155,21 @@ def environment() -> dict:
     return env
 
 
+def document(kind: str, **body) -> dict:
+    """The header every JSON document of the kit starts with - ``kit``, ``kind`` (``run``,
+    ``repeat``, ``calibration``, ``ranks``), ``schema``, ``created`` (UTC, ISO 8601),
+    ``environment`` - followed by ``body``."""
+    return {"kit": "ddp-conformance", "kind": kind, "schema": SCHEMA_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "environment": environment(),
+            **body}
+
+
 def build_json(verdicts: list[Verdict], kill_rows: list[KillRow] = (), extra: dict | None = None) -> dict:
     """The run report (layout: docs/report-format.md)."""
-    doc = {"kit": "ddp-conformance", "schema": SCHEMA_VERSION,
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "environment": environment(),
-           "tolerances": [t.__dict__ for t in TOLERANCES],
-           "counts": counts(verdicts),
-           "verdicts": [v.to_json() for v in verdicts],
-           "kill_matrix": [r.to_json() for r in kill_rows],
-           "kill_summary": [{"mutant": m, "runtime": rt, "world_size": w, "result": res}
-                            for (m, rt, w), res in kill_summary(list(kill_rows)).items()]}
+    doc = document("run", tolerances=[t.__dict__ for t in TOLERANCES], counts=counts(verdicts),
+                   verdicts=[v.to_json() for v in verdicts], kill_matrix=[r.to_json() for r in kill_rows],
+                   kill_summary=[{"mutant": m, "runtime": rt, "world_size": w, "result": res}
+                                 for (m, rt, w), res in kill_summary(list(kill_rows)).items()])
     doc.update(extra or {})
     return doc
 
@@ -189,8 +190,6 @@ def write_json_doc(path, doc: dict) -> None:
         path.write("\n")
         path.flush()
         return
-    import os
-    import tempfile
     target = os.path.realpath(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
                                dir=os.path.dirname(target))
@@ -208,7 +207,6 @@ def write_json_doc(path, doc: dict) -> None:
 
 
 def _umask() -> int:
-    import os
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -46,6 +46,8 @@ from conformance.worlds.blame import collective_in
 from conformance.worlds.diagnosis import blank as blank_diagnosis, details as diagnosis_details
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, _die_with_parent
+from conformance.worlds.runtimes.base import ReplicaContext
+from conformance.worlds.runtimes.cpu import process_group_timeout_s
 
 # What a launcher must set (torchrun does; so do `python -m torch.distributed.run`
 # and most cluster launchers that speak env://). MASTER_PORT defaults in gloo.
@@ -152,8 +154,6 @@ class ExternalWorld:
 
         import ddp_impl
 
-        from conformance.worlds.runtimes.base import ReplicaContext
-        from conformance.worlds.runtimes.cpu import process_group_timeout_s
         settings = settings or Settings()
         self.runtime = runtime
         self.timeout = timeout or settings.replica_timeout

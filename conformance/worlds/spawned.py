@@ -64,6 +64,8 @@ from conformance.settings import Settings
 from conformance.worlds import blame as blame_mod
 from conformance.worlds import diagnosis as dg
 from conformance.worlds import procmem
+import faulthandler
+from conformance.worlds.runtimes import get_runtime
 
 # After the first replica raised (or a host died), how long the parent waits
 # for other replicas' simultaneous reports before it tears the world down.
@@ -204,7 +206,6 @@ def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, s
     os.dup2(log_fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent_pid)
-    import faulthandler
     stacks = open(os.path.join(workdir, f"host{host}.stacks"), "w")
     # Fatal signals (an abort by gloo or XLA, a segfault) dump every thread's
     # Python stack; SIGUSR1 is the parent asking for them.
@@ -261,7 +262,6 @@ class World:
 
     def __init__(self, runtime: str, world_size: int, timeout: float | None = None,
                  settings: Settings | None = None):
-        from conformance.worlds.runtimes import get_runtime
         settings = settings or Settings()
         if timeout:  # the hosts size gloo's timeout from the task bound (runtimes.cpu)
             settings = settings.replace(replica_timeout=timeout)

@@ -5,6 +5,7 @@ from conformance.settings import Settings
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from conformance.worlds.diagnosis import failure_info
 
 
 class RuntimeUnavailable(RuntimeError):
@@ -58,7 +59,6 @@ def run_task(ctx: ReplicaContext, fn, payload: dict, on_raise=None, task=None) -
     ``on_raise(rank, value)`` is called at once, before the other replicas
     finish (they may be blocked in a collective this one left).
     """
-    from conformance.worlds.diagnosis import failure_info
     p = ctx.progress
     if p is not None:
         from conformance.worlds.diagnosis import task_name

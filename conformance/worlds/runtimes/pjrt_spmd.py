@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from conformance.worlds.runtimes.base import ReplicaContext, RuntimeUnavailable, run_task
 from conformance.worlds.runtimes.pjrt import PjrtRuntime, flushed
+from conformance.errors import Unsupported
 
 NAME = "pjrt_spmd"
 
@@ -29,7 +30,6 @@ class _NoCollectives:
     rank, world_size = 0, 1
 
     def _refuse(self, *args, **kwargs):
-        from conformance.errors import Unsupported
         raise Unsupported("SPMD has no replica-level collectives (XLA's partitioner inserts "
                           "them): per-replica tasks cannot run in this topology")
 

@@ -25,6 +25,7 @@ import socket
 from ddp_impl.runtime import xrt as _x
 
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable
+from ddp_impl.runtime import ranks
 
 # /dev/accel0 exists on Cloud TPU VMs (one node per chip).
 TPU_DEVICE_NODE = "/dev/accel0"
@@ -172,7 +173,6 @@ class XrtRuntime(Runtime):
             # (inherited from the parent here, so removed rather than not set).
             os.environ.pop(_x.TPU_CONFIG, None)
             os.environ.pop(_x.TPU_NUM_DEVICES, None)
-        from ddp_impl.runtime import ranks
         b = _x.xrt_bindings(os.environ)
         if (b.global_ordinal, b.world_size) != (host, world_size):
             raise RuntimeError(f"host {host} of {world_size} got XRT bindings {b}")
