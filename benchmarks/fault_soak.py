@@ -3,7 +3,7 @@
     python benchmarks/fault_soak.py --runtime cpu --runs 50 --out benchmarks/results/faults-cpu.json
 
 Each run starts a fresh world of 2 replicas (task bound ``--timeout``), injects one
-fault on replica 1 at step 1 with :func:`conformance.worlds.tasks.fault` (kinds cycle
+fault on replica 1 at step 1 with :func:`tests.tasks.fault` (kinds cycle
 through ``--kinds``; ``sigkill`` kills replica 1's host from outside after
 ``--kill-after`` s), and records: the error class, the replicas named
 (``culprit``), seconds from ``World.run`` to the exception, and host processes
@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from conformance.worlds.tasks import fault  # noqa: E402
+from tests.tasks import fault  # noqa: E402
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World  # noqa: E402
 
 K = 1

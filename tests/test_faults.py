@@ -3,7 +3,7 @@ the right class, the right replica named, its exception or stacks, and no proces
 left behind. One table, run on the CPU runtime (marker ``cpu``) and on PJRT
 (marker ``pjrt``; skipped with the reason where torch_xla cannot run).
 
-Each case runs :func:`conformance.worlds.tasks.fault` (a training-shaped loop: forward,
+Each case runs :func:`tests.tasks.fault` (a training-shaped loop: forward,
 an all-reduce whose size changes per step, step sync) on a fresh world of 2
 replicas with a short task bound (:data:`TIMEOUT_S`), with the fault on
 replica :data:`K` at step 1. Bounds are limits a hang would blow through, not timing
@@ -22,7 +22,7 @@ import time
 import pytest
 
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
-from conformance.worlds.tasks import fault
+from tests.tasks import fault
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World
 
 from tests.procs import gone, measured_scale, start_world

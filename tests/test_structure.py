@@ -218,7 +218,6 @@ LIGHT = (
     "conformance.worlds.runtimes.pjrt",
     "conformance.worlds.runtimes.pjrt_spmd",
     "conformance.worlds.spawned",
-    "conformance.worlds.tasks",
 )
 # Modules that defer every kit import, and why.
 DEFERS_ALL = {"conformance.plugin": "it loads into every pytest session of the environment (pytest11); "

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conformance.worlds.tasks import all_reduce_value, fail_on
+from tests.tasks import all_reduce_value, fail_on
 from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout
 
 from tests.procs import QUIET_START_S, alive, gone, load_scale, start_world
@@ -71,7 +71,7 @@ QUIET_PARENT_START_S = 1.8   # SCRIPT until it prints its pids, quiet 2-core mac
 SCRIPT = textwrap.dedent("""
     import sys, time
     from conformance.worlds.spawned import World
-    from conformance.worlds.tasks import fail_on
+    from tests.tasks import fail_on
     if __name__ == "__main__":
         w = World("cpu", 2)
         print(" ".join(map(str, w.pids())), flush=True)

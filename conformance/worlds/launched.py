@@ -51,7 +51,7 @@ from conformance.worlds.runtimes.cpu import process_group_timeout_s
 
 # What a launcher must set (torchrun does; so do `python -m torch.distributed.run`
 # and most cluster launchers that speak env://). MASTER_PORT defaults in gloo.
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+REQUIRED_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 # Runtimes an external launcher can drive (one replica per launched process).
 EXTERNAL_RUNTIMES = ("cpu",)
 
@@ -65,17 +65,17 @@ class WorldSizeMismatch(ValueError):
 
 
 def launcher_env(environ=None) -> dict | None:
-    """The launcher's variables when ``LAUNCHER_VARS`` are all set, else ``None``."""
+    """The launcher's variables when ``REQUIRED_LAUNCHER_VARS`` are all set, else ``None``."""
     env = os.environ if environ is None else environ
-    if not all(env.get(v) for v in LAUNCHER_VARS):
+    if not all(env.get(v) for v in REQUIRED_LAUNCHER_VARS):
         return None
-    keys = LAUNCHER_VARS + ("MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    keys = REQUIRED_LAUNCHER_VARS + ("MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                             "TORCHELASTIC_RUN_ID")
     return {k: env[k] for k in keys if k in env}
 
 
 def launched(environ=None) -> bool:
-    """True when this process was started by an env:// launcher (see :data:`LAUNCHER_VARS`)."""
+    """True when this process was started by an env:// launcher (see :data:`REQUIRED_LAUNCHER_VARS`)."""
     return launcher_env(environ) is not None
 
 
@@ -87,7 +87,7 @@ def launcher_world_size(environ=None) -> int:
             inconsistent (one line naming them).
     """
     env = os.environ if environ is None else environ
-    missing = [v for v in LAUNCHER_VARS if not env.get(v)]
+    missing = [v for v in REQUIRED_LAUNCHER_VARS if not env.get(v)]
     if missing:
         raise LauncherEnvError(
             f"not started by an env:// launcher ({', '.join(missing)} not set); start every process "

@@ -40,7 +40,7 @@ be replaced (:class:`WorldPool` does that).
 Hosts ignore SIGINT (the parent owns Ctrl-C: an interrupted :meth:`World.run`
 kills the hosts) and die with their parent (``PR_SET_PDEATHSIG`` plus a
 watchdog thread), so no orphans remain. Hosts drop the parent's launcher
-variables (:data:`LAUNCHER_VARS`): a kit-spawned world is never part of a
+variables (:data:`SCRUBBED_LAUNCHER_VARS`): a kit-spawned world is never part of a
 torchrun launch it happens to be started from. Rendezvous uses a file in a
 private temporary directory, never a port, so many worlds (pytest-xdist
 workers) coexist on one machine.
@@ -77,7 +77,7 @@ LOG_TAIL_LINES = 200
 # Variables of an env:// launcher (torchrun) that a kit-spawned host must not
 # inherit from its parent: they would override the host's own rank layout
 # (e.g. GROUP_RANK=1 labels every replica "host 1").
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+SCRUBBED_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                  "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
                  "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
@@ -199,7 +199,7 @@ def _watch_collectives(replicas, every=POLL_S):
 
 def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, settings):
     """Entry point of a host process (spawned; runs until told to stop)."""
-    for var in LAUNCHER_VARS:  # before anything reads them (torch.distributed, ranks)
+    for var in SCRUBBED_LAUNCHER_VARS:  # before anything reads them (torch.distributed, ranks)
         os.environ.pop(var, None)
     log_fd = os.open(os.path.join(workdir, f"host{host}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(log_fd, 1)

@@ -1,4 +1,6 @@
-"""Small World tasks used by the kit's own tests and diagnostics.
+"""World tasks of the kit's own meta-tests (not installed): all-reduce a value, fail on a
+replica, inject a fault into a training-shaped loop. Replica hosts import this module by name
+(``tests.tasks``), so it works where the repository root is on ``sys.path`` (pytest from it).
 
 Each is ``fn(ctx, **payload)`` and returns picklable data.
 """
