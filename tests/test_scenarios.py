@@ -90,8 +90,15 @@ def test_replay_reruns_a_scenario(tmp_path):
     f.write_text(json.dumps({"scenario": sc.to_json()}))
     ok = run_cli("replay", str(f), "--ddp", "torch", cwd=tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    bad = run_cli("replay", str(f), "--ddp", "mutant:batch_weighted", cwd=tmp_path)
+    bad = run_cli("replay", str(f), "--ddp", "mutant:batch_weighted", "--json", "replay.json", cwd=tmp_path)
     assert bad.returncode == 1 and "uneven local batches [3, 1]" in bad.stdout, bad.stdout + bad.stderr
+    # the same report as run: the JSON with every verdict's full reason, and the failures file
+    doc = json.loads((tmp_path / "replay.json").read_text())
+    failing = [v for v in doc["verdicts"] if v["status"] == "fail"]
+    assert doc["kind"] == "run" and doc["replay"] == str(f) and failing, doc["verdicts"]
+    failures = (tmp_path / "replay.failures.txt").read_text()
+    assert all(v["id"] in failures and v["reason"] in failures for v in failing)
+    assert f"reproduce: python -m conformance replay {f} --ddp mutant:batch_weighted --runtime cpu" in failures
 
 
 @pytest.mark.long

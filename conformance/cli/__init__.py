@@ -103,6 +103,9 @@ def build_parser():
     replay.add_argument("scenario", help="scenario JSON file")
     replay.add_argument("--ddp", default=None, help="comma list of implementations (default: the runtime's)")
     replay.add_argument("--runtime", default="cpu", help="cpu or pjrt (default cpu)")
+    replay.add_argument("--json", default="conformance-report.json", metavar="PATH",
+                        help="JSON report path, as for run (default conformance-report.json; - : stdout); "
+                        "failure details go to PATH with .failures.txt")
     replay.set_defaults(command="replay")
     repeat = sub.add_parser("repeat", help="flakiness sweep: rerun the parity cases of the correct "
                             "implementations N times (seed = table seed + k)")

@@ -170,7 +170,7 @@ def report_lock(command: str, values: dict):
     """The lock a command must hold for its run (a null context when it writes no report
     file: ``--json -``, no ``--json``, or a launched replica other than rank 0)."""
     path = values.get("json")
-    if command not in ("run", "repeat", "ranks") or not isinstance(path, str) or path == STDOUT:
+    if command not in ("run", "repeat", "ranks", "replay") or not isinstance(path, str) or path == STDOUT:
         return contextlib.nullcontext()
     if values.get("launcher") == "env" and os.environ.get("RANK", "0") != "0":
         return contextlib.nullcontext()  # rank 0 writes the report of a launched world

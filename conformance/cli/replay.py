@@ -2,6 +2,7 @@
 minimal failing one a scenario case wrote, or a hand-made one) against implementations."""
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 
 from conformance.cases.scenarios.scenario import ScenarioError, load_scenario
@@ -9,12 +10,15 @@ from conformance.cases.table import CASES
 from conformance.errors import UsageError
 from conformance.evaluate import Session, evaluate
 from conformance.options import parse_matrix
-from conformance.report.text import exit_code, verdict_table
+from conformance.cli.output import stdout_for_json
+from conformance.cli.run import write_failures_file
+from conformance.report.text import build_json, exit_code, verdict_table, write_json_doc
 from conformance.settings import Settings
 
 
-def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None) -> int:
-    """Rerun one scenario (a file written by a failing scenario case, or hand-made)."""
+def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None, json: str) -> int:
+    """Rerun one scenario (a file written by a failing scenario case, or hand-made); write the
+    same JSON report and failures file as ``run`` (``json``; ``-``: the JSON on stdout)."""
     try:
         sc = load_scenario(scenario)
     except ScenarioError as exc:
@@ -27,6 +31,11 @@ def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None)
                     for v in evaluate(case, impl, rt, w, session, scenario=sc)]
     finally:
         session.close()
-    print(f"scenario {scenario}: {len(sc.steps)} step(s), world size {sc.world_size}")
-    print(verdict_table(verdicts))
+    with stdout_for_json(json) as json_out:
+        print(f"scenario {scenario}: {len(sc.steps)} step(s), world size {sc.world_size}")
+        print(verdict_table(verdicts))
+        write_json_doc(json_out or json, build_json(verdicts, extra={"replay": scenario, "profile": settings.profile}))
+        write_failures_file(json, verdicts, repro=lambda v: f"python -m conformance replay {shlex.quote(scenario)} "
+                            f"--ddp {shlex.quote(v.impl)} --runtime {v.runtime}")
+        print(f"JSON report: {'stdout' if json_out else json}")
     return exit_code(verdicts)

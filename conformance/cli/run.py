@@ -158,7 +158,7 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
             _write_scenarios(json, verdicts)
             doc = build_json(verdicts, kills, extra(complete=not interrupted))
             write_json_doc(json_out or json, doc)
-            _write_diagnoses(json, verdicts + [v for k in kills for v in k.verdicts])
+            write_failures_file(json, verdicts + [v for k in kills for v in k.verdicts])
             if junitxml:
                 write_junit(junitxml, verdicts, kills, seconds=seconds, created=doc["created"],
                             interrupted=_signame(interrupted) if interrupted else None)
@@ -224,7 +224,7 @@ def _write_scenarios(json_path: str, verdicts) -> None:
         v.diagnosis = v.diagnosis.replace("SCENARIO.json", path)
 
 
-def _write_diagnoses(json_path: str, verdicts) -> None:
+def write_failures_file(json_path: str, verdicts, repro=repro_command) -> None:
     """Every failing verdict (fail, vacuous, xfail) next to the JSON: its summary, the command
     that reproduces it, and its full failure text (replica tracebacks, stacks,
     counterexamples) where it has one; none with ``--json -`` (the JSON on stdout holds them)."""
@@ -239,7 +239,7 @@ def _write_diagnoses(json_path: str, verdicts) -> None:
     groups: dict = {}  # the checks of one case run that share a failure text are written together
     for v in failing:
         groups.setdefault((v.case, v.impl, v.runtime, v.world_size, v.diagnosis), []).append(v)
-    parts = ["".join(f"=== {v.id}: {v.status}: {v.reason}\n" for v in vs) + f"reproduce: {repro_command(vs[0])}\n"
+    parts = ["".join(f"=== {v.id}: {v.status}: {v.reason}\n" for v in vs) + f"reproduce: {repro(vs[0])}\n"
              + (f"{vs[0].diagnosis}\n" if vs[0].diagnosis else "") for vs in groups.values()]
     with open(path, "w") as f:
         f.write("\n".join(parts))
