@@ -180,6 +180,10 @@ def test_junit_failure_carries_the_repro_command(tmp_path):
     assert ("reproduce: python -m conformance run --ddp mutant:sum_not_mean --runtime cpu --world-size 2 "
             "--only parity.linear") in f.text
     assert (tmp_path / "conformance-report.json").exists() and (tmp_path / "conformance-report.failures.txt").exists()
+    junitparser = pytest.importorskip("junitparser", reason="junitparser is a test dependency")
+    read = {c.name: [type(x).__name__ for x in c.result] for suite in junitparser.JUnitXml.fromfile(
+        str(tmp_path / "j.xml")) for c in suite}  # what a CI's JUnit reader sees
+    assert read["param_parity[mutant:sum_not_mean-cpu-w2]"] == ["Failure"], read
 
 
 def test_second_run_on_the_same_report_is_refused_while_the_first_runs(tmp_path):

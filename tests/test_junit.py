@@ -61,3 +61,25 @@ def test_kill_matrix_suite_and_interrupted_property(tmp_path):
     assert {p.get("name"): p.get("value") for p in root.iter("property")} == {"interrupted": "SIGTERM"}
     assert root.get("tests") == "4" and root.get("failures") == "1"
     assert [p.name for p in tmp_path.iterdir()] == ["j.xml"]  # no temporary file left
+
+
+def test_a_junit_parser_reads_the_file_back(tmp_path):
+    """CI systems read the file with JUnit parsers, not ElementTree: junitparser (what many CI
+    plugins build on) must see the same testcases and results."""
+    junitparser = __import__("pytest").importorskip("junitparser", reason="junitparser is a test dependency "
+                                                     "(pip install -e '.[test]')")
+    vs = [_v("pass", "agreement"), _v("fail", reason="max dev 3 > atol 1"), _v("vacuous", "loss_parity"),
+          _v("unsupported", "buffer_parity", reason="no join()"), _v("xfail", "after", case="feature.no_sync")]
+    path = tmp_path / "j.xml"
+    write_junit(str(path), vs, [])
+    xml = junitparser.JUnitXml.fromfile(str(path))
+    cases = {(c.classname, c.name): c for suite in xml for c in suite}
+    assert set(cases) == {(v.case, f"{v.check}[{v.impl}-{v.runtime}-w{v.world_size}]") for v in vs}
+    kinds = {k: [type(r).__name__ for r in c.result] for k, c in cases.items()}
+    assert kinds[("parity.linear", "agreement[mypkg.ddp:MyDDP-cpu-w2]")] == []
+    assert kinds[("parity.linear", "param_parity[mypkg.ddp:MyDDP-cpu-w2]")] == ["Failure"]
+    assert kinds[("parity.linear", "loss_parity[mypkg.ddp:MyDDP-cpu-w2]")] == ["Failure"]
+    assert kinds[("parity.linear", "buffer_parity[mypkg.ddp:MyDDP-cpu-w2]")] == ["Skipped"]
+    assert kinds[("feature.no_sync", "after[mypkg.ddp:MyDDP-cpu-w2]")] == ["Skipped"]
+    suite = next(iter(xml))
+    assert (suite.tests, suite.failures, suite.skipped) == (5, 2, 2)
