@@ -22,6 +22,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from conformance.settings import Settings
 from conformance.verdict import BAD, Verdict
 
 OUTCOMES = ("pass", "fail", "xfail", "skip")
@@ -35,11 +36,18 @@ class Outcome:
     message: str = ""
 
 
-def repro_command(v: Verdict) -> str:
+def repro_command(v: Verdict, settings: Settings | None = None) -> str:
     """The main command that reruns the case of ``v`` alone, for its implementation, runtime
-    and world size (shell-quoted)."""
+    and world size (shell-quoted); with the run's ``settings``, also the replica timeout and
+    profile where they differ from the defaults (a hang reproduced at its bound)."""
     args = ["python", "-m", "conformance", "run", "--ddp", v.impl, "--runtime", v.runtime,
             "--world-size", str(v.world_size), "--only", v.case]
+    if settings is not None:
+        default = Settings()
+        if settings.replica_timeout != default.replica_timeout:
+            args += ["--replica-timeout", f"{settings.replica_timeout:g}"]
+        if settings.profile != default.profile:
+            args += ["--profile", settings.profile]
     return " ".join(shlex.quote(a) for a in args)
 
 

@@ -476,3 +476,23 @@ def test_collective_bound_applies_to_scratch_ddp_collectives():
     assert elapsed < 60, f"reported after {elapsed:.1f} s: the task bound, not the collective bound"
     assert [d["rank"] for d in err.diagnosis if d["culprit"]] == [K]
     assert err.diagnosis[1 - K]["status"] == "waiting" and err.diagnosis[1 - K]["waited_s"] >= 3.0
+
+
+def test_a_collective_mismatch_blames_no_single_receiver():
+    """gloo aborts the replica that *received* mismatched data (a from-scratch DDP whose replica 1
+    skipped one all-reduce, found from outside): its death is a symptom. Both replicas sit in the
+    same collective line, so both are named ``mismatched`` and neither is 'the one that died'."""
+    from conformance.worlds.blame import blame
+    gloo = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+            "gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. 100 vs 12. Received data size "
+            "doesn't match expected size. Is there a distributed collective mismatch in your code?")
+    died = {"rank": 0, "host": 0, "status": "died", "signal": "SIGABRT", "log_tail": gloo,
+            "in_collective": "torch.distributed.all_reduce", "last_collective": None}
+    peer = {"rank": 1, "host": 1, "status": "hung", "in_collective": "torch.distributed.all_reduce",
+            "last_collective": None}
+    b = blame([died, peer])
+    assert b.culprits == [0, 1] and b.status == {0: "mismatched", 1: "mismatched"}, b
+    assert "collective mismatch" in b.reason[0]
+    # a peer recorded in a different collective is named alone
+    b = blame([dict(died, last_collective="all_reduce_ #3"), dict(peer, last_collective="broadcast_ #1")])
+    assert b.culprits == [1] and "different collective" in b.reason[1], b

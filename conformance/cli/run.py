@@ -138,11 +138,14 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
         if bar:
             bar.close()
 
+        def repro(v):
+            return repro_command(v, settings)
+
         def report():
             warnings = [w_ for w_ in expected_failure_warnings(verdicts, expected)  # not run is no news
                         if not (interrupted and w_.endswith("matches no verdict of this run"))]
             print(verdict_table(verdicts))
-            repros = list(dict.fromkeys(repro_command(v) for v in verdicts if v.status in BAD))
+            repros = list(dict.fromkeys(repro(v) for v in verdicts if v.status in BAD))
             if repros:
                 print("\nreproduce one failing case:")
                 print("\n".join(f"  {c}" for c in repros[:REPRO_LINES]))
@@ -158,10 +161,10 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
             _write_scenarios(json, verdicts)
             doc = build_json(verdicts, kills, extra(complete=not interrupted))
             write_json_doc(json_out or json, doc)
-            write_failures_file(json, verdicts + [v for k in kills for v in k.verdicts])
+            write_failures_file(json, verdicts + [v for k in kills for v in k.verdicts], repro=repro)
             if junitxml:
                 write_junit(junitxml, verdicts, kills, seconds=seconds, created=doc["created"],
-                            interrupted=_signame(interrupted) if interrupted else None)
+                            interrupted=_signame(interrupted) if interrupted else None, repro=repro)
             for w_ in warnings:
                 print(f"warning: {w_}", file=sys.stderr)
             print(f"\nJSON report: {'stdout' if json_out else json}" + (f"; JUnit XML: {junitxml}" if junitxml else ""))

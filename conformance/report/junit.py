@@ -59,13 +59,13 @@ def _suite(name: str, cases: list, timestamp: str | None, properties: dict) -> E
     return suite
 
 
-def verdict_testcase(v, seconds: float = 0.0) -> ET.Element:
+def verdict_testcase(v, seconds: float = 0.0, repro=repro_command) -> ET.Element:
     tc = ET.Element("testcase", classname=v.case,
                     name=f"{v.check}[{v.impl}-{v.runtime}-w{v.world_size}]", time=f"{seconds:.3f}")
     if v.status in BAD:
         f = ET.SubElement(tc, "failure", type=v.status, message=_clean(v.reason or v.status))
         f.text = _clean(v.summary() + ("\n\n" + v.diagnosis if v.diagnosis else "")
-                        + "\n\nreproduce: " + repro_command(v))
+                        + "\n\nreproduce: " + repro(v))
     elif v.status in ("unsupported", "skip"):
         ET.SubElement(tc, "skipped", type=v.status, message=_clean(v.reason or v.status))
     elif v.status == "xfail":
@@ -86,9 +86,10 @@ def kill_testcase(row) -> ET.Element:
 
 
 def build_junit(verdicts, kill_rows=(), *, seconds: dict | None = None, created: str | None = None,
-                interrupted: str | None = None) -> ET.ElementTree:
+                interrupted: str | None = None, repro=repro_command) -> ET.ElementTree:
     """The JUnit tree. ``seconds`` maps ``(case, impl, runtime, W)`` to the time its evaluation
-    took; ``interrupted`` names the signal that cut the run short (a suite property)."""
+    took; ``interrupted`` names the signal that cut the run short (a suite property); ``repro``
+    gives a failing verdict's reproduce command."""
     seconds = seconds or {}
     per_case: dict = {}
     for v in verdicts:
@@ -98,7 +99,7 @@ def build_junit(verdicts, kill_rows=(), *, seconds: dict | None = None, created:
     root = ET.Element("testsuites", name="ddp-conformance")
     root.append(_suite("conformance", [
         verdict_testcase(v, seconds.get((v.case, v.impl, v.runtime, v.world_size), 0.0)
-                         / per_case[(v.case, v.impl, v.runtime, v.world_size)]) for v in verdicts],
+                         / per_case[(v.case, v.impl, v.runtime, v.world_size)], repro) for v in verdicts],
         created, props))
     if kill_rows:
         root.append(_suite("conformance-kill-matrix", [kill_testcase(r) for r in kill_rows], created, props))

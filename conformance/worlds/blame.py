@@ -8,6 +8,11 @@ stack or traceback (:func:`collective_in`: a frame of torch.distributed or
 torch_xla, so a DDP that calls them itself is seen too). :func:`blame` decides
 from that alone, in this order:
 
+* a replica aborted because the replicas' calls did not match (gloo's "collective
+  mismatch", "Received data size doesn't match expected size"): the receiver's death is a
+  symptom, not the fault - a replica in a different collective is named; if all sit in the
+  same one (the sizes differ), every replica in it is named ``mismatched``: which one
+  deviated cannot be told from their stacks (the kit does not see a DDP's own call sequence);
 * a replica died: the dead are culprits (on a host of several replica threads,
   only those outside any collective when some of them were inside one); an
   abort inside a collective also names the peers sitting in another one; the
@@ -130,7 +135,8 @@ class Blame:
         culprits: ranks to blame, ascending.
         status: final status per rank: ``raised``, ``hung``, ``died``, ``ok``
             (a culprit keeps how its task ended), ``waiting`` (inside a
-            collective a culprit never reached, at the bound), ``aborted-by-peer``
+            collective a culprit never reached, at the bound), ``mismatched`` (inside
+            a collective whose calls did not match the peers'), ``aborted-by-peer``
             (cut off by a culprit that raised or died).
         reason: per culprit, why, in words (``outside any collective``, ...).
     """
@@ -138,6 +144,20 @@ class Blame:
     culprits: list[int]
     status: dict[int, str]
     reason: dict[int, str] = field(default_factory=dict)
+
+
+# The runtime's words for replicas whose calls do not match (gloo aborts the receiver).
+MISMATCH = re.compile(r"collective mismatch|doesn't match expected size|mismatch(ed)? (in )?(size|shape|collective)",
+                      re.IGNORECASE)
+
+
+def mismatch_text(d: dict) -> str | None:
+    """The line of a replica's log or exception that reports a collective mismatch, if any."""
+    for text in (d.get("exception_message"), d.get("log_tail")):
+        for line in reversed((text or "").splitlines()):
+            if MISMATCH.search(line):
+                return line.strip()
+    return None
 
 
 def _key(d):
@@ -158,6 +178,24 @@ def blame(diagnoses: list[dict]) -> Blame:
     inside = {r for r, d in by.items() if d.get("in_collective")}
     of = {s: [r for r in sorted(by) if status[r] == s] for s in ("died", "raised", "hung", "ok")}
     reason = {}
+    mismatched = [r for r in of["died"] + of["raised"] if r in inside and mismatch_text(by[r])]
+    if mismatched:
+        lasts = {by[r].get("last_collective") for r in mismatched}
+        elsewhere = [o for o in by if o not in mismatched and by[o].get("last_collective")
+                     and by[o].get("last_collective") not in lasts]
+        if elsewhere:  # a peer provably in a different collective
+            for o in elsewhere:
+                reason[o] = f"in a different collective ({by[o].get('last_collective')}) from replica {mismatched[0]}"
+            culprits = elsewhere
+        else:
+            culprits = sorted(r for r in by if r in inside or r in mismatched)
+            for r in culprits:
+                reason[r] = "collective mismatch: the replicas' calls differ at this point; which one deviated is unknown"
+                status[r] = "mismatched"
+        for r in by:
+            if r not in culprits and status[r] in ("hung", "raised", "died"):
+                status[r] = "aborted-by-peer" if status[r] != "died" else "died"
+        return Blame(sorted(culprits), status, reason)
     if of["died"]:
         culprits = set(of["died"])
         for r in of["died"]:

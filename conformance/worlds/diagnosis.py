@@ -29,7 +29,7 @@ DIAGNOSIS_KEYS = ("rank", "host", "pid", "status", "task", "step", "phase", "las
                   "traceback", "stacks", "exit_code", "signal", "log_tail", "rss_mib", "peak_rss_mib",
                   "culprit_reason")
 # status values, from most to least to blame (conformance.worlds.blame.Blame says what each means)
-REPLICA_STATES = ("raised", "hung", "died", "waiting", "aborted-by-peer", "ok")
+REPLICA_STATES = ("raised", "hung", "died", "mismatched", "waiting", "aborted-by-peer", "ok")
 
 
 # --- the progress board (written by hosts, read by the parent) -------------

@@ -528,6 +528,14 @@ class World:
             d["culprit"] = d["rank"] in verdict.culprits
             d["culprit_reason"] = verdict.reason.get(d["rank"]) if d["culprit"] else None
         culprits = [d for d in diag if d["culprit"]]
+        mism = [d for d in diag if d["status"] == "mismatched"]
+        if mism:  # the runtime aborted a receiver: the calls did not match (blame.MISMATCH)
+            words = next(filter(None, (blame_mod.mismatch_text(d) for d in mism)), "")
+            sides = "; ".join(f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in mism)
+            return (f"{head}: collective mismatch between replicas {', '.join(str(d['rank']) for d in mism)} "
+                    f"(the runtime says: {words[:300]}): their calls at this point differ in kind or size; "
+                    f"which replica deviated cannot be told from their stacks [{sides}]"), \
+                (ReplicaDied if dead else ReplicaFailed)
         if dead:
             died = [d for d in diag if d["status"] == "died"]
             hosts = sorted({d["host"] for d in died})
