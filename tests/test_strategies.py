@@ -15,6 +15,7 @@
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -180,6 +181,20 @@ def test_cli_reports_a_bad_strategy_as_one_error_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
     assert lines[0].startswith("error: ") and "Strategy.unsupported_kinds unknown kind 'parity'" in lines[0], lines
+
+
+@pytest.mark.cpu
+def test_doc_snippets_are_the_example_files():
+    """Every code block of docs/strategies.md under ``<!-- examples/strategies/<file> -->`` is a
+    verbatim excerpt of that file (the doc cannot drift from what the tests run)."""
+    import re
+    with open(os.path.join(REPO, "docs", "strategies.md")) as f:
+        doc = f.read()
+    blocks = re.findall(r"<!-- (examples/strategies/[\w.]+) -->\n```python\n(.*?)```", doc, re.S)
+    assert len(blocks) == 6, [b[0] for b in blocks]
+    for path, code in blocks:
+        with open(os.path.join(REPO, path)) as f:
+            assert code in f.read(), f"docs/strategies.md's excerpt of {path} is not in the file:\n{code}"
 
 
 # --- the examples of docs/strategies.md through the main command ----------------
