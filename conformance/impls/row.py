@@ -79,7 +79,8 @@ class Strategy:
         description: one line for reports (a user's empty one reads ``user strategy <spec>``).
         wrap: ``wrap(module, ctx, ddp_kwargs) -> torch.nn.Module``, the model the kit trains.
             Called once per model the kit builds on a replica (a training run builds one,
-            and again after a checkpoint reload; each ``task`` case one), after ``module``
+            and again after a checkpoint reload; a ``task`` case or a property example one,
+            with no keywords for the properties), after ``module``
             was moved to ``ctx.device`` and built from the replica's *own* seed (replicas
             differ: like DDP's construction, ``wrap`` must give every replica rank 0's
             parameters and, with ``broadcast_buffers``, buffers). Return ``module`` itself
@@ -93,7 +94,7 @@ class Strategy:
             ``gradient_as_bucket_view``, ``static_graph``: bool). Raise ``TypeError`` naming a
             keyword you do not implement (the case is ``unsupported``); accept and list in
             :attr:`ignores` one you take but do not honour. The kit runs ``ctx.mark_step()``
-            after it.
+            before it reads anything back (on XLA the construction's collectives run there).
         after_backward: ``f(model, optimizer, ctx) -> None`` or ``None``; ``model`` is what
             :attr:`wrap` returned, ``optimizer`` what :attr:`make_optimizer` returned. Run once
             per optimizer step after the (last micro-step's) backward, before the step (e.g.
