@@ -89,14 +89,16 @@ class Strategy:
             cases save. The kit reads parameters from ``module`` (``named_parameters()``
             order); a sharded parameter must be a DTensor (read with ``full_tensor()``, a
             collective) or an XLA SPMD tensor (``.cpu()`` gathers). ``ddp_kwargs``: dict of
-            DDP keywords (always ``broadcast_buffers: bool``; per model or case
+            DDP keywords (``broadcast_buffers: bool`` from training runs, tasks and scenarios, none
+            from the properties: default it to True, as DDP does; per model or case
             ``bucket_cap_mb: float`` (MiB), ``find_unused_parameters``,
             ``gradient_as_bucket_view``, ``static_graph``: bool). Raise ``TypeError`` naming a
             keyword you do not implement (the case is ``unsupported``); accept and list in
             :attr:`ignores` one you take but do not honour. The kit runs ``ctx.mark_step()``
             before it reads anything back (on XLA the construction's collectives run there).
         after_backward: ``f(model, optimizer, ctx) -> None`` or ``None``; ``model`` is what
-            :attr:`wrap` returned, ``optimizer`` what :attr:`make_optimizer` returned. Run once
+            :attr:`wrap` returned, ``optimizer`` the run's (:attr:`make_optimizer`'s, else
+            ``torch.optim.SGD``; a scenario's SGD, Adam or AdamW). Run once
             per optimizer step after the (last micro-step's) backward, before the step (e.g.
             ``xm.reduce_gradients(optimizer)``). The ``property`` cases call it after their
             backward (with a ``torch.optim.SGD(lr=0)``) and then read the gradients: a
