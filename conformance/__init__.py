@@ -1,2 +1,10 @@
 """DDP conformance kit: parity checks of data-parallel training against a
-single-device reference, on CPU (gloo), PJRT and XRT runtimes."""
+single-device reference, on CPU (gloo), PJRT and XRT runtimes.
+
+Public name: :class:`Strategy` - how a data-parallel implementation trains (wrap or leave the
+model, its optimizer, what runs between backward and the step or replaces the step, how to read
+sharded optimizer state, topology); ``--ddp package.module:obj`` accepts one
+(docs/strategies.md)."""
+from conformance.impls.row import Strategy
+
+__all__ = ["Strategy"]

@@ -1,17 +1,25 @@
 """The table of DDP implementations under test, and ``--ddp`` spec resolution.
 
 A spec is a table key (``torch``, ``ref``, ...), ``mutant:<name>`` (see
-:mod:`conformance.impls.mutants.catalog`), or ``package.module:Class`` for a user's own DDP.
-A user class is constructed like ``torch.nn.parallel.DistributedDataParallel``:
-``Class(module, **ddp_kwargs)`` inside a replica whose torch.distributed default
-group (CPU runtime) or XLA runtime (PJRT) is initialised.
+:mod:`conformance.impls.mutants.catalog`), or ``package.module:obj`` for a user's own
+implementation, where ``obj`` is
+
+* a :class:`~conformance.impls.row.Strategy` (``conformance.Strategy``), or a zero-argument
+  factory returning one: validated (:func:`validate_strategy`) and named by the spec;
+* otherwise a DDP-like class (or callable taking the module), constructed like
+  ``torch.nn.parallel.DistributedDataParallel``: ``Class(module, **ddp_kwargs)`` inside a
+  replica whose torch.distributed default group (CPU runtime) or XLA runtime (PJRT) is
+  initialised.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
+from dataclasses import fields, replace
 
-
-from conformance.impls.row import Impl, ImplSpecError, refuse_keywords, torch_sync_bn, wrap_torch_ddp
+from conformance.impls.row import (DDP_KEYWORDS, DDP_METHOD_NAMES, INTERNAL_FIELDS, STRATEGY_KINDS, ImplSpecError,
+                                   Strategy, refuse_keywords, torch_sync_bn, wrap_torch_ddp)
+from conformance.worlds.runtimes import RUNTIMES, TOPOLOGIES
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.impls.torch_paths import shipped_rows
 from conformance.impls.xla_paths import xla_shipped_rows
@@ -97,11 +105,11 @@ def _user_wrapper(cls):
 
 
 IMPLS = {i.name: i for i in [
-    Impl("torch", "torch.nn.parallel.DistributedDataParallel", wrap_torch_ddp,
+    Strategy("torch", "torch.nn.parallel.DistributedDataParallel", wrap_torch_ddp,
          sync_batchnorm=torch_sync_bn, unsupported={"pjrt": TORCH_DDP_ON_PJRT}),
-    Impl("ref", "ddp_impl.DistributedDataParallel (the kit's reference DDP)", _wrap_ref,
+    Strategy("ref", "ddp_impl.DistributedDataParallel (the kit's reference DDP)", _wrap_ref,
          sync_batchnorm=_ref_sync_bn, ignores=_ref_ignores()),
-    Impl("xla_recipe", "torch_xla's data-parallel recipe: no wrapper, parameters (and buffers) "
+    Strategy("xla_recipe", "torch_xla's data-parallel recipe: no wrapper, parameters (and buffers) "
          "broadcast from replica 0, xm.reduce_gradients(optimizer) before optimizer.step()",
          _wrap_xla_recipe, after_backward=_xla_recipe_after_backward,
          unsupported={"cpu": "needs the XLA runtime (torch_xla: xm.collective_broadcast, "
@@ -117,34 +125,160 @@ def _add_shipped_paths():
 _add_shipped_paths()
 
 
-def resolve_impl(spec: str) -> Impl:
-    """Return the :class:`Impl` for ``spec``.
+# --- the public contract, checked -------------------------------------------
+
+_CALLABLES = ("after_backward", "optimizer_step", "make_optimizer", "optimizer_state_dict",
+              "forward_backward", "sync_batchnorm")
+
+
+def _reason_problem(value) -> str | None:
+    if not isinstance(value, str) or not value.strip() or "\n" in value:
+        return f"a reason must be a non-empty one-line str, got {value!r:.60}"
+    return None
+
+
+def _mapping_problem(value, keys, what) -> str | None:
+    if not isinstance(value, dict):
+        return f"must be a dict {{{what}: reason}}, got {type(value).__name__}"
+    for k, v in value.items():
+        if k not in keys:
+            return f"unknown {what} {k!r}; known: {', '.join(keys)}"
+        problem = _reason_problem(v)
+        if problem:
+            return f"[{k!r}]: {problem}"
+    return None
+
+
+def strategy_problem(row: Strategy) -> tuple[str, str] | None:
+    """``(field, problem)`` for the first field of ``row`` outside the public contract
+    (:class:`~conformance.impls.row.Strategy`), or ``None``. Checks types, the names a
+    field may use (runtimes, kinds, DDP keywords and methods, topologies) and that the
+    internal fields keep their defaults (a catalog mutant's row is not checked)."""
+    if not isinstance(row.name, str):
+        return "name", f"must be a str, got {type(row.name).__name__}"
+    if not isinstance(row.description, str) or "\n" in row.description:
+        return "description", "must be a one-line str"
+    if not callable(row.wrap):
+        return "wrap", f"must be callable wrap(module, ctx, ddp_kwargs) -> module, got {row.wrap!r:.60}"
+    for name in _CALLABLES:
+        value = getattr(row, name)
+        if value is not None and not callable(value):
+            return name, f"must be callable or None, got {value!r:.60}"
+    if not isinstance(row.ignores, (frozenset, set, tuple, list)) or isinstance(row.ignores, str):
+        return "ignores", f"must be a frozenset of DDP keywords, got {type(row.ignores).__name__}"
+    unknown = [k for k in row.ignores if k not in DDP_KEYWORDS]
+    if unknown:
+        return "ignores", f"unknown DDP keyword(s) {unknown}; known: {', '.join(DDP_KEYWORDS)}"
+    for name, keys, what in (("unsupported", tuple(RUNTIMES), "runtime"),
+                             ("unsupported_kinds", STRATEGY_KINDS, "kind"),
+                             ("unsupported_features", DDP_KEYWORDS + DDP_METHOD_NAMES, "DDP keyword or method")):
+        problem = _mapping_problem(getattr(row, name), keys, what)
+        if problem:
+            return name, problem
+    if not isinstance(row.holds_copies, bool):
+        return "holds_copies", f"must be a bool, got {type(row.holds_copies).__name__}"
+    problem = _reason_problem(row.no_copies_reason)
+    if problem:
+        return "no_copies_reason", problem
+    if not isinstance(row.topology, dict):
+        return "topology", f"must be a dict {{runtime: topology}}, got {type(row.topology).__name__}"
+    for runtime, topology in row.topology.items():
+        if runtime != "pjrt":
+            return "topology", f"runtime {runtime!r} has no topologies (only 'pjrt' does)"
+        if topology not in TOPOLOGIES:
+            return "topology", f"unknown topology {topology!r}; known: {', '.join(TOPOLOGIES)}"
+    if row.mutant:
+        return "mutant", "is internal (the catalog's mutants); leave it False"
+    if row.shard_rank is not _DEFAULT_SHARD_RANK:
+        return "shard_rank", "is internal (the catalog's mutants); the kit decides which shard a replica trains on"
+    return None
+
+
+_DEFAULT_SHARD_RANK = {f.name: f.default for f in fields(Strategy)}["shard_rank"]
+assert set(INTERNAL_FIELDS) == {"shard_rank", "mutant"}
+
+
+def validate_strategy(row: Strategy, where: str = "") -> Strategy:
+    """Return ``row`` if it keeps to the public contract (:func:`strategy_problem`).
 
     Raises:
-        ImplSpecError: unknown name, unknown mutant, a module that does not
-            import, or an attribute that is missing or not callable.
+        ImplSpecError: one line, ``<where>: Strategy.<field> <problem>``.
+    """
+    problem = strategy_problem(row)
+    if problem:
+        field_name, what = problem
+        raise ImplSpecError(f"{where + ': ' if where else ''}Strategy.{field_name} {what}")
+    return row
+
+
+for _row in IMPLS.values():  # the kit's own rows keep to the public contract
+    validate_strategy(_row, f"row {_row.name!r}")
+
+
+_USER_ROWS: dict = {}  # spec -> Strategy: a user's factory runs once per process
+
+
+def _takes_no_arguments(obj) -> bool:
+    try:
+        inspect.signature(obj).bind()
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _user_row(spec: str, attr: str, obj) -> Strategy:
+    """The row of a user's ``package.module:obj`` (see the module docstring)."""
+    where = f"--ddp {spec!r}"
+    if not isinstance(obj, (Strategy, type)) and callable(obj) and _takes_no_arguments(obj):
+        try:
+            made = obj()
+        except Exception as exc:  # the user's factory failing is the spec failing
+            raise ImplSpecError(f"{where}: {attr}() raised {type(exc).__name__}: {exc}") from None
+        if not isinstance(made, Strategy):
+            raise ImplSpecError(f"{where}: the zero-argument factory {attr}() returned "
+                                f"{type(made).__name__}, not a conformance.Strategy")
+        obj = made
+    if isinstance(obj, Strategy):
+        validate_strategy(obj, where)
+        return replace(obj, name=spec, description=obj.description or f"user strategy {spec}")
+    if not callable(obj):
+        raise ImplSpecError(f"{where}: {attr!r} is a {type(obj).__name__}, neither a DDP-like class "
+                            "nor a conformance.Strategy (or a zero-argument factory of one)")
+    return Strategy(spec, f"user implementation {spec}", _user_wrapper(obj))
+
+
+def resolve_impl(spec: str) -> Strategy:
+    """Return the :class:`~conformance.impls.row.Strategy` for ``spec`` (module docstring).
+
+    Raises:
+        ImplSpecError: unknown name, unknown mutant, a module that does not import, an
+            attribute that is missing, neither callable nor a Strategy, a factory that
+            raises or returns something else, or a Strategy with a bad field (named).
     """
     spec = spec.strip()
     if spec.startswith("mutant:"):
         return mutant_impl(spec[len("mutant:"):])
     if spec in IMPLS:
         return IMPLS[spec]
+    if spec in _USER_ROWS:
+        return _USER_ROWS[spec]
     if ":" not in spec:
         raise ImplSpecError(f"unknown DDP implementation {spec!r}; use one of "
-                            f"{', '.join(IMPLS)}, all, mutant:<name> or package.module:Class")
+                            f"{', '.join(IMPLS)}, all, mutant:<name> or package.module:obj")
     mod_name, _, attr = spec.partition(":")
     try:
         mod = importlib.import_module(mod_name)
     except Exception as exc:  # any import-time error is the user's spec failing
         raise ImplSpecError(f"--ddp {spec!r}: cannot import {mod_name!r}: "
                             f"{type(exc).__name__}: {exc}") from None
-    cls = getattr(mod, attr, None)
-    if not callable(cls):
-        raise ImplSpecError(f"--ddp {spec!r}: module {mod_name!r} has no callable {attr!r}")
-    return Impl(spec, f"user implementation {spec}", _user_wrapper(cls))
+    if not hasattr(mod, attr):
+        raise ImplSpecError(f"--ddp {spec!r}: module {mod_name!r} has no callable {attr!r} "
+                            "(a DDP-like class, a conformance.Strategy or a factory of one)")
+    _USER_ROWS[spec] = row = _user_row(spec, attr, getattr(mod, attr))
+    return row
 
 
-def parse_impls(specs: str, runtime: str | None = None) -> list[Impl]:
+def parse_impls(specs: str, runtime: str | None = None) -> list[Strategy]:
     """Resolve a comma-separated list of specs (see :func:`resolve_impl`). ``all`` names
     every row of the table that runs on ``runtime`` (every row when ``runtime`` is None)."""
     names = [s for s in (p.strip() for p in specs.split(",")) if s]
@@ -156,8 +290,8 @@ def parse_impls(specs: str, runtime: str | None = None) -> list[Impl]:
     return [resolve_impl(n) for n in names]
 
 
-def mutant_impl(name: str) -> Impl:
-    """The :class:`Impl` row of catalog mutant ``name`` (``conformance.impls.mutants.catalog``).
+def mutant_impl(name: str) -> Strategy:
+    """The :class:`Strategy` row of catalog mutant ``name`` (``conformance.impls.mutants.catalog``).
 
     Raises:
         ImplSpecError: unknown mutant.
@@ -166,7 +300,6 @@ def mutant_impl(name: str) -> Impl:
         raise ImplSpecError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
     m = MUTANTS[name]
     if m.shipped_path is not None:  # a shipped path's row (conformance/impls/torch_paths.py) with one fault
-        from dataclasses import replace
         return replace(m.shipped_path(), name=f"mutant:{name}", description=m.description, mutant=True)
 
     def wrap(module, ctx, kwargs):
@@ -183,4 +316,4 @@ def mutant_impl(name: str) -> Impl:
         extra["unsupported"] = m.unsupported or {"pjrt": TORCH_DDP_ON_PJRT}
     else:
         extra["ignores"] = _ref_ignores() - frozenset(m.honours)
-    return Impl(f"mutant:{name}", m.description, wrap, mutant=True, **extra)
+    return Strategy(f"mutant:{name}", m.description, wrap, mutant=True, **extra)

@@ -27,7 +27,7 @@ persistent world process do not leak compiled code or modes into each other.
 from __future__ import annotations
 
 from conformance.errors import Unsupported
-from conformance.impls.row import Impl, torch_sync_bn, wrap_torch_ddp
+from conformance.impls.row import Strategy, torch_sync_bn, wrap_torch_ddp
 import functools
 
 CPU_ONLY = "the row is measured on the CPU runtime (gloo) only; run it with --runtime cpu"
@@ -230,45 +230,45 @@ def _zero_state_dict(opt, ctx):
     return out
 
 
-def torch_compile_row(user_frame_root=True) -> Impl:
+def torch_compile_row(user_frame_root=True) -> Strategy:
     """The ``torch_compile`` row (``user_frame_root=False``: without the re-homed
     root forward, for the catalog's eager-fallback mutant)."""
-    return Impl("torch_compile", "torch.compile(torch.nn.parallel.DistributedDataParallel(m)), default "
+    return Strategy("torch_compile", "torch.compile(torch.nn.parallel.DistributedDataParallel(m)), default "
                 "optimize_ddp (DDPOptimizer splits graphs at bucket boundaries; C++ reducer); a bare "
                 "torch.nn root gets a user-code forward so dynamo traces it",
                 functools.partial(_wrap_torch_compile, user_frame_root=user_frame_root),
                 after_backward=_require_compiled, sync_batchnorm=torch_sync_bn, unsupported=NOT_ON)
 
 
-def zero_row(zero_class=None) -> Impl:
+def zero_row(zero_class=None) -> Strategy:
     """The ``zero`` row; ``zero_class`` replaces ``ZeroRedundancyOptimizer`` (mutants)."""
-    return Impl("zero", "torch DDP + torch.distributed.optim.ZeroRedundancyOptimizer(SGD); optimizer "
+    return Strategy("zero", "torch DDP + torch.distributed.optim.ZeroRedundancyOptimizer(SGD); optimizer "
                 "state read after consolidate_state_dict to every rank", wrap_torch_ddp,
                 sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,
                 make_optimizer=functools.partial(_zero_optimizer, zero_class=zero_class),
                 optimizer_state_dict=_zero_state_dict)
 
 
-def fsdp2_row(name, reshard, **wrap_options) -> Impl:
+def fsdp2_row(name, reshard, **wrap_options) -> Strategy:
     """An FSDP2 row; ``wrap_options`` go to :func:`_fsdp2_wrap` (mutants)."""
-    return Impl(name, f"torch.distributed.fsdp.fully_shard(reshard_after_forward={reshard}) per child "
+    return Strategy(name, f"torch.distributed.fsdp.fully_shard(reshard_after_forward={reshard}) per child "
                 "module and root on a 1-D CPU mesh; rank 0's state loaded with set_model_state_dict("
                 "broadcast_from_rank0); parameters read as DTensor.full_tensor()",
                 _fsdp2_wrap(reshard, **wrap_options), sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,
                 holds_copies=False, unsupported_features=dict(FSDP2_LACKS))
 
 
-def shipped_rows() -> list[Impl]:
+def shipped_rows() -> list[Strategy]:
     """The rows of this module (see the module docstring)."""
     return [
         torch_compile_row(),
-        Impl("torch_compiled_autograd", "compiled DDP: DDP built with optimize_ddp='python_reducer', "
+        Strategy("torch_compiled_autograd", "compiled DDP: DDP built with optimize_ddp='python_reducer', "
              "one torch.compile'd forward+loss+backward with compiled_autograd=True",
              _wrap_compiled_autograd, after_backward=_require_compiled, sync_batchnorm=torch_sync_bn,
              unsupported=NOT_ON, forward_backward=_compiled_forward_backward,
              unsupported_features={k: _EAGER_TASKS.format(k) for k in
                                    ("find_unused_parameters", "no_sync", "join")}),
-        Impl("replicate", "torch.distributed._composable.replicate(m, **ddp_kwargs)", _wrap_replicate,
+        Strategy("replicate", "torch.distributed._composable.replicate(m, **ddp_kwargs)", _wrap_replicate,
              sync_batchnorm=torch_sync_bn, unsupported=NOT_ON),
         zero_row(),
         fsdp2_row("fsdp2", True),

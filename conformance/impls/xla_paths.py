@@ -35,7 +35,7 @@ from __future__ import annotations
 import weakref
 
 from conformance.errors import Unsupported
-from conformance.impls.row import Impl, refuse_keywords, torch_sync_bn
+from conformance.impls.row import Strategy, refuse_keywords, torch_sync_bn
 
 NOT_ON = {"cpu": "needs torch_xla's SPMD (xr.use_spmd) on the PJRT runtime; run it with --runtime pjrt",
           "xrt": "SPMD needs PJRT (torch_xla >= 2.1); XRT has none"}
@@ -124,7 +124,7 @@ def _wrap_fsdpv2(module, ctx, kwargs):
 
 
 def _spmd_row(name, description, wrap, guard=_require_sharded):
-    return Impl(name, description, wrap, after_backward=guard, unsupported=NOT_ON,
+    return Strategy(name, description, wrap, after_backward=guard, unsupported=NOT_ON,
                 sync_batchnorm=torch_sync_bn,
                 ignores=SPMD_IGNORES, holds_copies=False, no_copies_reason=NO_COPIES,
                 topology={"pjrt": "spmd"}, unsupported_kinds=UNSUPPORTED_KINDS)
@@ -145,13 +145,13 @@ def _wrap_xla_fsdp(module, ctx, kwargs):
     return XlaFullyShardedDataParallel(module, flatten_parameters=False)
 
 
-def xla_shipped_rows() -> list[Impl]:
+def xla_shipped_rows() -> list[Strategy]:
     """The PJRT shipped paths (module docstring)."""
     return [
         _spmd_row("xla_spmd", "torch_xla SPMD data parallel: xr.use_spmd(), batch sharded with "
                   "xs.mark_sharding over a 1-D 'data' mesh, parameters replicated", _wrap_spmd),
         _spmd_row("xla_fsdpv2", "torch_xla SpmdFullyShardedDataParallel (FSDPv2) on a 1-D 'fsdp' "
                   "mesh: parameters and batch sharded", _wrap_fsdpv2, _require_sharded_params),
-        Impl("xla_fsdp", "torch_xla XlaFullyShardedDataParallel (FSDPv1) in the thread topology",
+        Strategy("xla_fsdp", "torch_xla XlaFullyShardedDataParallel (FSDPv1) in the thread topology",
              _wrap_xla_fsdp, unsupported={"pjrt": XLA_FSDP_ON_PJRT, **NOT_ON}, holds_copies=False),
     ]

@@ -343,7 +343,10 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
                 for q in model.parameters():
                     if q.grad is not None:
                         q.grad.div_(scale)
-        opt.step()
+        if row.optimizer_step is not None:  # the strategy's step replaces optimizer.step()
+            row.optimizer_step(ddp, opt, ctx)
+        else:
+            opt.step()
         ctx.mark_step()
         params.append(flat_params(model))
         buffers.append(flat_buffers(model))

@@ -84,7 +84,7 @@ DDP_METHODS = ("join", "register_comm_hook", "no_sync")
 
 def require(ddp, impl, requires) -> None:
     """Raise :class:`~conformance.errors.Unsupported` if ``ddp`` (built by the
-    :class:`~conformance.impls.builtin.Impl` ``impl``) cannot serve ``requires``.
+    :class:`~conformance.impls.row.Strategy` ``impl``) cannot serve ``requires``.
 
     A keyword is unsupported when the implementation's row lists it in
     ``ignores`` (the reference DDP accepts some torch keywords and ignores them,
@@ -140,14 +140,14 @@ def build_optimizer(name: str, params, lr: float, momentum: float = 0.0):
 
 
 def make_optimizer(params, run: RunSpec):
-    """A training run's optimizer (an ``Impl.make_optimizer`` replaces it): SGD with the run's momentum."""
+    """A training run's optimizer (a ``Strategy.make_optimizer`` replaces it): SGD with the run's momentum."""
     return build_optimizer("sgd", params, run.lr, run.momentum)
 
 
 class Loop:
     """The state of one replica's training loop, handed to setups' hooks.
 
-    Attributes: ``ctx``, ``run``, ``impl`` (the Impl row), ``model`` (the inner
+    Attributes: ``ctx``, ``run``, ``impl`` (the Strategy row), ``model`` (the inner
     module), ``ddp`` (the wrapped model), ``opt``, ``setups``.
     """
 
@@ -230,7 +230,10 @@ def train_replica(ctx, spec: dict) -> dict:
         if loop.impl.after_backward is not None:
             loop.impl.after_backward(loop.ddp, loop.opt, ctx)
         ctx.note(phase="optimizer step")
-        loop.opt.step()
+        if loop.impl.optimizer_step is not None:  # e.g. xm.optimizer_step(optimizer)
+            loop.impl.optimizer_step(loop.ddp, loop.opt, ctx)
+        else:
+            loop.opt.step()
         ctx.mark_step()
         losses.append(float(loss.detach().cpu()))
         params.append(flat_params(loop.model))

@@ -120,7 +120,7 @@ def optimizer_state_layout(opt, state_dict=None, module=None) -> list:
 
 
 def optimizer_state_dict(impl, opt, ctx) -> dict:
-    """The optimizer's full state dict (``Impl.optimizer_state_dict`` for sharded ones)."""
+    """The optimizer's full state dict (``Strategy.optimizer_state_dict`` for sharded ones)."""
     return impl.optimizer_state_dict(opt, ctx) if impl.optimizer_state_dict else opt.state_dict()
 
 

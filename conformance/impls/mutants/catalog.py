@@ -273,7 +273,7 @@ def _local_stats_bn_class():
 
 
 # --- faults of PyTorch's shipped data-parallel paths (conformance/impls/torch_paths.py) ---
-# Each is a factory of the shipped path's Impl row with one fault built in.
+# Each is a factory of the shipped path's Strategy row with one fault built in.
 
 def _fsdp2_no_divide():
     """The ``fsdp2`` row with every group's gradient divide factor set to 1

@@ -1,0 +1,1 @@
+"""Examples that are not installed with the kit (run them from the repository root)."""

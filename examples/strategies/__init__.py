@@ -1,0 +1,1 @@
+"""User strategies certified by the kit: docs/strategies.md."""
