@@ -180,10 +180,6 @@ class Strategy:
     unsupported_kinds: dict = field(default_factory=dict)
 
 
-#: The row type's name before it became public (``Strategy``); kept for references outside
-#: ``conformance/impls`` (``conformance/worlds`` docstrings, docs/runtimes/pjrt.md).
-Impl = Strategy
-
 
 def refuse_keywords(row: str, kwargs: dict, accepted) -> None:
     """The constructor contract for rows without DDP's full signature: a keyword

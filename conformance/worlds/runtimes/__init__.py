@@ -13,7 +13,7 @@ RUNTIMES = {"cpu": "conformance.worlds.runtimes.cpu:CpuRuntime",
             "pjrt": "conformance.worlds.runtimes.pjrt:PjrtRuntime",
             "xrt": "conformance.worlds.runtimes.xrt:XrtRuntime"}
 
-# Topologies an implementation row maps a runtime to (``Impl.topology``); not
+# Topologies an implementation row maps a runtime to (``Strategy.topology``); not
 # selectable with --runtime. ``world_for`` names their worlds.
 TOPOLOGIES = {"spmd": "conformance.worlds.runtimes.pjrt_spmd:PjrtSpmdRuntime"}
 

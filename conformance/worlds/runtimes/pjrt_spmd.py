@@ -11,7 +11,7 @@ topology of :mod:`conformance.worlds.runtimes.pjrt` (the team's PJRT CPU notes, 
 the CPU device").
 
 Not selectable with ``--runtime``: an implementation row maps the ``pjrt``
-runtime to it (``Impl.topology``), and :func:`conformance.worlds.runtimes.get_runtime`
+runtime to it (``Strategy.topology``), and :func:`conformance.worlds.runtimes.get_runtime`
 builds it from the name ``pjrt_spmd:<mesh devices>``.
 """
 from __future__ import annotations
