@@ -15,6 +15,20 @@ def alive(pid: int) -> bool:
         return False
 
 
+def children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (a world's host processes, a CLI's workers)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[-1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
 def gone(pids, within: float = 10.0) -> bool:
     """Wait up to ``within`` seconds for every pid to end; True if they all did."""
     deadline = time.monotonic() + within

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.procs import alive, gone
+from tests.procs import alive, children, gone
 
 pytestmark = pytest.mark.cpu
 
@@ -214,20 +214,6 @@ def test_second_run_on_the_same_report_is_refused_while_the_first_runs(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conformance-report.json"]  # lock removed
 
 
-def _children(pid):
-    """Pids whose parent is ``pid`` (the world's host processes of a run)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
     """Ctrl-C / SIGTERM once a case has finished (seen in the JSON's progress writes): exit
@@ -253,7 +239,7 @@ def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
             time.sleep(0.2)
         assert progress and progress["verdicts"] and progress["complete"] is False, child.communicate()
         assert [d for d in os.listdir(tmp) if d.startswith("ddpconf-")]  # a world is up
-        hosts = _children(child.pid)
+        hosts = children(child.pid)
         child.send_signal(sig)
         out, err = child.communicate(timeout=300)
     finally:

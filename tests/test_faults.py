@@ -25,7 +25,7 @@ from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from tests.tasks import fault
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World
 
-from tests.procs import gone, measured_scale, start_world
+from tests.procs import children, gone, measured_scale, start_world
 
 K = 1                # the faulty replica
 TIMEOUT_S = 8.0      # the task bound configured for each case (s, quiet machine; x load scale)
@@ -49,19 +49,6 @@ def _available(runtime):
         get_runtime(runtime).check(2)
     except RuntimeUnavailable as exc:
         pytest.skip(f"unsupported: {exc}")
-
-
-def _children(pid):
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[-1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
 
 
 def _run_fault(runtime, how, **kw):
@@ -158,10 +145,10 @@ def test_sigint_to_cli_parent_leaves_nothing(runtime, tmp_path):
         hosts = []
         while time.monotonic() < deadline and not hosts and proc.poll() is None:
             time.sleep(0.2)
-            hosts = _children(proc.pid)
+            hosts = children(proc.pid)
         assert hosts, f"the CLI started no host process within {60 * scale:.0f} s (load x{scale:.1f})"
         time.sleep(1.0 * scale)
-        hosts = sorted(set(hosts) | set(_children(proc.pid)))
+        hosts = sorted(set(hosts) | set(children(proc.pid)))
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         bound = (TIMEOUT_S + SLACK_S) * scale

@@ -187,7 +187,6 @@ def test_cli_reports_a_bad_strategy_as_one_error_line(tmp_path):
 def test_doc_snippets_are_the_example_files():
     """Every code block of docs/strategies.md under ``<!-- examples/strategies/<file> -->`` is a
     verbatim excerpt of that file (the doc cannot drift from what the tests run)."""
-    import re
     with open(os.path.join(REPO, "docs", "strategies.md")) as f:
         doc = f.read()
     blocks = re.findall(r"<!-- (examples/strategies/[\w.]+) -->\n```python\n(.*?)```", doc, re.S)

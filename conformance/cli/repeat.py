@@ -96,8 +96,6 @@ def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: 
             only: str | None, skip: str | None, time_budget: float | None, json: str) -> int:
     """``python -m conformance repeat N`` (also ``run --repeat N``): rerun the parity cases of the
     correct implementations N times (seed = table seed + k); exit 1 on any non-passing verdict."""
-    from conformance.evaluate import Session
-
     n = times
     if n < 1:
         raise UsageError(f"--repeat: need N >= 1, got {n}")

@@ -13,9 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,  # noqa: F401
-                                              optimizer_state, optimizer_state_dict, optimizer_state_layout,
-                                              param_layout, state_digest, to_cpu, to_device)
+from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params, optimizer_state, optimizer_state_dict, optimizer_state_layout, param_layout, state_digest, to_device)
 from conformance.tolerances import lookup
 from conformance.cases.train.setups import SETUPS
 from conformance.errors import Unsupported
