@@ -9,6 +9,7 @@ from conformance.cases.table import CASES
 from conformance.evaluate import Session, evaluate
 from conformance.impls.builtin import IMPLS
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime, world_for
+from conformance.settings import Settings
 from conformance.worlds.spawned import WorldPool
 
 SPMD_ROWS = ("xla_spmd", "xla_fsdpv2")
@@ -50,7 +51,7 @@ def _pjrt(w):
 
 @pytest.fixture(scope="module")
 def session():
-    s = Session(WorldPool(timeout=300))
+    s = Session(WorldPool(Settings(replica_timeout=300)))
     yield s
     s.close()
 
