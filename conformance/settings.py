@@ -34,6 +34,14 @@ from conformance.errors import UsageError
 DEFAULT_WORLD_SIZES = {"cpu": (2, 3), "pjrt": (2, 3), "xrt": (8,)}
 # Implementations a run covers unless --ddp says otherwise.
 DEFAULT_IMPLS = {"cpu": ("torch", "ref"), "pjrt": ("ref", "xla_recipe", "torch"), "xrt": ("ref",)}
+# Emulated hosts of the CPU runtime's worlds (W -> H; any other W: one host). torchrun's
+# variables for H nodes x W/H replicas: LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+# GROUP_WORLD_SIZE, ROLE_*. The two default worlds take the two extreme shapes: W=2 as 2
+# hosts x 1 (local != global: a divisor or shard index taken from the local world, a
+# local/global ordinal mix-up, is wrong there) and W=3 as 1 host x 3 (a divisor taken from
+# the host count is wrong there). XLA:CPU has no cross-process collectives, so PJRT worlds
+# stay one host process (docs/multi-host.md).
+DEFAULT_CPU_HOSTS = {2: 2}
 # Example budget profiles (their numbers live with the searches, conformance.cases.search).
 PROFILES = ("dev", "ci", "ci-pjrt", "thorough")
 DEFAULT_PROFILE = "dev"
@@ -62,6 +70,8 @@ class Settings:
         pjrt_collective_bound: seconds a PJRT replica may sit in one collective
             before the world reports it (below XLA's own abort).
         profile: example budget of the property and scenario searches.
+        cpu_hosts: ``((W, H), ...)``: the CPU runtime groups a world of W replicas into H
+            emulated hosts (:data:`DEFAULT_CPU_HOSTS`; any other W: one host).
     """
 
     replica_timeout: float = ENVIRONMENT["replica_timeout"][1]
@@ -69,6 +79,7 @@ class Settings:
     collective_timeout: float = ENVIRONMENT["collective_timeout"][1]
     pjrt_collective_bound: float = ENVIRONMENT["pjrt_collective_bound"][1]
     profile: str = DEFAULT_PROFILE
+    cpu_hosts: tuple = tuple(DEFAULT_CPU_HOSTS.items())
 
     def __post_init__(self):
         for name in ("replica_timeout", "start_timeout", "collective_timeout", "pjrt_collective_bound"):
@@ -113,6 +124,15 @@ def _parse(name, var, text, default):
 
 def _option(name: str) -> str:
     return f"--{name.replace('_', '-')} / {ENVIRONMENT[name][0]}"
+
+
+def emulated_hosts(settings: "Settings", world_size: int) -> int:
+    """How many emulated hosts a CPU world of ``world_size`` replicas is grouped into (a
+    divisor of ``world_size``)."""
+    hosts = dict(settings.cpu_hosts).get(world_size, 1)
+    if world_size % hosts:
+        raise UsageError(f"{hosts} emulated hosts cannot hold {world_size} replicas evenly")
+    return hosts
 
 
 def default_world_sizes(runtime: str) -> tuple[int, ...]:

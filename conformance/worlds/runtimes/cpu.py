@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 
+from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
 
 # How far gloo's timeout stays above a World's task bound: the World's stack dump
@@ -41,8 +42,14 @@ class CpuRuntime(Runtime):
         return 0.8 * self.settings.collective_timeout  # gloo's timeout is never below it
 
     def host_envs(self, world_size):
-        return [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
-                 "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1"}
+        """One replica per process, grouped into :func:`conformance.settings.emulated_hosts`
+        hosts with the variables torchrun gives a multi-node job (node = ``GROUP_RANK``)."""
+        hosts = emulated_hosts(self.settings, world_size)
+        per_host = world_size // hosts
+        return [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r % per_host),
+                 "LOCAL_WORLD_SIZE": str(per_host), "GROUP_RANK": str(r // per_host),
+                 "GROUP_WORLD_SIZE": str(hosts), "ROLE_RANK": str(r), "ROLE_WORLD_SIZE": str(world_size),
+                 "ROLE_NAME": "default", "OMP_NUM_THREADS": "1"}
                 for r in range(world_size)]
 
     def setup_host(self, host, world_size, workdir):
