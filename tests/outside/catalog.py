@@ -155,6 +155,10 @@ CATALOG = [
           "used elsewhere keeps None on this replica",
           "find_unused_parameters with rank-dependent parameter use",
           "https://github.com/deepspeedai/DeepSpeed/issues/777", True),
+    Entry("local_world_divisor", "local_world_divisor:LocalWorldDDP", "w",
+          "all-reduce sum divided by LOCAL_WORLD_SIZE instead of the world size",
+          "hosts: exact on one host, wrong on the emulated 2-host W=2 world",
+          "https://github.com/pytorch/xla/pull/4965", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -187,4 +191,5 @@ CAUGHT_BY = {
     "sharded_partition_accumulates": "parity.linear@2",
     "sharded_predivide_int": "parity.linear@3",
     "sharded_unused_not_written": "feature.unused_parameters@2",
+    "local_world_divisor": "parity.linear@2",
 }
