@@ -123,7 +123,6 @@ def build_parser():
     return p
 
 
-
 def parse(argv=None) -> tuple[str, Settings, dict]:
     """``(command, settings, values)`` of a command line.
 
@@ -157,7 +156,6 @@ def _check_early(values: dict) -> None:
     """What can be checked without torch: world sizes, that input files can be read (and an
     expected-failures file is text), and that output paths can be written, before the first
     world starts (a report is never lost at the end of a run)."""
-
     if values.get("world_size") and "model" not in values:  # calibrate takes one size, checked there
         parse_world_sizes(values["world_size"])
     for key in ("expected_failures", "scenario"):
