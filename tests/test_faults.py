@@ -166,16 +166,17 @@ def test_sigint_to_cli_parent_leaves_nothing(runtime, tmp_path):
 @pytest.mark.cpu
 def test_spawned_world_ignores_parent_launcher_variables(monkeypatch):
     """A kit-spawned world started from inside a torchrun job (launcher variables
-    exported) keeps its own layout: ranks 0..W-1, one host, not the parent's."""
+    exported) keeps its own layout: ranks 0..W-1 on its own emulated hosts (W=2: 2 hosts
+    x 1, conformance.settings.DEFAULT_CPU_HOSTS), not the parent's GROUP_RANK / LOCAL_RANK."""
     from conformance.cases.ranks import rank_report
     for var, value in {"GROUP_RANK": "1", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(var, value)
     with World("cpu", 2, timeout=60) as world:
         reports = world.run(rank_report)
-    assert [r["host"] for r in reports] == ["0", "0"]
+    assert [r["host"] for r in reports] == ["0", "1"]
     assert [r["bindings"]["global_ordinal"] for r in reports] == [0, 1]
-    assert [r["bindings"]["local_ordinal"] for r in reports] == [0, 1]
+    assert [r["bindings"]["local_ordinal"] for r in reports] == [0, 0]
     assert [r["dist"] for r in reports] == [{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}]
 
 

@@ -1,5 +1,6 @@
 """The persistent world never hangs and never leaves orphans: failures are
 bounded, named, and carry the replica's traceback, stacks or log."""
+import os
 import signal
 import subprocess
 import sys
@@ -8,10 +9,9 @@ import time
 
 import pytest
 
-from tests.tasks import all_reduce_value, fail_on
 from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout
-
-from tests.procs import QUIET_START_S, alive, gone, load_scale, start_world
+from tests.procs import QUIET_START_S, REPO, alive, gone, load_scale, start_world
+from tests.tasks import all_reduce_value, fail_on
 
 pytestmark = pytest.mark.cpu
 
@@ -84,7 +84,9 @@ def test_no_orphans_when_parent_interrupted_or_killed(tmp_path, sig):
     script = tmp_path / "parent.py"
     script.write_text(SCRIPT)
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (REPO, os.environ.get("PYTHONPATH")))))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env=env)  # the script imports tests.tasks: the repository on its path
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         # the child's start-up (interpreter, imports, its world) against a quiet world start
