@@ -17,8 +17,6 @@ that must kill it) through the same entry point.
 """
 from __future__ import annotations
 
-import re
-
 from conformance.cases.features import evaluate_task
 from conformance.cases.properties.run import evaluate_property
 from conformance.cases.ranks import evaluate_invariant
@@ -58,25 +56,6 @@ def replica_error_text(exc) -> tuple[str, str]:
     head = f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
     tail = lines[-1].strip()[:200] if len(lines) > 1 else ""
     return head + (f" ... {tail}" if tail else ""), text
-
-
-def culprit_first(summary: str, culprits: list) -> str:
-    """``summary`` with the first culprit's own words moved to the front as a sentence, so the
-    table's first sentence says who (``replica 1 hung outside any collective at x.py:54 ...``)."""
-    if not culprits:
-        return summary
-    m = re.search(rf"(?:^|[:;] )replica {culprits[0]}\b", summary)
-    start = m.end() - len(f"replica {culprits[0]}") if m else 0
-    if not m or start == 0:
-        return summary
-    depth, end = 0, len(summary)
-    for i in range(start, len(summary)):  # up to the first "; " outside parentheses
-        c = summary[i]
-        depth += c in "([" and 1 or (-1 if c in ")]" else 0)
-        if depth <= 0 and summary.startswith("; ", i):
-            end = i
-            break
-    return f"{summary[start:end].rstrip('. ')}. {summary}"
 
 
 def _jsonable(obj):
@@ -200,7 +179,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         summary, text = replica_error_text(exc)
         diag = getattr(exc, "diagnosis", None) or []
         culprits = [d.get("rank") for d in diag if d.get("culprit")]
-        out = each("fail", culprit_first(summary, culprits), text)
+        out = each("fail", summary, text)
         for v in out:
             v.replicas = _jsonable(diag)
             v.replica = culprits[0] if culprits else None  # the table's replica column: the first culprit

@@ -92,6 +92,7 @@ def test_fault_is_classified_and_named(runtime, how):
         named = [d for d in err.diagnosis if d.get("culprit")]
         assert [d["rank"] for d in named] == [K], summary
         assert err.diagnosis[K]["status"] == status, summary
+        assert summary.startswith(f"replica {K} "), summary  # the table's first sentence says who
     if how == "raise":
         d = err.diagnosis[K]
         assert d["exception_type"] == "ValueError" and "raise ValueError" in d["traceback"]
@@ -302,7 +303,7 @@ def test_fault_inside_scratch_ddp_names_the_culprit(runtime, how):
     collective, frame = {"cpu": ("all_reduce", "distributed_c10d.py"), "pjrt": ("mark_step", "mark_step")}[runtime]
     assert collective in (waiter["in_collective"] or ""), summary
     assert frame in (waiter["stacks"] or "")
-    assert f"replica {K}" in summary and collective in summary
+    assert summary.startswith(f"replica {K} ") and collective in summary, summary
     if how == "skip":  # it went on and returned: one all-reduce short
         assert culprit["status"] == "ok", summary
     else:

@@ -562,10 +562,12 @@ class World:
                     for x in aborted[:1] + other))
             suspects = [d for d in culprits if d["status"] == "died" and d["culprit_reason"] != "died"]
             if suspects:
-                parts.append("; ".join(f"suspect replica {d['rank']}: outside any collective "
+                parts.append("; ".join(f"replica {d['rank']} is the suspect: outside any collective "
                                         f"({dg.where(d) or 'no progress noted'}) while its peers waited in one"
                                         for d in suspects))
-            return (f"{head}: {len(died)} replica(s) died: " + "; ".join(parts)
+            # the culprit's words lead: the suspect or the mismatch when named, else the dead
+            return (_lead(parts[-1:] if other or suspects else parts)
+                    + f"{head}: {len(died)} replica(s) died: " + "; ".join(parts)
                     + (f" [{'; '.join(doing)}]" if doing else "")), ReplicaDied
         if any(d["status"] == "raised" for d in culprits):
             parts = []
@@ -573,7 +575,7 @@ class World:
                 place = "; ".join(x for x in (f"host {d['host']}, pid {d['pid']}", dg.where(d)) if x)
                 parts.append(f"replica {d['rank']} raised {d['exception_type']}: "
                              f"{_first_line(d['exception_message'])} [{place}]")
-            return f"{head}: {len(culprits)} replica(s) raised; " + "; ".join(parts), ReplicaFailed
+            return _lead(parts) + f"{head}: {len(culprits)} replica(s) raised; " + "; ".join(parts), ReplicaFailed
         # A hang: the task bound passed, a replica waited past the collective bound, or
         # the runtime's own collective timeout fired first (the waiters raised it).
         if raised:
@@ -604,7 +606,7 @@ class World:
                  + (f" for {d['waited_s']:.1f} s" if d.get("waited_s") is not None else "")
                  + (f" (raised {d['exception_type']})" if d.get("exception_type") else "")
                  for d in diag if d["status"] == "waiting"]
-        return (f"{head}: {why}; " + "; ".join(parts)
+        return (_lead(parts) + f"{head}: {why}; " + "; ".join(parts)
                 + (f"; waiting: {', '.join(waits)}" if waits else "")), ReplicaTimeout
 
     # --- lifecycle -------------------------------------------------------
@@ -691,6 +693,12 @@ def _replica_stacks(dump, tid, host_tids):
     seen = next((c for c in map(blame_mod.collective_in, ordered) if c), None)
     text = "\n\n".join(dg.with_source(b) for b in ordered) if ordered else dump
     return text, seen
+
+
+def _lead(parts: list[str]) -> str:
+    """The first culprit's own words as the summary's first sentence: a report's table prints
+    the first sentence, which must say who failed, not which world."""
+    return f"{parts[0].rstrip('. ')}. " if parts else ""
 
 
 def _top_frame(stacks):
