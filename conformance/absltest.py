@@ -34,10 +34,9 @@ import sys
 from absl import flags
 from absl.testing import absltest, parameterized
 
-from conformance.cases.table import CASES
+from conformance.cases.table import CASES, select
 from conformance.errors import UsageError, split_list
 from conformance.cases.properties.run import profile_examples
-from conformance.cases.table import select
 from conformance.evaluate import evaluate
 from conformance.options import parse_matrix
 from conformance.outcome import outcome

@@ -6,8 +6,7 @@ from __future__ import annotations
 from conformance.errors import UsageError, split_list
 from conformance.settings import default_impls, default_world_sizes
 from conformance.tolerances import MIN_WORLD_SIZE
-from conformance.worlds.runtimes import RUNTIMES
-from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+from conformance.worlds.runtimes import get_runtime, RUNTIMES, RuntimeUnavailable
 
 
 def parse_world_sizes(value: str | None, runtime: str = "cpu") -> list[int]:

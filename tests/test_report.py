@@ -12,9 +12,8 @@ import sys
 
 import pytest
 
-from conformance.report.text import KillRow
+from conformance.report.text import KillRow, write_json
 from conformance.verdict import Verdict
-from conformance.report.text import write_json
 
 pytestmark = pytest.mark.cpu
 

@@ -29,8 +29,7 @@ import pytest
 
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from conformance.worlds.runtimes.xrt import XrtRuntime, host_envs_for
-from ddp_impl.runtime import ranks
-from ddp_impl.runtime import xrt as xrt_mod
+from ddp_impl.runtime import ranks, xrt as xrt_mod
 from ddp_impl.runtime.ranks import RankBindings
 from ddp_impl.runtime.xrt import TPU_VM_CONFIG, xrt_bindings, xrt_detect
 

@@ -55,8 +55,7 @@ import math
 import time
 
 from conformance.cases.train.parity import ParityRunner, parity_mutants
-from conformance.errors import UsageError
-from conformance.errors import split_list as _split
+from conformance.errors import split_list as _split, UsageError
 from conformance.report.text import document
 from conformance.tolerances import MIN_WORLD_SIZE, lookup
 from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from conformance.cases.ranks import check_reports, rank_report
 from conformance.cli.output import stdout_for_json
-from conformance.errors import UsageError
-from conformance.errors import split_list as _split
+from conformance.errors import split_list as _split, UsageError
 from conformance.report.text import document, write_json_doc
 from conformance.worlds.launched import root_decides
 from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime

@@ -40,8 +40,7 @@ import re
 
 from conformance.verdict import BAD
 from conformance.errors import UsageError
-from conformance.report.text import KillRow, kill_summary
-from conformance.report.text import fmt
+from conformance.report.text import fmt, kill_summary, KillRow
 
 ZERO_FLOOR = 1e-10   # a deviation of exactly 0 is drawn here on the log axis
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ef9a9a", "vacuous": "#ffcc80",

@@ -193,8 +193,8 @@ def blame(diagnoses: list[dict]) -> Blame:
                 reason[r] = "collective mismatch: the replicas' calls differ at this point; which one deviated is unknown"
                 status[r] = "mismatched"
         for r in by:
-            if r not in culprits and status[r] in ("hung", "raised", "died"):
-                status[r] = "aborted-by-peer" if status[r] != "died" else "died"
+            if r not in culprits and status[r] in ("hung", "raised"):
+                status[r] = "aborted-by-peer"
         return Blame(sorted(culprits), status, reason)
     if of["died"]:
         culprits = set(of["died"])

@@ -61,9 +61,7 @@ import traceback
 from multiprocessing.connection import wait as wait_any
 
 from conformance.settings import Settings
-from conformance.worlds import blame as blame_mod
-from conformance.worlds import diagnosis as dg
-from conformance.worlds import procmem
+from conformance.worlds import blame as blame_mod, diagnosis as dg, procmem
 import faulthandler
 from conformance.worlds.runtimes import get_runtime
 
@@ -268,7 +266,7 @@ class World:
         self.settings = settings
         self.runtime = runtime
         self.world_size = world_size
-        self.timeout = timeout or settings.replica_timeout
+        self.timeout = settings.replica_timeout
         self.broken = False
         self.hosts = []
         adapter = get_runtime(runtime, settings)
@@ -734,7 +732,6 @@ class WorldPool:
 
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or Settings()
-        self.timeout = self.settings.replica_timeout
         self._worlds: dict[tuple[str, int], World] = {}
 
     def get(self, runtime: str, world_size: int) -> World:

@@ -63,9 +63,8 @@ import threading
 
 import torch
 
-from ddp_impl.runtime.types import RankBindings
+from ddp_impl.runtime.types import Completed, RankBindings
 from importlib import metadata, util
-from ddp_impl.runtime.types import Completed
 
 # The torch_xla (and matching torch) minor version this module is written for.
 # mark_step() uses private torch_xla APIs whose behaviour was measured on it.

@@ -43,8 +43,7 @@ from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_
                                               optimizer_state_layout, param_layout, saved_checkpoint, state_digest,
                                               to_device)
 import contextlib
-from conformance.cases.search import SearchWorld, scenario_examples
-from conformance.cases.search import kit_settings
+from conformance.cases.search import kit_settings, scenario_examples, SearchWorld
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
 from conformance.tolerances import lookup

@@ -18,8 +18,7 @@ from conformance.tolerances import lookup
 from conformance.cases.train.setups import SETUPS
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
-from fixtures import build_model
-from fixtures import global_batch, shard
+from fixtures import build_model, global_batch, shard
 from fixtures.models import MODELS
 
 # Rank r != 0 builds its model from seed + RANK_SEED_STRIDE * r and adds

@@ -19,9 +19,7 @@ from ddp_impl import DistributedDataParallel as RefDDP
 
 from conformance.impls.mutants import scratch as S
 import contextlib
-from conformance.impls.torch_paths import fsdp2_row
-from conformance.impls.torch_paths import torch_compile_row
-from conformance.impls.torch_paths import zero_row
+from conformance.impls.torch_paths import fsdp2_row, torch_compile_row, zero_row
 from ddp_impl.sync_batchnorm import SyncBatchNorm
 
 SCRATCH_ON_PJRT = ("written on torch.distributed (gloo collectives); the PJRT world has no "

@@ -22,10 +22,9 @@ from __future__ import annotations
 import os
 import socket
 
-from ddp_impl.runtime import xrt as _x
+from ddp_impl.runtime import ranks, xrt as _x
 
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable
-from ddp_impl.runtime import ranks
 
 # /dev/accel0 exists on Cloud TPU VMs (one node per chip).
 TPU_DEVICE_NODE = "/dev/accel0"
