@@ -99,3 +99,41 @@ def test_no_orphans_when_parent_interrupted_or_killed(tmp_path, sig):
     finally:
         proc.kill()
         proc.wait()
+
+
+class _Progress:
+    """The slice of a replica's progress board the collective watch reads and writes."""
+
+    def __init__(self, tid):
+        self.state = {"state": "running", "tid": tid}
+
+    def seen_in(self, where):
+        self.state["seen"] = where
+
+
+def test_collective_watch_keeps_no_locals_alive(monkeypatch):
+    """The host's collective watch samples replica stacks without holding their frames: a
+    frame object keeps its locals alive past the function's return, and on PJRT a lazy
+    tensor kept alive that way changes the replica's next graph (XLA aborted W=8 worlds).
+    A slow stack classifier widens the window in which a held frame would show."""
+    import threading
+    import types
+    import weakref
+    from conformance.worlds import spawned
+
+    def slow_collective_in(text, *a, **k):
+        time.sleep(0.02)
+        return None
+
+    monkeypatch.setattr(spawned.blame_mod, "collective_in", slow_collective_in)
+    ctx = types.SimpleNamespace(progress=_Progress(threading.get_ident()))
+    threading.Thread(target=spawned._watch_collectives, args=([ctx, ctx],),
+                     kwargs={"every": 0.001}, daemon=True).start()
+
+    def step():
+        local = type("Lazy", (), {})()
+        time.sleep(0.005)  # the watch samples while this frame runs
+        return weakref.ref(local)
+
+    survived = sum(step()() is not None for _ in range(200))
+    assert survived == 0, f"{survived} of 200 locals outlived their frame"
