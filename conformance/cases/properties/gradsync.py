@@ -305,14 +305,27 @@ class MlpExample:
         return {"widths": self.widths, "seed": self.seed, "x": self.x, "y": self.y}
 
 
+#: Where every distinct graph is a compilation (a runtime's ``compiled_graphs``: XLA), the
+#: examples draw their shapes from these few, which repeat across examples so the compile
+#: cache serves most of them; they keep the corners of the full draw (one layer and four,
+#: widths 1 and 12, local batch 1 and more). Measured in benchmarks/README.md (session 6).
+FEW_MLP_WIDTHS = ((1, 12), (12, 1), (5, 3, 8), (2, 12, 1, 7), (9, 4, 6, 2, 11))
+FEW_LOCAL_BATCHES = (1, 3, 8)
+FEW_BN_WIDTHS = ((4, 12, 3), (1, 7, 5, 2))
+
+
 @st.composite
-def mlp_examples(draw, world_size: int, micro_steps=st.just(1)):
+def mlp_examples(draw, world_size: int, micro_steps=st.just(1), few_shapes: bool = False):
     """Random small MLPs: 1..4 Linear layers of widths 1..12, seeded init; local
-    batch 1..8; N(0, 1) inputs and targets from a drawn seed."""
-    depth = draw(st.integers(1, 4))
-    widths = tuple(draw(st.integers(1, 12)) for _ in range(depth + 1))
+    batch 1..8; N(0, 1) inputs and targets from a drawn seed. ``few_shapes``: widths
+    and local batch from :data:`FEW_MLP_WIDTHS` / :data:`FEW_LOCAL_BATCHES`."""
+    if few_shapes:
+        widths = draw(st.sampled_from(FEW_MLP_WIDTHS))
+    else:
+        depth = draw(st.integers(1, 4))
+        widths = tuple(draw(st.integers(1, 12)) for _ in range(depth + 1))
     seed = draw(st.integers(0, 2 ** 31 - 1))
-    local_batch = draw(st.integers(1, 8))
+    local_batch = draw(st.sampled_from(FEW_LOCAL_BATCHES) if few_shapes else st.integers(1, 8))
     k = draw(micro_steps)
     data_seed = draw(st.integers(0, 2 ** 31 - 1))
     rng = np.random.default_rng(data_seed)
@@ -335,9 +348,13 @@ class BnExample:
 
 
 @st.composite
-def bn_examples(draw, world_size: int):
-    depth = draw(st.integers(2, 3))
-    widths = tuple(draw(st.integers(1, 12)) for _ in range(depth + 1))
+def bn_examples(draw, world_size: int, few_shapes: bool = False):
+    """BatchNorm nets of 2..3 layers of widths 1..12 (``few_shapes``: :data:`FEW_BN_WIDTHS`)."""
+    if few_shapes:
+        widths = draw(st.sampled_from(FEW_BN_WIDTHS))
+    else:
+        depth = draw(st.integers(2, 3))
+        widths = tuple(draw(st.integers(1, 12)) for _ in range(depth + 1))
     return BnExample(world_size, widths, draw(st.integers(0, 2 ** 31 - 1)))
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from conformance.cases.search import SearchWorld, kit_settings, profile_examples
 from conformance.errors import Unsupported
+from conformance.worlds.runtimes import get_runtime
 from conformance.verdict import Verdict
 from conformance.cases.properties import gradsync as P
 from conformance.cases.properties.gradsync import Measure
@@ -39,6 +40,9 @@ def _props():
     from hypothesis import strategies as st
 
     tol = P.GRAD_TOLERANCES["float32"]
+
+    def few(t):  # each distinct graph a compilation: draw from a few shapes
+        return get_runtime(t.runtime).compiled_graphs
 
     def label(t):
         note(f"target: {t.describe()}")
@@ -54,7 +58,7 @@ def _props():
         return prop
 
     def full_batch_grad(t, m):
-        @given(ex=P.mlp_examples(t.world_size))
+        @given(ex=P.mlp_examples(t.world_size, few_shapes=few(t)))
         def prop(ex):
             who = label(t)
             expected = P.full_batch_grads(ex.widths, ex.seed, ex.x[0], ex.y[0])
@@ -65,7 +69,7 @@ def _props():
         return prop
 
     def rank_permutation(t, m):
-        @given(ex=P.mlp_examples(t.world_size), perm=P.nontrivial_permutations(t.world_size))
+        @given(ex=P.mlp_examples(t.world_size, few_shapes=few(t)), perm=P.nontrivial_permutations(t.world_size))
         def prop(ex, perm):
             who = label(t)
             for r, res in enumerate(t.run(P.mlp_grad_task, perm=perm, **ex.payload())):
@@ -75,7 +79,7 @@ def _props():
         return prop
 
     def broadcast(t, m):
-        @given(ex=P.bn_examples(t.world_size))
+        @given(ex=P.bn_examples(t.world_size, few_shapes=few(t)))
         def prop(ex):
             who = label(t)
             res = t.run(P.broadcast_task, **ex.payload())
@@ -92,7 +96,7 @@ def _props():
         return prop
 
     def no_sync_accumulation(t, m):
-        @given(ex=P.mlp_examples(t.world_size, micro_steps=st.integers(2, 4)))
+        @given(ex=P.mlp_examples(t.world_size, micro_steps=st.integers(2, 4), few_shapes=few(t)))
         def prop(ex):
             who = label(t)
             k = len(ex.x)
@@ -105,7 +109,7 @@ def _props():
         return prop
 
     def scale_linearity(t, m):
-        @given(ex=P.mlp_examples(t.world_size), c=P.scales())
+        @given(ex=P.mlp_examples(t.world_size, few_shapes=few(t)), c=P.scales())
         def prop(ex, c):
             who = label(t)
             for r, res in enumerate(t.run(P.scaled_grad_task, c=c, **ex.payload())):

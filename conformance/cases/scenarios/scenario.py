@@ -481,7 +481,12 @@ class Space:
     max_steps: int = 120
     budget: float = 1.0          # fraction of the profile's example budget (conformance.cases.search)
     rank_uniform: bool = False   # equal local batches and plans on every replica (XLA runtimes)
+    few_shapes: bool = False     # local batches from FEW_BATCHES (each distinct graph a compilation)
 
+
+#: Local batch sizes of generated scenarios where each distinct graph is compiled (XLA):
+#: few, so graphs repeat across examples; 1 and more than 1 as in the full draw (1..6).
+FEW_BATCHES = (1, 4)
 
 #: ``Space.ddp_extra`` values -> the DDP keywords / methods their scenarios require.
 DDP_EXTRAS = {"buckets": ("bucket_cap_mb", "gradient_as_bucket_view"), "comm_hook": ("register_comm_hook",)}
@@ -543,7 +548,10 @@ def scenarios(world_size: int, space: Space):
             k = draw(st.integers(1, 3))
             micro = []
             for _ in range(k):
-                if space.rank_uniform:
+                if space.few_shapes:
+                    batch = [draw(st.sampled_from(FEW_BATCHES))] * world_size
+                    plans = [draw(plan(find_unused))] * world_size
+                elif space.rank_uniform:
                     batch = [draw(st.integers(1, 6))] * world_size
                     plans = [draw(plan(find_unused))] * world_size
                 else:
@@ -690,7 +698,8 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
         return None if results is None else judge_scenario(sc, results, tol, agreement_atol=agree)
     target = SearchWorld(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
     space = Space(**case.args.get("space", {}))
-    if get_runtime(runtime).uniform_graphs:
-        space = replace(space, rank_uniform=True)
+    rt = get_runtime(runtime)
+    space = replace(space, rank_uniform=space.rank_uniform or rt.uniform_graphs,
+                    few_shapes=space.few_shapes or rt.compiled_graphs)
     return run_scenario_case(space, target, tol, agree, scenario_examples(session.profile, space.budget),
                              overrides.get("shrink", True))

@@ -92,6 +92,9 @@ class Runtime:
     # (XLA's in-process CPU collectives, docs/runtimes/pjrt.md, cause 1): generated
     # scenarios then keep batch sizes and control flow equal across replicas.
     uniform_graphs: bool = False
+    # True where every distinct graph is compiled before it runs (XLA): generated examples
+    # then draw their shapes from a few that repeat, so the compile cache serves them.
+    compiled_graphs: bool = False
     # Seconds a replica may wait inside one collective while a peer is elsewhere
     # before the World reports the peer as hung (None: only the task timeout).
     # Must be below the runtime's own collective timeout, so the World names the

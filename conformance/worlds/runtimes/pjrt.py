@@ -144,6 +144,7 @@ class PjrtRuntime(Runtime):
     # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.
     reference_quirks = frozenset({"bn_running_var_biased"})
     uniform_graphs = True
+    compiled_graphs = True
     @property
     def collective_bound(self) -> float:  # below XLA's abort (module docstring)
         return self.settings.pjrt_collective_bound

@@ -144,6 +144,7 @@ class XrtRuntime(Runtime):
 
     name = "xrt"
     max_world_size = _x.DEFAULT_TPU_DEVICES
+    compiled_graphs = True  # TPU: every distinct graph is compiled
 
     def check(self, world_size):
         reason = _x.xrt_detect()
