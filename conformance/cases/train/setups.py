@@ -158,7 +158,8 @@ class ProcessGroupsSetup(Setup):
     rank, in the same order, as upstream requires). Each group is its own data-parallel job:
     it trains its own global batch (seeded by its first rank) and upstream DDP averages over
     the group (divisor = group size) and broadcasts module states from the group's rank 0
-    (the lowest global rank of the group; pytorch/pytorch#36516). Models without buffers only:
+    (the lowest global rank of the group; ``DistributedDataParallel``'s docs, ``process_group``;
+    pytorch/pytorch#36516 on the divisor). Models without buffers only:
     the reference starts each group from its first rank's parameters.
 
     Raises:

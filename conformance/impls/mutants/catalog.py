@@ -323,7 +323,8 @@ def _torch_compile_eager():
 
 class GroupSumGlobalDivide(RefDDP):
     """With a process_group, sums gradients over the group but divides by the global world size
-    (torch.distributed.get_world_size() of the default group) instead of the group's size."""
+    (torch.distributed.get_world_size() of the default group) instead of the group's size: the
+    divisor is not the count of what was summed (pytorch/pytorch#36516)."""
 
     def _grad_scale(self):
         return 1.0 / torch.distributed.get_world_size()
@@ -331,8 +332,8 @@ class GroupSumGlobalDivide(RefDDP):
 
 class BroadcastGlobalRank0(RefDDP):
     """With a process_group, broadcasts module states at construction over the default group from
-    global rank 0 instead of from the group's first rank (pytorch/pytorch#36516): every group
-    starts from rank 0's parameters."""
+    global rank 0 instead of from the group's first rank (a group rank used as a global one,
+    meta-pytorch/torchrec#4601): every group starts from rank 0's parameters."""
 
     @torch.no_grad()
     def _sync_module_states(self):
