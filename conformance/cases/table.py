@@ -131,7 +131,7 @@ def _build() -> dict[str, Case]:
              "HSDP-style replica groups of two ({0,1}, {2,3}; at W=3 {0,1}, {2}): each group is its own "
              "data-parallel job on its own global batch, averaged over the group (divisor = group size), "
              "starting from the group's first rank's parameters; replicas agree within each group",
-             "train", "linear", train={"setups": ("process_groups",)}, tags=("subgroup",), world_sizes={"cpu": (3, 4)},
+             "train", "linear", train={"setups": ("process_groups",)}, tags=("subgroup",), world_sizes={"cpu": (3, 4), "pjrt": (4,)},
              must_kill=("group_sum_global_divide", "broadcast_global_rank0")),
     ]
     return _validate(rows)

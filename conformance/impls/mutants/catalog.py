@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from ddp_impl import DistributedDataParallel as RefDDP
-from ddp_impl.runtime.collectives import TorchDistributedCollectives
+from ddp_impl.runtime import ranks
+from ddp_impl.runtime.collectives import default_collectives
 
 from conformance.impls.mutants import scratch as S
 import contextlib
@@ -327,7 +328,7 @@ class GroupSumGlobalDivide(RefDDP):
     divisor is not the count of what was summed (pytorch/pytorch#36516)."""
 
     def _grad_scale(self):
-        return 1.0 / torch.distributed.get_world_size()
+        return 1.0 / ranks.bindings().world_size  # every replica of the world
 
 
 class BroadcastGlobalRank0(RefDDP):
@@ -337,7 +338,7 @@ class BroadcastGlobalRank0(RefDDP):
 
     @torch.no_grad()
     def _sync_module_states(self):
-        world = TorchDistributedCollectives()  # the default group, not self.collectives' group
+        world = default_collectives()  # every replica of the world, not self.collectives' group
         states = list(self.module.parameters()) + (list(self.module.buffers()) if self.broadcast_buffers else [])
         for t in states:
             world.broadcast_(t.data, src=0)
