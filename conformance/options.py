@@ -25,7 +25,7 @@ def parse_world_sizes(value: str | None, runtime: str = "cpu") -> list[int]:
 
 def case_world_sizes(case, runtime: str) -> list[int]:
     """The world sizes ``case`` runs at by default on ``runtime``: its own
-    (``Case.world_sizes``, e.g. ``parity.subgroups`` needs W=4 for two groups of two), else
+    (``Case.world_sizes``, e.g. ``feature.subgroups`` needs W=4 for two groups of two), else
     the runtime's (:data:`conformance.settings.DEFAULT_WORLD_SIZES`)."""
     return list(case.world_sizes.get(runtime, default_world_sizes(runtime)))
 

@@ -57,8 +57,8 @@ def test_every_face_runs_the_same_default_matrix(runtime):
 
 
 def test_a_case_runs_at_its_own_world_sizes_only_by_default():
-    """parity.subgroups adds W=4 to the default CPU run for itself only; --world-size overrides."""
-    sub, lin = CASES["parity.subgroups"], CASES["parity.linear"]
+    """feature.subgroups adds W=4 to the default CPU run for itself only; --world-size overrides."""
+    sub, lin = CASES["feature.subgroups"], CASES["parity.linear"]
     assert options.case_world_sizes(sub, "cpu") == [3, 4]
     assert options.case_world_sizes(lin, "cpu") == list(DEFAULT_WORLD_SIZES["cpu"])
     assert options.case_runs_at(sub, "cpu", 4, None) and not options.case_runs_at(lin, "cpu", 4, None)

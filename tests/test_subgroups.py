@@ -1,4 +1,4 @@
-"""Process subgroups (``parity.subgroups``): the group layout, verdicts naming the group and
+"""Process subgroups (``feature.subgroups``): the group layout, verdicts naming the group and
 its global ranks, and the case on a CPU world of 4 (two groups of two)."""
 import pytest
 
@@ -17,7 +17,7 @@ def test_groups_are_consecutive_pairs_and_the_default_is_one_job():
 
 
 def _fail(reason, diagnosis="", replica=1, margin=1e-3):
-    return Verdict("parity.subgroups", "agreement", "ref", "cpu", "linear", 2, "fail", reason=reason,
+    return Verdict("feature.subgroups", "agreement", "ref", "cpu", "linear", 2, "fail", reason=reason,
                    diagnosis=diagnosis, replica=replica, margin=margin)
 
 
@@ -41,7 +41,7 @@ def test_the_worst_group_decides():
 
 @pytest.mark.cpu
 def test_subgroups_at_w4_pass_for_ref_and_kill_both_mutants(conformance_session):
-    case = CASES["parity.subgroups"]
+    case = CASES["feature.subgroups"]
     assert {v.status for v in evaluate(case, "ref", "cpu", 4, conformance_session)} == {"pass"}
     div = {v.check: v for v in evaluate(case, "mutant:group_sum_global_divide", "cpu", 4, conformance_session)}
     assert div["param_parity"].status == "fail" and div["param_parity"].reason.startswith("process group [0, 1]")

@@ -127,7 +127,7 @@ def _build() -> dict[str, Case]:
              "(global ordinals 0..W-1, process indices 0..P-1, local ordinals per host, "
              "torch.distributed rank = process index)", "invariant", tolerance="exact",
              checks=("ranks",), tags=("ranks",)),
-        Case("parity.subgroups", "parity", "DDP(module, process_group=g) with the world split into "
+        Case("feature.subgroups", "feature", "DDP(module, process_group=g) with the world split into "
              "HSDP-style replica groups of two ({0,1}, {2,3}; at W=3 {0,1}, {2}): each group is its own "
              "data-parallel job on its own global batch, averaged over the group (divisor = group size), "
              "starting from the group's first rank's parameters; replicas agree within each group",

@@ -161,12 +161,12 @@ CATALOG = [
           "https://github.com/pytorch/xla/pull/4965", True),
     Entry("group_global_divide", "group_global_divide:GroupGlobalDivideDDP", "x",
           "with a process_group: all-reduce sum over the group divided by the global world size",
-          "process subgroups (parity.subgroups: groups of two at W=3 and 4)",
+          "process subgroups (feature.subgroups: groups of two at W=3 and 4)",
           "https://github.com/pytorch/pytorch/issues/36516", True),
     Entry("group_broadcast_rank0", "group_broadcast_rank0:GroupBroadcastRank0DDP", "y",
           "with a process_group: module states broadcast from global rank 0 over the default "
           "group, not from the group's first rank",
-          "process subgroups (parity.subgroups: a group without global rank 0)",
+          "process subgroups (feature.subgroups: a group without global rank 0)",
           "https://github.com/meta-pytorch/torchrec/pull/4601", True),
 ]
 
@@ -201,6 +201,6 @@ CAUGHT_BY = {
     "sharded_predivide_int": "parity.linear@3",
     "sharded_unused_not_written": "feature.unused_parameters@2",
     "local_world_divisor": "parity.linear@2",
-    "group_global_divide": "parity.subgroups@3",
-    "group_broadcast_rank0": "parity.subgroups@3",
+    "group_global_divide": "feature.subgroups@3",
+    "group_broadcast_rank0": "feature.subgroups@3",
 }

@@ -9,7 +9,7 @@ Modelled on: meta-pytorch/torchrec#4601 ("Use group-local rank when broadcasting
 rank passed as the global ``src``) https://github.com/meta-pytorch/torchrec/pull/4601 and
 pytorch/pytorch#67600 (broadcast with the wrong group silently does the wrong thing)
 https://github.com/pytorch/pytorch/issues/67600.
-Exposed by: parity.subgroups (a group that does not hold global rank 0).
+Exposed by: feature.subgroups (a group that does not hold global rank 0).
 """
 
 import torch.distributed as dist

@@ -8,7 +8,7 @@ Modelled on: pytorch/pytorch#36516 ("DDP should divide bucket contents by the nu
 replicas instead of world size": the divisor is not the count of what was summed)
 https://github.com/pytorch/pytorch/issues/36516, and the ``average_gradients`` recipe of
 pytorch/examples#1146 (``size = float(dist.get_world_size())``).
-Exposed by: parity.subgroups (process groups of two in a world of 3 or 4).
+Exposed by: feature.subgroups (process groups of two in a world of 3 or 4).
 """
 
 import torch.distributed as dist
