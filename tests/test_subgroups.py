@@ -49,3 +49,20 @@ def test_subgroups_at_w4_pass_for_ref_and_kill_both_mutants(conformance_session)
     assert bc["param_parity"].status == "fail"
     assert bc["param_parity"].reason.startswith("process group [2, 3]: replica 2's")
     assert bc["agreement"].status == "pass"  # within each group the replicas still agree
+
+
+@pytest.mark.pjrt
+def test_subgroups_on_pjrt_run_on_xla_replica_groups(conformance_session):
+    """W=4: XlaCollectives(groups=[[0, 1], [2, 3]]) (xm.all_reduce / xm.all_gather groups=);
+    W=3 (groups of 2 + 1) is unsupported: torch_xla needs equal group sizes."""
+    from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+    try:
+        get_runtime("pjrt").check(4)
+    except RuntimeUnavailable as exc:
+        pytest.skip(f"unsupported: {exc}")
+    case = CASES["feature.subgroups"]
+    assert {v.status for v in evaluate(case, "ref", "pjrt", 4, conformance_session)} == {"pass"}
+    bc = {v.check: v for v in evaluate(case, "mutant:broadcast_global_rank0", "pjrt", 4, conformance_session)}
+    assert bc["param_parity"].status == "fail" and bc["param_parity"].reason.startswith("process group [2, 3]")
+    (why,) = {v.reason for v in evaluate(case, "ref", "pjrt", 3, conformance_session)}
+    assert "equal sizes" in why
