@@ -149,7 +149,7 @@ FSDP2_LACKS = {
                "which the kit's no_sync task does not call",
     "join": "fully_shard has no join() (uneven inputs are unsupported)",
     "register_comm_hook": "fully_shard has no DDP comm hooks (register_comm_hook)",
-    "process_group": "fully_shard takes a device mesh, not a process_group (replica groups are HSDP's "
+    "process_group": "fully_shard takes a device mesh, not a process_group (process groups of replicas are HSDP's "
                      "2-D (replicate, shard) mesh; this row shards over a 1-D world mesh: measured, "
                      "every group started from global rank 0's parameters)",
 }

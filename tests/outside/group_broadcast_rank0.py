@@ -2,7 +2,7 @@
 over the default group instead of from the group's first rank over the group.
 
 Fault: every broadcast calls ``dist.broadcast(tensor, src)`` without the group, so the group
-rank ``src`` is read as a global rank of the whole world: at construction every replica group
+rank ``src`` is read as a global rank of the whole world: at construction every process group
 starts from global rank 0's parameters, not from its own first rank's (exact whenever the
 group is the world).
 Modelled on: meta-pytorch/torchrec#4601 ("Use group-local rank when broadcasting": a group-local

@@ -1,7 +1,7 @@
 """Faulty DDP (x): with a ``process_group``, gradients are summed over the group but divided
 by the global world size.
 
-Fault: the bucket's all-reduce runs on ``process_group`` (a replica group of an HSDP-style
+Fault: the bucket's all-reduce runs on ``process_group`` (a process group of an HSDP-style
 job), but the mean divides by ``torch.distributed.get_world_size()`` of the default group,
 the "sum / world size" habit of hand-written averaging; exact whenever the group is the world.
 Modelled on: pytorch/pytorch#36516 ("DDP should divide bucket contents by the number of global

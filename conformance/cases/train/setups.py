@@ -145,7 +145,7 @@ class ResumeInPlaceSetup(Setup):
         loop.ctx.mark_step()
 
 
-#: Groups of the process_groups setup at each world size: HSDP-style replica groups of two
+#: Groups of the process_groups setup at each world size: HSDP-style process groups of two
 #: ({0,1}, {2,3}); at W=3 a group of two and a singleton (its DDP has nobody to sync with:
 #: a divisor or broadcast taken from the world still shows). W=2 would be one group (no subgroups).
 SUBGROUP_SIZE = 2
@@ -178,7 +178,7 @@ class ProcessGroupsSetup(Setup):
                                   f"(W={ctx.world_size} holds one group of {SUBGROUP_SIZE}: no subgroups)")
             make = _GROUP_MAKERS.get(ctx.runtime)
             if make is None:
-                raise Unsupported(f"process subgroups: no replica groups on the {ctx.runtime} runtime")
+                raise Unsupported(f"process subgroups: no process groups on the {ctx.runtime} runtime")
             loop.process_group = make(ctx, self.groups(ctx.world_size))
         return {"process_group": loop.process_group}
 
