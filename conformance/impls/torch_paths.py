@@ -215,7 +215,7 @@ def _fsdp2_wrap(reshard, mesh_of=_world_mesh, after_shard=None):
 
 ZERO_GROUP = ("ZeroRedundancyOptimizer shards over its own process group (the world here: the optimizer "
               "is built without the DDP's group), so its post-step broadcast of updated shards crosses "
-              "the DDP's replica groups (measured: parameters 0.48 off the reference at W=3 and 4)")
+              "the DDP's process groups (measured: parameters 0.48 off the reference at W=3 and 4)")
 
 
 def _zero_optimizer(params, run, zero_class=None):
