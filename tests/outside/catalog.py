@@ -19,6 +19,9 @@ Columns of ``Entry``:
              2026-12-01, one ``run --exitfirst-each`` over the whole catalog (default world
              sizes, CI profile): 22/22 faulty caught, both correct DDPs pass; where each
              stopped is ``CAUGHT_BY`` below.
+             2026-12-01, process-group rows (x, y; the main command per entry, default world
+             sizes with feature.subgroups at 3 and 4): exit 1 each, 144 pass, 4 fail (only
+             feature.subgroups param and loss parity at W=3 and 4), 8 unsupported.
   pytest_caught  the same for the pytest face (``catch_rate.py --face pytest``: the parity,
              feature and property modules with ``--ddp <spec> -m cpu -k 'not mutant'``).
              hook_order_pairing is caught there by the unused-parameters feature, whose
