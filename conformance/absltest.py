@@ -83,15 +83,17 @@ class ConformanceTestCase(parameterized.TestCase):
 
     DDP: str | None = None
 
-    def _targets(self):
-        return parse_matrix(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or self.DDP)
+    def _targets(self, case=None):
+        """The (runtime, W, impls) matrix; with ``case``, at that case's own world sizes."""
+        return parse_matrix(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or self.DDP,
+                            cases=[case] if case is not None else None)
 
     def _run_case(self, name: str):
         case = CASES[name]
         if case not in select(split_list(FLAGS.only), split_list(FLAGS.skip)):
             self.skipTest(f"{name} not selected by --only/--skip")
         expected = read_expected_failures(FLAGS.expected_failures) if FLAGS.expected_failures else ExpectedFailures()
-        for runtime, w, impls in self._targets():
+        for runtime, w, impls in self._targets(case):
             for impl in impls:
                 with self.subTest(impl=impl, runtime=runtime, world_size=w):
                     verdicts = evaluate(case, impl, runtime, w, _session())

@@ -23,6 +23,19 @@ def parse_world_sizes(value: str | None, runtime: str = "cpu") -> list[int]:
     return sizes
 
 
+def case_world_sizes(case, runtime: str) -> list[int]:
+    """The world sizes ``case`` runs at by default on ``runtime``: its own
+    (``Case.world_sizes``, e.g. ``feature.subgroups`` needs W=4 for two groups of two), else
+    the runtime's (:data:`conformance.settings.DEFAULT_WORLD_SIZES`)."""
+    return list(case.world_sizes.get(runtime, default_world_sizes(runtime)))
+
+
+def case_runs_at(case, runtime: str, world_size: int, explicit: str | None) -> bool:
+    """Whether ``case`` runs at ``world_size`` on ``runtime``: always when world sizes were
+    given (``explicit``, the ``--world-size`` value), else at its :func:`case_world_sizes`."""
+    return bool(explicit) or world_size in case_world_sizes(case, runtime)
+
+
 def parse_impl_names(value: str | None, runtime: str) -> list[str]:
     """Implementation specs (default: the runtime's); each resolved once to validate it."""
     from conformance.impls.builtin import ImplSpecError, parse_impls
@@ -56,8 +69,12 @@ def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> 
 
 
 def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
-                  launcher: str = "spawn") -> list[tuple[str, int, list[str]]]:
+                  launcher: str = "spawn", cases=None) -> list[tuple[str, int, list[str]]]:
     """``[(runtime, world_size, [impl, ...])]`` for the CLI and absltest faces.
+
+    Without ``world_size`` and with ``cases`` (rows of the case table), the world sizes are
+    every one some case runs at by default (:func:`case_world_sizes`); a face then runs a
+    case only at its own (:func:`case_runs_at`).
 
     With ``launcher="env"`` the world is the launcher's processes: the world size
     is ``WORLD_SIZE`` and only runtimes that run under a launcher are accepted.
@@ -85,6 +102,8 @@ def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
     out = []
     for rt in _parse_runtime_names(runtime):
         sizes = parse_world_sizes(world_size, rt)
+        if not world_size and cases:
+            sizes = sorted({w for c in cases for w in case_world_sizes(c, rt)})
         parse_runtimes(rt, sizes)
         impls = parse_impl_names(ddp, rt)
         out += [(rt, w, impls) for w in sizes]

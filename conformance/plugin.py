@@ -118,11 +118,20 @@ def runtime_worlds(config):
     from conformance.settings import default_world_sizes
     from conformance.worlds.runtimes import RUNTIMES
     rt, ws = _opt(config, "runtime"), _opt(config, "world-size")
+    from conformance.options import case_world_sizes
+    cases = selected_cases(config)
     out = []
     for name in (split_list(rt) if rt else list(RUNTIMES)):
-        for w in ([int(w) for w in split_list(ws)] if ws else default_world_sizes(name)):
+        for w in ([int(w) for w in split_list(ws)] if ws else
+                  sorted({w for c in cases for w in case_world_sizes(c, name)}) or default_world_sizes(name)):
             out.append((name, w, [getattr(pytest.mark, name)] + ([pytest.mark.slow] if w >= SLOW_WORLD_SIZE else [])))
     return out
+
+
+def _runs_at(config, case, runtime, w) -> bool:
+    """``case`` runs at ``w``: world sizes were given, or ``w`` is one of the case's own."""
+    from conformance.options import case_runs_at
+    return case_runs_at(case, runtime, w, _opt(config, "world-size"))
 
 
 def impls_for(config, runtime):
@@ -147,7 +156,7 @@ def pytest_generate_tests(metafunc):
     if "conformance_case" in names:
         params = [pytest.param((case, impl, rt, w), marks=marks, id=f"{case.name}-{impl}-{rt}-w{w}")
                   for rt, w, marks in runtime_worlds(config) for impl in impls_for(config, rt)
-                  for case in selected_cases(config)]
+                  for case in selected_cases(config) if _runs_at(config, case, rt, w)]
         metafunc.parametrize("conformance_case", params)
     elif "conformance_kill" in names:
         params = []
@@ -156,7 +165,7 @@ def pytest_generate_tests(metafunc):
             cases = selected_cases(config)
             params = [pytest.param((m, case, rt, w), marks=marks, id=f"{m}-{case.name}-{rt}-w{w}")
                       for rt, w, marks in runtime_worlds(config) for m in MUTANTS
-                      for case in cases if m in case.must_kill]
+                      for case in cases if m in case.must_kill and _runs_at(config, case, rt, w)]
         metafunc.parametrize("conformance_kill", params)
 
 

@@ -78,6 +78,10 @@ TOLERANCES = [
     # Copies (broadcasts) must be bit-identical.
     Tolerance("*", "*", "exact", lr=0.0, steps=0, global_batch=24,
               atol=0.0, rtol=0.0, loss_atol=0.0, note="broadcast copies: bit-identical"),
+    # feature.subgroups (process groups of two) uses the linear float32 row: measured 2026-12-01
+    # over 5 seeds at W=3 and 4, torch and ref: <= 4.5e-8 on parameters, <= 2.4e-7 on the loss;
+    # signal (max deviation, smallest over the seeds) 0.058 (group_sum_global_divide, W=4) and
+    # 0.475 (broadcast_global_rank0): atol 1e-5 is >= 40x above the noise, >= 5800x below.
 ]
 
 

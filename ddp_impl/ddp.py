@@ -129,7 +129,9 @@ class DistributedDataParallel(nn.Module):
         find_unused_parameters: tolerate parameters unused on some or all
             replicas (see the module docstring); costs one extra all-reduce.
         process_group: a torch.distributed group; shorthand for
-            ``collectives=TorchDistributedCollectives(process_group)``.
+            ``collectives=TorchDistributedCollectives(process_group)``. As upstream,
+            gradients are then averaged over the group (divisor = its size) and module
+            states broadcast from the group's rank 0 (its lowest global rank).
         bucket_cap_mb: bucket size in MiB (default 25, as upstream).
         gradient_as_bucket_view: make ``p.grad`` a view of its bucket buffer.
         static_graph: a hint that the graph is the same every iteration.

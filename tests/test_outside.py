@@ -16,7 +16,7 @@ import pytest
 
 from conformance.cases.table import CASES, select
 from conformance.evaluate import evaluate
-from conformance.options import parse_world_sizes
+from conformance.options import case_world_sizes
 from conformance.verdict import BAD
 from tests.outside.catalog import CATALOG, CAUGHT_BY
 from tests.outside.catch_rate import measure
@@ -48,7 +48,7 @@ def test_faulty_ddp_fails_its_catching_case(entry, conformance_session):
         pytest.skip(f"the kit does not catch {entry.kind} (catalog main_caught False)")
     case, w = CAUGHT_BY[entry.name].split("@")
     default = {c.name for c in select([], [])}
-    assert case in default and int(w) in parse_world_sizes(None), (
+    assert case in default and int(w) in case_world_sizes(CASES[case], "cpu"), (
         f"{case} at W={w} is not part of the default run")
     verdicts = evaluate(CASES[case], entry.ddp, "cpu", int(w), conformance_session, shrink=False)
     bad = [v for v in verdicts if v.status in BAD]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 from conformance.cases.train.setups import SETUPS
 from conformance.errors import UsageError
-from conformance.tolerances import TOLERANCES
+from conformance.tolerances import MIN_WORLD_SIZE, TOLERANCES
 from conformance.worlds.runtimes import RUNTIMES
 
 #: Case families (also tags).
@@ -61,6 +61,9 @@ class Case:
             the name are tags too (see :attr:`all_tags`).
         must_kill: catalog mutants this case must fail.
         timeout: bound on one world task in seconds (``None``: the world's).
+        world_sizes: ``{runtime: (W, ...)}``: the world sizes the case runs at when none
+            are given (``--world-size`` absent), instead of the runtime's defaults
+            (``conformance.settings.DEFAULT_WORLD_SIZES``); e.g. two groups of two need W=4.
     """
 
     name: str
@@ -78,6 +81,7 @@ class Case:
     tags: tuple = ()
     must_kill: tuple = ()
     timeout: float | None = None
+    world_sizes: dict = field(default_factory=dict)
 
     @property
     def all_tags(self) -> frozenset:
@@ -141,6 +145,10 @@ def _validate(rows: list[Case], mutants: dict | None = None) -> dict[str, Case]:
                 raise bad(f"scenario space: {why}")
         if not c.checks:
             raise bad("no checks")
+        for rt, sizes in c.world_sizes.items():
+            if rt not in RUNTIMES or not sizes or not all(isinstance(w, int) and w >= MIN_WORLD_SIZE for w in sizes):
+                raise bad(f"world_sizes {rt!r}: {sizes!r}: need a runtime ({', '.join(RUNTIMES)}) and "
+                          f"world sizes >= {MIN_WORLD_SIZE}")
         for m in c.must_kill:
             why = _claim_problems(mutants[m]) or _cannot_serve(mutants[m], _requires(c, SETUPS))
             if why:

@@ -127,6 +127,12 @@ def _build() -> dict[str, Case]:
              "(global ordinals 0..W-1, process indices 0..P-1, local ordinals per host, "
              "torch.distributed rank = process index)", "invariant", tolerance="exact",
              checks=("ranks",), tags=("ranks",)),
+        Case("feature.subgroups", "feature", "DDP(module, process_group=g) with the world split into "
+             "HSDP-style process groups of two ({0,1}, {2,3}; at W=3 {0,1}, {2}): each group is its own "
+             "data-parallel job on its own global batch, averaged over the group (divisor = group size), "
+             "starting from the group's first rank's parameters; replicas agree within each group",
+             "train", "linear", train={"setups": ("process_groups",)}, tags=("subgroup",), world_sizes={"cpu": (3, 4), "pjrt": (4,)},
+             must_kill=("group_sum_global_divide", "broadcast_global_rank0")),
     ]
     return _validate(rows)
 

@@ -14,7 +14,7 @@ from conformance.cases.table import select
 from conformance.errors import UsageError, split_list
 from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.mutants.catalog import MUTANTS
-from conformance.options import parse_matrix
+from conformance.options import case_runs_at, parse_matrix
 from conformance.outcome import repro_command
 from conformance.cli.output import side_file, signal_of, signals_held, stdout_for_json
 from conformance.report.expected import (ExpectedFailures, expected_failure_warnings, mark_expected_failures,
@@ -61,7 +61,10 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
                              f"processes cannot stop together; drop {flag} or use --launcher spawn")
     if exitfirst and exitfirst_each:
         raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
-    targets = parse_matrix(runtime, world_size, ddp, launcher)
+    targets = parse_matrix(runtime, world_size, ddp, launcher, cases=cases)
+
+    def cases_at(rt, w):  # a case runs at its own default world sizes (Case.world_sizes)
+        return [c for c in cases if case_runs_at(c, rt, w, world_size)]
     expected = read_expected_failures(expected_failures) if expected_failures else ExpectedFailures()
     env_launch = launcher == "env"
     pool = ExternalPool(targets[0][0], settings) if env_launch else WorldPool(settings)
@@ -71,8 +74,9 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
     stopped = None  # --exitfirst: the verdict that stopped the run
     stopped_each = {}  # --exitfirst-each: implementation -> the verdict that stopped it
     interrupted = None  # the signal number that stopped the run
-    n_mutant = sum(1 for m in MUTANTS for c in cases if m in c.must_kill) if mutants else 0
-    total = sum(len(impls) * len(cases) + n_mutant for _, _, impls in targets)
+    total = sum(len(impls) * len(cases_at(rt, w))
+                + (sum(1 for m in MUTANTS for c in cases_at(rt, w) if m in c.must_kill) if mutants else 0)
+                for rt, w, impls in targets)
     done = [0]
     bar = _progress(total, quiet or env_launch)
     root = getattr(pool, "is_root", True)
@@ -112,7 +116,7 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
         try:
             for rt, w, impls in targets:
                 for impl in impls:
-                    for case in cases:
+                    for case in cases_at(rt, w):
                         if stopped or impl in stopped_each:
                             break
                         if bar:
@@ -131,7 +135,7 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
                         save_progress()
                 if mutants and not stopped:
                     for m in MUTANTS:  # one mutant at a time: an interrupt keeps the finished rows
-                        kills += kill_rows(rt, w, session, mutants=[m], cases=cases, progress=tick)
+                        kills += kill_rows(rt, w, session, mutants=[m], cases=cases_at(rt, w), progress=tick)
                         save_progress()
         except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (conformance.cli.output.Interrupted)
             interrupted = signal_of(exc)

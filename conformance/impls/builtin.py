@@ -40,8 +40,20 @@ TORCH_DDP_ON_PJRT = (
     "1 of W arrived)")
 
 
+def _ref_kwargs(ctx, kwargs) -> dict:
+    """The reference DDP's keywords: the replica's collectives, unless the case passes a
+    ``process_group`` - a torch.distributed group (the reference then runs its collectives on
+    it) or, on PJRT, collectives over XLA replica groups (passed as ``collectives``)."""
+    pg = kwargs.get("process_group")
+    if pg is None:
+        return dict(kwargs, collectives=ctx.collectives)
+    if callable(getattr(pg, "all_reduce_", None)):
+        return dict({k: v for k, v in kwargs.items() if k != "process_group"}, collectives=pg)
+    return dict(kwargs)
+
+
 def _wrap_ref(module, ctx, kwargs):
-    return ddp_impl.DistributedDataParallel(module, collectives=ctx.collectives, **kwargs)
+    return ddp_impl.DistributedDataParallel(module, **_ref_kwargs(ctx, kwargs))
 
 
 def _ref_sync_bn(module, ctx):
@@ -306,7 +318,7 @@ def mutant_impl(name: str) -> Strategy:
         cls = m.ddp_class if isinstance(m.ddp_class, type) else m.ddp_class()
         if m.torch_based:
             return cls(module, **kwargs)
-        return cls(module, collectives=ctx.collectives, **kwargs)
+        return cls(module, **_ref_kwargs(ctx, kwargs))
     extra = {"shard_rank": m.shard_rank} if m.shard_rank else {}
     if m.sync_bn:
         extra["sync_batchnorm"] = lambda module, ctx: m.sync_bn().convert_sync_batchnorm(module, ctx.collectives)

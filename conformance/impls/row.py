@@ -92,7 +92,9 @@ class Strategy:
             DDP keywords (``broadcast_buffers: bool`` from training runs, tasks and scenarios, none
             from the properties: default it to True, as DDP does; per model or case
             ``bucket_cap_mb: float`` (MiB), ``find_unused_parameters``,
-            ``gradient_as_bucket_view``, ``static_graph``: bool). Raise ``TypeError`` naming a
+            ``gradient_as_bucket_view``, ``static_graph``: bool; ``feature.subgroups``:
+            ``process_group``, this replica's ``torch.distributed`` group on CPU, on PJRT an
+            ``ddp_impl.runtime.xla.XlaCollectives`` over XLA replica groups). Raise ``TypeError`` naming a
             keyword you do not implement (the case is ``unsupported``); accept and list in
             :attr:`ignores` one you take but do not honour. The kit runs ``ctx.mark_step()``
             before it reads anything back (on XLA the construction's collectives run there).

@@ -79,7 +79,8 @@ class TorchDistributedCollectives:
     """:class:`Collectives` on an initialised ``torch.distributed`` process group.
 
     Args:
-        group: process group (``None`` = the default group).
+        group: process group (``None`` = the default group). ``rank``,
+            ``world_size`` and every ``src`` are ranks within it.
 
     Raises:
         RuntimeError: if ``torch.distributed`` is not initialised.
@@ -106,7 +107,9 @@ class TorchDistributedCollectives:
         return _Pending(work, tensor, scale)
 
     def broadcast_(self, tensor, src=0):
-        dist.broadcast(tensor, src=src, group=self.group)
+        # src is a rank *of the group* (as ``self.rank``): upstream DDP broadcasts from the
+        # group's rank 0, not global rank 0 (torch.distributed's ``group_src``).
+        dist.broadcast(tensor, group=self.group, group_src=src)
         return tensor
 
     def all_gather(self, tensor):

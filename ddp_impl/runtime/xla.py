@@ -310,16 +310,28 @@ class XlaCollectives:
         bindings: its :class:`RankBindings` (default: :func:`pjrt_bindings`).
         pin_layout: layout pinning of ``all_reduce_`` (default ``True``, as
             ``xm.all_reduce``).
+        groups: replica groups (lists of global ordinals covering every replica, e.g.
+            ``[[0, 1], [2, 3]]``): the collectives run within this replica's group
+            (``groups=`` of ``xm.all_reduce`` / ``xm.all_gather``, one graph on every
+            replica); ``rank``, ``world_size`` and ``src`` are then the group's. ``None``:
+            all replicas.
     """
 
-    def __init__(self, device=None, bindings: RankBindings | None = None, *, pin_layout: bool = True):
+    def __init__(self, device=None, bindings: RankBindings | None = None, *, pin_layout: bool = True,
+                 groups=None):
         require_torch_xla()
         self.pin_layout = pin_layout
         self.device = torch.device(_device_str(device))
         b = bindings or pjrt_bindings()
         self.bindings = b
-        self.rank = b.global_ordinal
-        self.world_size = b.world_size
+        self.groups = [list(g) for g in groups] if groups is not None else None
+        mine = next((g for g in self.groups if b.global_ordinal in g), None) if self.groups else None
+        if self.groups is not None and mine is None:
+            raise ValueError(f"groups {groups} do not hold replica {b.global_ordinal}")
+        self.rank = mine.index(b.global_ordinal) if mine else b.global_ordinal
+        self.world_size = len(mine) if mine else b.world_size
+        # A singleton group still issues its collectives: every replica's graph must be the same.
+        self._alone = self.world_size == 1 and self.groups is None
 
     def _check(self, tensor, what):
         if not isinstance(tensor, torch.Tensor) or tensor.device != self.device:
@@ -329,7 +341,7 @@ class XlaCollectives:
     def all_reduce_(self, tensor, *, scale=1.0):
         import torch_xla.core.xla_model as xm
         self._check(tensor, "all_reduce_")
-        if self.world_size == 1:
+        if self._alone:
             if scale != 1.0:
                 tensor.mul_(scale)
             return tensor
@@ -339,7 +351,8 @@ class XlaCollectives:
         # of another (e.g. a gradient accumulated in place under no_sync: measured
         # on 2.9, the replicas kept their local gradients; the kit's no_sync feature
         # check on PJRT, the feature cases catch it).
-        reduced = xm.all_reduce(xm.REDUCE_SUM, tensor, scale=float(scale), pin_layout=self.pin_layout)
+        reduced = xm.all_reduce(xm.REDUCE_SUM, tensor, scale=float(scale), groups=self.groups,
+                                pin_layout=self.pin_layout)
         with torch.no_grad():
             tensor.copy_(reduced)
         return tensor
@@ -351,10 +364,10 @@ class XlaCollectives:
         import torch_xla.core.xla_model as xm
         for t in tensors:
             self._check(t, "all_reduce_many")
-        if self.world_size == 1:
+        if self._alone:
             return [t * scale if scale != 1.0 else t.clone() for t in tensors]
-        return [xm.all_reduce(xm.REDUCE_SUM, t, scale=float(scale), pin_layout=self.pin_layout)
-                for t in tensors]
+        return [xm.all_reduce(xm.REDUCE_SUM, t, scale=float(scale), groups=self.groups,
+                              pin_layout=self.pin_layout) for t in tensors]
 
     def all_reduce_async_(self, tensor, *, scale=1.0):
         """:meth:`all_reduce_`, recorded lazily like every XLA op; the handle it
@@ -365,11 +378,11 @@ class XlaCollectives:
     def _gather(self, tensor):
         import torch_xla.core.xla_model as xm
         flat = tensor.detach().reshape(1, -1) if tensor.dim() == 0 else tensor.detach().unsqueeze(0)
-        return xm.all_gather(flat, dim=0, pin_layout=False)  # [world_size, *shape]
+        return xm.all_gather(flat, dim=0, groups=self.groups, pin_layout=False)  # [world_size, *shape]
 
     def all_gather(self, tensor):
         self._check(tensor, "all_gather")
-        if self.world_size == 1:
+        if self._alone:
             return [tensor.detach().clone()]
         gathered = self._gather(tensor)
         return [gathered[i].reshape(tensor.shape) for i in range(self.world_size)]
@@ -378,7 +391,7 @@ class XlaCollectives:
         self._check(tensor, "broadcast_")
         if not 0 <= src < self.world_size:
             raise ValueError(f"broadcast_: src {src} outside 0..{self.world_size - 1}")
-        if self.world_size == 1:
+        if self._alone:
             return tensor
         gathered = self._gather(tensor)
         with torch.no_grad():

@@ -19,6 +19,9 @@ Columns of ``Entry``:
              2026-12-01, one ``run --exitfirst-each`` over the whole catalog (default world
              sizes, CI profile): 22/22 faulty caught, both correct DDPs pass; where each
              stopped is ``CAUGHT_BY`` below.
+             2026-12-01, process-group rows (x, y; the main command per entry, default world
+             sizes with feature.subgroups at 3 and 4): exit 1 each, 144 pass, 4 fail (only
+             feature.subgroups param and loss parity at W=3 and 4), 8 unsupported.
   pytest_caught  the same for the pytest face (``catch_rate.py --face pytest``: the parity,
              feature and property modules with ``--ddp <spec> -m cpu -k 'not mutant'``).
              hook_order_pairing is caught there by the unused-parameters feature, whose
@@ -159,6 +162,15 @@ CATALOG = [
           "all-reduce sum divided by LOCAL_WORLD_SIZE instead of the world size",
           "hosts: exact on one host, wrong on the emulated 2-host W=2 world",
           "https://github.com/pytorch/xla/pull/4965", True),
+    Entry("group_global_divide", "group_global_divide:GroupGlobalDivideDDP", "x",
+          "with a process_group: all-reduce sum over the group divided by the global world size",
+          "process subgroups (feature.subgroups: groups of two at W=3 and 4)",
+          "https://github.com/pytorch/pytorch/issues/36516", True),
+    Entry("group_broadcast_rank0", "group_broadcast_rank0:GroupBroadcastRank0DDP", "y",
+          "with a process_group: module states broadcast from global rank 0 over the default "
+          "group, not from the group's first rank",
+          "process subgroups (feature.subgroups: a group without global rank 0)",
+          "https://github.com/meta-pytorch/torchrec/pull/4601", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -192,4 +204,6 @@ CAUGHT_BY = {
     "sharded_predivide_int": "parity.linear@3",
     "sharded_unused_not_written": "feature.unused_parameters@2",
     "local_world_divisor": "parity.linear@2",
+    "group_global_divide": "feature.subgroups@3",
+    "group_broadcast_rank0": "feature.subgroups@3",
 }

@@ -4,10 +4,15 @@ reference (:mod:`~conformance.cases.train.reference`) by the check table and by 
 agreement (:mod:`conformance.cases.checks`)."""
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 from fixtures.models import MODELS
 
 from conformance.cases.checks import AGREEMENT, CHECKS, judge, judge_agreement
-from conformance.cases.train.loop import RunSpec
+from conformance.cases.train.loop import RunSpec, rank_seed
+from conformance.cases.train.setups import replica_groups
+from conformance.tolerances import MIN_WORLD_SIZE
 from conformance.cases.train.reference import reference_run
 from conformance.tolerances import lookup
 from conformance.verdict import Verdict
@@ -30,17 +35,58 @@ def evaluate_train(case, impl, runtime, w, session, overrides):
     reps = session.trajectories(world_runtime, n, spec)
     if reps is None:
         return None
-    ref = reference_run(spec, w, world_runtime)  # the quirks of the runtime that ran it
+    groups = replica_groups(spec.setups, w)
+    # One reference per data-parallel job: its first rank's seed, its own size.
+    refs = [reference_run(replace(spec, seed=rank_seed(spec.seed, g[0])), len(g), world_runtime) for g in groups]
     tol = lookup(runtime, case.model, case.tolerance)
     out = []
     for name in case.checks:
         if name == AGREEMENT and not row.holds_copies:
             out.append(Verdict(case.name, name, impl, runtime, case.model, w, "skip",
                                reason=f"{impl} {row.no_copies_reason}"))
-        elif name == AGREEMENT:
-            out.append(judge_agreement(reps, case=case.name, impl=impl, runtime=runtime, model=case.model,
-                                       atol=lookup(runtime, case.model, "agreement").atol))
-        else:
-            out.append(judge(CHECKS[name], reps, ref, tol, case=case.name, impl=impl, runtime=runtime,
-                             model=case.model, world_size=w))
+            continue
+        per_group = []
+        for g, ref in zip(groups, refs):
+            mine = [reps[r] for r in g]
+            if name == AGREEMENT and len(g) < MIN_WORLD_SIZE and len(groups) > 1:
+                continue  # a singleton group has nobody to agree with; its parity is still checked
+            if name == AGREEMENT:
+                v = judge_agreement(mine, case=case.name, impl=impl, runtime=runtime, model=case.model,
+                                    atol=lookup(runtime, case.model, "agreement").atol)
+            else:
+                v = judge(CHECKS[name], mine, ref, tol, case=case.name, impl=impl, runtime=runtime,
+                          model=case.model, world_size=w)
+            per_group.append(v if len(groups) == 1 else in_group(v, g, w))
+        out.append(worst(per_group))
     return out
+
+
+#: Verdict statuses from worst to best: the verdict of a check over several groups is its worst.
+_ORDER = ("fail", "vacuous", "pass")
+
+
+def worst(verdicts: list) -> Verdict:
+    """The verdict of a check over several data-parallel jobs: the worst status, then the
+    smallest margin."""
+    return min(verdicts, key=lambda v: (_ORDER.index(v.status) if v.status in _ORDER else len(_ORDER),
+                                        v.margin if v.margin == v.margin else float("inf")))
+
+
+_REPLICAS = re.compile(r"(\b[Rr]eplica(?:s|\(s\))? )(\d+(?:, \d+)*)")
+
+
+def in_group(v: Verdict, group: list, world_size: int) -> Verdict:
+    """``v``, judged on the replicas of ``group`` (numbered 0.. within it), renamed to global
+    ranks and prefixed ``process group [2, 3]: `` (a verdict must name the group)."""
+    def glob(m):
+        return m.group(1) + ", ".join(str(group[int(i)]) for i in m.group(2).split(", "))
+    v.world_size = world_size
+    if v.replica is not None:
+        v.replica = group[v.replica]
+    elif len(group) == 1 and v.status == "fail":
+        v.replica = group[0]
+    if v.reason:
+        v.reason = f"process group {group}: " + _REPLICAS.sub(glob, v.reason)
+    if v.diagnosis:
+        v.diagnosis = f"process group {group}:\n" + _REPLICAS.sub(glob, v.diagnosis)
+    return v

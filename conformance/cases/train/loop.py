@@ -15,7 +15,7 @@ import numpy as np
 
 from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params, optimizer_state, optimizer_state_dict, optimizer_state_layout, param_layout, state_digest, to_device)
 from conformance.tolerances import lookup
-from conformance.cases.train.setups import SETUPS
+from conformance.cases.train.setups import SETUPS, replica_groups
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
 from fixtures import build_model, global_batch, shard
@@ -167,6 +167,8 @@ class Loop:
         """Wrap :attr:`model`, run the construction's collectives, build the optimizer."""
         kwargs = dict(MODELS[self.run.model].ddp_kwargs, broadcast_buffers=self.run.broadcast_buffers)
         kwargs.update(dict(self.run.ddp_kwargs))
+        for s in self.setups:
+            kwargs.update(s.ddp_kwargs(self))
         requires = tuple(self.run.requires) + tuple(r for s in self.setups for r in s.requires)
         with contextlib.ExitStack() as stack:
             for s in self.setups:
@@ -205,12 +207,17 @@ def train_replica(ctx, spec: dict) -> dict:
     ctx.note(step=None, phase="DDP construction")
     loop.wrap()
     which = loop.impl.shard_rank(ctx)
+    # This replica's data-parallel job (the whole world unless a setup splits it): the
+    # job's global batch is seeded by its first rank, sharded over its members.
+    group = next(g for g in replica_groups(loop.setups, ctx.world_size) if ctx.rank in g)
+    data_seed = rank_seed(run.seed, group[0])
+    index = group.index(which) if which in group else which % len(group)
     params, losses, buffers = [flat_params(loop.model)], [], [flat_buffers(loop.model)]
     digests = []
     for step in range(run.steps):
-        x, y = global_batch(run.model, run.seed, step, run.global_batch)
-        xs = shard(x, which, ctx.world_size).to(ctx.device)
-        ys = shard(y, which, ctx.world_size).to(ctx.device)
+        x, y = global_batch(run.model, data_seed, step, run.global_batch)
+        xs = shard(x, index, len(group)).to(ctx.device)
+        ys = shard(y, index, len(group)).to(ctx.device)
         loop.opt.zero_grad(set_to_none=True)
         ctx.note(step=step + 1, phase="forward")  # 1-based, as verdicts count
         with contextlib.ExitStack() as stack:

@@ -45,6 +45,16 @@ class Setup:
     def after_step(self, loop, step: int) -> None:
         """Called after ``optimizer.step()`` of step ``step`` and the trajectory read."""
 
+    def groups(self, world_size: int) -> list | None:
+        """The replicas' data-parallel jobs as lists of global ranks (each trains its own
+        global batch and is judged against its own reference), or ``None``: one job of
+        every replica."""
+        return None
+
+    def ddp_kwargs(self, loop) -> dict:
+        """DDP keywords built on the replica at wrap time (e.g. a process group)."""
+        return {}
+
 
 class SyncBatchNormSetup(Setup):
     """BatchNorm layers converted to the implementation's SyncBatchNorm (global-batch
@@ -135,6 +145,74 @@ class ResumeInPlaceSetup(Setup):
         loop.ctx.mark_step()
 
 
+#: Groups of the process_groups setup at each world size: HSDP-style process groups of two
+#: ({0,1}, {2,3}); at W=3 a group of two and a singleton (its DDP has nobody to sync with:
+#: a divisor or broadcast taken from the world still shows). W=2 would be one group (no subgroups).
+SUBGROUP_SIZE = 2
+SUBGROUPS_MIN_WORLD_SIZE = 3
+
+
+class ProcessGroupsSetup(Setup):
+    """``DDP(module, process_group=<my group>)`` with the world split into groups of
+    :data:`SUBGROUP_SIZE` consecutive ranks (``torch.distributed.new_group`` called by every
+    rank, in the same order, as upstream requires). Each group is its own data-parallel job:
+    it trains its own global batch (seeded by its first rank) and upstream DDP averages over
+    the group (divisor = group size) and broadcasts module states from the group's rank 0
+    (the lowest global rank of the group; ``DistributedDataParallel``'s docs, ``process_group``;
+    pytorch/pytorch#36516 on the divisor). Models without buffers only:
+    the reference starts each group from its first rank's parameters.
+
+    Raises:
+        Unsupported: below :data:`SUBGROUPS_MIN_WORLD_SIZE`, or where the replicas are not
+            the ranks of one torch.distributed world (PJRT: threads of one process).
+    """
+
+    def groups(self, world_size):
+        return [list(range(r, min(r + SUBGROUP_SIZE, world_size))) for r in range(0, world_size, SUBGROUP_SIZE)]
+
+    def ddp_kwargs(self, loop):
+        if getattr(loop, "process_group", None) is None:
+            ctx = loop.ctx
+            if ctx.world_size < SUBGROUPS_MIN_WORLD_SIZE:
+                raise Unsupported(f"process subgroups need world size >= {SUBGROUPS_MIN_WORLD_SIZE} "
+                                  f"(W={ctx.world_size} holds one group of {SUBGROUP_SIZE}: no subgroups)")
+            make = _GROUP_MAKERS.get(ctx.runtime)
+            if make is None:
+                raise Unsupported(f"process subgroups: no process groups on the {ctx.runtime} runtime")
+            loop.process_group = make(ctx, self.groups(ctx.world_size))
+        return {"process_group": loop.process_group}
+
+
+def _torch_group(ctx, groups):
+    """This rank's ``torch.distributed.new_group``; every rank creates every group, in order."""
+    import torch.distributed as dist
+    if not dist.is_initialized() or dist.get_world_size() != ctx.world_size:
+        raise Unsupported(f"process subgroups are torch.distributed groups (new_group); the {ctx.runtime} "
+                          "world's replicas are not the ranks of one torch.distributed world")
+    mine = None
+    for ranks in groups:
+        g = dist.new_group(ranks)
+        if ctx.rank in ranks:
+            mine = g
+    return mine
+
+
+def _xla_group(ctx, groups):
+    """PJRT has no per-replica torch.distributed group (the replicas are threads of one
+    process): the group is the reference's collectives over XLA replica groups (``groups=`` of
+    ``xm.all_reduce`` / ``xm.all_gather``), which a DDP takes as ``process_group``."""
+    from ddp_impl.runtime.xla import XlaCollectives
+    if len({len(g) for g in groups}) > 1:
+        raise Unsupported(f"XLA replica groups must have equal sizes (torch_xla 2.9's xm.all_gather: "
+                          f"'Replica groups must have the same number of replicas'); W={ctx.world_size} "
+                          f"splits into {' + '.join(str(len(g)) for g in groups)}")
+    return XlaCollectives(ctx.device, ctx.bindings, groups=groups)
+
+
+#: How each runtime builds this replica's process group from the groups' global ranks.
+_GROUP_MAKERS = {"cpu": _torch_group, "pjrt": _xla_group}
+
+
 SETUPS = {s.name: s for s in [
     SyncBatchNormSetup("sync_bn", reference={"sync_bn": True}),
     CommHookSetup("comm_hook_allreduce", requires=("register_comm_hook",)),
@@ -142,4 +220,15 @@ SETUPS = {s.name: s for s in [
     CheckpointSetup("checkpoint_ddp"),
     _ModuleCheckpoint("checkpoint_module"),
     ResumeInPlaceSetup("checkpoint_resume"),
+    ProcessGroupsSetup("process_groups", requires=("process_group",)),
 ]}
+
+
+def replica_groups(setups, world_size: int) -> list:
+    """The data-parallel jobs of a run with ``setups`` (names or rows) at ``world_size``:
+    lists of global ranks (one list of every rank unless a setup splits the world)."""
+    for s in setups:
+        got = (SETUPS[s] if isinstance(s, str) else s).groups(world_size)
+        if got is not None:
+            return got
+    return [list(range(world_size))]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from ddp_impl import DistributedDataParallel as RefDDP
+from ddp_impl.runtime import ranks
+from ddp_impl.runtime.collectives import default_collectives
 
 from conformance.impls.mutants import scratch as S
 import contextlib
@@ -320,6 +322,28 @@ def _torch_compile_eager():
     return torch_compile_row(user_frame_root=False)
 
 
+class GroupSumGlobalDivide(RefDDP):
+    """With a process_group, sums gradients over the group but divides by the global world size
+    (torch.distributed.get_world_size() of the default group) instead of the group's size: the
+    divisor is not the count of what was summed (pytorch/pytorch#36516)."""
+
+    def _grad_scale(self):
+        return 1.0 / ranks.bindings().world_size  # every replica of the world
+
+
+class BroadcastGlobalRank0(RefDDP):
+    """With a process_group, broadcasts module states at construction over the default group from
+    global rank 0 instead of from the group's first rank (a group rank used as a global one,
+    meta-pytorch/torchrec#4601): every group starts from rank 0's parameters."""
+
+    @torch.no_grad()
+    def _sync_module_states(self):
+        world = default_collectives()  # every replica of the world, not self.collectives' group
+        states = list(self.module.parameters()) + (list(self.module.buffers()) if self.broadcast_buffers else [])
+        for t in states:
+            world.broadcast_(t.data, src=0)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
@@ -394,4 +418,6 @@ MUTANTS = {m.name: m for m in [
            "no graph and every step runs eagerly (pytorch#140416, docs/findings.md 2); the row's "
            "no-graph guard must refuse it rather than pass eager DDP as compiled.", None,
            shipped_path=_torch_compile_eager),
+    Mutant("group_sum_global_divide", GroupSumGlobalDivide.__doc__, GroupSumGlobalDivide),
+    Mutant("broadcast_global_rank0", BroadcastGlobalRank0.__doc__, BroadcastGlobalRank0),
 ]}
