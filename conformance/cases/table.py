@@ -123,6 +123,22 @@ def _build() -> dict[str, Case]:
                   {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket",), tags=("buckets",)),
         _scenario("comm_hook", "the same with torch's all-reduce comm hook registered",
                   {"ddp_extra": ("comm_hook",), "budget": 0.5}, ("comm_hook_no_divide",), tags=("comm_hook",)),
+        # Graph shape (issue 18, docs/scenarios.md): a parameter whose ready hook fires twice in
+        # one backward (reentrant checkpoint; upstream needs static_graph), or once for two uses.
+        Case("parity.checkpoint_reentrant", "parity", "a block applied twice under reentrant "
+             "activation checkpointing (its gradient hook fires twice in one backward) with "
+             "static_graph=True: the reduced gradient holds both contributions", "train",
+             "checkpoint_reentrant", train={"ddp_kwargs": (("static_graph", True),),
+                                            "requires": ("static_graph",)},
+             tags=("graph_shape", "checkpoint_activations"),
+             must_kill=("no_grad_sync", "reduce_at_first_firing")),
+        Case("parity.checkpoint_nonreentrant", "parity", "a block applied twice under non-reentrant "
+             "activation checkpointing (one gradient hook firing) keeps parity", "train",
+             "checkpoint_nonreentrant", tags=("graph_shape", "checkpoint_activations"),
+             must_kill=("no_grad_sync",)),
+        Case("parity.shared_branches", "parity", "one Linear used on two branches of a forward (one "
+             "gradient hook firing for two uses) keeps parity", "train", "shared_branches",
+             tags=("graph_shape",), must_kill=("no_grad_sync",)),
         Case("invariant.ranks", "invariant", "every replica's rank bindings satisfy the invariants "
              "(global ordinals 0..W-1, process indices 0..P-1, local ordinals per host, "
              "torch.distributed rank = process index)", "invariant", tolerance="exact",

@@ -215,6 +215,16 @@ class StateDictDropsBuffers(RefDDP):
         return sd
 
 
+class ReduceAtFirstFiring(RefDDP):
+    """A parameter is ready at its gradient hook's first firing in a backward; later
+    firings (a reentrant checkpoint's second region) are dropped: the bucket is already
+    launched, so the reduced gradient misses their contributions (pytorch/pytorch#84589)."""
+
+    def _firing_completes(self, param):
+        n = self._fired[id(param)] = self._fired.get(id(param), 0) + 1
+        return n == 1
+
+
 def _torch_ddp_class():
     from torch.nn.parallel import DistributedDataParallel
     return DistributedDataParallel
@@ -365,6 +375,7 @@ MUTANTS = {m.name: m for m in [
     Mutant("unties_shared_weights", UntiesSharedWeights.__doc__, UntiesSharedWeights),
     Mutant("state_dict_drops_buffers", StateDictDropsBuffers.__doc__, StateDictDropsBuffers),
     Mutant("load_assigns", LoadAssigns.__doc__, LoadAssigns),
+    Mutant("reduce_at_first_firing", ReduceAtFirstFiring.__doc__, ReduceAtFirstFiring),
     Mutant("comm_hook_no_divide", "torch DDP whose registered comm hook all-reduces but forgets "
            "to divide.", _comm_hook_no_divide, torch_based=True),
     Mutant("join_dropped", "torch DDP whose join() does nothing: the replica with more batches "
