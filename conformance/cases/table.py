@@ -139,6 +139,18 @@ def _build() -> dict[str, Case]:
         Case("parity.shared_branches", "parity", "one Linear used on two branches of a forward (one "
              "gradient hook firing for two uses) keeps parity", "train", "shared_branches",
              tags=("graph_shape",), must_kill=("no_grad_sync",)),
+        # Comm hooks that compress or return a new tensor (issue 18, docs/scenarios.md).
+        _feature_train("comm_hook_fp16", "torch's fp16_compress_hook registered: parity at the fp16 "
+                       "compression tolerance", "linear", {"setups": ("comm_hook_fp16",)},
+                       ("comm_hook_no_divide",), tolerance="fp16-comm", tags=("comm_hook",)),
+        _feature_train("comm_hook_bf16", "torch's bf16_compress_hook registered: parity at the bf16 "
+                       "compression tolerance", "linear", {"setups": ("comm_hook_bf16",)},
+                       ("comm_hook_no_divide",), tolerance="bf16-comm", tags=("comm_hook",)),
+        _feature_train("comm_hook_out_of_place", "a comm hook whose future's value is a new tensor "
+                       "(the mean computed out of place, the bucket buffer untouched): the DDP writes "
+                       "the future's value into the gradients; exact parity", "linear",
+                       {"setups": ("comm_hook_out_of_place",)},
+                       ("comm_hook_no_divide", "comm_hook_value_ignored"), tags=("comm_hook",)),
         Case("invariant.ranks", "invariant", "every replica's rank bindings satisfy the invariants "
              "(global ordinals 0..W-1, process indices 0..P-1, local ordinals per host, "
              "torch.distributed rank = process index)", "invariant", tolerance="exact",

@@ -245,6 +245,17 @@ def _comm_hook_no_divide():
     return CommHookNoDivide
 
 
+def _comm_hook_value_ignored():
+    class CommHookValueIgnored(_torch_ddp_class()):
+        """torch DDP that ignores the comm hook's future value and reads the bucket buffer back."""
+
+        def register_comm_hook(self, state, hook):
+            def reads_buffer_back(s, bucket):  # assumes the hook reduced the buffer in place
+                return hook(s, bucket).then(lambda _: bucket.buffer())
+            super().register_comm_hook(state, reads_buffer_back)
+    return CommHookValueIgnored
+
+
 def _join_dropped():
 
     class JoinDropped(_torch_ddp_class()):
@@ -378,6 +389,10 @@ MUTANTS = {m.name: m for m in [
     Mutant("reduce_at_first_firing", ReduceAtFirstFiring.__doc__, ReduceAtFirstFiring),
     Mutant("comm_hook_no_divide", "torch DDP whose registered comm hook all-reduces but forgets "
            "to divide.", _comm_hook_no_divide, torch_based=True),
+    Mutant("comm_hook_value_ignored", "torch DDP that ignores the comm hook's future value and "
+           "reads the bucket buffer back (assumes an in-place hook such as allreduce_hook): a hook "
+           "returning a new tensor leaves every replica with its local gradient.",
+           _comm_hook_value_ignored, torch_based=True),
     Mutant("join_dropped", "torch DDP whose join() does nothing: the replica with more batches "
            "hangs in an all-reduce.", _join_dropped, torch_based=True),
     Mutant("sync_bn_local_stats", SyncBNLocalStats.__doc__, SyncBNLocalStats,
