@@ -151,6 +151,10 @@ def _build() -> dict[str, Case]:
                        "the future's value into the gradients; exact parity", "linear",
                        {"setups": ("comm_hook_out_of_place",)},
                        ("comm_hook_no_divide", "comm_hook_value_ignored"), tags=("comm_hook",)),
+        _feature_task("comm_hook_powersgd", "torch's PowerSGD hook (rank 1, compressed from step 2): "
+                      "replicas agree bit for bit and the loss falls by at least half exact DDP's fall "
+                      "(parity is not judged: PowerSGD is lossy)", "linear", F.task_powersgd,
+                      F.judge_powersgd, ("agreement", "loss_decrease"), (), tags=("comm_hook",)),
         Case("invariant.ranks", "invariant", "every replica's rank bindings satisfy the invariants "
              "(global ordinals 0..W-1, process indices 0..P-1, local ordinals per host, "
              "torch.distributed rank = process index)", "invariant", tolerance="exact",
