@@ -134,7 +134,8 @@ def _build() -> dict[str, Case]:
              must_kill=("no_grad_sync", "reduce_at_first_firing")),
         Case("parity.checkpoint_nonreentrant", "parity", "a block applied twice under non-reentrant "
              "activation checkpointing (one gradient hook firing) keeps parity", "train",
-             "checkpoint_nonreentrant", tags=("graph_shape", "checkpoint_activations"),
+             "checkpoint_nonreentrant", train={"setups": ("checkpoint_nonreentrant",)},
+             tags=("graph_shape", "checkpoint_activations"),
              must_kill=("no_grad_sync",)),
         Case("parity.shared_branches", "parity", "one Linear used on two branches of a forward (one "
              "gradient hook firing for two uses) keeps parity", "train", "shared_branches",

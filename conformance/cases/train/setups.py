@@ -124,6 +124,21 @@ class OutOfPlaceCommHookSetup(Setup):
         loop.ddp.register_comm_hook(None, out_of_place_mean_hook)
 
 
+class NonReentrantCheckpointSetup(Setup):
+    """The model runs blocks under non-reentrant activation checkpointing: on an XLA device
+    ``unsupported`` (measured, torch 2.9 + torch_xla 2.9: torch.utils.checkpoint raises
+    AttributeError "module 'torch' has no attribute 'xla'" looking up the device module, and
+    torch_xla.utils.checkpoint raises ValueError "XLA currently does not support
+    use_reentrant==False")."""
+
+    def prepare_model(self, model, loop):
+        if loop.ctx.device.type == "xla":
+            raise Unsupported("non-reentrant activation checkpointing on XLA: torch.utils.checkpoint "
+                              "raises AttributeError (no torch.xla device module, torch 2.9) and "
+                              "torch_xla.utils.checkpoint supports use_reentrant=True only")
+        return model
+
+
 class AutocastSetup(Setup):
     """Forward under ``torch.autocast`` with the dtype in ``reference["autocast"]``."""
 
@@ -192,4 +207,5 @@ SETUPS = {s.name: s for s in [
     _Fp16CommHook("comm_hook_fp16", requires=("register_comm_hook",)),
     _Bf16CommHook("comm_hook_bf16", requires=("register_comm_hook",)),
     OutOfPlaceCommHookSetup("comm_hook_out_of_place", requires=("register_comm_hook",)),
+    NonReentrantCheckpointSetup("checkpoint_nonreentrant"),
 ]}
