@@ -99,6 +99,15 @@ class _Bf16CommHook(CommHookSetup):
         except TypeError as exc:
             raise Unsupported(f"{loop.impl.name} refuses bf16_compress_hook: {exc}") from None
 
+    @contextlib.contextmanager
+    def forward_context(self, loop, step):
+        try:  # a lazily built DDP (replicate) registers the hook, and refuses it, at its first forward
+            yield
+        except TypeError as exc:
+            if "BF16" not in str(exc):
+                raise
+            raise Unsupported(f"{loop.impl.name} refuses bf16_compress_hook: {exc}") from None
+
 
 def out_of_place_mean_hook(process_group, bucket):
     """A comm hook whose future's value is a NEW tensor: the replicas' mean of
