@@ -30,7 +30,16 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
   no replica used stays untouched (``None``); a locally unused one is reduced
   as zeros. Without it, a parameter that gets no gradient is a ``RuntimeError``
   at the end of backward (upstream errors too);
-* ``static_graph`` is a hint: buckets never change here, so it changes nothing.
+* ``static_graph``: buckets never change here; what it adds is upstream's hook count. The
+  first synced backward counts how often each parameter's hook fires and reduces every
+  bucket at its end (upstream's first static-graph iteration delays all reduction too); later
+  backwards mark a parameter ready at its last firing. A hook fires more than once when a
+  parameter's gradient is accumulated in several (reentrant) backwards, e.g. a module applied
+  twice under ``torch.utils.checkpoint(..., use_reentrant=True)``. Without ``static_graph`` a
+  second firing is a ``RuntimeError`` (upstream: "Expected to mark a variable ready only
+  once", pytorch/pytorch#84589). The end-of-backward callback is queued at the first firing,
+  on the backward then running: a model whose first firing is inside a reentrant checkpoint
+  would finish early (upstream queues it from its output's backward);
 * the gradient hooks hold the wrapper weakly and are removed when it is
   collected: a wrapper nobody references any more reduces nothing (upstream's
   C++ reducer removes its autograd hooks in its destructor too); keep it while
@@ -40,7 +49,7 @@ Written against :class:`ddp_impl.runtime.collectives.Collectives`: the same code
 torch.distributed (gloo; asynchronous all-reduces) and lazily on torch_xla (PJRT;
 complete handles, one graph per step). The seams ``_grad_scale``,
 ``_sync_module_states``, ``_sync_buffers``, ``_reduce_bucket``, ``_launch_ready``,
-``_set_grad`` and ``_global_use_counts`` are where the kit's mutants break it.
+``_set_grad``, ``_firing_completes`` and ``_global_use_counts`` are where the kit's mutants break it.
 """
 from __future__ import annotations
 
@@ -171,6 +180,8 @@ class DistributedDataParallel(nn.Module):
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
+        self._learning = static_graph  # the first synced backward counts hook firings
+        self._hook_counts: dict[int, int] = {}  # id(param) -> firings per backward (static_graph)
         self.ignored_kwargs = dict(kwargs)
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
@@ -234,6 +245,27 @@ class DistributedDataParallel(nn.Module):
             self._handles.append(self._reduce_bucket(bucket))
             self._next += 1
 
+    def _firing_completes(self, param: nn.Parameter) -> bool:
+        """Count this firing of ``param``'s hook; True when it is the last one of this
+        backward (the parameter is ready). Firings per backward: 1, or what the first
+        static-graph backward counted (while counting, only the first firing is).
+
+        Raises:
+            RuntimeError: more firings than expected (without ``static_graph``: a second).
+        """
+        n = self._fired[id(param)] = self._fired.get(id(param), 0) + 1
+        if self._learning:
+            return n == 1  # every bucket is reduced at the end of this backward
+        need = self._hook_counts.get(id(param), 1)
+        if n > need:
+            raise RuntimeError(
+                f"parameter {self._names[id(param)]}'s gradient hook fired {n} times in one backward "
+                f"(expected {need}): a reentrant backward (torch.utils.checkpoint with "
+                "use_reentrant=True) or a parameter used in several checkpointed regions; pass "
+                "static_graph=True (upstream DDP: 'Expected to mark a variable ready only once', "
+                "pytorch/pytorch#84589)")
+        return n == need
+
     def _set_grad(self, param: nn.Parameter, reduced: torch.Tensor) -> None:
         """Make ``param.grad`` hold ``reduced`` (shaped like ``param``: the
         replica mean), as a bucket view with ``gradient_as_bucket_view``."""
@@ -265,6 +297,7 @@ class DistributedDataParallel(nn.Module):
     def _reset(self) -> None:
         self._pending = [len(b.params) for b in self._buckets]
         self._ready: set[int] = set()
+        self._fired: dict[int, int] = {}
         self._next, self._handles, self._queued = 0, [], False
 
     @torch.no_grad()
@@ -274,12 +307,11 @@ class DistributedDataParallel(nn.Module):
         if not self._queued:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
-        if id(param) in self._ready:
-            raise RuntimeError(f"parameter {self._names[id(param)]} received a gradient twice "
-                               "in one backward (upstream DDP rejects this too)")
+        if not self._firing_completes(param):
+            return
         self._ready.add(id(param))
         self._pending[self._bucket_of[id(param)]] -= 1
-        if not self.find_unused_parameters:
+        if not self.find_unused_parameters and not self._learning:
             self._launch_ready()
 
     @torch.no_grad()
@@ -310,6 +342,8 @@ class DistributedDataParallel(nn.Module):
     def _finalize_backward(self) -> None:
         """End of a synced backward: launch what is left in bucket order, wait, write grads."""
         try:
+            if self._learning:
+                self._hook_counts, self._learning = dict(self._fired), False
             skip = set()
             if self.find_unused_parameters:
                 params = [p for b in self._buckets for p in b.params]

@@ -175,3 +175,73 @@ def task_rebound_buffer(ctx):
 
 def test_buffer_rebound_in_forward_is_broadcast(world2):
     assert world2.run(task_rebound_buffer) == [[1.0, 2.0, 3.0]] * 2  # rank 0's count everywhere
+
+
+# --- a gradient hook firing twice in one backward (reentrant checkpoint) ----
+
+def task_hook_fires_twice(ctx):
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from ddp_impl import DistributedDataParallel
+    from fixtures import build_model
+    x, y = torch.randn(6, 10, generator=torch.Generator().manual_seed(ctx.rank)), torch.zeros(6, 10)
+    m = build_model("checkpoint_reentrant", seed=7)
+    ddp = DistributedDataParallel(m, collectives=ctx.collectives, bucket_cap_mb=TINY_BUCKETS_MB)
+    try:
+        F.mse_loss(ddp(x), y).backward()
+        message = None
+    except RuntimeError as exc:
+        message = str(exc)
+    m2 = build_model("checkpoint_reentrant", seed=7)
+    ddp2 = DistributedDataParallel(m2, collectives=ctx.collectives, bucket_cap_mb=TINY_BUCKETS_MB,
+                                   static_graph=True)
+    local = copy.deepcopy(m2)
+    out = []
+    for step in range(2):  # the first backward counts the firings, the second uses the count
+        for mod in (m2, local):
+            mod.zero_grad(set_to_none=True)
+        F.mse_loss(ddp2(x * (step + 1)), y).backward()
+        F.mse_loss(local(x * (step + 1)), y).backward()
+        out.append({"ddp": _grads(m2), "local": _grads(local)})
+    return {"message": message, "steps": out}
+
+
+def test_hook_firing_twice_needs_static_graph_and_keeps_both_contributions(world2):
+    results = world2.run(task_hook_fires_twice, timeout=120)
+    for r in results:
+        assert r["message"] and "block." in r["message"] and "static_graph=True" in r["message"]
+    for step in range(2):
+        _assert_replicas_hold_the_mean([r["steps"][step] for r in results], atol=1e-6)
+
+
+# --- the kit's out-of-place comm hook (feature.comm_hook_out_of_place) -------
+
+def task_out_of_place_hook(ctx):
+    import torch
+
+    from conformance.cases.train.setups import out_of_place_mean_hook
+
+    class Bucket:  # the part of torch.distributed.GradBucket the hook reads
+        def __init__(self, t):
+            self.t = t
+
+        def buffer(self):
+            return self.t
+
+    local = torch.arange(6, dtype=torch.float32) * (ctx.rank + 1)
+    bucket = Bucket(local.clone())
+    value = out_of_place_mean_hook(None, bucket).wait()
+    return {"value": value.numpy().copy(), "buffer": bucket.buffer().numpy().copy(),
+            "local": local.numpy().copy(), "same": value.data_ptr() == bucket.buffer().data_ptr()}
+
+
+def test_out_of_place_hook_returns_the_mean_as_a_new_tensor(world2):
+    results = world2.run(task_out_of_place_hook, timeout=60)
+    mean = np.mean([r["local"] for r in results], axis=0)
+    for r in results:
+        np.testing.assert_allclose(r["value"], mean, rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(r["buffer"], r["local"])  # the bucket buffer is untouched
+        assert not r["same"]

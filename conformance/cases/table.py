@@ -123,6 +123,39 @@ def _build() -> dict[str, Case]:
                   {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket",), tags=("buckets",)),
         _scenario("comm_hook", "the same with torch's all-reduce comm hook registered",
                   {"ddp_extra": ("comm_hook",), "budget": 0.5}, ("comm_hook_no_divide",), tags=("comm_hook",)),
+        # Graph shape (issue 18, docs/scenarios.md): a parameter whose ready hook fires twice in
+        # one backward (reentrant checkpoint; upstream needs static_graph), or once for two uses.
+        Case("parity.checkpoint_reentrant", "parity", "a block applied twice under reentrant "
+             "activation checkpointing (its gradient hook fires twice in one backward) with "
+             "static_graph=True: the reduced gradient holds both contributions", "train",
+             "checkpoint_reentrant", train={"ddp_kwargs": (("static_graph", True),),
+                                            "requires": ("static_graph",)},
+             tags=("graph_shape", "checkpoint_activations"),
+             must_kill=("no_grad_sync", "reduce_at_first_firing")),
+        Case("parity.checkpoint_nonreentrant", "parity", "a block applied twice under non-reentrant "
+             "activation checkpointing (one gradient hook firing) keeps parity", "train",
+             "checkpoint_nonreentrant", train={"setups": ("checkpoint_nonreentrant",)},
+             tags=("graph_shape", "checkpoint_activations"),
+             must_kill=("no_grad_sync",)),
+        Case("parity.shared_branches", "parity", "one Linear used on two branches of a forward (one "
+             "gradient hook firing for two uses) keeps parity", "train", "shared_branches",
+             tags=("graph_shape",), must_kill=("no_grad_sync",)),
+        # Comm hooks that compress or return a new tensor (issue 18, docs/scenarios.md).
+        _feature_train("comm_hook_fp16", "torch's fp16_compress_hook registered: parity at the fp16 "
+                       "compression tolerance", "linear", {"setups": ("comm_hook_fp16",)},
+                       ("comm_hook_no_divide",), tolerance="fp16-comm", tags=("comm_hook",)),
+        _feature_train("comm_hook_bf16", "torch's bf16_compress_hook registered: parity at the bf16 "
+                       "compression tolerance", "linear", {"setups": ("comm_hook_bf16",)},
+                       ("comm_hook_no_divide",), tolerance="bf16-comm", tags=("comm_hook",)),
+        _feature_train("comm_hook_out_of_place", "a comm hook whose future's value is a new tensor "
+                       "(the mean computed out of place, the bucket buffer untouched): the DDP writes "
+                       "the future's value into the gradients; exact parity", "linear",
+                       {"setups": ("comm_hook_out_of_place",)},
+                       ("comm_hook_no_divide", "comm_hook_value_ignored"), tags=("comm_hook",)),
+        _feature_task("comm_hook_powersgd", "torch's PowerSGD hook (rank 1, compressed from step 2): "
+                      "replicas agree bit for bit and the loss falls by at least half exact DDP's fall "
+                      "(parity is not judged: PowerSGD is lossy)", "linear", F.task_powersgd,
+                      F.judge_powersgd, ("agreement", "loss_decrease"), (), tags=("comm_hook",)),
         Case("invariant.ranks", "invariant", "every replica's rank bindings satisfy the invariants "
              "(global ordinals 0..W-1, process indices 0..P-1, local ordinals per host, "
              "torch.distributed rank = process index)", "invariant", tolerance="exact",

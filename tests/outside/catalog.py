@@ -171,6 +171,18 @@ CATALOG = [
           "group, not from the group's first rank",
           "process subgroups (feature.subgroups: a group without global rank 0)",
           "https://github.com/meta-pytorch/torchrec/pull/4601", True),
+    # Issue 18 (graph shape, comm hooks returning a new tensor): 2026-12-01, ``run --runtime cpu
+    # --ddp <both> --exitfirst-each`` (default world sizes): exit 1, each stopped at W=2.
+    Entry("first_firing_snapshot", "first_firing_snapshot:FirstFiringSnapshotDDP", "18.5",
+          "a gradient is taken into its bucket at its hook's first firing; a second firing in the "
+          "same backward (reentrant checkpoint) is dropped",
+          "graph shape: a module applied twice under reentrant activation checkpointing",
+          "https://github.com/pytorch/pytorch/issues/84589", True),
+    Entry("comm_hook_reads_buffer", "comm_hook_reads_buffer:CommHookReadsBufferDDP", "18.7",
+          "ignores a comm hook's future value and reads the bucket buffer back (assumes an "
+          "in-place hook)",
+          "register_comm_hook with a hook that returns a new tensor",
+          "https://github.com/pytorch/pytorch/issues/75031", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -206,4 +218,6 @@ CAUGHT_BY = {
     "local_world_divisor": "parity.linear@2",
     "group_global_divide": "feature.subgroups@3",
     "group_broadcast_rank0": "feature.subgroups@3",
+    "first_firing_snapshot": "parity.checkpoint_reentrant@2",
+    "comm_hook_reads_buffer": "feature.comm_hook_out_of_place@2",
 }

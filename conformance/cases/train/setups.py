@@ -88,6 +88,76 @@ class CommHookSetup(Setup):
         loop.ddp.register_comm_hook(None, getattr(default_hooks, self.hook))
 
 
+class _Fp16CommHook(CommHookSetup):
+    """torch's ``fp16_compress_hook``: the bucket cast to float16, divided by the world size,
+    all-reduced, and copied back into the bucket buffer (float16 rounding: its own tolerance)."""
+
+    hook = "fp16_compress_hook"
+
+
+class _Bf16CommHook(CommHookSetup):
+    """torch's ``bf16_compress_hook``: as fp16's in bfloat16 (8-bit mantissa). A DDP that
+    refuses it with ``TypeError`` is ``unsupported`` (measured: torch 2.13's DDP on CPU raises
+    "BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ or XPU and XCCL" in
+    ``register_comm_hook``, although gloo all-reduces bfloat16)."""
+
+    hook = "bf16_compress_hook"
+
+    def after_wrap(self, loop):
+        try:
+            super().after_wrap(loop)
+        except TypeError as exc:
+            raise Unsupported(f"{loop.impl.name} refuses bf16_compress_hook: {exc}") from None
+
+    @contextlib.contextmanager
+    def forward_context(self, loop, step):
+        try:  # a lazily built DDP (replicate) registers the hook, and refuses it, at its first forward
+            yield
+        except TypeError as exc:
+            if "BF16" not in str(exc):
+                raise
+            raise Unsupported(f"{loop.impl.name} refuses bf16_compress_hook: {exc}") from None
+
+
+def out_of_place_mean_hook(process_group, bucket):
+    """A comm hook whose future's value is a NEW tensor: the replicas' mean of
+    ``bucket.buffer()`` (1-D, the bucket's dtype), computed out of place; the bucket
+    buffer is left untouched (still this replica's local gradients).
+
+    The hook contract (``DistributedDataParallel.register_comm_hook``, torch's DDP comm-hook
+    docs): the future's value *is* the reduced bucket; upstream's reducer copies it into the
+    gradients (``reducer.cpp``, ``populate_bucket_views_out``). torch's own hooks happen to
+    write the buffer in place, so only a hook like this one shows a DDP that reads the
+    buffer back instead. ``process_group``: the group (``None``: the default group).
+    """
+    import torch.distributed as dist
+    group = process_group if process_group is not None else dist.group.WORLD
+    mean = bucket.buffer() / dist.get_world_size(group)  # a new tensor; the buffer stays as is
+    return dist.all_reduce(mean, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+class OutOfPlaceCommHookSetup(Setup):
+    """The kit's :func:`out_of_place_mean_hook` registered (exact: float32 tolerance)."""
+
+    def after_wrap(self, loop):
+        loop.ddp.register_comm_hook(None, out_of_place_mean_hook)
+
+
+class NonReentrantCheckpointSetup(Setup):
+    """The model runs blocks under non-reentrant activation checkpointing: on an XLA device
+    ``unsupported`` (measured, torch 2.9 + torch_xla 2.9: torch.utils.checkpoint raises
+    AttributeError "module 'torch' has no attribute 'xla'" looking up the device module, and
+    torch_xla.utils.checkpoint raises ValueError "XLA currently does not support
+    use_reentrant==False")."""
+
+    def prepare_model(self, model, loop):
+        if loop.ctx.device.type == "xla":
+            raise Unsupported("non-reentrant activation checkpointing on XLA: torch.utils.checkpoint "
+                              "raises AttributeError (no torch.xla device module, torch 2.9) and "
+                              "torch_xla.utils.checkpoint supports use_reentrant=True only")
+        return model
+
+
 class AutocastSetup(Setup):
     """Forward under ``torch.autocast`` with the dtype in ``reference["autocast"]``."""
 
@@ -221,6 +291,11 @@ SETUPS = {s.name: s for s in [
     _ModuleCheckpoint("checkpoint_module"),
     ResumeInPlaceSetup("checkpoint_resume"),
     ProcessGroupsSetup("process_groups", requires=("process_group",)),
+    # Comm hooks that return a new tensor or compress (issue 18).
+    _Fp16CommHook("comm_hook_fp16", requires=("register_comm_hook",)),
+    _Bf16CommHook("comm_hook_bf16", requires=("register_comm_hook",)),
+    OutOfPlaceCommHookSetup("comm_hook_out_of_place", requires=("register_comm_hook",)),
+    NonReentrantCheckpointSetup("checkpoint_nonreentrant"),
 ]}
 
 

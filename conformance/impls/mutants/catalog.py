@@ -217,6 +217,16 @@ class StateDictDropsBuffers(RefDDP):
         return sd
 
 
+class ReduceAtFirstFiring(RefDDP):
+    """A parameter is ready at its gradient hook's first firing in a backward; later
+    firings (a reentrant checkpoint's second region) are dropped: the bucket is already
+    launched, so the reduced gradient misses their contributions (pytorch/pytorch#84589)."""
+
+    def _firing_completes(self, param):
+        n = self._fired[id(param)] = self._fired.get(id(param), 0) + 1
+        return n == 1
+
+
 def _torch_ddp_class():
     from torch.nn.parallel import DistributedDataParallel
     return DistributedDataParallel
@@ -235,6 +245,17 @@ def _comm_hook_no_divide():
         def register_comm_hook(self, state, hook):
             super().register_comm_hook(state, _sum_hook)
     return CommHookNoDivide
+
+
+def _comm_hook_value_ignored():
+    class CommHookValueIgnored(_torch_ddp_class()):
+        """torch DDP that ignores the comm hook's future value and reads the bucket buffer back."""
+
+        def register_comm_hook(self, state, hook):
+            def reads_buffer_back(s, bucket):  # assumes the hook reduced the buffer in place
+                return hook(s, bucket).then(lambda _: bucket.buffer())
+            super().register_comm_hook(state, reads_buffer_back)
+    return CommHookValueIgnored
 
 
 def _join_dropped():
@@ -389,8 +410,13 @@ MUTANTS = {m.name: m for m in [
     Mutant("unties_shared_weights", UntiesSharedWeights.__doc__, UntiesSharedWeights),
     Mutant("state_dict_drops_buffers", StateDictDropsBuffers.__doc__, StateDictDropsBuffers),
     Mutant("load_assigns", LoadAssigns.__doc__, LoadAssigns),
+    Mutant("reduce_at_first_firing", ReduceAtFirstFiring.__doc__, ReduceAtFirstFiring),
     Mutant("comm_hook_no_divide", "torch DDP whose registered comm hook all-reduces but forgets "
            "to divide.", _comm_hook_no_divide, torch_based=True),
+    Mutant("comm_hook_value_ignored", "torch DDP that ignores the comm hook's future value and "
+           "reads the bucket buffer back (assumes an in-place hook such as allreduce_hook): a hook "
+           "returning a new tensor leaves every replica with its local gradient.",
+           _comm_hook_value_ignored, torch_based=True),
     Mutant("join_dropped", "torch DDP whose join() does nothing: the replica with more batches "
            "hangs in an all-reduce.", _join_dropped, torch_based=True),
     Mutant("sync_bn_local_stats", SyncBNLocalStats.__doc__, SyncBNLocalStats,
