@@ -47,7 +47,8 @@ def evaluate_train(case, impl, runtime, w, session, overrides):
             continue
         per_group = []
         for g, ref in zip(groups, refs):
-            mine = [reps[r] for r in g]
+            # one job: every trajectory (an SPMD program returns one for its W devices)
+            mine = reps if len(groups) == 1 else [reps[r] for r in g]
             if name == AGREEMENT and len(g) < MIN_WORLD_SIZE and len(groups) > 1:
                 continue  # a singleton group has nobody to agree with; its parity is still checked
             if name == AGREEMENT:
