@@ -320,6 +320,49 @@ def _torch_compile_eager():
     return torch_compile_row(user_frame_root=False)
 
 
+# --- workload corners (issue 18): one fault per corner --------------------------------
+
+
+class SparseGradUnsynced(RefDDP):
+    """Sparse gradients (``Embedding(sparse=True)``) are left out of the reduction: each
+    replica keeps its local sparse gradient (upstream reduces them: pytorch#19443, #22037)."""
+
+    def _set_grad(self, param, reduced):
+        if param.grad is not None and param.grad.is_sparse:
+            return  # the local sparse gradient stays
+        super()._set_grad(param, reduced)
+
+
+class StridedUnpack(RefDDP):
+    """Gradients are packed into the bucket in logical order but unpacked through a view
+    with the *parameter's* strides: a channels_last or transposed parameter gets its
+    gradient permuted (the gradient layout contract, pytorch#47163)."""
+
+    def _set_grad(self, param, reduced):
+        super()._set_grad(param, reduced.as_strided(param.shape, param.stride()))
+
+
+class ComplexRealBucket(RefDDP):
+    """Complex gradients are copied into a real bucket: the imaginary part is lost
+    (pytorch#158753)."""
+
+    def _set_grad(self, param, reduced):
+        super()._set_grad(param, reduced.real.to(reduced.dtype) if reduced.is_complex() else reduced)
+
+
+class Fp32FusionBuffer(RefDDP):
+    """One float32 fusion buffer for every dtype: float64 (and bfloat16) gradients are
+    reduced in float32 and cast back (PiPPy#656)."""
+
+    @torch.no_grad()
+    def _reduce_bucket(self, bucket):
+        if bucket.flat is None or bucket.flat.dtype == torch.float32 or bucket.flat.is_complex():
+            return super()._reduce_bucket(bucket)
+        buf = self.collectives.all_reduce_(bucket.flat.float(), scale=self._grad_scale())
+        bucket.flat.copy_(buf)
+        return None
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
@@ -394,4 +437,9 @@ MUTANTS = {m.name: m for m in [
            "no graph and every step runs eagerly (pytorch#140416, docs/findings.md 2); the row's "
            "no-graph guard must refuse it rather than pass eager DDP as compiled.", None,
            shipped_path=_torch_compile_eager),
+    # Workload corners (fixtures/models.py; docs/scenarios.md "The workload axis").
+    Mutant("sparse_grad_unsynced", SparseGradUnsynced.__doc__, SparseGradUnsynced),
+    Mutant("strided_unpack", StridedUnpack.__doc__, StridedUnpack),
+    Mutant("complex_real_bucket", ComplexRealBucket.__doc__, ComplexRealBucket),
+    Mutant("fp32_fusion_buffer", Fp32FusionBuffer.__doc__, Fp32FusionBuffer),
 ]}
