@@ -159,6 +159,23 @@ CATALOG = [
           "all-reduce sum divided by LOCAL_WORLD_SIZE instead of the world size",
           "hosts: exact on one host, wrong on the emulated 2-host W=2 world",
           "https://github.com/pytorch/xla/pull/4965", True),
+    # Workload corners (issue 18: gradient kind, layout, dtype); main_caught measured 2026-12-01.
+    Entry("sparse_grads_unsynced", "sparse_grads_unsynced:SparseGradsUnsyncedDDP", "18.1",
+          "sparse gradients (Embedding(sparse=True)) left out of the reduction",
+          "sparse-gradient corner (parity.sparse_embedding)",
+          "https://github.com/pytorch/pytorch/issues/22037", True),
+    Entry("strided_unpack", "strided_unpack:StridedUnpackDDP", "18.2",
+          "gradients packed in logical order, unpacked through the parameter's strides",
+          "layout corner: channels_last and transposed parameters (parity.channels_last)",
+          "https://github.com/pytorch/pytorch/pull/47163", True),
+    Entry("complex_real_bucket", "complex_real_bucket:ComplexRealBucketDDP", "18.3",
+          "complex gradients copied into a real bucket: imaginary part lost",
+          "complex dtype corner (parity.complex64)",
+          "https://github.com/pytorch/pytorch/issues/158753", True),
+    Entry("fp32_fusion_buffer", "fp32_fusion_buffer:Fp32FusionBufferDDP", "18.4",
+          "one float32 fusion buffer: float64 gradients reduced at float32 precision",
+          "float64 dtype corner (parity.float64)",
+          "https://github.com/pytorch/PiPPy/issues/656", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -192,4 +209,8 @@ CAUGHT_BY = {
     "sharded_predivide_int": "parity.linear@3",
     "sharded_unused_not_written": "feature.unused_parameters@2",
     "local_world_divisor": "parity.linear@2",
+    "sparse_grads_unsynced": "parity.sparse_embedding@2",
+    "strided_unpack": "parity.channels_last@2",
+    "complex_real_bucket": "parity.complex64@2",
+    "fp32_fusion_buffer": "parity.float64@2",
 }
