@@ -10,6 +10,7 @@ from conformance.cases.checks import AGREEMENT, CHECKS, judge, judge_agreement
 from conformance.cases.train.loop import RunSpec
 from conformance.cases.train.reference import reference_run
 from conformance.tolerances import lookup
+from conformance.errors import Unsupported
 from conformance.verdict import Verdict
 from conformance.impls.builtin import resolve_impl
 from conformance.worlds.runtimes import world_for
@@ -25,6 +26,8 @@ def train_checks(model: str, run: dict) -> tuple:
 def evaluate_train(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``train`` row (``overrides``: RunSpec fields, e.g. ``seed``, ``lr``, ``steps``)."""
     row = resolve_impl(impl)
+    if MODELS[case.model].unsupported.get(runtime):  # the runtime cannot train it, whatever the DDP
+        raise Unsupported(f"runtime {runtime}: {MODELS[case.model].unsupported[runtime]}")
     spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.train, **overrides))
     world_runtime, n = world_for(runtime, row.topology.get(runtime), w)
     reps = session.trajectories(world_runtime, n, spec)
