@@ -338,6 +338,14 @@ class StridedUnpack(RefDDP):
     with the *parameter's* strides: a channels_last or transposed parameter gets its
     gradient permuted (the gradient layout contract, pytorch#47163)."""
 
+    def __init__(self, module, **kwargs):
+        if any(p.device.type == "xla" for p in module.parameters()):
+            from conformance.errors import Unsupported
+            raise Unsupported("XLA tensors carry no memory format (measured on torch_xla 2.9: a "
+                              "channels_last or transposed parameter moved to the device is contiguous), "
+                              "so a stride fault has nothing to permute")
+        super().__init__(module, **kwargs)
+
     def _set_grad(self, param, reduced):
         super()._set_grad(param, reduced.as_strided(param.shape, param.stride()))
 
@@ -356,7 +364,13 @@ class Fp32FusionBuffer(RefDDP):
 
     @torch.no_grad()
     def _reduce_bucket(self, bucket):
-        if bucket.flat is None or bucket.flat.dtype == torch.float32 or bucket.flat.is_complex():
+        if bucket.flat is None:  # reduced as a list (lazy XLA): each gradient through float32
+            dtypes = [g.dtype for g in bucket.grads]
+            bucket.grads = [g if g.is_complex() else g.float() for g in bucket.grads]
+            super()._reduce_bucket(bucket)
+            bucket.grads = [g.to(d) for g, d in zip(bucket.grads, dtypes)]
+            return None
+        if bucket.flat.dtype == torch.float32 or bucket.flat.is_complex():
             return super()._reduce_bucket(bucket)
         buf = self.collectives.all_reduce_(bucket.flat.float(), scale=self._grad_scale())
         bucket.flat.copy_(buf)
