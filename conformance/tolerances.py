@@ -76,6 +76,8 @@ TOLERANCES = [
     # 1.8e-7 (also on PJRT W=2); float64 5.6e-17 / 2.2e-16 (atol 1e-12: a float32 reduction's
     # rounding, ~1e-8, is far above it); mixed_dtype 3.9e-3 (bfloat16 parameters: 1-2 ulp,
     # hence rtol 2^-6 = 2-4 ulp) / 2.0e-3, parameters moved 0.84 >= 100 x atol.
+    # Each model has its own row (one dtype regime each) under the run key "float32", which
+    # calibrate and repeat look a parity model up under.
     Tolerance("*", "sparse_embedding", "float32", lr=0.5, steps=10, global_batch=24,
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="sparse gradient (Embedding sparse=True)"),
     Tolerance("*", "channels_last", "float32", lr=0.2, steps=10, global_batch=24,
