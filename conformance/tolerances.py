@@ -92,6 +92,24 @@ TOLERANCES = [
               atol=3e-4, rtol=0.0, loss_atol=3e-4, note="fp16_compress_hook"),
     Tolerance("*", "linear", "bf16-comm", lr=0.2, steps=40, global_batch=24,
               atol=3e-3, rtol=0.0, loss_atol=3e-3, note="bf16_compress_hook"),
+    # The workload corners (fixtures/models.py, docs/scenarios.md "The workload axis").
+    # Measured noise (torch and ref, CPU, W=2 and 3, 2026-12-01; parameters / loss):
+    # sparse_embedding 1.8e-7 / 1.6e-7; channels_last 3.0e-8 / 2.0e-7; complex64 3.0e-8 /
+    # 1.8e-7 (also on PJRT W=2); float64 5.6e-17 / 2.2e-16 (atol 1e-12: a float32 reduction's
+    # rounding, ~1e-8, is far above it); mixed_dtype 3.9e-3 (bfloat16 parameters: 1-2 ulp,
+    # hence rtol 2^-6 = 2-4 ulp) / 2.0e-3, parameters moved 0.84 >= 100 x atol.
+    # Each model has its own row (one dtype regime each) under the run key "float32", which
+    # calibrate and repeat look a parity model up under.
+    Tolerance("*", "sparse_embedding", "float32", lr=0.5, steps=10, global_batch=24,
+              atol=1e-5, rtol=0.0, loss_atol=1e-5, note="sparse gradient (Embedding sparse=True)"),
+    Tolerance("*", "channels_last", "float32", lr=0.2, steps=10, global_batch=24,
+              atol=1e-5, rtol=0.0, loss_atol=1e-5, note="channels_last conv weight + transposed parameter"),
+    Tolerance("*", "complex64", "float32", lr=0.1, steps=10, global_batch=24,
+              atol=1e-5, rtol=0.0, loss_atol=1e-5, note="complex64 weight, real loss"),
+    Tolerance("*", "float64", "float32", lr=0.1, steps=10, global_batch=24,
+              atol=1e-12, rtol=0.0, loss_atol=1e-12, note="float64 parameters and loss"),
+    Tolerance("*", "mixed_dtype", "float32", lr=0.2, steps=20, global_batch=24,
+              atol=2e-3, rtol=2 ** -6, loss_atol=6e-3, note="one bfloat16 layer between float32 layers"),
     # Replica agreement: replicas that apply the same reduced gradient hold the
     # same bits. Measured on CPU: 315 correct runs (torch and ref, W=2..4, 5 seeds)
     # were bit-identical to replica 0 at every step.

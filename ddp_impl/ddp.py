@@ -40,6 +40,13 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
   once", pytorch/pytorch#84589). The end-of-backward callback is queued at the first firing,
   on the backward then running: a model whose first firing is inside a reentrant checkpoint
   would finish early (upstream queues it from its output's backward);
+* workload corners: buckets hold one dtype each (float64, bfloat16, complex: each reduced
+  in its own dtype, complex as complex); a sparse gradient (``Embedding(sparse=True)``) is
+  reduced dense and written back dense (upstream reduces it sparse: the same mean); a
+  gradient is written back element for element in the parameter's logical order, so a
+  channels_last or transposed parameter gets its own gradient (``copy_`` honours strides;
+  with gradient_as_bucket_view the gradient is a contiguous slot; upstream strides the
+  slot like its parameter).
 * the gradient hooks hold the wrapper weakly and are removed when it is
   collected: a wrapper nobody references any more reduces nothing (upstream's
   C++ reducer removes its autograd hooks in its destructor too); keep it while
@@ -271,7 +278,7 @@ class DistributedDataParallel(nn.Module):
         replica mean), as a bucket view with ``gradient_as_bucket_view``."""
         if self.gradient_as_bucket_view or self._as_list:  # a view, or a new tensor already
             param.grad = reduced
-        elif param.grad is None or self.find_unused_parameters:
+        elif param.grad is None or self.find_unused_parameters or param.grad.is_sparse:
             # A new tensor whether or not this replica held a gradient: the same
             # ops on every replica (XLA: identical graphs).
             param.grad = reduced.clone()
@@ -283,7 +290,10 @@ class DistributedDataParallel(nn.Module):
         """Copy the bucket's gradients into ``bucket.flat`` (one ``cat``). Bucket
         views are there already; a ``None`` gradient (no replica used it) packs as
         zeros. A list bucket only collects its gradients in ``bucket.grads``."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
+        # A sparse gradient (Embedding(sparse=True)) is reduced dense: the same mean as
+        # upstream's sparse all-reduce (pytorch#19443), and SGD's update is the same.
+        grads = [(p.grad.to_dense() if p.grad.is_sparse else p.grad) if p.grad is not None
+                 else torch.zeros_like(p) for p in bucket.params]
         if bucket.flat is None:
             bucket.grads = grads
             return

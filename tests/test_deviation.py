@@ -97,7 +97,7 @@ def outside_run(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(d), ROOT]))
     ddps = ",".join(f"scratch_ddps:{c}" for c in ("NoBiasReduceDDP", "NaNFromStep3DDP", "RaisesInStep2DDP"))
     r = subprocess.run([sys.executable, "-m", "conformance", "run", "--runtime", "cpu", "--ddp", ddps,
-                        "--world-size", "2", "--only", "parity", "--json", str(d / "r.json")],
+                        "--world-size", "2", "--only", "parity", "--skip", "sparse,layout,dtype", "--json", str(d / "r.json")],
                        capture_output=True, text=True, timeout=600, cwd=d, env=env)
     assert r.returncode == 1, r.stdout + r.stderr
     failures = d / "r.failures.txt"

@@ -106,18 +106,21 @@ SCENARIO_CHECKS = {"params": "param_parity", "buffers": "buffer_parity", "optimi
 class Names:
     """Where a flat index of a compared vector lives: tensor name, shape, index inside it.
 
-    ``layout`` is ``[(name, shape), ...]`` in the vector's order; one that does not
-    cover exactly ``n`` values (or ``None``) names flat indices only."""
+    ``layout`` is ``[(name, shape), ...]`` in the vector's order, an entry optionally
+    ``(name, shape, corner)``: the tensor's workload corner (``complex64``, ``channels_last``,
+    ``sparse gradient``; :func:`conformance.cases.train.readback.corner`), shown after its
+    name wherever a reason names it. One that does not cover exactly ``n`` values (or
+    ``None``) names flat indices only."""
 
     MAX_LISTED = 3  # tensor names a reason lists before "+k more"
 
     def __init__(self, layout, n: int):
-        sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in layout or ()]
+        sizes = [int(np.prod(entry[1], dtype=np.int64)) for entry in layout or ()]
         self.named = bool(layout) and sum(sizes) == n
         if not self.named:
             layout, sizes = [("", (n,))], [n]
-        self.names = [name for name, _ in layout]
-        self.shapes = [tuple(shape) for _, shape in layout]
+        self.names = [f"'{e[0]}' ({e[2]})" if len(e) > 2 and e[2] else f"'{e[0]}'" for e in layout]
+        self.shapes = [tuple(e[1]) for e in layout]
         self.ends = np.cumsum(sizes, dtype=np.int64)
         self.starts = self.ends - np.asarray(sizes, dtype=np.int64)
 
@@ -131,13 +134,13 @@ class Names:
         if not self.named:
             return f"element {i}"
         if self.shapes[t] == ():
-            return f"'{self.names[t]}'"
-        return f"'{self.names[t]}' {list(self.shapes[t])} at flat index {i - int(self.starts[t])}"
+            return self.names[t]
+        return f"{self.names[t]} {list(self.shapes[t])} at flat index {i - int(self.starts[t])}"
 
     def label(self, t: int) -> str:
         if not self.named:
             return "the flat vector"
-        return f"'{self.names[t]}'" + (f" {list(self.shapes[t])}" if self.shapes[t] else "")
+        return self.names[t] + (f" {list(self.shapes[t])}" if self.shapes[t] else "")
 
     def census(self, mask) -> tuple[str, list]:
         """(``1 of 2 tensors (10 of 110 values)``, tensor numbers) of the ``True`` values of ``mask``."""
@@ -149,7 +152,7 @@ class Names:
         return f"{len(ts)} of {len(self.names)} tensors ({values})", ts
 
     def listing(self, ts) -> str:
-        shown = ", ".join(f"'{self.names[t]}'" for t in ts[:self.MAX_LISTED])
+        shown = ", ".join(self.names[t] for t in ts[:self.MAX_LISTED])
         return shown + (f" (+{len(ts) - self.MAX_LISTED} more)" if len(ts) > self.MAX_LISTED else "")
 
 

@@ -12,10 +12,10 @@ from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.row import Case, _validate, select_rows, tags_of
 
 
-def _parity(model, must_kill, description=None):
+def _parity(model, must_kill, description=None, tags=()):
     return Case(f"parity.{model}", "parity", description or f"training {model} with the DDP equals "
                 "training on one device with the global batch, step by step; replicas agree bit for bit",
-                "train", model, must_kill=must_kill)
+                "train", model, must_kill=must_kill, tags=tags)
 
 
 def _feature_train(name, description, model, run, must_kill, tolerance="float32", tags=()):
@@ -166,6 +166,23 @@ def _build() -> dict[str, Case]:
              "starting from the group's first rank's parameters; replicas agree within each group",
              "train", "linear", train={"setups": ("process_groups",)}, tags=("subgroup",), world_sizes={"cpu": (3, 4), "pjrt": (4,)},
              must_kill=("group_sum_global_divide", "broadcast_global_rank0")),
+        # The workload corners (docs/scenarios.md, "The workload axis"): gradient kind, layout, dtype.
+        _parity("sparse_embedding", ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced"),
+                "Embedding(sparse=True): sparse gradients are averaged over replicas like dense ones "
+                "(upstream reduces them: pytorch#19443, #22037); parity and agreement", tags=("sparse",)),
+        _parity("channels_last", ("no_grad_sync", "sum_not_mean", "strided_unpack"),
+                "a channels_last conv weight and a transposed (non-contiguous) parameter: the averaged "
+                "gradient is written back element for element, whatever the strides (the gradient "
+                "layout contract, pytorch#47163)", tags=("layout",)),
+        _parity("complex64", ("no_grad_sync", "sum_not_mean", "complex_real_bucket"),
+                "a complex64 weight: its gradient is averaged as complex (real and imaginary parts; "
+                "pytorch#158753)", tags=("dtype", "complex")),
+        _parity("float64", ("no_grad_sync", "sum_not_mean", "fp32_fusion_buffer"),
+                "float64 parameters are reduced in float64 (buckets per dtype: PiPPy#656), at a "
+                "float64 tolerance", tags=("dtype",)),
+        _parity("mixed_dtype", ("no_grad_sync", "sum_not_mean"),
+                "a bfloat16 layer between float32 layers: one bucket per dtype, each reduced in its "
+                "own dtype", tags=("dtype",)),
     ]
     return _validate(rows)
 

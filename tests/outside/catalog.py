@@ -183,6 +183,23 @@ CATALOG = [
           "in-place hook)",
           "register_comm_hook with a hook that returns a new tensor",
           "https://github.com/pytorch/pytorch/issues/75031", True),
+    # Workload corners (issue 18: gradient kind, layout, dtype); main_caught measured 2026-12-01.
+    Entry("sparse_grads_unsynced", "sparse_grads_unsynced:SparseGradsUnsyncedDDP", "18.1",
+          "sparse gradients (Embedding(sparse=True)) left out of the reduction",
+          "sparse-gradient corner (parity.sparse_embedding)",
+          "https://github.com/pytorch/pytorch/issues/22037", True),
+    Entry("strided_unpack", "strided_unpack:StridedUnpackDDP", "18.2",
+          "gradients packed in logical order, unpacked through the parameter's strides",
+          "layout corner: channels_last and transposed parameters (parity.channels_last)",
+          "https://github.com/pytorch/pytorch/pull/47163", True),
+    Entry("complex_real_bucket", "complex_real_bucket:ComplexRealBucketDDP", "18.3",
+          "complex gradients copied into a real bucket: imaginary part lost",
+          "complex dtype corner (parity.complex64)",
+          "https://github.com/pytorch/pytorch/issues/158753", True),
+    Entry("fp32_fusion_buffer", "fp32_fusion_buffer:Fp32FusionBufferDDP", "18.4",
+          "one float32 fusion buffer: float64 gradients reduced at float32 precision",
+          "float64 dtype corner (parity.float64)",
+          "https://github.com/pytorch/PiPPy/issues/656", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -220,4 +237,8 @@ CAUGHT_BY = {
     "group_broadcast_rank0": "feature.subgroups@3",
     "first_firing_snapshot": "parity.checkpoint_reentrant@2",
     "comm_hook_reads_buffer": "feature.comm_hook_out_of_place@2",
+    "sparse_grads_unsynced": "parity.sparse_embedding@2",
+    "strided_unpack": "parity.channels_last@2",
+    "complex_real_bucket": "parity.complex64@2",
+    "fp32_fusion_buffer": "parity.float64@2",
 }

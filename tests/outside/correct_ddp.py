@@ -12,6 +12,9 @@ semantics of ``torch.nn.parallel.DistributedDataParallel`` (torch >= 2.1, CPU/gl
 * before each forward run with grad enabled outside ``no_sync()`` the module's buffers (looked up
   afresh, so a buffer rebound in ``forward`` is the one sent) are broadcast from rank 0;
 * ``no_sync()`` accumulates gradients locally; the next synced backward reduces the sum;
+* a sparse gradient (``Embedding(sparse=True)``) is reduced as a dense one and written back dense
+  (torch reduces it sparse: the same mean); any dtype and strides (a gradient is copied back
+  element for element);
 * with ``find_unused_parameters`` or ``static_graph``: a parameter no replica used since the last
   reduction keeps its gradient untouched (``None`` stays ``None``); one used on some replicas only
   is reduced with zeros from the others. A gradient accumulated under ``no_sync`` counts as used.
@@ -251,14 +254,21 @@ class CorrectDDP(nn.Module, Joinable):
 
     def _reduce_bucket(self, b, idx, divisor):
         params = [self._params[i] for i in idx]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in params])
+        flat = torch.cat([self._dense_grad(p).reshape(-1) for p in params])
         if self._comm_hook is not None:
             state, hook = self._comm_hook
             out = hook(state, _Bucket(b, flat, params, b == len(self._buckets) - 1)).wait()
             return out[0] if isinstance(out, (list, tuple)) else out
         dist.all_reduce(flat, group=self.process_group)
         return flat.div_(divisor)
+
+    @staticmethod
+    def _dense_grad(p):
+        """``p.grad`` as a dense tensor (zeros when ``None``): a sparse gradient
+        (``Embedding(sparse=True)``) is reduced dense, the same mean torch's sparse all-reduce gives."""
+        if p.grad is None:
+            return torch.zeros_like(p)
+        return p.grad.to_dense() if p.grad.is_sparse else p.grad
 
     def _write_back(self, b, idx, flat, used):
         if self.gradient_as_bucket_view:
@@ -274,7 +284,7 @@ class CorrectDDP(nn.Module, Joinable):
                 g = flat[off:off + n].view_as(p)
                 if self.gradient_as_bucket_view:
                     p.grad = g
-                elif p.grad is None:
+                elif p.grad is None or p.grad.is_sparse:
                     p.grad = g.clone()
                 else:
                     p.grad.copy_(g)

@@ -214,7 +214,9 @@ class ShardedCorrectDDP(nn.Module, Joinable):
 
     def _local_grad(self, i):
         p = self._params[i]
-        return p.grad if p.grad is not None else torch.zeros_like(p)
+        if p.grad is None:
+            return torch.zeros_like(p)
+        return p.grad.to_dense() if p.grad.is_sparse else p.grad  # Embedding(sparse=True): reduced dense
 
     def _shard_len(self, numel):
         return -(-numel // self.world_size)  # ceil: every element belongs to one shard
@@ -254,7 +256,7 @@ class ShardedCorrectDDP(nn.Module, Joinable):
                 g = mean[off:off + n].view_as(p)
                 if self.gradient_as_bucket_view:
                     p.grad = g
-                elif p.grad is None:
+                elif p.grad is None or p.grad.is_sparse:
                     p.grad = g.clone()
                 else:
                     p.grad.copy_(g)

@@ -15,6 +15,7 @@ from conformance.cases.train.setups import replica_groups
 from conformance.tolerances import MIN_WORLD_SIZE
 from conformance.cases.train.reference import reference_run
 from conformance.tolerances import lookup
+from conformance.errors import Unsupported
 from conformance.verdict import Verdict
 from conformance.impls.builtin import resolve_impl
 from conformance.worlds.runtimes import world_for
@@ -30,6 +31,9 @@ def train_checks(model: str, run: dict) -> tuple:
 def evaluate_train(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``train`` row (``overrides``: RunSpec fields, e.g. ``seed``, ``lr``, ``steps``)."""
     row = resolve_impl(impl)
+    where = f"{runtime}:{row.topology[runtime]}" if row.topology.get(runtime) else runtime
+    if MODELS[case.model].unsupported.get(where):  # the runtime cannot train it, whatever the DDP
+        raise Unsupported(f"runtime {where}: {MODELS[case.model].unsupported[where]}")
     spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.train, **overrides))
     world_runtime, n = world_for(runtime, row.topology.get(runtime), w)
     reps = session.trajectories(world_runtime, n, spec)

@@ -117,6 +117,15 @@ def wrap(impl, module, ctx, kwargs: dict, requires=()):
     return ddp
 
 
+def mse(out, y):
+    """The training loss: ``mse_loss`` in float32, or float64 for a float64 output (a float64
+    model's gradients would otherwise carry float32 rounding; ``y`` is cast to match)."""
+    import torch
+    import torch.nn.functional as F
+    out = out if out.dtype == torch.float64 else out.float()
+    return F.mse_loss(out, y.to(out.dtype))
+
+
 #: The kit's optimizers by name (a scenario draws one; a training run uses ``sgd``).
 OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw")
 
@@ -197,10 +206,6 @@ def train_replica(ctx, spec: dict) -> dict:
     Raises:
         Unsupported: the implementation cannot serve the run (see :func:`wrap`).
     """
-    import torch.nn.functional as F
-
-
-
     run = RunSpec(**spec)
     loop = Loop(ctx, run, resolve_impl(run.impl), [SETUPS[n] for n in run.setups])
     loop.model = loop.fresh_model()
@@ -224,11 +229,11 @@ def train_replica(ctx, spec: dict) -> dict:
             for s in loop.setups:
                 stack.enter_context(s.forward_context(loop, step))
             if loop.impl.forward_backward is not None:  # one compiled forward+loss+backward
-                loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: F.mse_loss(out.float(), ys))
+                loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: mse(out, ys))
             else:
                 out = loop.ddp(xs)
         if loop.impl.forward_backward is None:
-            loss = F.mse_loss(out.float(), ys)
+            loss = mse(out, ys)
             ctx.note(phase="backward")  # DDP's gradient all-reduces run here
             loss.backward()
         if loop.impl.after_backward is not None:

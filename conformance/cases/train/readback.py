@@ -15,19 +15,54 @@ def full(t):
 
 
 def flat_params(module) -> np.ndarray:
-    """All parameters of ``module`` concatenated, float32 ``[P]`` on the host
-    (full tensors, in ``parameters()`` order, also for DTensor-sharded ones)."""
+    """All parameters of ``module`` concatenated, float32 ``[P]`` on the host (float64
+    when a parameter is float64 or complex128: nothing is rounded away), full tensors in
+    ``parameters()`` order, also for DTensor-sharded ones; each in logical (row-major)
+    order whatever its strides; a complex one as ``view_as_real`` (real, imaginary pairs)."""
     import torch
     # Sharded (DTensor) parameters are gathered first: a collective, every replica reads.
-    ps = [full(p) for p in module.parameters()]
+    ps = [full(p).detach().cpu() for p in module.parameters()]
+    wide = any(p.dtype in (torch.float64, torch.complex128) for p in ps)
     # .cpu() first: on XLA a dtype cast would be a device graph compiled per read.
-    return torch.cat([p.detach().cpu().float().reshape(-1) for p in ps]).numpy()
+    ps = [torch.view_as_real(p) if p.is_complex() else p for p in ps]
+    return torch.cat([p.to(torch.float64 if wide else torch.float32).reshape(-1) for p in ps]).numpy()
+
+
+def corner(p, sparse_grad: bool = False) -> str:
+    """The workload corner of parameter ``p``, as a verdict shows it after the name (``""``
+    for a dense, contiguous float32 one): its dtype if not float32, ``channels_last`` or
+    ``non-contiguous`` if so, ``sparse gradient`` when ``sparse_grad``; e.g. ``complex64``."""
+    import torch
+    parts = [] if p.dtype == torch.float32 else [str(p.dtype).replace("torch.", "")]
+    if p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=torch.channels_last):
+        parts.append("channels_last")
+    elif not p.is_contiguous():
+        parts.append("non-contiguous")
+    if sparse_grad:
+        parts.append("sparse gradient")
+    return ", ".join(parts)
+
+
+def _sparse_grad_params(module) -> set:
+    """Ids of the parameters whose gradient is sparse (``Embedding``/``EmbeddingBag`` with
+    ``sparse=True``), known from the module before any backward."""
+    import torch
+    return {id(m.weight) for m in module.modules()
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse}
 
 
 def param_layout(module) -> list:
     """``[(name, shape), ...]`` of :func:`flat_params`' tensors, in its order (a
-    DTensor's global shape: no collective). Verdicts name tensors with it."""
-    return [(n, tuple(p.shape)) for n, p in module.named_parameters()]
+    DTensor's global shape: no collective); a complex parameter's shape ends in 2
+    (``view_as_real``). A parameter in a workload corner (:func:`corner`) is
+    ``(name, shape, corner)``. Verdicts name tensors with it."""
+    sparse = _sparse_grad_params(module)
+    out = []
+    for n, p in module.named_parameters():
+        c = corner(p, id(p) in sparse)
+        shape = tuple(p.shape) + ((2,) if p.is_complex() else ())
+        out.append((n, shape, c) if c else (n, shape))
+    return out
 
 
 def buffer_layout(module) -> list:

@@ -15,7 +15,7 @@ import functools
 
 import numpy as np
 
-from conformance.cases.train.loop import RunSpec, build_optimizer, rank_buffer_offset
+from conformance.cases.train.loop import RunSpec, build_optimizer, mse, rank_buffer_offset
 from conformance.cases.train.readback import flat_buffers, flat_optimizer_state, flat_params
 import contextlib
 from conformance.cases.train.setups import SETUPS
@@ -67,8 +67,6 @@ def _biased_running_var(net):
 def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers,
                momentum=0.0, autocast="", sync_bn=False, quirks=frozenset()):
     import torch
-    import torch.nn.functional as F
-
 
     # SyncBatchNorm normalises with global-batch statistics: one global forward.
     coupled = MODELS[model].batch_coupled and not sync_bn
@@ -82,7 +80,7 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
         ctx = (torch.autocast(device_type="cpu", dtype=getattr(torch, autocast)) if autocast
                else contextlib.nullcontext())
         with ctx:
-            return net(inp).float()
+            return net(inp)
     slots = [(m, n) for m in net.modules() for n, b in m._buffers.items() if b is not None]
 
     def bufs():
@@ -108,13 +106,13 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
         x, y = global_batch(model, seed, step, global_batch_size)
         opt.zero_grad(set_to_none=True)
         if not coupled:
-            loss = F.mse_loss(fwd(x), y)
+            loss = mse(fwd(x), y)
             after = [[b.clone() for b in bufs()] for _ in range(world_size)]
         else:
             loss, after = 0.0, []
             for r in range(world_size):
                 set_bufs(rank_bufs[0] if broadcast_buffers else rank_bufs[r])
-                loss = loss + F.mse_loss(fwd(shard(x, r, world_size)), shard(y, r, world_size)) / world_size
+                loss = loss + mse(fwd(shard(x, r, world_size)), shard(y, r, world_size)) / world_size
                 after.append([b.clone() for b in bufs()])
         loss.backward()
         opt.step()

@@ -363,6 +363,61 @@ class BroadcastGlobalRank0(RefDDP):
         states = list(self.module.parameters()) + (list(self.module.buffers()) if self.broadcast_buffers else [])
         for t in states:
             world.broadcast_(t.data, src=0)
+# --- workload corners (issue 18): one fault per corner --------------------------------
+
+
+class SparseGradUnsynced(RefDDP):
+    """Sparse gradients (``Embedding(sparse=True)``) are left out of the reduction: each
+    replica keeps its local sparse gradient (upstream reduces them: pytorch#19443, #22037)."""
+
+    def _set_grad(self, param, reduced):
+        if param.grad is not None and param.grad.is_sparse:
+            return  # the local sparse gradient stays
+        super()._set_grad(param, reduced)
+
+
+class StridedUnpack(RefDDP):
+    """Gradients are packed into the bucket in logical order but unpacked through a view
+    with the *parameter's* strides: a channels_last or transposed parameter gets its
+    gradient permuted (the gradient layout contract, pytorch#47163)."""
+
+    def __init__(self, module, **kwargs):
+        if any(p.device.type == "xla" for p in module.parameters()):
+            from conformance.errors import Unsupported
+            raise Unsupported("XLA tensors carry no memory format (measured on torch_xla 2.9: a "
+                              "channels_last or transposed parameter moved to the device is contiguous), "
+                              "so a stride fault has nothing to permute")
+        super().__init__(module, **kwargs)
+
+    def _set_grad(self, param, reduced):
+        super()._set_grad(param, reduced.as_strided(param.shape, param.stride()))
+
+
+class ComplexRealBucket(RefDDP):
+    """Complex gradients are copied into a real bucket: the imaginary part is lost
+    (pytorch#158753)."""
+
+    def _set_grad(self, param, reduced):
+        super()._set_grad(param, reduced.real.to(reduced.dtype) if reduced.is_complex() else reduced)
+
+
+class Fp32FusionBuffer(RefDDP):
+    """One float32 fusion buffer for every dtype: float64 (and bfloat16) gradients are
+    reduced in float32 and cast back (PiPPy#656)."""
+
+    @torch.no_grad()
+    def _reduce_bucket(self, bucket):
+        if bucket.flat is None:  # reduced as a list (lazy XLA): each gradient through float32
+            dtypes = [g.dtype for g in bucket.grads]
+            bucket.grads = [g if g.is_complex() else g.float() for g in bucket.grads]
+            super()._reduce_bucket(bucket)
+            bucket.grads = [g.to(d) for g, d in zip(bucket.grads, dtypes)]
+            return None
+        if bucket.flat.dtype == torch.float32 or bucket.flat.is_complex():
+            return super()._reduce_bucket(bucket)
+        buf = self.collectives.all_reduce_(bucket.flat.float(), scale=self._grad_scale())
+        bucket.flat.copy_(buf)
+        return None
 
 
 @dataclass(frozen=True)
@@ -446,4 +501,9 @@ MUTANTS = {m.name: m for m in [
            shipped_path=_torch_compile_eager),
     Mutant("group_sum_global_divide", GroupSumGlobalDivide.__doc__, GroupSumGlobalDivide),
     Mutant("broadcast_global_rank0", BroadcastGlobalRank0.__doc__, BroadcastGlobalRank0),
+    # Workload corners (fixtures/models.py; docs/scenarios.md "The workload axis").
+    Mutant("sparse_grad_unsynced", SparseGradUnsynced.__doc__, SparseGradUnsynced),
+    Mutant("strided_unpack", StridedUnpack.__doc__, StridedUnpack),
+    Mutant("complex_real_bucket", ComplexRealBucket.__doc__, ComplexRealBucket),
+    Mutant("fp32_fusion_buffer", Fp32FusionBuffer.__doc__, Fp32FusionBuffer),
 ]}
