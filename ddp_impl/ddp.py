@@ -133,6 +133,50 @@ def _remove_hooks(handles) -> None:
         h.remove()
 
 
+class GradBucket:
+    """What a comm hook sees of one bucket (the methods torch's hooks use of
+    ``torch.distributed.GradBucket``): ``buffer()`` the 1-D flat gradients (this replica's),
+    ``gradients()`` their views shaped like ``parameters()``, ``index()`` the launch position,
+    ``is_last()`` the last bucket of the backward, ``set_buffer(t)`` replaces the buffer's
+    values with ``t``'s."""
+
+    def __init__(self, bucket: Bucket, last: bool):
+        self._b, self._last = bucket, last
+
+    def buffer(self) -> torch.Tensor:
+        return self._b.flat
+
+    def gradients(self) -> list:
+        return list(self._b.slots)
+
+    def parameters(self) -> list:
+        return list(self._b.params)
+
+    def index(self) -> int:
+        return self._b.index
+
+    def is_last(self) -> bool:
+        return self._last
+
+    def set_buffer(self, tensor: torch.Tensor) -> None:
+        self._b.flat.copy_(tensor)
+
+
+class _HookedReduction:
+    """The handle of a bucket reduced by a comm hook: ``wait()`` takes the future's value
+    (the averaged bucket) into the bucket buffer, unless it is that buffer."""
+
+    def __init__(self, flat: torch.Tensor, fut):
+        self.flat, self.fut = flat, fut
+
+    def wait(self) -> None:
+        value = self.fut.wait()
+        value = value[0] if isinstance(value, (list, tuple)) else value
+        if value is not self.flat:
+            with torch.no_grad():
+                self.flat.copy_(value.reshape(-1))
+
+
 class DistributedDataParallel(nn.Module):
     """Wrap ``module`` so that its gradients are averaged across replicas.
 
@@ -190,6 +234,7 @@ class DistributedDataParallel(nn.Module):
         self._learning = static_graph  # the first synced backward counts hook firings
         self._hook_counts: dict[int, int] = {}  # id(param) -> firings per backward (static_graph)
         self.ignored_kwargs = dict(kwargs)
+        self._comm_hook = self._comm_state = None  # register_comm_hook
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
         self._sync_module_states()  # first: a mutant may replace parameter objects
@@ -241,6 +286,9 @@ class DistributedDataParallel(nn.Module):
         if bucket.flat is None:  # as a list: new tensors (lazy, nothing to wait for)
             bucket.grads = self.collectives.all_reduce_many(bucket.grads, scale=self._grad_scale())
             return None
+        if self._comm_hook is not None:  # the hook averages; its future's value is the bucket
+            return _HookedReduction(bucket.flat, self._comm_hook(
+                self._comm_state, GradBucket(bucket, last=bucket.index == len(self._buckets) - 1)))
         return all_reduce_async(self.collectives, bucket.flat, scale=self._grad_scale())
 
     def _launch_ready(self, final: bool = False) -> None:
@@ -391,6 +439,32 @@ class DistributedDataParallel(nn.Module):
         out = self.module(*args, **kwargs)
         self.require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         return out
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Reduce every bucket with ``hook(state, bucket)`` instead of the built-in average.
+
+        Matches ``torch.nn.parallel.DistributedDataParallel.register_comm_hook``: ``bucket``
+        is a :class:`GradBucket` (``buffer()``: the bucket's 1-D gradients, local; ``index()``,
+        ``is_last()``, ``gradients()``, ``parameters()``, ``set_buffer()``); the hook returns a
+        ``torch.futures.Future`` whose value is the *averaged* bucket (the hook divides; a new
+        tensor or the buffer itself), which is copied into the gradients. torch's hooks
+        (``allreduce_hook``, ``fp16_compress_hook``, ``bf16_compress_hook``, PowerSGD) run on
+        torch.distributed, ``state`` being their process group or hook state.
+
+        Raises:
+            RuntimeError: a hook is already registered (upstream allows one).
+            TypeError: ``hook`` is not callable.
+            NotImplementedError: the buckets are reduced as lists of lazy tensors (the XLA
+                collectives), where there is no bucket buffer and no torch.distributed group.
+        """
+        if not callable(hook):
+            raise TypeError(f"comm hook must be callable, got {type(hook).__name__}")
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook can only be called once (as upstream)")
+        if hasattr(self.collectives, "all_reduce_many"):  # lazy XLA collectives, no torch.distributed group
+            raise NotImplementedError("comm hooks need bucket buffers on a torch.distributed group; "
+                                      "this DDP reduces lazy XLA tensors through its XLA collectives")
+        self._comm_hook, self._comm_state = hook, state
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -150,7 +150,8 @@ def test_the_top_level_names_the_layers():
 KINDS = {"train": "conformance.cases.train", "task": "conformance.cases.features",
          "property": "conformance.cases.properties", "scenario": "conformance.cases.scenarios",
          "invariant": "conformance.cases.ranks"}
-SHARED = {"conformance.cases.train.loop", "conformance.cases.train.readback"}
+SHARED = {"conformance.cases.train.loop", "conformance.cases.train.readback",
+          "conformance.cases.train.commhooks"}
 
 
 def _kind(module):

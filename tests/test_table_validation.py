@@ -77,10 +77,10 @@ def test_a_mutant_that_ignores_a_keyword_the_row_requires_could_never_be_killed(
             "row 'parity.linear'", "mutant 'no_grad_sync'", "ignores keyword(s) ['mixed_precision']")
 
 
-@pytest.mark.parametrize("name", ["feature.comm_hook", "scenario.comm_hook"])
-def test_a_mutant_without_a_method_the_row_requires_could_never_be_killed(name):
-    refused(rows(**{name: {"must_kill": CASES[name].must_kill + ("sum_not_mean",)}}),
-            f"row {name!r}", "mutant 'sum_not_mean'", "has no register_comm_hook()")
+def test_a_mutant_without_a_method_the_row_requires_could_never_be_killed():
+    # the reference DDP (and its mutants) has no join()
+    refused(rows(**{"parity.linear": {"train": {"requires": ("join",)}}}),
+            "row 'parity.linear'", "mutant 'no_grad_sync'", "has no join()")
 
 
 def test_every_mutant_is_killed_by_some_row():

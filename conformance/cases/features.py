@@ -15,6 +15,7 @@ import numpy as np
 from conformance.cases.checks import Check, judge
 from conformance.cases.train.loop import rank_buffer_offset, rank_seed, wrap
 from conformance.cases.train.readback import buffer_layout, flat_buffers, flat_params, param_layout, to_device
+from conformance.cases.train.commhooks import register_hook
 from conformance.tolerances import lookup
 from conformance.verdict import Verdict
 from conformance.impls.builtin import resolve_impl
@@ -244,7 +245,7 @@ def task_powersgd(ctx, impl, lr=0.1):
     ddp = _wrap(ctx, impl, m, requires=("register_comm_hook",))
     state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                    start_powerSGD_iter=POWERSGD_START_ITER)
-    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    register_hook(ddp, impl, powersgd.powerSGD_hook, state)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
     x, y, _, _ = _batch("linear", 0, ctx.world_size, ctx.rank)
     x, y = x.to(ctx.device), y.to(ctx.device)

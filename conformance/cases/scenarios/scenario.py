@@ -44,6 +44,7 @@ from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_
                                               to_device)
 import contextlib
 from conformance.cases.search import kit_settings, scenario_examples, SearchWorld
+from conformance.cases.train.commhooks import register_hook
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
 from conformance.tolerances import lookup
@@ -315,7 +316,7 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
         ddp = wrap(row, m, ctx, kwargs, tuple(requires))
         if sc.ddp.get("comm_hook"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+            register_hook(ddp, row.name, default_hooks.allreduce_hook)
         ctx.mark_step()
         return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
+from conformance.cases.train.commhooks import register_hook
 from conformance.errors import Unsupported
 
 
@@ -85,7 +86,7 @@ class CommHookSetup(Setup):
 
     def after_wrap(self, loop):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        loop.ddp.register_comm_hook(None, getattr(default_hooks, self.hook))
+        register_hook(loop.ddp, loop.impl.name, getattr(default_hooks, self.hook))
 
 
 class _Fp16CommHook(CommHookSetup):
@@ -140,7 +141,7 @@ class OutOfPlaceCommHookSetup(Setup):
     """The kit's :func:`out_of_place_mean_hook` registered (exact: float32 tolerance)."""
 
     def after_wrap(self, loop):
-        loop.ddp.register_comm_hook(None, out_of_place_mean_hook)
+        register_hook(loop.ddp, loop.impl.name, out_of_place_mean_hook)
 
 
 class NonReentrantCheckpointSetup(Setup):
