@@ -195,3 +195,57 @@ def test_a_dropped_wrapper_is_freed_and_leaves_no_hooks():
     again.collectives.calls.clear()
     again(torch.randn(5, 3)).sum().backward()  # the kept module trains under a new wrapper
     assert [c[0] for c in again.collectives.calls] == ["all_reduce"]
+
+
+def _completed(value):
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def test_comm_hook_value_is_the_reduced_bucket_and_the_builtin_average_is_off():
+    """register_comm_hook: the future's value (a new tensor here) becomes the gradients; the
+    buffer the hook saw held this replica's gradients; no built-in all-reduce runs."""
+    ddp, coll = make(broadcast_buffers=False)
+    seen = []
+
+    def hook(state, bucket):
+        seen.append((state, bucket.index(), bucket.is_last(), bucket.buffer().clone(),
+                     [tuple(g.shape) for g in bucket.gradients()], len(bucket.parameters())))
+        return _completed(bucket.buffer() * 10)  # out of place: the buffer stays as it is
+
+    ddp.register_comm_hook("state", hook)
+    coll.calls.clear()
+    x = torch.randn(5, 3)
+    ddp(x).sum().backward()
+    assert not [c for c in coll.calls if c[0] == "all_reduce"]
+    ref = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    ref.load_state_dict(ddp.module.state_dict())
+    ref(x).sum().backward()
+    (state, index, last, local, shapes, n), = seen
+    assert (state, index, last, n) == ("state", 0, True, len(list(ref.parameters())))
+    assert sorted(shapes) == sorted(tuple(p.shape) for p in ref.parameters())
+    want = torch.cat([q.grad.reshape(-1) for q in reversed(list(ref.parameters()))])
+    torch.testing.assert_close(local, want)  # the hook saw the local gradients, in bucket order
+    for p, q in zip(ddp.module.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, 10 * q.grad)
+
+
+def test_comm_hook_registration_rules():
+    ddp, _ = make()
+    with pytest.raises(TypeError, match="callable"):
+        ddp.register_comm_hook(None, "not a hook")
+    ddp.register_comm_hook(None, lambda s, b: _completed(b.buffer()))
+    with pytest.raises(RuntimeError, match="only be called once"):
+        ddp.register_comm_hook(None, lambda s, b: _completed(b.buffer()))
+
+
+def test_comm_hook_on_lazy_list_collectives_is_not_implemented():
+    class ListCollectives(RecordingCollectives):  # the XLA collectives' shape
+        def all_reduce_many(self, ts, *, scale=1.0):
+            return [t * scale for t in ts]
+
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(nn.Linear(3, 2), collectives=ListCollectives())
+    with pytest.raises(NotImplementedError, match="XLA"):
+        ddp.register_comm_hook(None, lambda s, b: _completed(b.buffer()))
