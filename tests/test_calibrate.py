@@ -7,6 +7,7 @@ import pytest
 
 from conformance.cli.calibrate import calibrate, summary_text
 from conformance.verdict import Verdict
+from conformance.cases.table import CASES
 from conformance.cases.train.parity import parity_mutants
 
 pytestmark = pytest.mark.cpu
@@ -57,8 +58,11 @@ def test_definitions_on_a_fake_table():
                                                            "check": "param_parity"}
     clip = next(m for m in cal["mutants"] if m["mutant"] == "clip_local_grad")
     assert clip["silent_seeds"] == [0] and not clip.get("excluded")
-    # the case table does not require parity.mlp to kill buffers_not_broadcast
-    assert [e["mutant"] for e in cal["excluded"]] == ["buffers_not_broadcast"]
+    # the case table does not require parity.mlp to kill buffers_not_broadcast (nor the workload
+    # corners' mutants): excluded by the table, without runs
+    by_table = [m for m in parity_mutants() if m not in CASES["parity.mlp"].must_kill]
+    assert "buffers_not_broadcast" in by_table
+    assert [e["mutant"] for e in cal["excluded"]] == by_table
     assert cal["ok"], cal["problems"]
     assert cal["atol_over_noise"] == pytest.approx(50) and cal["signal_over_atol"] == pytest.approx(100)
     assert cal["correct"][0]["checks"]["param_parity"]["per_step"] == [1e-8, 2e-8]
@@ -86,7 +90,7 @@ def test_a_mutant_that_never_triggers_is_excluded():
     assert cal["ok"], cal["problems"]
     reasons = {e["mutant"]: e["reason"] for e in cal["excluded"]}
     assert "indistinguishable from a correct run" in reasons["clip_local_grad"]
-    assert len(cal["mutants"]) == len(parity_mutants()) - 1  # excluded (b) keeps its runs, marked
+    assert len(cal["mutants"]) == len(CASES["parity.mlp"].must_kill)  # excluded (b) keeps its runs, marked
 
 
 def run_cli(*args, cwd=None, timeout=600):

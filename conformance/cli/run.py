@@ -63,8 +63,9 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
         raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
     targets = parse_matrix(runtime, world_size, ddp, launcher, cases=cases)
 
-    def cases_at(rt, w):  # a case runs at its own default world sizes (Case.world_sizes)
-        return [c for c in cases if case_runs_at(c, rt, w, world_size)]
+    def cases_at(rt, w):  # a case runs at its own default world sizes (Case.world_sizes), unless
+        # the world size is given: --world-size, or the launcher's world (--launcher env)
+        return [c for c in cases if case_runs_at(c, rt, w, world_size or launcher == "env")]
     expected = read_expected_failures(expected_failures) if expected_failures else ExpectedFailures()
     env_launch = launcher == "env"
     pool = ExternalPool(targets[0][0], settings) if env_launch else WorldPool(settings)

@@ -1,7 +1,8 @@
 """A ZeRO-style optimizer (stage 2) on torch.distributed, certified on the CPU runtime.
 
 No wrapper: the model is left alone. The optimizer shards SGD's state over the replicas: the
-trainable parameters are flattened into one float32 vector of ``N`` elements, padded to ``W * S``
+trainable parameters are flattened into one float32 vector of ``N`` elements (float64 or complex
+parameters and sparse gradients are ``Unsupported``: the vector cannot hold them), padded to ``W * S``
 (``S = ceil(N / W)``), and replica ``r`` owns elements ``[r*S, (r+1)*S)`` - their momentum buffer
 lives on replica ``r`` only. A step reduce-scatters the flat gradient (replica ``r`` receives the
 sum of its slice over the replicas), divides it by ``W``, applies ``torch.optim.SGD``'s update
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from conformance import Strategy
+from conformance.errors import Unsupported
 
 # DDP keywords with no counterpart here that leave the arithmetic unchanged (no gradient buckets).
 IGNORED = frozenset({"bucket_cap_mb", "gradient_as_bucket_view", "static_graph"})
@@ -77,6 +79,10 @@ class ShardedSGD(torch.optim.Optimizer):
         self.divide = divide
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.trained = [p for p in self.param_groups[0]["params"] if p.requires_grad]
+        wide = sorted({str(p.dtype) for p in self.trained if p.is_complex() or p.element_size() > 4})
+        if wide:  # a float32 flat vector would drop precision or the imaginary part
+            raise Unsupported(f"zero_sgd flattens parameters into one float32 vector: {', '.join(wide)} "
+                              "parameters are not representable")
         numel = sum(p.numel() for p in self.trained)
         self.slice = math.ceil(numel / self.world)       # S: elements each replica owns
         self.padded = self.slice * self.world             # W * S >= N
@@ -98,6 +104,9 @@ class ShardedSGD(torch.optim.Optimizer):
         """Reduce-scatter the gradients, update the owned slice, all-gather the parameters.
         A collective: every replica calls it. A missing gradient counts as zeros."""
         group = self.param_groups[0]
+        if any(p.grad is not None and p.grad.is_sparse for p in self.trained):
+            raise Unsupported("zero_sgd reduce-scatters one dense flat gradient: sparse gradients "
+                              "(Embedding(sparse=True)) are not supported")
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.trained]
         grad = torch.empty(self.slice)
         dist.reduce_scatter_tensor(grad, self._flat(grads))   # SUM of this replica's slice
