@@ -47,6 +47,10 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
   channels_last or transposed parameter gets its own gradient (``copy_`` honours strides;
   with gradient_as_bucket_view the gradient is a contiguous slot; upstream strides the
   slot like its parameter).
+* ``register_comm_hook(state, hook)``: a bucket is reduced by ``hook(state, GradBucket)``
+  instead of the built-in average; the future's value (the averaged bucket, a new tensor or
+  the buffer itself) is copied into the gradients, as upstream's reducer does. Only on
+  torch.distributed: on the lazy XLA collectives it raises ``NotImplementedError``;
 * the gradient hooks hold the wrapper weakly and are removed when it is
   collected: a wrapper nobody references any more reduces nothing (upstream's
   C++ reducer removes its autograd hooks in its destructor too); keep it while
