@@ -30,9 +30,16 @@ def case_world_sizes(case, runtime: str) -> list[int]:
     return list(case.world_sizes.get(runtime, default_world_sizes(runtime)))
 
 
-def case_runs_at(case, runtime: str, world_size: int, explicit: str | None) -> bool:
+def cases_world_sizes(cases, runtime: str) -> list[int]:
+    """Every world size some of ``cases`` runs at by default on ``runtime`` (sorted; empty
+    without cases)."""
+    return sorted({w for c in cases for w in case_world_sizes(c, runtime)})
+
+
+def case_runs_at(case, runtime: str, world_size: int, explicit) -> bool:
     """Whether ``case`` runs at ``world_size`` on ``runtime``: always when world sizes were
-    given (``explicit``, the ``--world-size`` value), else at its :func:`case_world_sizes`."""
+    given (``explicit`` true: the ``--world-size`` value, or a launcher's world), else at its
+    :func:`case_world_sizes`."""
     return bool(explicit) or world_size in case_world_sizes(case, runtime)
 
 
@@ -103,7 +110,7 @@ def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
     for rt in _parse_runtime_names(runtime):
         sizes = parse_world_sizes(world_size, rt)
         if not world_size and cases:
-            sizes = sorted({w for c in cases for w in case_world_sizes(c, rt)})
+            sizes = cases_world_sizes(cases, rt)
         parse_runtimes(rt, sizes)
         impls = parse_impl_names(ddp, rt)
         out += [(rt, w, impls) for w in sizes]

@@ -118,12 +118,12 @@ def runtime_worlds(config):
     from conformance.settings import default_world_sizes
     from conformance.worlds.runtimes import RUNTIMES
     rt, ws = _opt(config, "runtime"), _opt(config, "world-size")
-    from conformance.options import case_world_sizes
+    from conformance.options import cases_world_sizes
     cases = selected_cases(config)
     out = []
     for name in (split_list(rt) if rt else list(RUNTIMES)):
         for w in ([int(w) for w in split_list(ws)] if ws else
-                  sorted({w for c in cases for w in case_world_sizes(c, name)}) or default_world_sizes(name)):
+                  cases_world_sizes(cases, name) or default_world_sizes(name)):
             out.append((name, w, [getattr(pytest.mark, name)] + ([pytest.mark.slow] if w >= SLOW_WORLD_SIZE else [])))
     return out
 

@@ -12,11 +12,10 @@ from fixtures.models import MODELS
 from conformance.cases.checks import AGREEMENT, CHECKS, judge, judge_agreement
 from conformance.cases.train.loop import RunSpec, rank_seed
 from conformance.cases.train.setups import replica_groups
-from conformance.tolerances import MIN_WORLD_SIZE
 from conformance.cases.train.reference import reference_run
-from conformance.tolerances import lookup
+from conformance.tolerances import MIN_WORLD_SIZE, lookup
 from conformance.errors import Unsupported
-from conformance.verdict import Verdict
+from conformance.verdict import BAD, Verdict
 from conformance.impls.builtin import resolve_impl
 from conformance.worlds.runtimes import world_for
 
@@ -67,7 +66,7 @@ def evaluate_train(case, impl, runtime, w, session, overrides):
 
 
 #: Verdict statuses from worst to best: the verdict of a check over several groups is its worst.
-_ORDER = ("fail", "vacuous", "pass")
+_ORDER = BAD + ("pass",)
 
 
 def worst(verdicts: list) -> Verdict:
