@@ -366,6 +366,23 @@ def test_collective_in_recognises_torch_distributed_and_xla_frames():
     assert collective_in(event, source=lambda p, n: lines[p]) is None
 
 
+def test_collective_in_recognises_the_kit_runtime_frames():
+    """A DDP that calls ddp_impl's collectives or step sync (the reference DDP's runtime) is
+    seen waiting there from its stack alone; the recognised files exist (they moved once, to
+    ddp_impl/runtime/, and the old paths silently matched nothing)."""
+    import ddp_impl
+    from conformance.worlds.blame import _LIBRARIES, _SYNCS, collective_in
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ddp_impl.__file__)))
+    for rel in [r for r in _LIBRARIES + tuple(_SYNCS) if r.startswith("ddp_impl/")]:
+        assert os.path.isfile(os.path.join(root, rel)), f"{rel}: no such file in the kit"
+    sync = (f'  File "{root}/ddp_impl/runtime/xla.py", line 200 in mark_step\n'
+            '  File "/u/t.py", line 3 in step\n')
+    assert collective_in(sync) == "ddp_impl.runtime.xla.mark_step at u/t.py:3 in step"
+    reduce = (f'  File "{root}/ddp_impl/runtime/xla.py", line 360 in all_reduce_\n'
+              '  File "/u/dp.py", line 9 in _hook\n')
+    assert collective_in(reduce) == "ddp_impl.runtime.xla.all_reduce_ at u/dp.py:9 in _hook"
+
+
 def test_blame_measured_case_gloo_timeout_raised_by_the_waiter():
     """The user's measurement: replica 0 raised gloo's timeout inside the DDP's own
     all_reduce while replica 1 slept in backward. Replica 1 is the culprit."""
