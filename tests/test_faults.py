@@ -383,6 +383,22 @@ def test_collective_in_recognises_the_kit_runtime_frames():
     assert collective_in(reduce) == "ddp_impl.runtime.xla.all_reduce_ at u/dp.py:9 in _hook"
 
 
+@pytest.mark.parametrize("culprits, column", [([1], 1), ([0, 1], None)])
+def test_world_failure_verdicts_fill_the_replica_column_only_for_one_culprit(monkeypatch, culprits, column):
+    """The table's replica column says who failed; with several culprits none stands out (the
+    reason names them all), so the column stays empty rather than showing the first."""
+    import conformance.evaluate as ev
+    from conformance.cases.table import CASES
+    case = CASES["parity.linear"]
+    diag = [{"rank": r, "culprit": r in culprits, "step": 2} for r in (0, 1)]
+
+    def fails(*args, **kwargs):
+        raise ReplicaTimeout("cpu world of 2 replica(s): task t: no answer\ndetails", diag)
+    monkeypatch.setitem(ev.EVALUATORS, case.kind, fails)
+    verdicts = ev.evaluate(case, "ref", "cpu", 2, session=ev.Session(pool=type("NoPool", (), {})()))
+    assert verdicts and {(v.status, v.replica, v.first_bad_step) for v in verdicts} == {("fail", column, 2)}
+
+
 def test_blame_measured_case_gloo_timeout_raised_by_the_waiter():
     """The user's measurement: replica 0 raised gloo's timeout inside the DDP's own
     all_reduce while replica 1 slept in backward. Replica 1 is the culprit."""
