@@ -106,13 +106,29 @@ def test_fault_is_classified_and_named(runtime, how):
         assert not isinstance(err, ReplicaFailed)
 
 
+def _kill_when_asleep(world, victim, stop, task=1):
+    """SIGKILL ``victim`` once replica K has noted step 1 of ``task`` (where it sleeps): an
+    ordering, not a wall time. A kill at a load-scaled time came after the PJRT peer's collective
+    bound (6 s, fixed below XLA's own abort) under load 9: a timeout, not a death, was reported."""
+    from conformance.worlds.diagnosis import read_board
+    while not stop.is_set():
+        b = read_board(world._board, world.world_size)[K]
+        if b.get("task") == task and b.get("step") == 1:
+            stop.wait(0.5)  # into the sleep, the peer into its collective
+            if not stop.is_set():
+                os.kill(victim, signal.SIGKILL)
+            return
+        stop.wait(0.05)
+
+
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_replica_killed_from_outside(runtime):
     _available(runtime)
     world, scale = start_world(runtime, 2, timeout=TIMEOUT_S)
     pids = world.pids()
     victim = pids[K] if len(pids) > K else pids[0]  # PJRT: one host holds every replica
-    killer = threading.Timer(2.0 * scale, os.kill, args=(victim, signal.SIGKILL))
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_when_asleep, args=(world, victim, stop), daemon=True)
     t0 = time.monotonic()
     killer.start()
     try:
@@ -120,7 +136,7 @@ def test_replica_killed_from_outside(runtime):
             world.run(fault, timeout=TIMEOUT_S * scale, rank=K, how="sleep", seconds=TIMEOUT_S * 3 * scale)
         elapsed = time.monotonic() - t0
     finally:
-        killer.cancel()
+        stop.set()
         world.close()
     err = info.value
     _check_diagnosis(err)
