@@ -182,7 +182,8 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         out = each("fail", summary, text)
         for v in out:
             v.replicas = _jsonable(diag)
-            v.replica = culprits[0] if culprits else None  # the table's replica column: the first culprit
+            v.replica = culprits[0] if len(culprits) == 1 else None  # the table's replica column: the culprit
+            # (several: none stands out; the reason names them)
             v.first_bad_step = next((d.get("step") for d in diag if d.get("culprit") and d.get("step")), None)
         return out
     if verdicts is None:  # non-root process of a launcher-built world: rank 0 judges

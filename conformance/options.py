@@ -52,7 +52,12 @@ def parse_impl_names(value: str | None, runtime: str) -> list[str]:
         raise UsageError(str(exc)) from None
 
 
-def _parse_runtime_names(value: str | None) -> list[str]:
+def parse_runtime_names(value: str | None) -> list[str]:
+    """Runtime names of a comma list (names only: whether one runs here is :func:`parse_runtimes`).
+
+    Raises:
+        UsageError: empty, or a name no runtime has.
+    """
     runtimes = split_list(value)
     if not runtimes:
         raise UsageError("--runtime is empty")
@@ -64,7 +69,7 @@ def _parse_runtime_names(value: str | None) -> list[str]:
 
 def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> list[str]:
     """Runtime names; with ``strict`` a runtime that cannot run here is a usage error."""
-    runtimes = _parse_runtime_names(value)
+    runtimes = parse_runtime_names(value)
     for rt in runtimes:
         if strict:
             for w in sizes:
@@ -107,7 +112,7 @@ def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
                 raise UsageError(f"--launcher env: runtime {rt} cannot run under an external launcher "
                                  f"(only {', '.join(EXTERNAL_RUNTIMES)})")
     out = []
-    for rt in _parse_runtime_names(runtime):
+    for rt in parse_runtime_names(runtime):
         sizes = parse_world_sizes(world_size, rt)
         if not world_size and cases:
             sizes = cases_world_sizes(cases, rt)

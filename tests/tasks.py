@@ -20,7 +20,7 @@ def all_reduce_value(ctx, values) -> list:
 
 
 def fail_on(ctx, rank, how="raise", seconds=30.0) -> int:
-    """Misbehave on replica ``rank``: raise, sleep, exit, or block in a collective.
+    """Misbehave on replica ``rank`` (``None``: every replica): raise, sleep, exit, or block in a collective.
 
     ``how``: ``raise`` (ValueError), ``sleep`` (``seconds``), ``exit`` (os._exit(3)),
     ``hang_collective`` (every other replica enters an all-reduce that ``rank`` skips).
@@ -31,7 +31,7 @@ def fail_on(ctx, rank, how="raise", seconds=30.0) -> int:
             ctx.collectives.all_reduce_(torch.ones(1).to(ctx.device))
             ctx.mark_step()
         return ctx.rank
-    if ctx.rank == rank:
+    if rank in (None, ctx.rank):
         if how == "raise":
             raise ValueError(f"boom from replica {rank}")
         if how == "sleep":

@@ -146,6 +146,6 @@ def test_repeat_reports_a_failing_implementation(tmp_path):
     assert "4 non-passing verdict(s)" in r.stdout
 
 
-def test_repeat_refuses_mutants():
-    r = run_cli("run", "--ddp", "mutant:no_grad_sync", "--repeat", "2")
+def test_repeat_refuses_mutants(tmp_path):
+    r = run_cli("run", "--ddp", "mutant:no_grad_sync", "--repeat", "2", cwd=tmp_path)  # the default report's lock
     assert r.returncode == 2 and "is a mutant" in r.stderr

@@ -39,11 +39,26 @@ def run_cli(*args, cwd=None, timeout=300):
     (["--exitfirst-each", "--launcher", "env"], "--exitfirst-each: a launcher-built world"),
     (["--exitfirst", "--exitfirst-each"], "pick one"),
 ])
-def test_bad_input_one_line_exit_2(args, needle):
-    r = run_cli("run", *args)
+def test_bad_input_one_line_exit_2(args, needle, tmp_path):
+    r = run_cli("run", *args, cwd=tmp_path)  # its own folder: the default report's lock is per folder (xdist)
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--runtime", "tpu"], ["--runtime", "cpu,nope"], ["--ddp", "no_such_pkg.mod:DDP"], ["--world-size", "1"],
+    ["--expected-failures", "/no/such/file"], ["--replica-timeout", "0"], ["--profile", "huge"],
+    ["--json", "/no/such/folder/r.json"],
+])
+def test_usage_errors_come_before_torch(args):
+    """Usage errors come at once (issue 19: they waited 3-30 s for torch): counted by what is
+    imported, not by a wall time that load would stretch."""
+    code = ("import sys\nfrom conformance.cli import main\n"
+            f"rc = main(['run', *{args!r}])\nprint(rc, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
+    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_run_prints_table_and_writes_json(tmp_path):

@@ -106,13 +106,29 @@ def test_fault_is_classified_and_named(runtime, how):
         assert not isinstance(err, ReplicaFailed)
 
 
+def _kill_when_asleep(world, victim, stop, task=1):
+    """SIGKILL ``victim`` once replica K has noted step 1 of ``task`` (where it sleeps): an
+    ordering, not a wall time. A kill at a load-scaled time came after the PJRT peer's collective
+    bound (6 s, fixed below XLA's own abort) under load 9: a timeout, not a death, was reported."""
+    from conformance.worlds.diagnosis import read_board
+    while not stop.is_set():
+        b = read_board(world._board, world.world_size)[K]
+        if b.get("task") == task and b.get("step") == 1:
+            stop.wait(0.5)  # into the sleep, the peer into its collective
+            if not stop.is_set():
+                os.kill(victim, signal.SIGKILL)
+            return
+        stop.wait(0.05)
+
+
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_replica_killed_from_outside(runtime):
     _available(runtime)
     world, scale = start_world(runtime, 2, timeout=TIMEOUT_S)
     pids = world.pids()
     victim = pids[K] if len(pids) > K else pids[0]  # PJRT: one host holds every replica
-    killer = threading.Timer(2.0 * scale, os.kill, args=(victim, signal.SIGKILL))
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_when_asleep, args=(world, victim, stop), daemon=True)
     t0 = time.monotonic()
     killer.start()
     try:
@@ -120,7 +136,7 @@ def test_replica_killed_from_outside(runtime):
             world.run(fault, timeout=TIMEOUT_S * scale, rank=K, how="sleep", seconds=TIMEOUT_S * 3 * scale)
         elapsed = time.monotonic() - t0
     finally:
-        killer.cancel()
+        stop.set()
         world.close()
     err = info.value
     _check_diagnosis(err)
@@ -364,6 +380,39 @@ def test_collective_in_recognises_torch_distributed_and_xla_frames():
     event = f'  File "/usr/lib/python3.11/threading.py", line 320 in wait\n{work}'
     lines = {"/u/dp.py": "        h.wait()\n", "/usr/lib/python3.11/threading.py": "    waiter.acquire()\n"}
     assert collective_in(event, source=lambda p, n: lines[p]) is None
+
+
+def test_collective_in_recognises_the_kit_runtime_frames():
+    """A DDP that calls ddp_impl's collectives or step sync (the reference DDP's runtime) is
+    seen waiting there from its stack alone; the recognised files exist (they moved once, to
+    ddp_impl/runtime/, and the old paths silently matched nothing)."""
+    import ddp_impl
+    from conformance.worlds.blame import _LIBRARIES, _SYNCS, collective_in
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ddp_impl.__file__)))
+    for rel in [r for r in _LIBRARIES + tuple(_SYNCS) if r.startswith("ddp_impl/")]:
+        assert os.path.isfile(os.path.join(root, rel)), f"{rel}: no such file in the kit"
+    sync = (f'  File "{root}/ddp_impl/runtime/xla.py", line 200 in mark_step\n'
+            '  File "/u/t.py", line 3 in step\n')
+    assert collective_in(sync) == "ddp_impl.runtime.xla.mark_step at u/t.py:3 in step"
+    reduce = (f'  File "{root}/ddp_impl/runtime/xla.py", line 360 in all_reduce_\n'
+              '  File "/u/dp.py", line 9 in _hook\n')
+    assert collective_in(reduce) == "ddp_impl.runtime.xla.all_reduce_ at u/dp.py:9 in _hook"
+
+
+@pytest.mark.parametrize("culprits, column", [([1], 1), ([0, 1], None)])
+def test_world_failure_verdicts_fill_the_replica_column_only_for_one_culprit(monkeypatch, culprits, column):
+    """The table's replica column says who failed; with several culprits none stands out (the
+    reason names them all), so the column stays empty rather than showing the first."""
+    import conformance.evaluate as ev
+    from conformance.cases.table import CASES
+    case = CASES["parity.linear"]
+    diag = [{"rank": r, "culprit": r in culprits, "step": 2} for r in (0, 1)]
+
+    def fails(*args, **kwargs):
+        raise ReplicaTimeout("cpu world of 2 replica(s): task t: no answer\ndetails", diag)
+    monkeypatch.setitem(ev.EVALUATORS, case.kind, fails)
+    verdicts = ev.evaluate(case, "ref", "cpu", 2, session=ev.Session(pool=type("NoPool", (), {})()))
+    assert verdicts and {(v.status, v.replica, v.first_bad_step) for v in verdicts} == {("fail", column, 2)}
 
 
 def test_blame_measured_case_gloo_timeout_raised_by_the_waiter():

@@ -101,9 +101,10 @@ def test_replica_timeout_option_bounds_the_task(tmp_path):
 
 
 def test_usage_errors_come_before_torch_is_imported():
+    # json:Y: a module that is there (one that is not is itself an early error)
     code = ("import sys; from conformance import cli\n"
             "try:\n    cli.parse(['run', '--world-size', '1'])\nexcept Exception as e:\n    print(type(e).__name__)\n"
-            "cli.parse(['run', '--ddp', 'x:Y', '--replica-timeout', '3'])\n"
+            "cli.parse(['run', '--ddp', 'json:Y', '--replica-timeout', '3'])\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.stdout.split() == ["UsageError", "False"], out.stdout + out.stderr

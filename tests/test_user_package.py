@@ -72,6 +72,26 @@ def test_plugin_comes_from_entry_point(scratch):
     assert "test_mutant_killed" not in r.stdout  # the kill matrix is the kit's self-test
 
 
+def test_readme_pytest_command_from_the_folder_holding_the_package(tmp_path):
+    """The README's ``pytest --pyargs conformance --conformance-ddp mypkg.ddp:MyDDP -m cpu``, run
+    with the ``pytest`` script (which, unlike ``python -m pytest``, does not put the current
+    folder on ``sys.path``) from the folder that holds ``mypkg`` (issue 19: exit 4, "No module
+    named 'mypkg'")."""
+    script = os.path.join(os.path.dirname(sys.executable), "pytest")
+    if not os.path.exists(script):
+        pytest.skip(f"no pytest script beside {sys.executable}")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "ddp.py").write_text(USER_MODULE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = REPO  # the kit as imported here (a checkout or site-packages); not the package's folder
+    r = subprocess.run([script, "--pyargs", "conformance", "--conformance-ddp", "mypkg.ddp:MyDDP", "-m", "cpu",
+                        "--conformance-world-size", "2", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "test_case[parity.linear-mypkg.ddp:MyDDP-cpu-w2]" in r.stdout, r.stdout[-2000:]
+
+
 def test_user_ddp_parity_from_scratch_dir(scratch):
     cwd, _ = scratch
     r = pytest_in(scratch, "--conformance-ddp", "userddp:MyDDP", "--conformance-only",

@@ -49,6 +49,17 @@ def test_stuck_replica_times_out_with_stack(fresh_world):
     assert gone(fresh_world.pids())
 
 
+def test_every_replica_stuck_names_them_all(fresh_world):
+    """No replica stands out (all asleep outside any collective): the first sentence, which the
+    table prints, names every culprit, not replica 0 alone."""
+    scale = fresh_world.load_scale
+    with pytest.raises(ReplicaTimeout) as err:
+        fresh_world.run(fail_on, timeout=3 * scale, rank=None, how="sleep", seconds=60 * scale)
+    summary = err.value.summary()
+    assert [d["rank"] for d in err.value.diagnosis if d["culprit"]] == [0, 1], summary
+    assert summary.startswith("no single culprit, replicas 0, 1 alike: replica 0 hung at "), summary
+
+
 def test_replica_stuck_in_collective_times_out(fresh_world):
     with pytest.raises(ReplicaTimeout, match="(?s)all_reduce"):
         fresh_world.run(fail_on, timeout=3 * fresh_world.load_scale, rank=1, how="hang_collective")

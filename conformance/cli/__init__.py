@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version as dist_version
@@ -22,8 +23,8 @@ from importlib.metadata import PackageNotFoundError, version as dist_version
 from conformance.cli.calibrate import add_parser as add_calibrate
 from conformance.cli.output import STDOUT, report_lock, signal_of, signals_raise
 from conformance.cli.report import add_parser as add_report
-from conformance.errors import UsageError
-from conformance.options import parse_world_sizes
+from conformance.errors import UsageError, split_list
+from conformance.options import parse_runtime_names, parse_world_sizes
 from conformance.settings import Settings
 
 # Options that shape the Settings rather than one command.
@@ -158,6 +159,14 @@ def _check_early(values: dict) -> None:
     world starts (a report is never lost at the end of a run)."""
     if values.get("world_size") and "model" not in values:  # calibrate takes one size, checked there
         parse_world_sizes(values["world_size"])
+    if values.get("runtime"):  # names only; whether one runs here needs torch
+        parse_runtime_names(values["runtime"])
+    for spec in split_list(values.get("ddp")):  # a user's module that is not there at all
+        mod_name, colon, _ = spec.partition(":")
+        top = mod_name.split(".")[0]
+        if colon and mod_name != "mutant" and top and importlib.util.find_spec(top) is None:
+            raise UsageError(f"--ddp {spec!r}: cannot import {mod_name!r}: "
+                             f"ModuleNotFoundError: No module named {top!r}")
     for key in ("expected_failures", "scenario"):
         path = values.get(key)
         flag = "--expected-failures " if key == "expected_failures" else ""

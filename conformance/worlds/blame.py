@@ -45,12 +45,12 @@ COLLECTIVE_FUNCTIONS = frozenset({
     "send_object_list", "recv_object_list", "wait_tensor", "collective_permute", "rendezvous",
     "psum", "all_reduce_many", "all_reduce_", "broadcast_"})
 # Library directories whose frames may be collectives (path fragments, '/'-separated).
-_LIBRARIES = ("torch/distributed/", "torch_xla/", "ddp_impl/collectives.py", "ddp_impl/xla.py")
+_LIBRARIES = ("torch/distributed/", "torch_xla/", "ddp_impl/runtime/collectives.py", "ddp_impl/runtime/xla.py")
 # Step syncs and waits that block on collectives issued before (XLA runs its lazy
 # collectives in the step sync; torch futures complete when the collective does).
 _SYNCS = {"torch_xla/core/xla_model.py": {"mark_step", "wait_device_ops"},
           "torch_xla/torch_xla.py": {"sync"},
-          "ddp_impl/xla.py": {"mark_step"},
+          "ddp_impl/runtime/xla.py": {"mark_step"},
           "torch/futures/__init__.py": {"wait", "value"}}
 # An innermost frame in the user's own code at `x.wait()`: a C++ wait (dist.Work.wait);
 # a Python-level wait (threading.Event, subprocess) would have frames below it.

@@ -572,7 +572,7 @@ class World:
                 place = "; ".join(x for x in (f"host {d['host']}, pid {d['pid']}", dg.where(d)) if x)
                 parts.append(f"replica {d['rank']} raised {d['exception_type']}: "
                              f"{_first_line(d['exception_message'])} [{place}]")
-            return _lead(parts) + f"{head}: {len(culprits)} replica(s) raised; " + "; ".join(parts), ReplicaFailed
+            return _lead(parts, culprits) + f"{head}: {len(culprits)} replica(s) raised; " + "; ".join(parts), ReplicaFailed
         # A hang: the task bound passed, a replica waited past the collective bound, or
         # the runtime's own collective timeout fired first (the waiters raised it).
         if raised:
@@ -603,7 +603,7 @@ class World:
                  + (f" for {d['waited_s']:.1f} s" if d.get("waited_s") is not None else "")
                  + (f" (raised {d['exception_type']})" if d.get("exception_type") else "")
                  for d in diag if d["status"] == "waiting"]
-        return (_lead(parts) + f"{head}: {why}; " + "; ".join(parts)
+        return (_lead(parts, culprits) + f"{head}: {why}; " + "; ".join(parts)
                 + (f"; waiting: {', '.join(waits)}" if waits else "")), ReplicaTimeout
 
     # --- lifecycle -------------------------------------------------------
@@ -692,10 +692,16 @@ def _replica_stacks(dump, tid, host_tids):
     return text, seen
 
 
-def _lead(parts: list[str]) -> str:
+def _lead(parts: list[str], culprits=()) -> str:
     """The first culprit's own words as the summary's first sentence: a report's table prints
-    the first sentence, which must say who failed, not which world."""
-    return f"{parts[0].rstrip('. ')}. " if parts else ""
+    the first sentence, which must say who failed, not which world. With several ``culprits``
+    (diagnosis dicts) the sentence names them all first: the first one's words alone would
+    read as if it stood out (every replica asleep, all waiting in one step sync)."""
+    if not parts:
+        return ""
+    ranks = [str(d["rank"]) for d in culprits]
+    alike = f"no single culprit, replicas {', '.join(ranks)} alike: " if len(ranks) > 1 else ""
+    return f"{alike}{parts[0].rstrip('. ')}. "
 
 
 def _top_frame(stacks):
