@@ -480,14 +480,16 @@ def init_pjrt_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT, **kwa
             if _PG_OWNED["initialised"]:
                 return False
             raise RuntimeError("torch.distributed is already initialised (not by ddp_impl.runtime.xla)")
-        b = pjrt_bindings()
-        if b.process_count == 1:
+        # The real process, not pjrt_bindings(): the group is process-wide, and a host the kit
+        # emulates per replica thread is no process a TCP store could wait for.
+        C = require_torch_xla()._XLAC
+        index, count = C._xla_get_process_index(), C._xla_get_num_processes()
+        if count == 1:
             store = dist.HashStore()
         else:
             from torch_xla._internal import rendezvous
             store, _, _ = next(rendezvous.pjrt_rendezvous_handler("xla://", timeout=timeout))
-        dist.init_process_group("xla", store=store, rank=b.process_index,
-                                world_size=b.process_count, timeout=timeout, **kwargs)
+        dist.init_process_group("xla", store=store, rank=index, world_size=count, timeout=timeout, **kwargs)
         _PG_OWNED["initialised"] = True
         return True
 
@@ -515,10 +517,10 @@ _PG_USERS = {"left": None}
 
 def _release_process_group(dist):
     """Destroy the group when the last replica thread of this process finishes."""
-    import torch_xla.runtime as xr
+    C = require_torch_xla()._XLAC
     with _PG_LOCK:
         if _PG_USERS["left"] is None:
-            _PG_USERS["left"] = xr.addressable_device_count()
+            _PG_USERS["left"] = C._xla_num_devices()  # this process's replica threads
         _PG_USERS["left"] -= 1
         if _PG_USERS["left"] == 0 and dist.is_initialized() and _PG_OWNED["initialised"]:
             dist.destroy_process_group()

@@ -48,6 +48,8 @@ import threading
 import time
 import traceback
 
+from conformance.settings import emulated_hosts
+from conformance.worlds.runtimes import pjrt_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable, run_task
 
 # XLA:CPU's collective termination timeout in torch_xla 2.9 (fixed; measured,
@@ -74,9 +76,10 @@ def flushed(fn):
 class _ReplicaThread:
     """A persistent thread bound to one XLA device that runs tasks on request."""
 
-    def __init__(self, device: str, world_size: int):
+    def __init__(self, device: str, world_size: int, hosts: int = 1):
         self.device = device
         self.world_size = world_size
+        self.hosts = hosts
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
         self.ctx: ReplicaContext | None = None
@@ -87,7 +90,12 @@ class _ReplicaThread:
         import torch
         import torch_xla
         from ddp_impl.runtime import ranks, xla
-        torch_xla._XLAC._xla_set_default_device(self.device)
+        C = torch_xla._XLAC
+        C._xla_set_default_device(self.device)
+        # For the thread's life (it runs only this replica's tasks): torch_xla's per-host
+        # queries answer as host h of an H-host pod (pjrt_hosts).
+        layout = pjrt_hosts.HostLayout.of(C._xla_get_default_device_ordinal(), self.world_size, self.hosts)
+        pjrt_hosts.bind(layout)
         bindings = xla.pjrt_bindings()
         if bindings.world_size != self.world_size:
             raise RuntimeError(f"{self.device}: torch_xla reports world size {bindings.world_size}, "
@@ -98,8 +106,8 @@ class _ReplicaThread:
             runtime="pjrt", rank=bindings.global_ordinal, world_size=bindings.world_size,
             device=dev, collectives=xla.XlaCollectives(dev, bindings), bindings=bindings,
             mark_step=lambda: xla.mark_step(dev),
-            extra={"thread": threading.current_thread().name, "thread_ident": threading.get_ident(),
-                   "torch_xla_version": torch_xla.__version__})
+            extra={"host": layout.host, "thread": threading.current_thread().name,
+                   "thread_ident": threading.get_ident(), "torch_xla_version": torch_xla.__version__})
 
     def _main(self):
         try:
@@ -182,7 +190,9 @@ class PjrtRuntime(Runtime):
         # As torch_xla._internal.pjrt.initialize_multiprocess: replicate over all.
         xm.set_replication(torch_xla.device(), devices)
         xla.value_independent_graphs()  # rank-dependent values must not change graphs
-        threads = [_ReplicaThread(d, world_size) for d in devices]
+        pjrt_hosts.install()
+        hosts = emulated_hosts(self.settings, world_size, self.name)
+        threads = [_ReplicaThread(d, world_size, hosts) for d in devices]
         self._threads = threads
         errors = []
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
