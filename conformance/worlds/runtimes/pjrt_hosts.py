@@ -19,11 +19,10 @@ Global queries (``xr.world_size``, ``xr.global_ordinal``, ``xr.global_device_cou
 and the collectives are real and stay global. Not emulated (measured or by
 construction; docs/multi-host.md):
 
-* torch_xla's own callers that need the one real process (:data:`TRUE_CALLERS`): the
-  ``xla://`` store (a TCP store of H processes would wait for H-1 that never come), the
-  process-wide world-size/ordinal cache of ``_init_world_size_ordinal`` (one device per
-  process would let the first thread's ordinal answer for every thread), the checkpoint
-  manager's coordinator, the metrics file suffix (one shared disk);
+* torch_xla's own callers that need the one real process (:data:`CALLERS` says which and
+  why): the ``xla://`` store, the process-wide world-size/ordinal cache of
+  ``_init_world_size_ordinal``, the checkpoint manager's coordinator, the metrics file name;
+  torch.distributed's ``xla`` group is the real process's (rank 0 of 1);
 * environment variables (``PJRT_LOCAL_PROCESS_RANK`` = 0, ``PJRT_LOCAL_PROCESS_COUNT`` =
   1 are already what one process per host gives; torchrun's ``LOCAL_WORLD_SIZE`` is not
   set on this runtime): ``os.environ`` is one per process and XLA's C++ reads the C
@@ -90,16 +89,32 @@ QUERIES = {
     ("torch_xla", "device_count"): "local_device_count",
 }
 
-# torch_xla 2.9 call sites of the queries above that get the real (one-process) answer,
-# by (module, calling function); every other caller gets the emulated one. Each entry's
-# reason is in the module docstring; tests/test_hosts.py checks that every call site of
-# a query inside torch_xla is either here or a query of QUERIES itself.
-TRUE_CALLERS = {
-    ("torch_xla._internal.rendezvous", "pjrt_rendezvous_handler"),
-    ("torch_xla.runtime", "_init_world_size_ordinal"),
-    ("torch_xla.experimental.distributed_checkpoint.manager", "__init__"),
-    ("torch_xla.debug.metrics_saver", "_extract_metrics_file"),
+# Every call site of a query inside torch_xla 2.9 (module, calling function) -> whether it gets
+# the emulated or the real (one-process) answer, and why. tests/test_hosts.py scans the
+# installed torch_xla and fails on a call site missing here.
+CALLERS = {
+    ("torch_xla._internal.rendezvous", "pjrt_rendezvous_handler"):
+        ("real", "builds the xla:// TCP store for process_count processes; the emulated hosts "
+                 "are one process, so a store of H would wait for H-1 that never come"),
+    ("torch_xla.runtime", "_init_world_size_ordinal"):
+        ("real", "with one device per process it caches the world size and ordinal process-wide; "
+                 "the replica threads share that cache, so the first thread's ordinal would "
+                 "answer for all"),
+    ("torch_xla.experimental.distributed_checkpoint.manager", "__init__"):
+        ("real", "starts the distributed runtime's coordinator for process_count processes"),
+    ("torch_xla._internal.tpu", "_spmd_find_master_ip"):
+        ("real", "TPU SPMD: gathers each process's IP over the real processes"),
+    ("torch_xla.debug.metrics_saver", "_extract_metrics_file"):
+        ("real", "names the metrics file by local ordinal; a pod's hosts have a disk each, the "
+                 "emulated hosts share one"),
+    ("torch_xla.core.xla_model", "is_master_ordinal"):
+        ("emulated", "public: true on local ordinal 0 of each host, as on a pod (master_print "
+                     "prints once per host)"),
+    ("torch_xla.core.xla_model", "get_local_ordinal"): ("emulated", "a query itself (replaced)"),
+    ("torch_xla.runtime", "local_device_count"): ("emulated", "a query itself (replaced)"),
+    ("torch_xla.runtime", "local_ordinal"): ("emulated", "a query itself (replaced)"),
 }
+TRUE_CALLERS = frozenset(site for site, (answer, _) in CALLERS.items() if answer == "real")
 
 
 def bind(layout: HostLayout | None) -> None:
@@ -112,20 +127,24 @@ def bound() -> HostLayout | None:
     return getattr(_thread, "layout", None)
 
 
-def _query(key, original, field):
+def _query(original, field):
     def emulated(*args, **kwargs):
         layout = getattr(_thread, "layout", None)
-        if layout is not None:
-            caller = sys._getframe(1)  # not kept: a live frame would keep lazy tensors alive
-            site = (caller.f_globals.get("__name__"), caller.f_code.co_name)
-            del caller
-            if site not in TRUE_CALLERS:
-                return getattr(layout, field)
-        return original(*args, **kwargs)
+        if layout is None or getattr(_thread, "real", False):
+            return original(*args, **kwargs)
+        caller = sys._getframe(1)  # not kept: a live frame would keep lazy tensors alive
+        site = (caller.f_globals.get("__name__"), caller.f_code.co_name)
+        del caller
+        if site not in TRUE_CALLERS:
+            return getattr(layout, field)
+        _thread.real = True  # the original's own queries answer for the real process too
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _thread.real = False
     emulated.__name__ = original.__name__
     emulated.__doc__ = original.__doc__
     emulated.__wrapped__ = original
-    emulated.emulated_field = field
     return emulated
 
 
@@ -142,7 +161,7 @@ def install() -> None:
             module = importlib.import_module(key[0])
             original = getattr(module, key[1])
             _ORIGINALS[key] = original
-            setattr(module, key[1], _query(key, original, field))
+            setattr(module, key[1], _query(original, field))
 
 
 def uninstall() -> None:
