@@ -11,7 +11,9 @@ over the W devices in the host's main thread (as torch_xla's
 thread-local, so torch_xla's ordinal queries answer ``i`` in it), pins its
 :class:`ddp_impl.runtime.ranks.RankBindings` with ``bind_thread`` and keeps its
 :class:`ddp_impl.runtime.xla.XlaCollectives`. Every task runs in those same threads, so
-a replica always sees the same device, bindings and compile cache.
+a replica always sees the same device, bindings and compile cache. Each thread also binds
+its emulated host (:mod:`conformance.worlds.runtimes.pjrt_hosts`, ``Settings.pjrt_hosts``):
+torch_xla's per-host queries answer for it, so W=2 runs as 2 hosts x 1.
 
 ``ctx.mark_step`` is :func:`ddp_impl.runtime.xla.mark_step` - the deadlock-free step
 sync of docs/runtimes/pjrt.md (the PJRT CPU causes). Tasks must call it after each
