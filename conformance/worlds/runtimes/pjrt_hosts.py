@@ -122,11 +122,6 @@ def bind(layout: HostLayout | None) -> None:
     _thread.layout = layout
 
 
-def bound() -> HostLayout | None:
-    """The calling thread's layout, or ``None``."""
-    return getattr(_thread, "layout", None)
-
-
 def _query(original, field):
     def emulated(*args, **kwargs):
         layout = getattr(_thread, "layout", None)
@@ -162,16 +157,3 @@ def install() -> None:
             original = getattr(module, key[1])
             _ORIGINALS[key] = original
             setattr(module, key[1], _query(original, field))
-
-
-def uninstall() -> None:
-    """Put the original functions back (tests)."""
-    with _INSTALL_LOCK:
-        for (mod, name), original in _ORIGINALS.items():
-            setattr(importlib.import_module(mod), name, original)
-        _ORIGINALS.clear()
-
-
-def real(module: str, name: str):
-    """The original torch_xla function behind an installed query (or the current one)."""
-    return _ORIGINALS.get((module, name)) or getattr(importlib.import_module(module), name)
