@@ -41,11 +41,12 @@ DEFAULT_IMPLS = {"cpu": ("torch", "ref"), "pjrt": ("ref", "xla_recipe", "torch")
 # local/global ordinal mix-up, is wrong there) and W=3 as 1 host x 3 (a divisor taken from
 # the host count is wrong there).
 DEFAULT_CPU_HOSTS = {2: 2}
-# The same shapes on PJRT. XLA:CPU has no cross-process collectives, so a PJRT world stays
-# one process of W replica threads; the hosts are emulated in torch_xla's per-host queries
-# (process_index, addressable_device_count, local_ordinal, ...; conformance.worlds.runtimes.
-# pjrt_hosts, docs/multi-host.md).
-DEFAULT_PJRT_HOSTS = {2: 2}
+# PJRT: the same two shapes, and W=4 (CI's parity and core scenarios, feature.subgroups) as
+# 2 hosts x 2, where local ordinals and the host count both differ from the global ones. XLA:CPU
+# has no cross-process collectives, so a PJRT world stays one process of W replica threads; the
+# hosts are emulated in torch_xla's per-host queries (process_index, addressable_device_count,
+# local_ordinal, ...; conformance.worlds.runtimes.pjrt_hosts, docs/multi-host.md).
+DEFAULT_PJRT_HOSTS = {2: 2, 4: 2}
 # Which Settings field holds a runtime's emulated hosts (other runtimes: one host).
 HOSTS_FIELD = {"cpu": "cpu_hosts", "pjrt": "pjrt_hosts"}
 # Example budget profiles (their numbers live with the searches, conformance.cases.search).

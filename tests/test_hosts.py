@@ -67,7 +67,7 @@ def test_a_ddp_dividing_by_the_local_world_size_fails_the_default_run(tmp_path):
 
 @pytest.mark.cpu
 def test_pjrt_host_layouts():
-    assert [emulated_hosts(Settings(), w, "pjrt") for w in (2, 3, 4)] == [2, 1, 1]  # as on CPU
+    assert [emulated_hosts(Settings(), w, "pjrt") for w in (2, 3, 4, 8)] == [2, 1, 2, 1]
     assert emulated_hosts(Settings(), 2, "xrt") == 1  # no emulation there
     assert [HostLayout.of(o, 4, 2) for o in range(4)] == [
         HostLayout(0, 2, 0, 2), HostLayout(0, 2, 1, 2), HostLayout(1, 2, 0, 2), HostLayout(1, 2, 1, 2)]
