@@ -194,10 +194,15 @@ def test_torch_xla_queries_answer_per_emulated_host(w, hosts):
 @pytest.mark.pjrt
 @pytest.mark.long
 def test_rank_invariants_run_on_the_emulated_pjrt_world(tmp_path):
-    _pjrt(2)
-    r = run_cli("ranks", "--runtime", "pjrt", "--world-size", "2", cwd=tmp_path, timeout=300)
+    """The CLI's default W=4 PJRT world: 2 hosts x 2."""
+    _pjrt(4)
+    r = run_cli("ranks", "--runtime", "pjrt", "--world-size", "4", "--json", str(tmp_path / "r.json"),
+                cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "(pjrt, world size 2, 2 host(s)): ok" in r.stdout, r.stdout
+    assert "(pjrt, world size 4, 2 host(s)): ok" in r.stdout, r.stdout
+    (check,) = json.loads((tmp_path / "r.json").read_text())["ranks"]
+    assert [(b["host"], b["bindings"]["local_ordinal"], b["bindings"]["process_count"]) for b in check["reports"]] \
+        == [("0", 0, 2), ("0", 1, 2), ("1", 0, 2), ("1", 1, 2)], check
 
 
 XLA_DDPS = "tests.outside.xla_local_divisor"
