@@ -126,8 +126,6 @@ def test_every_torch_xla_call_site_of_an_emulated_query_is_decided():
     sites = _query_call_sites(root)
     assert ("torch_xla._internal.rendezvous", "pjrt_rendezvous_handler") in sites  # the scan sees calls
     assert sites - set(pjrt_hosts.CALLERS) == set()
-    for mod, name in pjrt_hosts.QUERIES:  # every patched function exists in this torch_xla
-        assert callable(getattr(importlib.import_module(mod), name)), (mod, name)
 
 
 _BARRIERS: dict = {}
