@@ -30,8 +30,9 @@ construction; docs/multi-host.md):
 * device identity: thread i's device is ``xla:i`` (on a pod it is the process's
   ``xla:l``), and ``torch_xla.devices()`` / ``xm.get_xla_supported_devices()`` list all
   W devices - the devices are real and the collectives need them;
-* names bound before the world starts with ``from torch_xla.runtime import ...`` keep
-  the original function (the patch replaces module attributes).
+* names bound with ``from torch_xla.runtime import ...`` in a module imported into the
+  host before :func:`install` keep the original function (the patch replaces module
+  attributes); a user's module is first imported there by a task, after it.
 """
 from __future__ import annotations
 
