@@ -39,8 +39,42 @@ def test_property_examples_draw_from_the_few_shapes():
     assert {e.widths for e in _draw(P.bn_examples(2, few_shapes=True))} <= set(P.FEW_BN_WIDTHS)
 
 
-def test_scenarios_draw_few_batch_sizes():
-    space = replace(S.Space(), rank_uniform=True, few_shapes=True)
-    batches = {b for sc in _draw(S.scenarios(2, space), 40) for st in sc.steps for m in st["micro"]
-               for b in m["batch"]}
-    assert batches and batches <= set(S.FEW_BATCHES)
+def _micro_steps(space, n=40):
+    return [m for sc in _draw(S.scenarios(2, space), n) for st in sc.steps for m in st["micro"]]
+
+
+def test_scenarios_draw_few_batch_sizes_and_plans():
+    micro = _micro_steps(replace(S.Space(), rank_uniform=True, few_shapes=True))
+    assert {b for m in micro for b in m["batch"]} <= set(S.FEW_BATCHES)
+    plans = {tuple(p) for m in micro for p in m["plan"]}
+    assert plans <= set(S.FEW_PLANS + S.FEW_UNUSED_PLANS)
+    # every kind of plan is still drawn: both hook orders, a branch left out, none run
+    assert {("c", "b", "a"), ("a", "b", "c"), ()} <= plans and plans & set(S.FEW_UNUSED_PLANS[:2])
+    full = {tuple(p) for m in _micro_steps(replace(S.Space(), rank_uniform=True)) for p in m["plan"]}
+    assert len(full) > len(plans)  # the CPU draw is unchanged
+
+
+def test_scenarios_on_compiled_runtimes_use_the_few_shapes(monkeypatch):
+    """evaluate_scenario turns the few-shapes draw on exactly where graphs are compiled."""
+    seen = {}
+
+    def fake_run(space, target, *a, **k):
+        seen[target.runtime] = space
+        return []
+    monkeypatch.setattr(S, "run_scenario_case", fake_run)
+    from conformance.cases import CASES
+    from conformance.evaluate import Session
+    case = CASES["scenario.core"]
+    for rt in ("cpu", "pjrt"):
+        S.evaluate_scenario(case, "ref", rt, 2, Session(), {})
+    assert seen["pjrt"].few_shapes and seen["pjrt"].rank_uniform
+    assert not seen["cpu"].few_shapes and not seen["cpu"].rank_uniform
+
+
+def test_fast_compile_flag_is_added_unless_the_user_sets_the_level():
+    from ddp_impl.runtime.xla import FAST_COMPILE_FLAG, fast_compile_flags
+    assert fast_compile_flags("") == FAST_COMPILE_FLAG
+    assert fast_compile_flags("--xla_dump_to=d") == f"--xla_dump_to=d {FAST_COMPILE_FLAG}"
+    assert fast_compile_flags("--xla_backend_optimization_level=2") == "--xla_backend_optimization_level=2"
+    env = get_runtime("pjrt").host_envs(2)[0]
+    assert FAST_COMPILE_FLAG in env["XLA_FLAGS"]

@@ -489,6 +489,12 @@ class Space:
 #: few, so graphs repeat across examples; 1 and more than 1 as in the full draw (1..6).
 FEW_BATCHES = (1, 4)
 
+#: Plans of generated scenarios where each distinct graph is compiled (XLA), first the plain one:
+#: registration order and its reverse (hook order), and with ``find_unused_parameters`` a
+#: branch left out, two, and all three (unused parameters) - each kind of the full draw, few graphs.
+FEW_PLANS = (("a", "b", "c"), ("c", "b", "a"))
+FEW_UNUSED_PLANS = (("a", "b"), ("c",), ())
+
 #: ``Space.ddp_extra`` values -> the DDP keywords / methods their scenarios require.
 DDP_EXTRAS = {"buckets": ("bucket_cap_mb", "gradient_as_bucket_view"), "comm_hook": ("register_comm_hook",)}
 
@@ -529,6 +535,8 @@ def scenarios(world_size: int, space: Space):
     from hypothesis import strategies as st
 
     def plan(find_unused):
+        if space.few_shapes:
+            return st.sampled_from(FEW_PLANS + (FEW_UNUSED_PLANS if find_unused else ())).map(list)
         perm = st.permutations(BRANCHES)
         if not find_unused:
             return perm.map(list)
@@ -703,6 +711,7 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
     # few_shapes stays off by default: with local batches (1, 4) the derandomized draw at
     # PJRT W=3 reached a one-step Adam scenario whose near-zero gradient XLA rounds
     # differently (Adam scales it by lr / eps): 1.65e-5 over the 1e-5 bound (session 6)
-    space = replace(space, rank_uniform=space.rank_uniform or rt.uniform_graphs)
+    space = replace(space, rank_uniform=space.rank_uniform or rt.uniform_graphs,
+                    few_shapes=space.few_shapes or rt.compiled_graphs)
     return run_scenario_case(space, target, tol, agree, scenario_examples(session.profile, space.budget),
                              overrides.get("shrink", True))

@@ -129,19 +129,29 @@ def mse(out, y):
 #: The kit's optimizers by name (a scenario draws one; a training run uses ``sgd``).
 OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw")
 
+#: Adam's / AdamW's ``eps``. An element's update is about ``lr * g / (sqrt(v) + eps)``; where
+#: ``g`` and ``v`` are near zero its sensitivity to a gradient difference approaches ``lr / eps``
+#: (1e6 with torch's default 1e-8 at lr 0.01). Gradients on XLA differ from CPU's by up to
+#: 1.1e-7 (measured: a one-step scenario replayed with SGD at lr 1), so a near-zero gradient
+#: moved a parameter by 1.65e-5 at eps 1e-8 and 8.9e-5 at 1e-6, over the 1e-5 bound of a correct
+#: DDP. At 1e-3 the amplification is at most 10; Adam's own faults (direction, state) still
+#: move parameters by ~lr.
+ADAM_EPS = 1e-3
+
 
 def build_optimizer(name: str, params, lr: float, momentum: float = 0.0):
     """Optimizer ``name`` of :data:`OPTIMIZERS` over ``params``: ``sgd`` (with ``momentum``),
-    ``sgd_momentum`` (0.9), ``adam``, ``adamw`` (weight decay 0.01)."""
+    ``sgd_momentum`` (0.9), ``adam``, ``adamw`` (weight decay 0.01; both with ``eps``
+    :data:`ADAM_EPS`)."""
     import torch
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum)
     if name == "sgd_momentum":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
+        return torch.optim.Adam(params, lr=lr, eps=ADAM_EPS)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+        return torch.optim.AdamW(params, lr=lr, eps=ADAM_EPS, weight_decay=0.01)
     raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
 
 

@@ -168,8 +168,10 @@ class PjrtRuntime(Runtime):
             raise RuntimeUnavailable(problem)
 
     def host_envs(self, world_size):
-        from ddp_impl.runtime.xla import cpu_env
+        from ddp_impl.runtime.xla import cpu_env, fast_compile_flags
         env = cpu_env(world_size)
+        # Compile time, not run time, dominates the kit's small graphs (fast_compile_flags).
+        env["XLA_FLAGS"] = fast_compile_flags(os.environ.get("XLA_FLAGS", ""))
         # The replica threads' own CPU torch ops (data, sharding) run one
         # intra-op thread each, so W threads do not oversubscribe a small
         # machine; XLA:CPU uses its own pools.
