@@ -250,7 +250,8 @@ def pjrt_bindings() -> RankBindings:
     local ordinal = its device's ordinal (0..W-1), world size W, local device
     count W. Everything is read through ``torch_xla.runtime``'s functions, so
     where those answer per emulated host (the conformance kit's PJRT worlds,
-    docs/multi-host.md) the bindings are the emulated host's. World size is computed from the replication devices rather than
+    docs/multi-host.md) the bindings are the emulated host's. World size is
+    computed from the replication devices rather than
     ``torch_xla.runtime.world_size()``, whose process-wide cache is poisoned
     with 1 if it is first called before replication is set up. The local
     ordinal is torch_xla's (index among the replicas of the host *machine*);
