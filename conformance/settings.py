@@ -39,9 +39,16 @@ DEFAULT_IMPLS = {"cpu": ("torch", "ref"), "pjrt": ("ref", "xla_recipe", "torch")
 # GROUP_WORLD_SIZE, ROLE_*. The two default worlds take the two extreme shapes: W=2 as 2
 # hosts x 1 (local != global: a divisor or shard index taken from the local world, a
 # local/global ordinal mix-up, is wrong there) and W=3 as 1 host x 3 (a divisor taken from
-# the host count is wrong there). XLA:CPU has no cross-process collectives, so PJRT worlds
-# stay one host process (docs/multi-host.md).
+# the host count is wrong there).
 DEFAULT_CPU_HOSTS = {2: 2}
+# PJRT: the same two shapes, and W=4 (CI's parity and core scenarios, feature.subgroups) as
+# 2 hosts x 2, where local ordinals and the host count both differ from the global ones. XLA:CPU
+# has no cross-process collectives, so a PJRT world stays one process of W replica threads; the
+# hosts are emulated in torch_xla's per-host queries (process_index, addressable_device_count,
+# local_ordinal, ...; conformance.worlds.runtimes.pjrt_hosts, docs/multi-host.md).
+DEFAULT_PJRT_HOSTS = {2: 2, 4: 2}
+# Which Settings field holds a runtime's emulated hosts (other runtimes: one host).
+HOSTS_FIELD = {"cpu": "cpu_hosts", "pjrt": "pjrt_hosts"}
 # Example budget profiles (their numbers live with the searches, conformance.cases.search).
 PROFILES = ("dev", "ci", "ci-pjrt", "thorough")
 DEFAULT_PROFILE = "dev"
@@ -72,6 +79,8 @@ class Settings:
         profile: example budget of the property and scenario searches.
         cpu_hosts: ``((W, H), ...)``: the CPU runtime groups a world of W replicas into H
             emulated hosts (:data:`DEFAULT_CPU_HOSTS`; any other W: one host).
+        pjrt_hosts: the same for the PJRT runtime's replica threads
+            (:data:`DEFAULT_PJRT_HOSTS`).
     """
 
     replica_timeout: float = ENVIRONMENT["replica_timeout"][1]
@@ -80,6 +89,7 @@ class Settings:
     pjrt_collective_bound: float = ENVIRONMENT["pjrt_collective_bound"][1]
     profile: str = DEFAULT_PROFILE
     cpu_hosts: tuple = tuple(DEFAULT_CPU_HOSTS.items())
+    pjrt_hosts: tuple = tuple(DEFAULT_PJRT_HOSTS.items())
 
     def __post_init__(self):
         for name in ("replica_timeout", "start_timeout", "collective_timeout", "pjrt_collective_bound"):
@@ -126,10 +136,15 @@ def _option(name: str) -> str:
     return f"--{name.replace('_', '-')} / {ENVIRONMENT[name][0]}"
 
 
-def emulated_hosts(settings: "Settings", world_size: int) -> int:
-    """How many emulated hosts a CPU world of ``world_size`` replicas is grouped into (a
-    divisor of ``world_size``)."""
-    hosts = dict(settings.cpu_hosts).get(world_size, 1)
+def emulated_hosts(settings: "Settings", world_size: int, runtime: str = "cpu") -> int:
+    """How many emulated hosts a ``runtime`` world of ``world_size`` replicas is grouped into
+    (a divisor of ``world_size``; 1 on a runtime without emulated hosts).
+
+    Raises:
+        UsageError: the configured host count does not divide ``world_size``.
+    """
+    field = HOSTS_FIELD.get(runtime)
+    hosts = dict(getattr(settings, field)).get(world_size, 1) if field else 1
     if world_size % hosts:
         raise UsageError(f"{hosts} emulated hosts cannot hold {world_size} replicas evenly")
     return hosts

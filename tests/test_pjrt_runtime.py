@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from conformance.cases.ranks import check_reports, rank_invariant_violations, rank_report
+from conformance.settings import Settings, emulated_hosts
+from conformance.worlds.runtimes.pjrt_hosts import HostLayout
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, World
 
@@ -283,12 +285,14 @@ def pjrt_world(request, world_pool):
 @pytest.mark.parametrize("pjrt_world", SIZES, indirect=True, ids=lambda w: f"w{w}")
 def test_bindings_and_collectives(pjrt_world):
     w = pjrt_world.world_size
+    hosts = emulated_hosts(pjrt_world.settings, w, "pjrt")  # W=2: 2 emulated hosts x 1
     res = pjrt_world.run(collectives_task)
     for r, d in enumerate(res):
         b = d["bindings"]
         got = (b.process_index, b.process_count, b.global_ordinal, b.local_ordinal,
                b.world_size, b.local_device_count)
-        assert got == (0, 1, r, r, w, w)
+        lay = HostLayout.of(r, w, hosts)
+        assert got == (lay.host, hosts, r, lay.local_ordinal, w, w // hosts)
         assert d["module_api"] == got
         want = (np.arange(6, dtype=np.float32).reshape(2, 3) * w + 10 * w * (w - 1) / 2) / w
         np.testing.assert_allclose(d["reduced"], want, rtol=1e-6)
@@ -338,8 +342,9 @@ def test_collective_mismatch_kills_only_the_host():
 
 @pytest.mark.pjrt
 def test_process_group_has_process_rank_and_spans_replicas():
+    """On one host (the group is the real process's, also on an emulated multi-host world)."""
     _available(2)
-    with World("pjrt", 2, timeout=60) as world:
+    with World("pjrt", 2, timeout=60, settings=Settings(pjrt_hosts=())) as world:
         res = world.run(process_group_task)
     assert sorted(d["first"] for d in res) == [False, True]  # one thread initialised it
     assert not any(d["again"] for d in res)
@@ -364,19 +369,20 @@ def test_process_group_refuses_a_foreign_default_group():
 @pytest.mark.pjrt
 @pytest.mark.parametrize("pjrt_world", SIZES, indirect=True, ids=lambda w: f"w{w}")
 def test_rank_invariants_pjrt(pjrt_world):
-    """1 process x W replicas: process count 1, ordinals 0..W-1 unique, and for every
-    replica > 0 the process index (torch.distributed's rank) differs from the ordinal."""
+    """1 process x W replica threads, shown as H emulated hosts (Settings.pjrt_hosts): process
+    index = host, ordinals 0..W-1 unique, local ordinals 0..W/H-1 per host."""
     w = pjrt_world.world_size
+    hosts = emulated_hosts(pjrt_world.settings, w, "pjrt")
     reports = pjrt_world.run(rank_report)
     assert rank_invariant_violations([dict(r["bindings"], host=r["host"]) for r in reports], w) == []
     assert check_reports(reports, w) == []
-    assert len({r["pid"] for r in reports}) == 1  # one host process
+    assert len({r["pid"] for r in reports}) == 1  # one real host process
     for ordinal, r in enumerate(reports):
-        b = r["bindings"]
+        b, lay = r["bindings"], HostLayout.of(ordinal, w, hosts)
         assert r["module_api"] == b
-        assert (b["process_index"], b["process_count"], b["local_device_count"]) == (0, 1, w)
-        assert b["global_ordinal"] == b["local_ordinal"] == ordinal == r["ctx_rank"]
-        assert (b["process_index"] != b["global_ordinal"]) == (ordinal > 0)
+        assert (b["process_index"], b["process_count"], b["local_device_count"]) == (lay.host, hosts, w // hosts)
+        assert r["host"] == str(lay.host)
+        assert b["global_ordinal"] == ordinal == r["ctx_rank"] and b["local_ordinal"] == lay.local_ordinal
 
 
 @pytest.mark.pjrt

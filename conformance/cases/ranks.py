@@ -61,8 +61,9 @@ def rank_report(ctx) -> dict:
     from ddp_impl.runtime import ranks
     b = ranks.bindings()
     return {"ctx_rank": ctx.rank, "ctx_world_size": ctx.world_size, "pid": os.getpid(),
-            # the machine: torchrun's node rank when launched by it, else one host
-            "host": os.environ.get("GROUP_RANK", "0"),
+            # the machine: the runtime's emulated host (PJRT threads), torchrun's node rank
+            # (CPU processes, real or emulated), else one host
+            "host": str(ctx.extra.get("host", os.environ.get("GROUP_RANK", "0"))),
             "bindings": {k: getattr(b, k) for k in b.__dataclass_fields__},
             "module_api": {"process_index": ranks.process_index(), "process_count": ranks.process_count(),
                            "global_ordinal": ranks.global_ordinal(), "local_ordinal": ranks.local_ordinal(),

@@ -248,7 +248,10 @@ def pjrt_bindings() -> RankBindings:
     ordinal from that device, so in the one-process x W-threads topology each
     replica thread gets: process index 0, process count 1, global ordinal =
     local ordinal = its device's ordinal (0..W-1), world size W, local device
-    count W. World size is computed from the replication devices rather than
+    count W. Everything is read through ``torch_xla.runtime``'s functions, so
+    where those answer per emulated host (the conformance kit's PJRT worlds,
+    docs/multi-host.md) the bindings are the emulated host's. World size is
+    computed from the replication devices rather than
     ``torch_xla.runtime.world_size()``, whose process-wide cache is poisoned
     with 1 if it is first called before replication is set up. The local
     ordinal is torch_xla's (index among the replicas of the host *machine*);
@@ -495,14 +498,16 @@ def init_pjrt_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT, **kwa
             if _PG_OWNED["initialised"]:
                 return False
             raise RuntimeError("torch.distributed is already initialised (not by ddp_impl.runtime.xla)")
-        b = pjrt_bindings()
-        if b.process_count == 1:
+        # The real process, not pjrt_bindings(): the group is process-wide, and a host the kit
+        # emulates per replica thread is no process a TCP store could wait for.
+        C = require_torch_xla()._XLAC
+        index, count = C._xla_get_process_index(), C._xla_get_num_processes()
+        if count == 1:
             store = dist.HashStore()
         else:
             from torch_xla._internal import rendezvous
             store, _, _ = next(rendezvous.pjrt_rendezvous_handler("xla://", timeout=timeout))
-        dist.init_process_group("xla", store=store, rank=b.process_index,
-                                world_size=b.process_count, timeout=timeout, **kwargs)
+        dist.init_process_group("xla", store=store, rank=index, world_size=count, timeout=timeout, **kwargs)
         _PG_OWNED["initialised"] = True
         return True
 
@@ -530,10 +535,10 @@ _PG_USERS = {"left": None}
 
 def _release_process_group(dist):
     """Destroy the group when the last replica thread of this process finishes."""
-    import torch_xla.runtime as xr
+    C = require_torch_xla()._XLAC
     with _PG_LOCK:
         if _PG_USERS["left"] is None:
-            _PG_USERS["left"] = xr.addressable_device_count()
+            _PG_USERS["left"] = C._xla_num_devices()  # this process's replica threads
         _PG_USERS["left"] -= 1
         if _PG_USERS["left"] == 0 and dist.is_initialized() and _PG_OWNED["initialised"]:
             dist.destroy_process_group()

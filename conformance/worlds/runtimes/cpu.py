@@ -44,7 +44,7 @@ class CpuRuntime(Runtime):
     def host_envs(self, world_size):
         """One replica per process, grouped into :func:`conformance.settings.emulated_hosts`
         hosts with the variables torchrun gives a multi-node job (node = ``GROUP_RANK``)."""
-        hosts = emulated_hosts(self.settings, world_size)
+        hosts = emulated_hosts(self.settings, world_size, self.name)
         per_host = world_size // hosts
         return [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r % per_host),
                  "LOCAL_WORLD_SIZE": str(per_host), "GROUP_RANK": str(r // per_host),

@@ -11,7 +11,9 @@ over the W devices in the host's main thread (as torch_xla's
 thread-local, so torch_xla's ordinal queries answer ``i`` in it), pins its
 :class:`ddp_impl.runtime.ranks.RankBindings` with ``bind_thread`` and keeps its
 :class:`ddp_impl.runtime.xla.XlaCollectives`. Every task runs in those same threads, so
-a replica always sees the same device, bindings and compile cache.
+a replica always sees the same device, bindings and compile cache. Each thread also binds
+its emulated host (:mod:`conformance.worlds.runtimes.pjrt_hosts`, ``Settings.pjrt_hosts``):
+torch_xla's per-host queries answer for it, so W=2 runs as 2 hosts x 1.
 
 ``ctx.mark_step`` is :func:`ddp_impl.runtime.xla.mark_step` - the deadlock-free step
 sync of docs/runtimes/pjrt.md (the PJRT CPU causes). Tasks must call it after each
@@ -48,6 +50,8 @@ import threading
 import time
 import traceback
 
+from conformance.settings import emulated_hosts
+from conformance.worlds.runtimes import pjrt_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable, run_task
 
 # XLA:CPU's collective termination timeout in torch_xla 2.9 (fixed; measured,
@@ -74,9 +78,10 @@ def flushed(fn):
 class _ReplicaThread:
     """A persistent thread bound to one XLA device that runs tasks on request."""
 
-    def __init__(self, device: str, world_size: int):
+    def __init__(self, device: str, world_size: int, hosts: int = 1):
         self.device = device
         self.world_size = world_size
+        self.hosts = hosts
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
         self.ctx: ReplicaContext | None = None
@@ -87,7 +92,12 @@ class _ReplicaThread:
         import torch
         import torch_xla
         from ddp_impl.runtime import ranks, xla
-        torch_xla._XLAC._xla_set_default_device(self.device)
+        C = torch_xla._XLAC
+        C._xla_set_default_device(self.device)
+        # For the thread's life (it runs only this replica's tasks): torch_xla's per-host
+        # queries answer as host h of an H-host pod (pjrt_hosts).
+        layout = pjrt_hosts.HostLayout.of(C._xla_get_default_device_ordinal(), self.world_size, self.hosts)
+        pjrt_hosts.bind(layout)
         bindings = xla.pjrt_bindings()
         if bindings.world_size != self.world_size:
             raise RuntimeError(f"{self.device}: torch_xla reports world size {bindings.world_size}, "
@@ -98,8 +108,8 @@ class _ReplicaThread:
             runtime="pjrt", rank=bindings.global_ordinal, world_size=bindings.world_size,
             device=dev, collectives=xla.XlaCollectives(dev, bindings), bindings=bindings,
             mark_step=lambda: xla.mark_step(dev),
-            extra={"thread": threading.current_thread().name, "thread_ident": threading.get_ident(),
-                   "torch_xla_version": torch_xla.__version__})
+            extra={"host": layout.host, "thread": threading.current_thread().name,
+                   "thread_ident": threading.get_ident(), "torch_xla_version": torch_xla.__version__})
 
     def _main(self):
         try:
@@ -184,7 +194,9 @@ class PjrtRuntime(Runtime):
         # As torch_xla._internal.pjrt.initialize_multiprocess: replicate over all.
         xm.set_replication(torch_xla.device(), devices)
         xla.value_independent_graphs()  # rank-dependent values must not change graphs
-        threads = [_ReplicaThread(d, world_size) for d in devices]
+        pjrt_hosts.install()
+        hosts = emulated_hosts(self.settings, world_size, self.name)
+        threads = [_ReplicaThread(d, world_size, hosts) for d in devices]
         self._threads = threads
         errors = []
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -1,0 +1,160 @@
+"""Emulated hosts on the PJRT runtime: W replica threads of one process shown as H hosts.
+
+On one host every local query of torch_xla equals its global one (all W replica threads
+are addressable devices of one process), so a DDP that divides by
+``xr.addressable_device_count()`` or shards by ``xm.get_local_ordinal()`` is exact there
+and wrong on a pod (pytorch/xla PR #4965 fixed one such divisor). XLA:CPU has no
+cross-process collectives (pytorch/xla#9089), so the host boundary is emulated in the
+queries: each replica thread carries a :class:`HostLayout` (thread-local), and torch_xla
+2.9's public per-host queries (:data:`QUERIES`) answer from it while a layout is bound
+on the calling thread, as a pod of H hosts x W/H devices, one process per host, would:
+
+* ``xr.process_index()`` / ``xr.host_index()`` = host h; ``xr.process_count()`` = H;
+* ``xr.addressable_device_count()``, ``xr.local_device_count()``,
+  ``torch_xla.device_count()`` = W/H;
+* ``xr.local_ordinal()``, ``xm.get_local_ordinal()`` = ordinal within the host (so
+  ``xm.is_master_ordinal()`` and ``xm.master_print`` act once per host).
+
+Global queries (``xr.world_size``, ``xr.global_ordinal``, ``xr.global_device_count``)
+and the collectives are real and stay global. Not emulated (measured or by
+construction; docs/multi-host.md):
+
+* torch_xla's own callers that need the one real process (:data:`CALLERS` says which and
+  why): the ``xla://`` store, the process-wide world-size/ordinal cache of
+  ``_init_world_size_ordinal``, the checkpoint manager's coordinator, the metrics file name;
+  torch.distributed's ``xla`` group is the real process's (rank 0 of 1);
+* environment variables (``PJRT_LOCAL_PROCESS_RANK`` = 0, ``PJRT_LOCAL_PROCESS_COUNT`` =
+  1 are already what one process per host gives; torchrun's ``LOCAL_WORLD_SIZE`` is not
+  set on this runtime): ``os.environ`` is one per process and XLA's C++ reads the C
+  environment, so per-thread values would disagree with it;
+* device identity: thread i's device is ``xla:i`` (on a pod it is the process's
+  ``xla:l``), and ``torch_xla.devices()`` / ``xm.get_xla_supported_devices()`` list all
+  W devices - the devices are real and the collectives need them;
+* names bound with ``from torch_xla.runtime import ...`` in a module imported into the
+  host before :func:`install` keep the original function (the patch replaces module
+  attributes); a user's module is first imported there by a task, after it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import threading
+
+_thread = threading.local()
+_INSTALL_LOCK = threading.Lock()
+_ORIGINALS: dict = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class HostLayout:
+    """Where one replica sits in an emulated pod (all ints).
+
+    Attributes:
+        host: host (= process) index h, 0 <= h < host_count.
+        host_count: H.
+        local_ordinal: index among its host's replicas, 0 <= l < local_device_count.
+        local_device_count: replicas per host, W / H.
+    """
+
+    host: int
+    host_count: int
+    local_ordinal: int
+    local_device_count: int
+
+    @classmethod
+    def of(cls, global_ordinal: int, world_size: int, hosts: int) -> "HostLayout":
+        """Replica ``global_ordinal`` of ``world_size`` grouped into ``hosts`` contiguous hosts
+        (torchrun's node layout: ordinals h*L .. h*L+L-1 on host h).
+
+        Raises:
+            ValueError: ``hosts`` does not divide ``world_size``, or the ordinal is outside it.
+        """
+        if hosts < 1 or world_size % hosts or not 0 <= global_ordinal < world_size:
+            raise ValueError(f"no layout for replica {global_ordinal} of {world_size} on {hosts} host(s)")
+        per_host = world_size // hosts
+        return cls(global_ordinal // per_host, hosts, global_ordinal % per_host, per_host)
+
+
+# (module, function) -> the layout field it answers (torch_xla 2.9). local_device_count
+# is local_process_count() x addressable_device_count(); local_process_count is 1 here
+# (PJRT_LOCAL_PROCESS_COUNT, one process per emulated host).
+QUERIES = {
+    ("torch_xla.runtime", "process_index"): "host",
+    ("torch_xla.runtime", "host_index"): "host",
+    ("torch_xla.runtime", "process_count"): "host_count",
+    ("torch_xla.runtime", "addressable_device_count"): "local_device_count",
+    ("torch_xla.runtime", "local_device_count"): "local_device_count",
+    ("torch_xla.runtime", "local_ordinal"): "local_ordinal",
+    ("torch_xla.core.xla_model", "get_local_ordinal"): "local_ordinal",
+    ("torch_xla", "device_count"): "local_device_count",
+}
+
+# Every call site of a query inside torch_xla 2.9 (module, calling function) -> whether it gets
+# the emulated or the real (one-process) answer, and why. tests/test_hosts.py scans the
+# installed torch_xla and fails on a call site missing here.
+CALLERS = {
+    ("torch_xla._internal.rendezvous", "pjrt_rendezvous_handler"):
+        ("real", "builds the xla:// TCP store for process_count processes; the emulated hosts "
+                 "are one process, so a store of H would wait for H-1 that never come"),
+    ("torch_xla.runtime", "_init_world_size_ordinal"):
+        ("real", "with one device per process it caches the world size and ordinal process-wide; "
+                 "the replica threads share that cache, so the first thread's ordinal would "
+                 "answer for all"),
+    ("torch_xla.experimental.distributed_checkpoint.manager", "__init__"):
+        ("real", "starts the distributed runtime's coordinator for process_count processes"),
+    ("torch_xla._internal.tpu", "_spmd_find_master_ip"):
+        ("real", "TPU SPMD: gathers each process's IP over the real processes"),
+    ("torch_xla.debug.metrics_saver", "_extract_metrics_file"):
+        ("real", "names the metrics file by local ordinal; a pod's hosts have a disk each, the "
+                 "emulated hosts share one"),
+    ("torch_xla.core.xla_model", "is_master_ordinal"):
+        ("emulated", "public: true on local ordinal 0 of each host, as on a pod (master_print "
+                     "prints once per host)"),
+    ("torch_xla.core.xla_model", "get_local_ordinal"): ("emulated", "a query itself (replaced)"),
+    ("torch_xla.runtime", "local_device_count"): ("emulated", "a query itself (replaced)"),
+    ("torch_xla.runtime", "local_ordinal"): ("emulated", "a query itself (replaced)"),
+}
+TRUE_CALLERS = frozenset(site for site, (answer, _) in CALLERS.items() if answer == "real")
+
+
+def bind(layout: HostLayout | None) -> None:
+    """Pin ``layout`` for the calling replica thread (``None``: the real answers again)."""
+    _thread.layout = layout
+
+
+def _query(original, field):
+    def emulated(*args, **kwargs):
+        layout = getattr(_thread, "layout", None)
+        if layout is None or getattr(_thread, "real", False):
+            return original(*args, **kwargs)
+        caller = sys._getframe(1)  # not kept: a live frame would keep lazy tensors alive
+        site = (caller.f_globals.get("__name__"), caller.f_code.co_name)
+        del caller
+        if site not in TRUE_CALLERS:
+            return getattr(layout, field)
+        _thread.real = True  # the original's own queries answer for the real process too
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _thread.real = False
+    emulated.__name__ = original.__name__
+    emulated.__doc__ = original.__doc__
+    emulated.__wrapped__ = original
+    return emulated
+
+
+def install() -> None:
+    """Replace the :data:`QUERIES` functions with layout-aware ones (process-wide, idempotent).
+
+    A thread without a bound layout (the host's main thread, any thread outside a world)
+    gets the original answers.
+    """
+    with _INSTALL_LOCK:
+        for key, field in QUERIES.items():
+            if key in _ORIGINALS:
+                continue
+            module = importlib.import_module(key[0])
+            original = getattr(module, key[1])
+            _ORIGINALS[key] = original
+            setattr(module, key[1], _query(original, field))
