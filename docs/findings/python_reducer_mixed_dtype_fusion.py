@@ -35,8 +35,8 @@ WORLD_SIZE = 2
 TIMEOUT_S = 900  # torch.compile on a loaded 2-core machine is slow
 COMPILED_DDP = {"optimize_ddp": "python_reducer", "compiled_autograd": True}
 DTYPES = {"bf16": torch.bfloat16, "complex64": torch.complex64}
-# |grad - mean of local grads|: bfloat16 keeps 8 mantissa bits (gradients here are O(1), a replica's own
-# gradient is O(1) off the mean).
+# |grad - mean of local grads|: bfloat16 keeps 8 mantissa bits; gradients here are O(1),
+# and a replica's own gradient is O(1) off the mean.
 ATOL = {"bf16": 5e-2, "complex64": 1e-5}
 
 
@@ -91,7 +91,8 @@ def step(case, compiled, without_fusion, x, want):
 
                 fwd_bwd(x)
     except Exception as exc:  # the finding: report, do not re-raise
-        return f"{type(exc).__name__}: {str(exc).split('. ')[0].splitlines()[0] if str(exc) else ''}"
+        first = str(exc).split(". ")[0].splitlines()[0] if str(exc) else ""  # first sentence
+        return f"{type(exc).__name__}: {first}"
     bad = [f"{p.dtype} param got {p.grad.dtype} grad" for p in m.parameters()
            if p.grad.dtype != p.dtype]
     if bad:
@@ -119,11 +120,17 @@ def replica(rank, path, out, cases, without_fusion):
         json.dump(res, f)
 
 
+def bad_input(msg):
+    """argparse's error: one line, exit 4 (the script's "anything else")."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(4)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", choices=(*DTYPES, "all"), default="all")
     ap.add_argument("--without-fusion", action="store_true")
-    ap.error = lambda msg: sys.exit(print(f"error: {msg}", file=sys.stderr) or 4)  # one line
+    ap.error = bad_input
     args = ap.parse_args(argv)
     cases = list(DTYPES) if args.case == "all" else [args.case]
     d = tempfile.mkdtemp()

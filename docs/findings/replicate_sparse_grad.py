@@ -112,12 +112,12 @@ def main():
         for mode, msg in zip(MODES, msgs):
             print(f"rank {r}: Embedding(sparse=True), {mode}: {msg}")
     print(f"torch {torch.__version__}")
-    ddp, rep, plist = zip(*res)
+    ddp, rep, hidden = zip(*res)
     if all(m == "ok" for m in ddp):
         if all(m == SPARSE_STORAGE for m in rep):
+            same = all(m == SPARSE_STORAGE for m in hidden)
             print("REPRODUCED: replicate() put the sparse gradient in a dense bucket"
-                  + (" (as DDP does when it sees no Embedding module)" if all(m == SPARSE_STORAGE for m in plist)
-                     else ""))
+                  + (" (as DDP does when it sees no Embedding module)" if same else ""))
             return 0
         if all(m == "ok" for m in rep):
             print("NO LONGER REPRODUCES: replicate() averaged the sparse gradient")
