@@ -3,6 +3,9 @@ runtimes, world sizes, implementations. Bad input raises
 :class:`~conformance.errors.UsageError` with the one line to print."""
 from __future__ import annotations
 
+import os
+import sys
+
 from conformance.errors import UsageError, split_list
 from conformance.settings import default_impls, default_world_sizes
 from conformance.tolerances import MIN_WORLD_SIZE
@@ -120,3 +123,13 @@ def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
         impls = parse_impl_names(ddp, rt)
         out += [(rt, w, impls) for w in sizes]
     return out
+
+
+def folder_on_path(folder: str) -> None:
+    """Put ``folder`` first on ``sys.path`` unless it is there, as ``python -m`` does with the
+    current folder: ``package.module:Class`` specs then resolve against the folder a face was
+    started in, also from the ``ddp-conformance`` and ``pytest`` scripts (which do not add it).
+    Spawned replicas inherit the path."""
+    here = os.path.realpath(folder)
+    if not any(os.path.realpath(p or os.getcwd()) == here for p in sys.path):
+        sys.path.insert(0, here)

@@ -98,12 +98,9 @@ def pytest_configure(config):
 def _invocation_dir_on_path(config):
     """``package.module:Class`` specs resolve against the folder pytest was started in, as with
     ``python -m pytest`` and ``python -m conformance run`` (the ``pytest`` script alone does not
-    put it on ``sys.path``). First, as ``python -m`` does; spawned replicas inherit the path."""
-    import os
-    import sys
-    here = os.path.realpath(str(config.invocation_params.dir))
-    if not any(os.path.realpath(p or os.getcwd()) == here for p in sys.path):
-        sys.path.insert(0, here)
+    put it on ``sys.path``)."""
+    from conformance.options import folder_on_path
+    folder_on_path(str(config.invocation_params.dir))
 
 
 def settings_of(config):

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+import conformance
+
 from tests.procs import alive, children, gone
 
 pytestmark = pytest.mark.cpu
@@ -59,6 +61,23 @@ def test_usage_errors_come_before_torch(args):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_console_script_resolves_a_package_in_the_current_folder(tmp_path):
+    """``ddp-conformance run --ddp mypkg.ddp:X`` from the folder holding ``mypkg``: the console
+    script, unlike ``python -m``, does not put that folder on ``sys.path`` (it reported "No module
+    named 'mypkg'"). The module is found: the error is about the missing class."""
+    script = os.path.join(os.path.dirname(sys.executable), "ddp-conformance")
+    if not os.path.exists(script):
+        pytest.skip(f"no ddp-conformance script beside {sys.executable} (kit not installed)")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "ddp.py").write_text("")
+    kit = os.path.dirname(os.path.dirname(os.path.abspath(conformance.__file__)))
+    env = {**os.environ, "PYTHONPATH": kit}  # the kit as imported here; not the package's folder
+    r = subprocess.run([script, "run", "--ddp", "mypkg.ddp:Nope", "--world-size", "2", "--only", "parity.linear"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "module 'mypkg.ddp' has no callable 'Nope'" in r.stderr, r.stderr
 
 
 def test_run_prints_table_and_writes_json(tmp_path):

@@ -24,7 +24,7 @@ from conformance.cli.calibrate import add_parser as add_calibrate
 from conformance.cli.output import STDOUT, report_lock, signal_of, signals_raise
 from conformance.cli.report import add_parser as add_report
 from conformance.errors import UsageError, split_list
-from conformance.options import parse_runtime_names, parse_world_sizes
+from conformance.options import folder_on_path, parse_runtime_names, parse_world_sizes
 from conformance.settings import Settings
 
 # Options that shape the Settings rather than one command.
@@ -200,6 +200,7 @@ def _check_early(values: dict) -> None:
 
 
 def main(argv=None) -> int:
+    folder_on_path(os.getcwd())  # the ddp-conformance script does not add it, python -m does
     try:
         command, settings, values = parse(argv)
         with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C
