@@ -284,8 +284,8 @@ class World:
                 child.close()
                 self.hosts.append((proc, parent))
             self._ranks = self._collect_ready(settings.start_timeout)
-        except BaseException:
-            self.close()
+        except BaseException:  # a host still starting reads no stop message: kill at once
+            self.close(graceful=False)
             raise
         self._host_of = {r: h for h, ranks in enumerate(self._ranks) for r in ranks}
         self._next_task = 0
