@@ -19,10 +19,14 @@ class Budget:
     """Examples per case of one profile (shrinking comes on top on a failure).
 
     ``properties``: per property case; ``scenarios``: per scenario case (each example a
-    training run; a case's ``space.budget`` takes a fraction of it)."""
+    training run; a case's ``space.budget`` takes a fraction of it); ``workloads_compiled``:
+    generated examples of the workload case (``scenario.workload``) on a runtime where every
+    distinct graph is compiled (XLA), where each drawn workload costs compilations (its
+    explicit scenarios always run)."""
 
     properties: int
     scenarios: int
+    workloads_compiled: int = 0
 
 
 #: The example budgets, by profile name.
@@ -30,7 +34,7 @@ PROFILES = {
     "dev": Budget(properties=25, scenarios=12),
     "ci": Budget(properties=200, scenarios=40),
     "ci-pjrt": Budget(properties=50, scenarios=8),
-    "thorough": Budget(properties=2000, scenarios=500),
+    "thorough": Budget(properties=2000, scenarios=500, workloads_compiled=25),
 }
 
 
@@ -55,6 +59,12 @@ def scenario_examples(name: str | None = None, fraction: float = 1.0) -> int:
     """Examples of a scenario case taking ``fraction`` of profile :func:`profile_name` ``(name)``'s
     budget (at least one)."""
     return max(1, round(PROFILES[profile_name(name)].scenarios * fraction))
+
+
+def workload_examples_compiled(name: str | None = None) -> int:
+    """Generated workload examples on a compiled-graph runtime under profile :func:`profile_name` ``(name)``
+    (0: the explicit workload scenarios only)."""
+    return PROFILES[profile_name(name)].workloads_compiled
 
 
 def kit_settings(max_examples: int, shrink: bool = True):
