@@ -129,7 +129,7 @@ def _build() -> dict[str, Case]:
                   "channels_last and transposed layouts, sparse Embedding(Bag) gradients, branches applied "
                   "twice, under (non-)reentrant activation checkpointing or sharing a weight; with "
                   "static_graph, small buckets and gradient_as_bucket_view",
-                  {"workload": True, "ddp_extra": ("buckets", "static_graph"), "budget": 0.5},
+                  {"workload": True, "ddp_extra": ("buckets", "static_graph")},
                   ("no_grad_sync", "sparse_grad_unsynced", "strided_unpack", "complex_real_bucket",
                    "fp32_fusion_buffer", "reduce_at_first_firing"), tags=("workload",)),
         # Graph shape (issue 18, docs/scenarios.md): a parameter whose ready hook fires twice in

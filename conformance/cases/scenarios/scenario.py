@@ -43,7 +43,7 @@ from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_
                                               optimizer_state_layout, param_layout, saved_checkpoint, state_digest,
                                               to_device)
 import contextlib
-from conformance.cases.search import kit_settings, scenario_examples, SearchWorld, workload_examples_compiled
+from conformance.cases.search import kit_settings, scenario_examples, SearchWorld, workload_examples
 from conformance.cases.train.commhooks import register_hook
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
@@ -1020,9 +1020,9 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
     # differently (Adam scales it by lr / eps): 1.65e-5 over the 1e-5 bound (session 6)
     space = replace(space, rank_uniform=space.rank_uniform or rt.uniform_graphs,
                     xla_corners=space.xla_corners or rt.compiled_graphs)
-    # Where each distinct graph is compiled, every drawn workload is new graphs: the workload
-    # draw takes its own (small) budget there (the explicit scenarios always run).
-    examples = (workload_examples_compiled(session.profile) if space.workload and rt.compiled_graphs
+    # The workload draw has its own budget column (where each distinct graph is compiled, every
+    # drawn workload is new graphs: explicit scenarios only by default).
+    examples = (workload_examples(session.profile, rt.compiled_graphs) if space.workload
                 else scenario_examples(session.profile, space.budget))
     return run_scenario_case(space, target, lambda sc: scenario_tolerance(runtime, sc), agree, examples,
                              overrides.get("shrink", True))
