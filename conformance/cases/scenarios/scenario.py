@@ -882,13 +882,14 @@ def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]
         # state (complex), a checkpoint reload
         sc({"dtype": "complex64", "layout": "transposed", "graph": "shared"}, optimizer="sgd_momentum",
            plans=[rev, rev], checkpoint_at=1),
-        # sparse Embedding gradients accumulated under no_sync, a bfloat16 branch, non-reentrant
-        # checkpoints, a branch one replica skips (find_unused_parameters), momentum
-        sc({"dtype": "bfloat16", "grad": "sparse", "graph": "checkpoint_nonreentrant"}, optimizer="sgd_momentum",
+        # sparse Embedding gradients accumulated under no_sync, non-reentrant checkpoints, a branch
+        # one replica skips (find_unused_parameters), momentum
+        sc({"grad": "sparse", "graph": "checkpoint_nonreentrant"}, optimizer="sgd_momentum",
            find_unused=True, plans=[skip_b, skip_b]),
-        # sparse EmbeddingBag gradients, each branch applied twice, gradient_as_bucket_view,
-        # rank-dependent hook order, loss scale 2^20
-        sc({"grad": "sparse_bag", "graph": "applied_twice"}, bucket_view=True, plans=[rev, rev], loss_scale_log2=20),
+        # a bfloat16 branch between float32 layers, sparse EmbeddingBag gradients, each branch
+        # applied twice, gradient_as_bucket_view, rank-dependent hook order, loss scale 2^20
+        sc({"dtype": "bfloat16", "grad": "sparse_bag", "graph": "applied_twice"}, bucket_view=True,
+           plans=[rev, rev], loss_scale_log2=20),
     ]
     if space.xla_corners:
         out = [e for e in out if not xla_unsupported(e.workload)]
