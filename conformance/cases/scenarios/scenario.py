@@ -515,7 +515,13 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
         ctx.mark_step()
         return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr)
 
-    model, ddp, opt = build()
+    try:
+        model, ddp, opt = build()
+    except NotImplementedError as exc:  # a library's refusal of a corner at construction (same on every replica)
+        if not workload_corners(sc.workload):
+            raise
+        raise Unsupported(f"{impl} refuses workload {workload_corners(sc.workload)}: "
+                          f"NotImplementedError: {exc}") from None
     which = row.shard_rank(ctx)
     scale = 2.0 ** sc.loss_scale_log2
     params, buffers, digests = [flat_params(model)], [flat_buffers(model)], []
@@ -930,7 +936,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
     from hypothesis import given
 
     worst: dict = {}
-    state = {"examples": 0, "vacuous": 0, "failing": None, "unsupported": {}}
+    state = {"examples": 0, "vacuous": 0, "failing": None, "unsupported": {}}  # + "crashed": a Scenario
     tol_of = tol if callable(tol) else (lambda sc: tol)
 
     def check(sc: Scenario):
@@ -938,12 +944,18 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
             results = target.run(scenario_task, scenario=sc.to_json())
         except Unsupported as exc:
             if not space.workload:
+                state.setdefault("crashed", sc)
                 raise
             # The implementation lacks a corner (or a keyword it needs): this example is
             # unsupported, the others still run (SearchWorld would re-raise it for all).
             target.error = None
             state["unsupported"].setdefault(str(exc), sc.describe_workload() or "plain workload")
             return
+        except Exception:
+            # the first scenario a replica failed on: the target re-raises its failure for every later
+            # example, so Hypothesis's "minimal" example of a crash is not one that crashes
+            state.setdefault("crashed", sc)
+            raise
         vs = judge_scenario(sc, results, tol_of(sc), agreement_atol=agreement_atol)
         state["examples"] += 1
         bad = [v for v in vs if v.status == "fail"]
@@ -973,10 +985,17 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
         if isinstance(target.error, Unsupported):
             raise target.error from None
         if state["failing"] is None:  # a replica failure (cached in the target) or a kit error
-            text = "\n".join(getattr(exc, "__notes__", [])) + f"\n{type(exc).__name__}: {exc}"
+            crashed = state.get("crashed")
+            text = ("\n".join(getattr(exc, "__notes__", [])) + f"\n{type(exc).__name__}: {exc}" if crashed is None else
+                    f"the scenario a replica failed on ({len(crashed.steps)} step(s), world size "
+                    f"{crashed.world_size}; not shrunk: a replica failure is re-raised for later examples):\n"
+                    f"{json.dumps(crashed.to_json())}\nreproduce: python -m conformance replay SCENARIO.json "
+                    f"--ddp {target.impl} --runtime {target.runtime}\n{type(exc).__name__}: {exc}")
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            dims = f" ({crashed.describe_workload()})" if crashed is not None and crashed.describe_workload() else ""
             return [Verdict("", c, "", "", "scenario", target.world_size, "fail",
-                            reason=f"replica failure on a scenario: {first}", diagnosis=text.strip())
+                            reason=f"replica failure on a scenario{dims}: {first}", diagnosis=text.strip(),
+                            example=None if crashed is None else crashed.to_json())
                     for c in SCENARIO_CHECKS]
         sc, vs = state["failing"]
         blob = json.dumps(sc.to_json())
