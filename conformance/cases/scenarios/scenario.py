@@ -972,13 +972,15 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
 
     # Generated scenarios first (a failure is shrunk to a minimal scenario), then the
     # explicit ones (deterministic coverage of every dimension; reported as they are).
-    test = kit_settings(max_examples, shrink)(given(sc=scenarios(target.world_size, space))(check))
+    # max_examples 0: the explicit scenarios only (Hypothesis refuses a zero budget)
+    test = kit_settings(max_examples, shrink)(given(sc=scenarios(target.world_size, space))(check)) \
+        if max_examples > 0 else None
 
     def explicit():
         for e in explicit_scenarios(target.world_size, space):
             check(e)
     try:
-        if max_examples > 0:
+        if test is not None:
             test()
         explicit()
     except Exception as exc:
