@@ -116,8 +116,8 @@ XLA_UNSUPPORTED = {
                                           "and torch_xla's checkpoint is reentrant only",
 }
 #: Combinations valid for DDP's semantics (the oracle and the reference DDP take them; a replay
-#: runs them) that the draw leaves out because torch's own DDP fails them (a finding:
-#: docs/findings.md 8).
+#: runs them) that the draw leaves out because torch's own DDP fails them (docs/findings.md 8,
+#: reproducer docs/findings/static_graph_no_sync.py).
 UPSTREAM_DEFECTS = {
     ("static_graph", "no_sync"): "torch's DDP with static_graph=True raises 'expect_autograd_hooks_ INTERNAL "
                                  "ASSERT FAILED' at the first backward under no_sync() (torch 2.13; "
