@@ -34,7 +34,7 @@ class Budget:
 #: The example budgets, by profile name. The default (dev) workload draw is small: the default
 #: run's time is the budget (benchmarks/README.md); ``thorough`` goes ~100x deeper.
 PROFILES = {
-    "dev": Budget(properties=25, scenarios=12, workloads=3, workloads_compiled=0),
+    "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0),
     "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0),
     "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0),
     "thorough": Budget(properties=2000, scenarios=500, workloads=300, workloads_compiled=25),
