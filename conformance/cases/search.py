@@ -19,18 +19,25 @@ class Budget:
     """Examples per case of one profile (shrinking comes on top on a failure).
 
     ``properties``: per property case; ``scenarios``: per scenario case (each example a
-    training run; a case's ``space.budget`` takes a fraction of it)."""
+    training run; a case's ``space.budget`` takes a fraction of it); ``workloads``: generated
+    examples of the workload case (``scenario.workload``: each a drawn workload, after its
+    explicit scenarios, which cover every corner); ``workloads_compiled``: the same on a
+    runtime where every distinct graph is compiled (XLA), where each drawn workload costs
+    compilations (0: the explicit scenarios only)."""
 
     properties: int
     scenarios: int
+    workloads: int
+    workloads_compiled: int
 
 
-#: The example budgets, by profile name.
+#: The example budgets, by profile name. The default (dev) workload draw is small: the default
+#: run's time is the budget (benchmarks/README.md); ``thorough`` goes ~100x deeper.
 PROFILES = {
-    "dev": Budget(properties=25, scenarios=12),
-    "ci": Budget(properties=200, scenarios=40),
-    "ci-pjrt": Budget(properties=50, scenarios=8),
-    "thorough": Budget(properties=2000, scenarios=500),
+    "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0),
+    "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0),
+    "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0),
+    "thorough": Budget(properties=2000, scenarios=500, workloads=300, workloads_compiled=25),
 }
 
 
@@ -55,6 +62,13 @@ def scenario_examples(name: str | None = None, fraction: float = 1.0) -> int:
     """Examples of a scenario case taking ``fraction`` of profile :func:`profile_name` ``(name)``'s
     budget (at least one)."""
     return max(1, round(PROFILES[profile_name(name)].scenarios * fraction))
+
+
+def workload_examples(name: str | None = None, compiled: bool = False) -> int:
+    """Generated examples of the workload case under profile :func:`profile_name` ``(name)``
+    (``compiled``: on a runtime that compiles every distinct graph)."""
+    b = PROFILES[profile_name(name)]
+    return b.workloads_compiled if compiled else b.workloads
 
 
 def kit_settings(max_examples: int, shrink: bool = True):

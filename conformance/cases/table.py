@@ -123,6 +123,15 @@ def _build() -> dict[str, Case]:
                   {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket",), tags=("buckets",)),
         _scenario("comm_hook", "the same with torch's all-reduce comm hook registered",
                   {"ddp_extra": ("comm_hook",), "budget": 0.5}, ("comm_hook_no_divide",), tags=("comm_hook",)),
+        # The workload axis drawn (issue 18, docs/scenarios.md): the scenarios above on the workload
+        # corners, with the keywords that interact with them (static_graph, small buckets, views).
+        _scenario("workload", "the same on a drawn workload: float64 / complex64 / bfloat16 parameters, "
+                  "channels_last and transposed layouts, sparse Embedding(Bag) gradients, branches applied "
+                  "twice, under (non-)reentrant activation checkpointing or sharing a weight; with "
+                  "static_graph, small buckets and gradient_as_bucket_view",
+                  {"workload": True, "ddp_extra": ("buckets", "static_graph")},
+                  ("no_grad_sync", "sparse_grad_unsynced", "strided_unpack", "complex_real_bucket",
+                   "fp32_fusion_buffer", "reduce_at_first_firing"), tags=("workload",)),
         # Graph shape (issue 18, docs/scenarios.md): a parameter whose ready hook fires twice in
         # one backward (reentrant checkpoint; upstream needs static_graph), or once for two uses.
         Case("parity.checkpoint_reentrant", "parity", "a block applied twice under reentrant "

@@ -200,6 +200,15 @@ CATALOG = [
           "one float32 fusion buffer: float64 gradients reduced at float32 precision",
           "float64 dtype corner (parity.float64)",
           "https://github.com/pytorch/PiPPy/issues/656", True),
+    # Issue 18, the drawn workload (a corner combination no fixed row hits): measured 2026-12-01,
+    # ``run --runtime cpu --ddp <spec>``: exit 1; scenario.workload fails at W=2 and 3 (params,
+    # buffers, optimizer_state, naming 'emb.weight' (sparse gradient) and the no_sync window),
+    # parity.sparse_embedding passes (one backward per step).
+    Entry("sparse_last_micro_step", "sparse_last_micro_step:SparseLastMicroStepDDP", "18.w",
+          "a sparse gradient is reduced from the synced backward alone: micro-steps accumulated "
+          "under no_sync are lost for it (dense gradients are right)",
+          "workload corner: sparse gradient x accumulation window (scenario.workload)",
+          "https://github.com/NVIDIA/recsys-examples/issues/393", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -241,4 +250,5 @@ CAUGHT_BY = {
     "strided_unpack": "parity.channels_last@2",
     "complex_real_bucket": "parity.complex64@2",
     "fp32_fusion_buffer": "parity.float64@2",
+    "sparse_last_micro_step": "scenario.workload@2",
 }

@@ -13,8 +13,8 @@ semantics of ``torch.nn.parallel.DistributedDataParallel`` (torch >= 2.1, CPU/gl
   afresh, so a buffer rebound in ``forward`` is the one sent) are broadcast from rank 0;
 * ``no_sync()`` accumulates gradients locally; the next synced backward reduces the sum;
 * a sparse gradient (``Embedding(sparse=True)``) is reduced as a dense one and written back dense
-  (torch reduces it sparse: the same mean); any dtype and strides (a gradient is copied back
-  element for element);
+  (torch reduces it sparse: the same mean); any dtype (one dtype per bucket) and strides (a
+  gradient is copied back element for element);
 * with ``find_unused_parameters`` or ``static_graph``: a parameter no replica used since the last
   reduction keeps its gradient untouched (``None`` stays ``None``); one used on some replicas only
   is reduced with zeros from the others. A gradient accumulated under ``no_sync`` counts as used.
@@ -145,7 +145,9 @@ class CorrectDDP(nn.Module, Joinable):
         buckets, cur, size = [], [], 0
         for i, p in enumerate(self._params):
             nbytes = p.numel() * p.element_size()
-            if cur and size + nbytes > cap_mb * _MB:
+            # one dtype per bucket (as torch): a mixed flat buffer would promote, and a bucket
+            # view of it would have the wrong dtype
+            if cur and (size + nbytes > cap_mb * _MB or p.dtype != self._params[cur[0]].dtype):
                 buckets.append(cur)
                 cur, size = [], 0
             cur.append(i)
@@ -298,7 +300,8 @@ class CorrectDDP(nn.Module, Joinable):
         with torch.no_grad():
             for idx in self._buckets:
                 if any(used[i] > 0 for i in idx):
-                    zeros = torch.zeros(sum(self._params[i].numel() for i in idx))
+                    zeros = torch.zeros(sum(self._params[i].numel() for i in idx),
+                                        dtype=self._params[idx[0]].dtype)
                     dist.all_reduce(zeros, group=self.process_group)
 
     def _sync_from_last_joiner(self, is_last_joiner):

@@ -121,14 +121,24 @@ def to_cpu(obj):
 
 def flat_optimizer_state(opt, state_dict=None) -> np.ndarray:
     """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64
-    (sharded ones gathered, see :func:`full`);
+    (sharded ones gathered, see :func:`full`; sparse ones dense, complex ones as
+    ``view_as_real`` pairs);
     from ``state_dict["state"]`` (per parameter index) when a full state dict is given."""
     import torch
     states = opt.state.values() if state_dict is None else [
         state_dict["state"][k] for k in sorted(state_dict["state"])]
-    ts = [full(v).detach().cpu().double().reshape(-1) for st in states
+    # A sparse state (SGD's momentum of a sparse gradient) is read dense: the same values;
+    # a complex one as real/imaginary pairs (a cast to float64 would drop the imaginary part).
+    ts = [_dense(full(v).detach().cpu()).double().reshape(-1) for st in states
           for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
     return torch.cat(ts).numpy() if ts else np.zeros(0)
+
+
+def _dense(t):
+    """``t`` as a dense real tensor: sparse densified, complex as (real, imaginary) pairs."""
+    import torch
+    t = t.to_dense() if t.is_sparse else t
+    return torch.view_as_real(t) if t.is_complex() else t
 
 
 def optimizer_state_layout(opt, state_dict=None, module=None) -> list:
@@ -150,7 +160,8 @@ def optimizer_state_layout(opt, state_dict=None, module=None) -> list:
         for entry, v in st.items():
             if torch.is_tensor(v) and v.dim() > 0:
                 who = names.get(id(p)) if p is not None and tuple(p.shape) == tuple(v.shape) else None
-                out.append((f"state[{key}].{entry}" + (f" ({who})" if who else ""), tuple(v.shape)))
+                out.append((f"state[{key}].{entry}" + (f" ({who})" if who else ""),
+                            tuple(v.shape) + ((2,) if v.is_complex() else ())))
     return out
 
 
