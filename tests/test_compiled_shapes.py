@@ -3,25 +3,17 @@ few that repeat (docs/runtimes/pjrt.md; benchmarks/README.md, session 6), and ke
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 
 from conformance.cases.properties import gradsync as P
 from conformance.cases.scenarios import scenario as S
+from tests.draws import draw_examples
 from conformance.worlds.runtimes import get_runtime
 
 pytestmark = pytest.mark.cpu
 
 
 def _draw(strategy, n=80):
-    seen = []
-
-    @settings(max_examples=n, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(ex=strategy)
-    def collect(ex):
-        seen.append(ex)
-    collect()
-    return seen
+    return draw_examples(strategy, n)
 
 
 def test_only_xla_runtimes_compile_per_graph():

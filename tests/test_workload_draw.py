@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conformance.cases.scenarios import scenario as S
+from tests.draws import draw_examples
 
 pytestmark = pytest.mark.cpu
 
@@ -13,16 +14,7 @@ SPACE = S.Space(workload=True, ddp_extra=("buckets", "static_graph"))
 
 
 def _draw(strategy, n=150):
-    from hypothesis import given, settings, HealthCheck
-    out = []
-
-    @settings(max_examples=n, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(x=strategy)
-    def collect(x):
-        out.append(x)
-    collect()
-    return out
+    return draw_examples(strategy, n)
 
 
 def test_a_file_without_a_workload_is_the_plain_one_and_bad_workloads_are_one_line_errors():

@@ -859,13 +859,19 @@ def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
         sc([step([[2] * w], [[["a", "c"]] + [all_b] * (w - 1)]) for _ in range(5)], optimizer="sgd_momentum",
            find_unused=True, checkpoint_at=2, loss_scale_log2=20),
     ]
-    for s in out:
-        if space.rank_uniform:  # the same batch size and plan on every replica (replica 0's)
-            for step in s.steps:
+    return _finished(out, space)
+
+
+def _finished(out: list, space: Space) -> list:
+    """Explicit scenarios ``out``, validated; with ``space.rank_uniform`` every replica takes
+    replica 0's batch size and plan."""
+    for e in out:
+        if space.rank_uniform:
+            for step in e.steps:
                 for m in step["micro"]:
-                    m["batch"] = [m["batch"][0]] * w
-                    m["plan"] = [list(m["plan"][0]) for _ in range(w)]
-        s.validate()
+                    m["batch"] = [m["batch"][0]] * e.world_size
+                    m["plan"] = [list(m["plan"][0]) for _ in range(e.world_size)]
+        e.validate()
     return out
 
 
@@ -910,14 +916,7 @@ def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]
     ]
     if space.xla_corners:
         out = [e for e in out if not xla_unsupported(e.workload)]
-    for e in out:
-        if space.rank_uniform:  # the same batch size and plan on every replica (replica 0's)
-            for step in e.steps:
-                for m in step["micro"]:
-                    m["batch"] = [m["batch"][0]] * w
-                    m["plan"] = [list(m["plan"][0]) for _ in range(w)]
-        e.validate()
-    return out
+    return _finished(out, space)
 
 
 def scenario_tolerance(runtime: str, sc: Scenario):
