@@ -280,9 +280,11 @@ class World:
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_host_main, daemon=True, name=f"{runtime}-host{host}",
                                    args=(runtime, host, world_size, child, self.workdir, env, os.getpid(), settings))
+                # Listed before start(): a Ctrl-C inside start() must not leave a started host
+                # unkilled (multiprocessing's exit handler would SIGTERM and join it unbounded).
+                self.hosts.append((proc, parent))
                 proc.start()
                 child.close()
-                self.hosts.append((proc, parent))
             self._ranks = self._collect_ready(settings.start_timeout)
         except BaseException:  # a host still starting reads no stop message: kill at once
             self.close(graceful=False)
@@ -630,6 +632,9 @@ class World:
                     pass
         deadline = time.monotonic() + (5.0 if graceful else 0.0)
         for proc, conn in self.hosts:
+            if proc.pid is None:  # never started (Ctrl-C before its start())
+                conn.close()
+                continue
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
