@@ -82,3 +82,12 @@ def measured_scale() -> float:
     world, scale = start_world("cpu", 2)
     world.close()
     return scale
+
+
+def default_signals():
+    """``preexec_fn`` of a child a test stops with SIGINT / SIGTERM: the child starts with both
+    at their defaults. A child inherits an ignored signal, and Python keeps SIGINT ignored when
+    it starts ignored, so a test process left ignoring it would make the child deaf to Ctrl-C."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

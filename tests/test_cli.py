@@ -11,7 +11,7 @@ import pytest
 
 import conformance
 
-from tests.procs import alive, children, gone
+from tests.procs import alive, children, default_signals, gone
 
 pytestmark = pytest.mark.cpu
 
@@ -261,7 +261,7 @@ def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
                               "--world-size", "2", "--only", "parity.linear,parity.mlp,parity.batchnorm",
                               "--json", str(report), "--quiet"],
                              cwd=tmp_path, env=dict(os.environ, TMPDIR=str(tmp)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         deadline, progress = time.monotonic() + 600, None
         while child.poll() is None and time.monotonic() < deadline:

@@ -25,7 +25,7 @@ from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from tests.tasks import fault
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World
 
-from tests.procs import children, gone, measured_scale, start_world
+from tests.procs import children, default_signals, gone, measured_scale, start_world
 
 K = 1                # the faulty replica
 TIMEOUT_S = 8.0      # the task bound configured for each case (s, quiet machine; x load scale)
@@ -155,7 +155,7 @@ def test_sigint_to_cli_parent_leaves_nothing(runtime, tmp_path):
     env = dict(os.environ, CONFORMANCE_TIMEOUT=str(TIMEOUT_S * 10 * scale))
     cmd = [sys.executable, "-m", "conformance", "run", "--runtime", runtime, "--ddp", "ref",
            "--world-size", "2", "--json", str(tmp_path / "r.json")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_signals,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         deadline = time.monotonic() + 60 * scale

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout
-from tests.procs import QUIET_START_S, REPO, alive, gone, load_scale, start_world
+from tests.procs import QUIET_START_S, REPO, alive, default_signals, gone, load_scale, start_world
 from tests.tasks import all_reduce_value, fail_on
 
 pytestmark = pytest.mark.cpu
@@ -96,7 +96,7 @@ def test_no_orphans_when_parent_interrupted_or_killed(tmp_path, sig):
     script.write_text(SCRIPT)
     t0 = time.monotonic()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (REPO, os.environ.get("PYTHONPATH")))))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, preexec_fn=default_signals,
                             env=env)  # the script imports tests.tasks: the repository on its path
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
