@@ -91,3 +91,19 @@ def default_signals():
     import signal
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def script_beside_python(name: str) -> str:
+    """The console script ``name`` installed beside this interpreter; the test skips without it."""
+    import pytest
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    if not os.path.exists(path):
+        pytest.skip(f"no {name} script beside {sys.executable}")
+    return path
+
+
+def write_user_package(folder, module_text: str = "") -> None:
+    """A user's package ``mypkg`` with module ``mypkg.ddp`` holding ``module_text``, in ``folder``."""
+    (folder / "mypkg").mkdir()
+    (folder / "mypkg" / "__init__.py").write_text("")
+    (folder / "mypkg" / "ddp.py").write_text(module_text)

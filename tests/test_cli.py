@@ -11,7 +11,7 @@ import pytest
 
 import conformance
 
-from tests.procs import alive, children, default_signals, gone
+from tests.procs import alive, children, default_signals, gone, script_beside_python, write_user_package
 
 pytestmark = pytest.mark.cpu
 
@@ -67,12 +67,8 @@ def test_console_script_resolves_a_package_in_the_current_folder(tmp_path):
     """``ddp-conformance run --ddp mypkg.ddp:X`` from the folder holding ``mypkg``: the console
     script, unlike ``python -m``, does not put that folder on ``sys.path`` (it reported "No module
     named 'mypkg'"). The module is found: the error is about the missing class."""
-    script = os.path.join(os.path.dirname(sys.executable), "ddp-conformance")
-    if not os.path.exists(script):
-        pytest.skip(f"no ddp-conformance script beside {sys.executable} (kit not installed)")
-    (tmp_path / "mypkg").mkdir()
-    (tmp_path / "mypkg" / "__init__.py").write_text("")
-    (tmp_path / "mypkg" / "ddp.py").write_text("")
+    script = script_beside_python("ddp-conformance")
+    write_user_package(tmp_path)
     kit = os.path.dirname(os.path.dirname(os.path.abspath(conformance.__file__)))
     env = {**os.environ, "PYTHONPATH": kit}  # the kit as imported here; not the package's folder
     r = subprocess.run([script, "run", "--ddp", "mypkg.ddp:Nope", "--world-size", "2", "--only", "parity.linear"],

@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import conformance
+from tests.procs import script_beside_python, write_user_package
 
 pytestmark = pytest.mark.cpu
 
@@ -77,12 +78,8 @@ def test_readme_pytest_command_from_the_folder_holding_the_package(tmp_path):
     with the ``pytest`` script (which, unlike ``python -m pytest``, does not put the current
     folder on ``sys.path``) from the folder that holds ``mypkg`` (issue 19: exit 4, "No module
     named 'mypkg'")."""
-    script = os.path.join(os.path.dirname(sys.executable), "pytest")
-    if not os.path.exists(script):
-        pytest.skip(f"no pytest script beside {sys.executable}")
-    (tmp_path / "mypkg").mkdir()
-    (tmp_path / "mypkg" / "__init__.py").write_text("")
-    (tmp_path / "mypkg" / "ddp.py").write_text(USER_MODULE)
+    script = script_beside_python("pytest")
+    write_user_package(tmp_path, USER_MODULE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["PYTHONPATH"] = REPO  # the kit as imported here (a checkout or site-packages); not the package's folder
     r = subprocess.run([script, "--pyargs", "conformance", "--conformance-ddp", "mypkg.ddp:MyDDP", "-m", "cpu",
@@ -171,12 +168,8 @@ def test_pytest_script_finds_a_package_in_the_current_folder(tmp_path):
     """The README's ``pytest --pyargs conformance --conformance-ddp mypkg.ddp:MyDDP`` from the
     folder holding ``mypkg``: the ``pytest`` script (unlike ``python -m pytest``) does not put
     that folder on sys.path; the plugin does, and the spawned replicas inherit it."""
-    script = os.path.join(os.path.dirname(sys.executable), "pytest")
-    if not os.path.exists(script):
-        pytest.skip(f"no pytest script next to {sys.executable}")
-    (tmp_path / "mypkg").mkdir()
-    (tmp_path / "mypkg" / "__init__.py").write_text("")
-    (tmp_path / "mypkg" / "ddp.py").write_text(USER_MODULE)
+    script = script_beside_python("pytest")
+    write_user_package(tmp_path, USER_MODULE)
     r = subprocess.run([script, "--pyargs", "conformance", "--conformance-ddp", "mypkg.ddp:MyDDP", "-m", "cpu",
                         "--conformance-world-size", "2", "--conformance-only", "parity.linear", "-q",
                         "-p", "no:cacheprovider", "-rA"],
