@@ -62,6 +62,8 @@ from multiprocessing.connection import wait as wait_any
 from conformance.settings import Settings
 from conformance.worlds import blame as blame_mod, diagnosis as dg, procmem
 import faulthandler
+import gc
+import sys
 from conformance.worlds.runtimes import get_runtime
 
 # After the first replica raised (or a host died), how long the parent waits
@@ -161,37 +163,62 @@ def _instrument(ctx, board, host, runtime):
         ctx.mark_step = dg.recorded_step_sync(ctx.mark_step, p)
 
 
+def _sample_stacks(skip: int) -> dict[int, str]:
+    """``{thread ident: stack}`` of every thread of this process but ``skip``, innermost frame
+    first, each stack in ``faulthandler``'s format (what :mod:`conformance.worlds.blame` reads).
+
+    From ``sys._current_frames()``, which walks the interpreter's thread list under its
+    lock. ``faulthandler.dump_traceback`` walks it without one (it is written for signal
+    handlers): called every half second it raced threads that C++ code gives a thread state
+    and takes it back, and killed the host with SIGSEGV (a reference DDP replica on CPU died
+    in 2 of 3 runs of the parity and scenario cases when sampled every 2 ms; once in a full
+    test run at every 500 ms). The frames are read into strings at once and dropped before
+    anything can release the GIL (no I/O, no collection): a frame object still held when its
+    function returns keeps the function's locals alive, and on PJRT a lazy tensor kept alive
+    that way is one more output of the replica's next graph (docs/runtimes/pjrt.md, cause 1)."""
+    collecting = gc.isenabled()
+    gc.disable()  # a collection could run finalizers, which may release the GIL
+    frames = frame = None
+    try:
+        frames = sys._current_frames()
+        out = {}
+        for tid, frame in frames.items():
+            if tid == skip:
+                continue
+            lines = [f"Thread 0x{tid:016x} (most recent call first):"]
+            while frame is not None:
+                code = frame.f_code
+                lines.append(f'  File "{code.co_filename}", line {frame.f_lineno or 0} in {code.co_name}')
+                frame = frame.f_back
+            out[tid] = "\n".join(lines)
+        return out
+    finally:
+        frames = frame = None  # noqa: F841  (drop every frame reference before anything else)
+        if collecting:
+            gc.enable()
+
+
 def _watch_collectives(replicas, every=POLL_S):
     """Host thread: every ``every`` seconds, record in each running replica's progress
     the collective its stack shows (:func:`conformance.worlds.blame.collective_in`), so the
     collective bound applies to a DDP that calls torch.distributed or torch_xla itself.
-    On a host of one replica every thread counts (a DDP's communication thread).
-
-    Stacks come from ``faulthandler``'s dump, never ``sys._current_frames()``: a frame
-    object keeps its function's locals alive after the function returns, and on PJRT a
-    lazy tensor kept alive that way is one more output of the replica's next graph, so a
-    module of its own with an op_id its peers never meet (measured: W=8 worlds aborted by
-    XLA in 1 to 5 of 5 parity runs; docs/runtimes/pjrt.md, cause 1)."""
+    On a host of one replica every thread counts (a DDP's communication thread). Stacks come
+    from :func:`_sample_stacks` (safe to call often, holds no frame)."""
     me = threading.get_ident()
-    with tempfile.TemporaryFile("w+") as dump:
-        while True:
-            time.sleep(every)
-            try:
-                dump.seek(0)
-                dump.truncate()
-                faulthandler.dump_traceback(dump, all_threads=True)
-                dump.seek(0)
-                blocks = dg.thread_stacks(dump.read())
-                for ctx in replicas:
-                    p = ctx.progress
-                    if p.state.get("state") != "running" or p.state.get("in_collective"):
-                        p.seen_in(None)
-                        continue
-                    tids = [p.state.get("tid")] if len(replicas) > 1 else [t for t in blocks if t != me]
-                    stacks = [blocks[t] for t in tids if t in blocks]
-                    p.seen_in(next((c for c in map(blame_mod.collective_in, stacks) if c), None))
-            except Exception:  # a sample is only a hint; never take the host down
-                pass
+    while True:
+        time.sleep(every)
+        try:
+            blocks = _sample_stacks(skip=me)
+            for ctx in replicas:
+                p = ctx.progress
+                if p.state.get("state") != "running" or p.state.get("in_collective"):
+                    p.seen_in(None)
+                    continue
+                tids = [p.state.get("tid")] if len(replicas) > 1 else list(blocks)
+                stacks = [blocks[t] for t in tids if t in blocks]
+                p.seen_in(next((c for c in map(blame_mod.collective_in, stacks) if c), None))
+        except Exception:  # a sample is only a hint; never take the host down
+            pass
 
 
 def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, settings):
@@ -251,14 +278,18 @@ class World:
         world_size: number of replicas (``>= 1``).
         timeout: default bound in seconds on each task (default ``settings.replica_timeout``).
         settings: the run's :class:`~conformance.settings.Settings` (default: built-in defaults).
+        wait: wait here for every host's start-up answer; ``False`` returns once the host
+            processes are spawned (they import the runtime meanwhile) and the first :meth:`run`
+            (or :meth:`wait_started`) waits, bounded by ``settings.start_timeout`` from then.
 
     Raises:
-        ReplicaError: when the hosts cannot start within ``settings.start_timeout``.
+        ReplicaError: when the hosts cannot start within ``settings.start_timeout`` (with
+            ``wait=False``: raised by :meth:`wait_started` / :meth:`run`).
         conformance.worlds.runtimes.RuntimeUnavailable: when the runtime cannot run here.
     """
 
     def __init__(self, runtime: str, world_size: int, timeout: float | None = None,
-                 settings: Settings | None = None):
+                 settings: Settings | None = None, wait: bool = True):
         settings = settings or Settings()
         if timeout:  # the hosts size gloo's timeout from the task bound (runtimes.cpu)
             settings = settings.replace(replica_timeout=timeout)
@@ -285,12 +316,36 @@ class World:
                 self.hosts.append((proc, parent))
                 proc.start()
                 child.close()
-            self._ranks = self._collect_ready(settings.start_timeout)
         except BaseException:  # a host still starting reads no stop message: kill at once
             self.close(graceful=False)
             raise
-        self._host_of = {r: h for h, ranks in enumerate(self._ranks) for r in ranks}
+        self._ranks, self._host_of = None, {}
         self._next_task = 0
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait (once) for every host's start-up answer, bounded by ``settings.start_timeout``.
+
+        Raises:
+            ReplicaError: a host failed, died or did not answer in time; the world is then
+                broken and its hosts killed.
+        """
+        if self._ranks is not None:
+            return
+        if self.broken:
+            raise ReplicaError(f"{self.describe()} is broken by an earlier failure")
+        try:
+            self._ranks = self._collect_ready(self.settings.start_timeout)
+        except BaseException:  # a host still starting reads no stop message: kill at once
+            self._break()
+            raise
+        self._host_of = {r: h for h, ranks in enumerate(self._ranks) for r in ranks}
+
+    @property
+    def started(self) -> bool:
+        """Every host answered its start-up (see :meth:`wait_started`)."""
+        return self._ranks is not None
 
     # --- running tasks ---------------------------------------------------
     def run(self, fn, timeout: float | None = None, **payload) -> list:
@@ -304,6 +359,7 @@ class World:
                 world is then broken. ``KeyboardInterrupt`` kills the hosts
                 first, then propagates.
         """
+        self.wait_started()
         if self.broken:
             raise ReplicaError(f"{self.describe()} is broken by an earlier failure")
         self._next_task += 1
@@ -624,6 +680,7 @@ class World:
 
     def close(self, graceful: bool = True) -> None:
         """Stop every host (politely when ``graceful``, then by SIGKILL); idempotent."""
+        graceful = graceful and getattr(self, "_ranks", None) is not None  # a starting host reads no stop
         for proc, conn in self.hosts:
             if graceful and proc.is_alive():
                 try:
@@ -745,10 +802,30 @@ class WorldPool:
         self._worlds: dict[tuple[str, int], World] = {}
 
     def get(self, runtime: str, world_size: int) -> World:
+        """The started world of ``world_size`` replicas of ``runtime``.
+
+        Raises:
+            ReplicaError / RuntimeUnavailable: as :class:`World`.
+        """
         key = (runtime, world_size)
         world = self._worlds.get(key)
         if world is None or world.broken:
-            world = self._worlds[key] = World(runtime, world_size, settings=self.settings)
+            world = self._worlds[key] = World(runtime, world_size, settings=self.settings, wait=False)
+        world.wait_started()
+        return world
+
+    def prestart(self, runtime: str, world_size: int) -> World | None:
+        """Spawn that world's hosts now, without waiting for them, so that they import the
+        runtime while this process still works with another world (the PJRT default run used
+        1.2 of 2 cores); :meth:`get` then returns it. Returns the world, or ``None`` when it
+        cannot be started: the error is left for :meth:`get` to raise where it is reported."""
+        key = (runtime, world_size)
+        if key in self._worlds and not self._worlds[key].broken:
+            return self._worlds[key]
+        try:
+            world = self._worlds[key] = World(runtime, world_size, settings=self.settings, wait=False)
+        except Exception:  # unavailable runtime, bad size, spawn failure: get() reports it
+            return None
         return world
 
     def close(self) -> None:
