@@ -32,7 +32,7 @@ from conformance.cases.train.loop import train_replica
 from conformance.impls.builtin import resolve_impl
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.settings import Settings
-from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime, world_for
 from conformance.worlds.spawned import ReplicaError
 
 _UNSUPPORTED = "__unsupported__"
@@ -117,6 +117,21 @@ class Session:
         if key not in self._cache:
             self._cache[key] = self.run(runtime, world_size, train_replica, spec=spec.as_dict())
         return self._cache[key]
+
+    def prestart(self, runtime: str, world_size: int, impls) -> None:
+        """Start, without waiting, the worlds ``impls`` will train on at ``runtime`` x
+        ``world_size`` (a no-op for a pool without ``prestart``, e.g. a launcher-built world).
+        Nothing is raised: an implementation or world that cannot start is reported by
+        :func:`evaluate` when it is used."""
+        prestart = getattr(self.pool, "prestart", None)
+        if prestart is None:
+            return
+        for impl in impls:
+            try:
+                topology = resolve_impl(impl).topology.get(runtime)
+                prestart(*world_for(runtime, topology, world_size))
+            except Exception:  # reported where evaluate() uses it
+                continue
 
     def forget(self) -> None:
         """Drop cached training runs (long sweeps: calibrate, run --repeat)."""

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout
+from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout, World, WorldPool
 from tests.procs import QUIET_START_S, REPO, alive, default_signals, gone, load_scale, start_world
 from tests.tasks import all_reduce_value, fail_on
 
@@ -76,6 +76,42 @@ def test_pool_replaces_broken_world(world_pool):
         w.run(fail_on, rank=0, how="raise")
     w2 = world_pool.get("cpu", 2)
     assert w2 is not w and w2.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0], [3.0]]
+
+
+def test_prestarted_world_is_the_one_get_returns():
+    """A world spawned ahead (WorldPool.prestart) is waited for and used by get(), not started twice."""
+    pool = WorldPool()
+    try:
+        ahead = pool.prestart("cpu", 2)
+        assert ahead is not None and not ahead.started and len(ahead.pids()) == 2
+        assert pool.prestart("cpu", 2) is ahead  # asked again while starting: the same hosts
+        w = pool.get("cpu", 2)
+        assert w is ahead and w.started
+        assert w.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0], [3.0]]
+    finally:
+        pool.close()
+    assert gone(ahead.pids())
+
+
+def test_prestart_error_is_reported_by_get():
+    """A world that cannot start is not an error when spawned ahead; get() raises it."""
+    pool = WorldPool()
+    try:
+        assert pool.prestart("nosuch", 2) is None
+        with pytest.raises(KeyError, match="unknown runtime 'nosuch'"):
+            pool.get("nosuch", 2)
+    finally:
+        pool.close()
+
+
+def test_world_closed_while_starting_leaves_nothing():
+    """Closing a world whose hosts are still importing (a run interrupted right after a
+    prestart) kills them: they read no stop message yet."""
+    w = World("cpu", 2, wait=False)
+    pids = w.pids()
+    assert all(alive(p) for p in pids) and not w.started
+    w.close()
+    assert gone(pids) and not os.path.exists(w.workdir)
 
 
 QUIET_PARENT_START_S = 1.8   # SCRIPT until it prints its pids, quiet 2-core machine (s): ~1.2 x a world start

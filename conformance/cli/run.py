@@ -115,7 +115,9 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
             bar.update(1)
     try:
         try:
-            for rt, w, impls in targets:
+            for t, (rt, w, impls) in enumerate(targets):
+                later = [(rt2, w2, impls2) for rt2, w2, impls2 in targets[t + 1:] if cases_at(rt2, w2)][:1]
+                prestarted = False
                 for impl in impls:
                     for case in cases_at(rt, w):
                         if stopped or impl in stopped_each:
@@ -125,6 +127,9 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
                         t0 = time.monotonic()
                         got = evaluate(case, impl, rt, w, session)
                         seconds[(case.name, impl, rt, w)] = time.monotonic() - t0
+                        if later and not prestarted:  # this world is up: the next one starts meanwhile
+                            session.prestart(*later[0])
+                            prestarted = True
                         mark_expected_failures(got, expected)
                         verdicts += got
                         tick()
