@@ -63,10 +63,14 @@ def test_scenarios_on_compiled_runtimes_use_the_few_shapes(monkeypatch):
     assert not seen["cpu"].few_shapes and not seen["cpu"].rank_uniform
 
 
-def test_fast_compile_flag_is_added_unless_the_user_sets_the_level():
-    from ddp_impl.runtime.xla import FAST_COMPILE_FLAG, fast_compile_flags
-    assert fast_compile_flags("") == FAST_COMPILE_FLAG
-    assert fast_compile_flags("--xla_dump_to=d") == f"--xla_dump_to=d {FAST_COMPILE_FLAG}"
-    assert fast_compile_flags("--xla_backend_optimization_level=2") == "--xla_backend_optimization_level=2"
+def test_fast_compile_flags_are_added_unless_the_user_sets_them():
+    from ddp_impl.runtime.xla import FAST_COMPILE_FLAGS, fast_compile_flags
+    level, emitters = FAST_COMPILE_FLAGS
+    assert fast_compile_flags("") == f"{level} {emitters}"
+    assert fast_compile_flags("--xla_dump_to=d") == f"--xla_dump_to=d {level} {emitters}"
+    assert fast_compile_flags("--xla_backend_optimization_level=2") == f"--xla_backend_optimization_level=2 {emitters}"
+    assert fast_compile_flags("--xla_cpu_use_fusion_emitters=true") == f"--xla_cpu_use_fusion_emitters=true {level}"
+    # a flag whose name only starts like one of ours is not ours
+    assert fast_compile_flags("--xla_backend_optimization_level_x=1").endswith(f"{level} {emitters}")
     env = get_runtime("pjrt").host_envs(2)[0]
-    assert FAST_COMPILE_FLAG in env["XLA_FLAGS"]
+    assert all(f in env["XLA_FLAGS"].split() for f in FAST_COMPILE_FLAGS)
