@@ -399,6 +399,32 @@ def test_xla_batchnorm_running_var_is_biased(world_pool):
         np.testing.assert_allclose(d["running_mean"], m * x.mean(axis=0), rtol=1e-6)
 
 
+def host_copies_task(ctx):
+    """Pending (not yet stepped) and materialised XLA tensors of several dtypes and shapes,
+    and a CPU one, read back by conformance.cases.train.readback.on_host and by .cpu()."""
+    import torch
+    from conformance.cases.train.readback import on_host
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) + ctx.rank
+    ts = [base.to(ctx.device), torch.tensor([1.5, -2.0], dtype=torch.float64).to(ctx.device),
+          torch.tensor(7, dtype=torch.int64).to(ctx.device), base.t().contiguous(), torch.ones(2).to(ctx.device) * 3]
+    ctx.mark_step()
+    ts.append(ts[0] * 2)  # pending: computed by the read
+    got, want = on_host(ts), [t.cpu() for t in ts]
+    return [(g.device.type, str(g.dtype), g.numpy().tolist() == w.numpy().tolist()) for g, w in zip(got, want)]
+
+
+@pytest.mark.pjrt
+def test_host_copies_match_per_tensor_reads(world_pool):
+    """The batched device-to-host copy the readback uses on XLA gives what .cpu() gives,
+    in order, for every dtype, a pending tensor and a CPU tensor among them."""
+    _available(2)
+    for rows in world_pool.get("pjrt", 2).run(host_copies_task):
+        assert [r[0] for r in rows] == ["cpu"] * 6
+        assert [r[1] for r in rows] == ["torch.float32", "torch.float64", "torch.int64", "torch.float32",
+                                        "torch.float32", "torch.float32"]
+        assert all(r[2] for r in rows), rows
+
+
 @pytest.mark.pjrt
 def test_graphs_do_not_depend_on_scalar_values(world_pool):
     """ddp_impl.runtime.xla measure 5 (value_independent_graphs, set by the adapter)."""

@@ -320,7 +320,7 @@ class World:
             self.close(graceful=False)
             raise
         self._ranks, self._host_of = None, {}
-        self._next_task = 0
+        self._next_task, self._stop_sent = 0, False
         if wait:
             self.wait_started()
 
@@ -678,15 +678,24 @@ class World:
         self.broken = True
         self.close(graceful=False)
 
-    def close(self, graceful: bool = True) -> None:
-        """Stop every host (politely when ``graceful``, then by SIGKILL); idempotent."""
-        graceful = graceful and getattr(self, "_ranks", None) is not None  # a starting host reads no stop
+    def request_stop(self) -> None:
+        """Ask every started host to stop, without waiting (:meth:`close` waits): closing
+        several worlds, each host's teardown then runs beside the others'."""
+        if getattr(self, "_ranks", None) is None or self._stop_sent:  # a starting host reads no stop
+            return
+        self._stop_sent = True
         for proc, conn in self.hosts:
-            if graceful and proc.is_alive():
+            if proc.is_alive():
                 try:
                     conn.send(None)
                 except (BrokenPipeError, OSError):
                     pass
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop every host (politely when ``graceful``, then by SIGKILL); idempotent."""
+        graceful = graceful and getattr(self, "_ranks", None) is not None  # a starting host reads no stop
+        if graceful:
+            self.request_stop()
         deadline = time.monotonic() + (5.0 if graceful else 0.0)
         for proc, conn in self.hosts:
             if proc.pid is None:  # never started (Ctrl-C before its start())
@@ -829,6 +838,8 @@ class WorldPool:
         return world
 
     def close(self) -> None:
+        for world in self._worlds.values():  # every host tears down at once, then each is reaped
+            world.request_stop()
         for world in self._worlds.values():
             world.close()
             shutil.rmtree(world.workdir, ignore_errors=True)

@@ -168,6 +168,14 @@ def fast_compile_flags(xla_flags: str = "") -> str:
     return out
 
 
+def to_host(tensors: list) -> list:
+    """CPU copies of ``tensors`` (XLA tensors, any shapes and dtypes) in one device-to-host
+    transfer, as ``torch_xla.core.xla_model``'s save path makes them (private
+    ``_xla_get_cpu_tensors``: the version is pinned). A pending tensor is computed first, as
+    ``.cpu()`` would."""
+    return list(require_torch_xla()._XLAC._xla_get_cpu_tensors(list(tensors)))
+
+
 # ---------------------------------------------------------------------------
 # Step sync
 # ---------------------------------------------------------------------------

@@ -14,6 +14,21 @@ def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def on_host(tensors) -> list:
+    """``tensors`` (detached) copied to the host, in order. Tensors on an XLA device are copied
+    in one transfer (``torch_xla``'s batched device-to-host copy, as ``xm.save`` uses): a
+    per-tensor ``.cpu()`` is one transfer each, and reading every parameter and optimizer
+    state after every step spent 0.58 of 5.0 s of an 84-step Adam scenario's replica there
+    (PJRT, W=2)."""
+    out = list(tensors)
+    on_xla = [i for i, t in enumerate(out) if t.device.type == "xla"]
+    if on_xla:
+        from ddp_impl.runtime.xla import to_host
+        for i, t in zip(on_xla, to_host([out[i] for i in on_xla])):
+            out[i] = t
+    return [t.cpu() for t in out]  # the rest (a no-op for the copies)
+
+
 def flat_params(module) -> np.ndarray:
     """All parameters of ``module`` concatenated, float32 ``[P]`` on the host (float64
     when a parameter is float64 or complex128: nothing is rounded away), full tensors in
@@ -21,7 +36,7 @@ def flat_params(module) -> np.ndarray:
     order whatever its strides; a complex one as ``view_as_real`` (real, imaginary pairs)."""
     import torch
     # Sharded (DTensor) parameters are gathered first: a collective, every replica reads.
-    ps = [full(p).detach().cpu() for p in module.parameters()]
+    ps = on_host(full(p).detach() for p in module.parameters())
     wide = any(p.dtype in (torch.float64, torch.complex128) for p in ps)
     # .cpu() first: on XLA a dtype cast would be a device graph compiled per read.
     ps = [torch.view_as_real(p) if p.is_complex() else p for p in ps]
@@ -73,7 +88,7 @@ def buffer_layout(module) -> list:
 def flat_buffers(module) -> np.ndarray:
     """All buffers of ``module`` concatenated as float64 ``[B]`` (``[0]`` when none)."""
     import torch
-    bufs = [b.detach().cpu().double().reshape(-1) for b in module.buffers()]
+    bufs = [b.double().reshape(-1) for b in on_host(b.detach() for b in module.buffers())]
     return torch.cat(bufs).numpy() if bufs else np.zeros(0)
 
 
@@ -129,8 +144,8 @@ def flat_optimizer_state(opt, state_dict=None) -> np.ndarray:
         state_dict["state"][k] for k in sorted(state_dict["state"])]
     # A sparse state (SGD's momentum of a sparse gradient) is read dense: the same values;
     # a complex one as real/imaginary pairs (a cast to float64 would drop the imaginary part).
-    ts = [_dense(full(v).detach().cpu()).double().reshape(-1) for st in states
-          for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+    ts = [_dense(v).double().reshape(-1) for v in on_host(full(v).detach() for st in states
+                                                           for v in st.values() if torch.is_tensor(v) and v.dim() > 0)]
     return torch.cat(ts).numpy() if ts else np.zeros(0)
 
 
