@@ -172,8 +172,8 @@ def _sample_stacks(skip: int) -> dict[int, str]:
     handlers): called every half second it raced threads that C++ code gives a thread state
     and takes it back, and killed the host with SIGSEGV (a reference DDP replica on CPU died
     in 2 of 3 runs of the parity and scenario cases when sampled every 2 ms; once in a full
-    test run at every 500 ms). The frames are read into strings at once and dropped before
-    anything can release the GIL (no I/O, no collection): a frame object still held when its
+    test run at every 500 ms). The frames are read into strings at once (microseconds, no I/O,
+    no garbage collection) and dropped before anything else: a frame object still held when its
     function returns keeps the function's locals alive, and on PJRT a lazy tensor kept alive
     that way is one more output of the replica's next graph (docs/runtimes/pjrt.md, cause 1)."""
     collecting = gc.isenabled()
