@@ -128,8 +128,10 @@ class Session:
             return
         for impl in impls:
             try:
-                topology = resolve_impl(impl).topology.get(runtime)
-                prestart(*world_for(runtime, topology, world_size))
+                row = resolve_impl(impl)
+                if runtime in row.unsupported:  # no case of it starts a world there
+                    continue
+                prestart(*world_for(runtime, row.topology.get(runtime), world_size))
             except Exception:  # reported where evaluate() uses it
                 continue
 

@@ -184,3 +184,24 @@ def test_collective_watch_keeps_no_locals_alive(monkeypatch):
 
     survived = sum(step()() is not None for _ in range(200))
     assert survived == 0, f"{survived} of 200 locals outlived their frame"
+
+
+def test_session_prestarts_the_worlds_its_implementations_train_on():
+    """Session.prestart maps each implementation to its world (an SPMD row: one process over a
+    W-device mesh), skips one unsupported on the runtime, and raises nothing for one that
+    cannot be resolved (evaluate() reports it)."""
+    from conformance.evaluate import Session
+
+    class Pool:
+        def __init__(self):
+            self.started = []
+
+        def prestart(self, runtime, world_size):
+            self.started.append((runtime, world_size))
+
+        def close(self):
+            pass
+
+    pool = Pool()
+    Session(pool=pool).prestart("pjrt", 2, ["torch", "ref", "xla_spmd", "nosuch.module:DDP"])
+    assert pool.started == [("pjrt", 2), ("pjrt_spmd:2", 1)]
