@@ -369,6 +369,33 @@ RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 60000m
 """
 
 
+# A DDP whose communication thread hangs (tests/outside/comm_thread_ddp.py, found from outside):
+# the replica's main thread waits for that thread through threading; the hang is in the other.
+MAIN_WAITS_FOR_COMM_THREAD = f"""Current thread 0x00007fad1bd41b80 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/usr/lib/python3.11/threading.py", line 629 in wait
+  File "/home/u/commdp.py", line 160 in _end_of_backward
+  File "{SITE}/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "/home/u/train.py", line 9 in main
+
+Thread 0x00007fad18c106c0 (most recent call first):
+  File "/home/u/commdp.py", line 199 in _before_all_reduce
+  File "/home/u/commdp.py", line 108 in _reduce
+  File "/home/u/commdp.py", line 98 in _comm_loop
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+"""
+
+
+def test_where_a_replica_is_skips_threads_waiting_for_its_other_threads():
+    """The one-line 'hung at' of a culprit is the thread doing something, not its main thread
+    waiting on an Event for it; when every thread waits, the first one is still named."""
+    from conformance.worlds.spawned import _top_frame
+    assert _top_frame(MAIN_WAITS_FOR_COMM_THREAD).startswith("u/commdp.py:199 in _before_all_reduce")
+    idle = MAIN_WAITS_FOR_COMM_THREAD.split("\n\nThread")[0]
+    assert _top_frame(idle).startswith("python3.11/threading.py:327 in wait")
+    assert _top_frame(SLEEPER_STACK).startswith("u/mydp.py:30 in _reduce")
+
+
 def _replica(rank, status, stack=None, **kw):
     from conformance.worlds.blame import collective_in
     return {"rank": rank, "host": rank, "status": status,
@@ -544,3 +571,26 @@ def test_a_collective_mismatch_blames_no_single_receiver():
     # a peer recorded in a different collective is named alone
     b = blame([dict(died, last_collective="all_reduce_ #3"), dict(peer, last_collective="broadcast_ #1")])
     assert b.culprits == [1] and "different collective" in b.reason[1], b
+
+
+@pytest.mark.cpu
+def test_hang_in_a_ddp_communication_thread_names_that_thread():
+    """A from-scratch DDP that all-reduces on a thread of its own (tests/outside/comm_thread_ddp.py,
+    written from outside the kit) and hangs there on replica 1: the verdict names replica 1 hung
+    at the sleeping line of that thread, not its main thread's wait for it, and replica 0 as
+    waiting in the DDP's all_reduce."""
+    from conformance.cases.table import CASES
+    from conformance.evaluate import Session, evaluate
+    from conformance.settings import Settings
+    scale = measured_scale()
+    session = Session(settings=Settings().replace(replica_timeout=TIMEOUT_S * scale))
+    try:
+        verdicts = evaluate(CASES["parity.linear"], "tests.outside.comm_thread_ddp:CommThreadHangDDP", "cpu", 2,
+                            session, shrink=False)
+    finally:
+        session.close()
+    assert verdicts and all(v.status == "fail" for v in verdicts), [(v.id, v.status) for v in verdicts]
+    reason = verdicts[0].reason
+    assert "replica 1 hung outside any collective at outside/comm_thread_ddp.py:" in reason, reason
+    assert "in _before_all_reduce: time.sleep(600)" in reason, reason
+    assert "waiting: replica 0 in torch.distributed.all_reduce at outside/comm_thread_ddp.py:" in reason, reason

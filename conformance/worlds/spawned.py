@@ -777,15 +777,27 @@ def _lead(parts: list[str], culprits=()) -> str:
 
 def _top_frame(stacks):
     """Where a replica is, in one line: the innermost frame of its first thread that is
-    not just waiting for autograd (whose worker thread runs the backward)."""
+    neither just waiting for autograd (whose worker thread runs the backward) nor blocked
+    on a ``threading`` primitive (an Event, a Condition, a queue: it waits for another
+    thread of its own, e.g. a DDP's communication thread, which is where the replica is)."""
     blocks = list(dg.thread_stacks(stacks).values()) or [stacks]
-    busy = [b for b in blocks if _innermost(b) != "_engine_run_backward"]
+    busy = [b for b in blocks if _innermost(b) != "_engine_run_backward" and not _waits_for_a_thread(b)]
+    if not busy:
+        busy = [b for b in blocks if _innermost(b) != "_engine_run_backward"]
     return blame_mod.top_frame((busy or blocks)[0])
 
 
 def _innermost(block):
     fs = blame_mod.frames(block or "")
     return fs[0].func if fs else None
+
+
+def _waits_for_a_thread(block):
+    """True when the innermost frame of a stack is in the standard library's ``threading``
+    module (``Event.wait``, ``Condition.wait``, ``Thread.join``, and ``queue.Queue.get`` and
+    ``Future.result``, which wait through it)."""
+    fs = blame_mod.frames(block or "")
+    return bool(fs) and fs[0].path.replace("\\", "/").endswith("/threading.py")
 
 
 def _worker(block):
