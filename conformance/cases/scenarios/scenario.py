@@ -289,7 +289,8 @@ class Scenario:
         on = [k for k, v in self.ddp.items() if v not in (None, False)]
         if config:
             parts.append(f"optimizer {self.optimizer}" + (f", DDP {', '.join(on)}" if on else ""))
-        return "; ".join(parts + [self.describe_workload()] if self.describe_workload() else parts)
+        workload = self.describe_workload()
+        return "; ".join(parts + [workload] if workload else parts)
 
     def describe_workload(self) -> str:
         """``workload: <corner>, <corner>`` (``""`` for the plain workload)."""
@@ -504,8 +505,9 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     if sc.ddp.get("comm_hook"):
         requires.append("register_comm_hook")
 
-    if str(ctx.device).startswith("xla") and xla_unsupported(sc.workload):
-        raise Unsupported(f"workload {workload_corners(sc.workload)}: {xla_unsupported(sc.workload)}")
+    why = xla_unsupported(sc.workload) if str(ctx.device).startswith("xla") else None
+    if why:
+        raise Unsupported(f"workload {workload_corners(sc.workload)}: {why}")
     sparse = sc.workload["grad"] != "dense"
 
     def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
@@ -932,8 +934,9 @@ WORKLOAD_TOLERANCE = {"float64": "float64", "bfloat16": "bf16-mixed"}
 def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_examples: int,
                       shrink: bool = True) -> list:
     """Run the explicit scenarios, then ``max_examples`` generated ones, on ``target``
-    (a :class:`conformance.cases.search.SearchWorld`); Hypothesis shrinks a failing
-    scenario to a minimal one (unless ``shrink`` is false: the first failing one).
+    (a :class:`conformance.cases.search.SearchWorld`), each judged with ``tol(scenario)`` (its
+    workload's tolerance row); Hypothesis shrinks a failing scenario to a minimal one (unless
+    ``shrink`` is false: the first failing one).
 
     Returns one :class:`~conformance.verdict.Verdict` per :data:`~conformance.cases.checks.SCENARIO_CHECKS`
     (case fields filled by the caller): on a pass, the worst deviation over all
@@ -947,7 +950,6 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
 
     worst: dict = {}
     state = {"examples": 0, "vacuous": 0, "failing": None, "unsupported": {}}  # + "crashed": a Scenario
-    tol_of = tol if callable(tol) else (lambda sc: tol)
 
     def check(sc: Scenario):
         try:
@@ -966,7 +968,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
             # example, so Hypothesis's "minimal" example of a crash is not one that crashes
             state.setdefault("crashed", sc)
             raise
-        vs = judge_scenario(sc, results, tol_of(sc), agreement_atol=agreement_atol)
+        vs = judge_scenario(sc, results, tol(sc), agreement_atol=agreement_atol)
         state["examples"] += 1
         bad = [v for v in vs if v.status == "fail"]
         if bad:
@@ -1004,7 +1006,8 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
                     f"{json.dumps(crashed.to_json())}\nreproduce: python -m conformance replay SCENARIO.json "
                     f"--ddp {target.impl} --runtime {target.runtime}\n{type(exc).__name__}: {exc}")
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            dims = f" ({crashed.describe_workload()})" if crashed is not None and crashed.describe_workload() else ""
+            corners = crashed.describe_workload() if crashed is not None else ""
+            dims = f" ({corners})" if corners else ""
             return [Verdict("", c, "", "", "scenario", target.world_size, "fail",
                             reason=f"replica failure on a scenario{dims}: {first}", diagnosis=text.strip(),
                             example=None if crashed is None else crashed.to_json())
