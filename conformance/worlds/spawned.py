@@ -853,6 +853,5 @@ class WorldPool:
         for world in self._worlds.values():  # every host tears down at once, then each is reaped
             world.request_stop()
         for world in self._worlds.values():
-            world.close()
-            shutil.rmtree(world.workdir, ignore_errors=True)
+            world.close()  # removes its work directory too
         self._worlds.clear()
