@@ -22,10 +22,13 @@ class Verdict:
     Attributes:
         case: the case table row (``parity.linear``, ``feature.no_sync``, ...).
         check: the comparison inside the case (``param_parity``, ``agreement``, ...).
-        max_dev: largest deviation seen (absolute, same unit as the compared
-            values; for properties the deviation at the worst element).
-        atol: the bound it was held to (for properties: the bound at that element).
-        margin: ``atol / max_dev`` (> 1 passes; ``inf`` when the deviation is 0).
+        max_dev: the deviation at the worst element (absolute, same unit as the
+            compared values): the element with the largest deviation / bound.
+            With rtol 0 the largest deviation.
+        atol: the bound the verdict used at that element, ``atol + rtol * |reference|``
+            (the name is kept for the JSON layout).
+        margin: ``atol / max_dev`` (>= 1 within the bound, < 1 out of it; ``inf``
+            when the deviation is 0); a ``pass`` never has margin < 1.
         movement: how far the reference moved (the vacuity guard's measure).
         first_bad_step: 1-based training step of the first violation, if any.
         replica: the first deviating replica (rank), where known.
@@ -71,7 +74,7 @@ class Verdict:
     def summary(self) -> str:
         s = f"{self.id}: {self.status}"
         if not math.isnan(self.max_dev):
-            s += f" (max dev {self.max_dev:.3g}, atol {self.atol:.3g}, margin {self.margin:.3g}x"
+            s += f" (max dev {self.max_dev:.3g}, bound {self.atol:.3g}, margin {self.margin:.3g}x"
             if self.first_bad_step is not None:
                 s += f", first bad step {self.first_bad_step}"
             if self.replica is not None:

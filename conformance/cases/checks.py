@@ -245,6 +245,33 @@ def _tensor_table(names, diff, bad, step_of, step_at, multi, limit=40):
     return "\n".join(lines)
 
 
+def margin(dev: float, bound: float) -> float:
+    """``bound / dev``: >= 1 within the bound, < 1 out of it; ``inf`` when ``dev`` is 0, NaN when
+    ``dev`` is NaN (nothing measured)."""
+    if dev != dev:
+        return float("nan")
+    return bound / dev if dev > 0 else float("inf")
+
+
+def worst_element(diff, bound) -> tuple[float, float, list]:
+    """``(deviation, bound, per_step)`` at the worst element of ``diff`` ``[R, S, N]`` held to the
+    per-element ``bound`` (``atol + rtol * |reference|``, same shape): the element with the largest
+    ``diff / bound`` (NaN counts as infinite), so ``deviation <= bound`` exactly when every element
+    is within its bound. ``per_step[i]``: step ``i``'s largest ``diff / bound`` times that bound (the
+    deviation on the scale of the verdict's bound; with rtol 0 the plain max deviation). Where the
+    bound is 0 (bit-identical checks) the plain deviations."""
+    if not diff.size:
+        return float("nan"), float(np.max(bound)) if np.size(bound) else float("nan"), []
+    d = np.where(np.isnan(diff), np.inf, diff)
+    if (bound > 0).all():
+        ratio = d / bound
+        k = np.unravel_index(int(np.argmax(ratio)), d.shape)
+        b = float(bound[k])
+        return float(d[k]), b, [float(x) * b for x in ratio.max(axis=(0, 2))]
+    k = np.unravel_index(int(np.argmax(d)), d.shape)
+    return float(d[k]), float(bound[k]), [float(x) for x in d.max(axis=(0, 2))]
+
+
 def judge(check: Check, replicas: list, ref: dict, tol: Tolerance, *, case: str, impl: str,
           runtime: str, model: str, world_size: int | None = None) -> Verdict:
     """Compare one run with the reference under ``check``; never raises on a mismatch.
@@ -271,14 +298,12 @@ def judge(check: Check, replicas: list, ref: dict, tol: Tolerance, *, case: str,
         diff[np.isnan(actual) & np.isnan(expected)] = 0.0  # both absent (e.g. grad None): equal
     bound = atol + rtol * np.nan_to_num(np.abs(expected))
     bad_elem = ~(diff <= bound)  # NaN counts as bad
-    per_step = [float(x) for x in np.nanmax(np.where(np.isnan(diff), np.inf, diff), axis=(0, 2))] \
-        if diff.size else []
-    max_dev = max(per_step) if per_step else float("nan")
+    max_dev, worst_bound, per_step = worst_element(diff, bound)
     bad_steps = np.flatnonzero(bad_elem.any(axis=(0, 2)))
     moved = (check.movement or movement)(ref)
     step_of, step_at, heading = _when(check, ref)
-    v = Verdict(**base, status="pass", max_dev=max_dev, atol=atol,
-                margin=(atol / max_dev if max_dev > 0 else float("inf")), movement=moved,
+    v = Verdict(**base, status="pass", max_dev=max_dev, atol=worst_bound,
+                margin=margin(max_dev, worst_bound), movement=moved,
                 per_step=per_step, first_bad_step=step_of(int(bad_steps[0])) if len(bad_steps) else None)
     if len(bad_steps):
         multi = actual.shape[0] > 1

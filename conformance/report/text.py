@@ -24,10 +24,14 @@ def fmt(x, spec=".2e") -> str:
     return "-" if x is None or x != x else ("inf" if x == float("inf") else format(x, spec))
 
 
+#: The bound column: the bound the verdict used at its worst element (``Verdict.atol``).
+BOUND_HEADER = "bound (atol+rtol|ref|)"
+
+
 def verdict_cells(v: Verdict) -> dict:
     """The cells of one verdict row, as every table (text and HTML) shows them."""
     return {"case": v.case, "check": v.check, "model": v.model, "impl": v.impl, "runtime": v.runtime,
-            "W": str(v.world_size), "status": v.status, "max dev": fmt(v.max_dev), "atol": fmt(v.atol),
+            "W": str(v.world_size), "status": v.status, "max dev": fmt(v.max_dev), BOUND_HEADER: fmt(v.atol),
             "margin": fmt(v.margin, ".3g"), "first bad step": "-" if v.first_bad_step is None else str(v.first_bad_step),
             "replica": "-" if v.replica is None else str(v.replica), "reason": v.reason}
 
@@ -61,7 +65,7 @@ def text_table(rows: list[dict], wrap_last: int = REASON_WIDTH) -> str:
 
 
 def verdict_table(verdicts: list[Verdict]) -> str:
-    """One line per verdict: case, check, model, impl, runtime, W, status, max dev, atol, margin,
+    """One line per verdict: case, check, model, impl, runtime, W, status, max dev, bound, margin,
     first bad step, deviating replica, reason."""
     return text_table([verdict_cells(v) for v in verdicts])
 
