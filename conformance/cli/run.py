@@ -17,6 +17,7 @@ from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import case_runs_at, parse_matrix
 from conformance.outcome import repro_command
 from conformance.cli.output import side_file, signal_of, signals_held, stdout_for_json
+from conformance.report.causes import shared_cause
 from conformance.report.expected import (ExpectedFailures, expected_failure_warnings, mark_expected_failures,
                                          read_expected_failures)
 from conformance.report.junit import write_junit
@@ -154,6 +155,9 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
         def report():
             warnings = [w_ for w_ in expected_failure_warnings(verdicts, expected)  # not run is no news
                         if not (interrupted and w_.endswith("matches no verdict of this run"))]
+            shared = shared_cause(verdicts)  # one fault behind most failures: said first
+            if shared:
+                print(shared.text())
             print(verdict_table(verdicts))
             repros = list(dict.fromkeys(repro(v) for v in verdicts if v.status in BAD))
             if repros:
