@@ -77,6 +77,10 @@ class RunSpec:
 
 #: DDP methods a case may require (an implementation without one is unsupported).
 DDP_METHODS = ("join", "register_comm_hook", "no_sync")
+#: Performance-only keywords (torch's DDP: they change bucketing, not the result). A case that
+#: passes one without requiring it (``parity.mlp``'s ``bucket_cap_mb``) runs without it when the
+#: DDP refuses it with ``TypeError``; a case that requires one (the bucket cases) is unsupported.
+PERFORMANCE_HINTS = ("bucket_cap_mb", "gradient_as_bucket_view")
 
 
 def require(ddp, impl, requires) -> None:
@@ -101,18 +105,28 @@ def require(ddp, impl, requires) -> None:
 def wrap(impl, module, ctx, kwargs: dict, requires=()):
     """``impl.wrap(module, ctx, kwargs)``, then :func:`require`.
 
+    A refused :data:`PERFORMANCE_HINTS` keyword not in ``requires`` is dropped and the
+    construction retried without it.
+
     Raises:
         Unsupported: a required keyword is refused with ``TypeError`` (the
             constructor contract: refuse what you do not implement) or ignored,
             or a required method is missing.
     """
-    try:
-        ddp = impl.wrap(module, ctx, dict(kwargs))
-    except TypeError as exc:
-        refused = [k for k in kwargs if k in str(exc)]
-        if refused:
-            raise Unsupported(f"{impl.name} refuses keyword {refused[0]}: {exc}") from None
-        raise
+    kwargs = dict(kwargs)
+    while True:
+        try:
+            ddp = impl.wrap(module, ctx, dict(kwargs))
+            break
+        except TypeError as exc:
+            refused = [k for k in kwargs if k in str(exc)]
+            if not refused:
+                raise
+            hints = [k for k in refused if k in PERFORMANCE_HINTS and k not in requires]
+            if not hints:
+                raise Unsupported(f"{impl.name} refuses keyword {refused[0]}: {exc}") from None
+            for k in hints:
+                del kwargs[k]
     require(ddp, impl, requires)
     return ddp
 
