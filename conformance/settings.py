@@ -81,6 +81,9 @@ class Settings:
             emulated hosts (:data:`DEFAULT_CPU_HOSTS`; any other W: one host).
         pjrt_hosts: the same for the PJRT runtime's replica threads
             (:data:`DEFAULT_PJRT_HOSTS`).
+        progress_every: most seconds between two progress lines when stderr is not a
+            terminal (a CI log: one line per finished case run, and one at least this often
+            while a case runs); ``0 < progress_every <= 15``.
     """
 
     replica_timeout: float = ENVIRONMENT["replica_timeout"][1]
@@ -90,8 +93,11 @@ class Settings:
     profile: str = DEFAULT_PROFILE
     cpu_hosts: tuple = tuple(DEFAULT_CPU_HOSTS.items())
     pjrt_hosts: tuple = tuple(DEFAULT_PJRT_HOSTS.items())
+    progress_every: float = 10.0
 
     def __post_init__(self):
+        if not isinstance(self.progress_every, (int, float)) or not 0 < self.progress_every <= 15:
+            raise UsageError(f"progress_every: need 0 < seconds <= 15, got {self.progress_every!r}")
         for name in ("replica_timeout", "start_timeout", "collective_timeout", "pjrt_collective_bound"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:

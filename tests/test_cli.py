@@ -82,6 +82,8 @@ def test_run_prints_table_and_writes_json(tmp_path):
                 "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "param_parity" in r.stdout and "6 pass, 0 fail" in r.stdout
+    # stderr is a pipe here: one progress line per finished case run, with counts so far
+    assert "progress: 1/2 case runs (50%), 3 pass, 0 fail" in r.stderr and "progress: 2/2" in r.stderr, r.stderr
     doc = json.loads(out.read_text())
     statuses = {(v["check"], v["impl"]): v["status"] for v in doc["verdicts"]}
     assert statuses == {(c, i): "pass" for c in ("param_parity", "loss_parity", "agreement")

@@ -177,6 +177,83 @@ def report_lock(command: str, values: dict):
     return ReportLock(path)
 
 
+# --- progress ----------------------------------------------------------------------
+
+class LineProgress:
+    """Progress for a log (stderr not a terminal, or a terminal of zero columns): one line per
+    finished case run, ``progress: 12/40 case runs (30%), 30 pass, 1 fail, 120 s: <last>``, and
+    the same line at least every ``every`` seconds while a case runs (a CI log stays alive).
+    The calls of a tqdm bar: ``update(n)``, ``set_description(text)``, ``close()``.
+
+    Args:
+        total: case runs of the run.
+        stream: where lines go (stderr).
+        every: most seconds without a line (:attr:`conformance.settings.Settings.progress_every`).
+        counts: ``() -> {status: n}``, the verdicts so far (zero counts other than pass/fail omitted).
+    """
+
+    def __init__(self, total: int, stream, every: float, counts=dict, clock=time.monotonic):
+        self.total, self.stream, self.every, self.counts, self.clock = total, stream, every, counts, clock
+        self.done, self.what, self.t0 = 0, "", clock()
+        self.last = self.t0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._beat = threading.Thread(target=self._heartbeat, name="conformance-progress", daemon=True)
+        self._beat.start()
+
+    def line(self, running: bool = False) -> str:
+        c = self.counts()
+        shown = ", ".join(f"{n} {s}" for s, n in c.items() if n or s in ("pass", "fail"))
+        pct = f" ({100 * self.done // self.total}%)" if self.total else ""
+        return (f"progress: {self.done}/{self.total} case runs{pct}{', ' + shown if shown else ''}, "
+                f"{self.clock() - self.t0:.0f} s" + (f": {'running ' if running else ''}{self.what}" if self.what else ""))
+
+    def _write(self, running: bool = False) -> None:
+        with self._lock:
+            try:
+                self.stream.write(self.line(running) + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # a closed log must not stop the run
+                pass
+            self.last = self.clock()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(min(1.0, self.every)):
+            if self.clock() - self.last >= self.every:
+                self._write(running=True)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        self._write()
+
+    def set_description(self, text: str) -> None:
+        self.what = text
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def progress_bar(total: int, quiet: bool, every: float, counts=dict, stream=None):
+    """What shows a run's progress on ``stream`` (stderr): a tqdm bar on a terminal with columns,
+    :class:`LineProgress` otherwise (a pipe, a CI log, a terminal reporting zero columns), nothing
+    with ``quiet``."""
+    stream = sys.stderr if stream is None else stream
+    if quiet:
+        return None
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns if tty else 0
+    except (OSError, ValueError, AttributeError):
+        columns = 0
+    if tty and columns > 0:
+        try:
+            from tqdm import tqdm
+            return tqdm(total=total, unit="case", file=stream, leave=False, dynamic_ncols=True)
+        except ImportError:
+            pass
+    return LineProgress(total, stream, every, counts)
+
+
 # --- --json - ---------------------------------------------------------------------
 
 @contextlib.contextmanager

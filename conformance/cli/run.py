@@ -16,7 +16,7 @@ from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import case_runs_at, parse_matrix
 from conformance.outcome import repro_command
-from conformance.cli.output import side_file, signal_of, signals_held, stdout_for_json
+from conformance.cli.output import progress_bar, side_file, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
 from conformance.report.expected import (ExpectedFailures, expected_failure_warnings, mark_expected_failures,
                                          read_expected_failures)
@@ -80,7 +80,7 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
                 + (sum(1 for m in MUTANTS for c in cases_at(rt, w) if m in c.must_kill) if mutants else 0)
                 for rt, w, impls in targets)
     done = [0]
-    bar = _progress(total, quiet or env_launch)
+    bar = progress_bar(total, quiet or env_launch, settings.progress_every, counts=lambda: counts(verdicts))
     root = getattr(pool, "is_root", True)
     saved = {"at": None, "cost": 0.0}
 
@@ -207,17 +207,6 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
 
 def _signame(signum: int) -> str:
     return signal.Signals(signum).name
-
-
-def _progress(total: int, quiet: bool):
-    """A tqdm bar on stderr (off with --quiet or when stderr is not a terminal)."""
-    if quiet or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="case", file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
 def _write_scenarios(json_path: str, verdicts) -> None:
