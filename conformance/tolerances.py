@@ -91,6 +91,8 @@ TOLERANCES = [
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="block under reentrant checkpoint, applied twice"),
     Tolerance("*", "checkpoint_nonreentrant", "float32", lr=0.1, steps=10, global_batch=24,
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="block under non-reentrant checkpoint, applied twice"),
+    Tolerance("*", "checkpoint_reentrant_reuse", "float32", lr=0.1, steps=10, global_batch=24,
+              atol=1e-5, rtol=0.0, loss_atol=1e-5, note="block used outside and inside a reentrant checkpoint"),
     Tolerance("*", "shared_branches", "float32", lr=0.1, steps=10, global_batch=24,
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="one Linear on two branches"),
     # Compressing comm hooks (issue 18): torch's fp16_compress_hook / bf16_compress_hook round

@@ -37,9 +37,17 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
   parameter's gradient is accumulated in several (reentrant) backwards, e.g. a module applied
   twice under ``torch.utils.checkpoint(..., use_reentrant=True)``. Without ``static_graph`` a
   second firing is a ``RuntimeError`` (upstream: "Expected to mark a variable ready only
-  once", pytorch/pytorch#84589). The end-of-backward callback is queued at the first firing,
-  on the backward then running: a model whose first firing is inside a reentrant checkpoint
-  would finish early (upstream queues it from its output's backward);
+  once", pytorch/pytorch#84589) - unless the firing is a reentrant one (below);
+* reentrant backwards without ``static_graph``: the end-of-backward callback is queued from the
+  backward of the forward's outputs (an identity autograd node on every output tensor that
+  requires grad, as upstream's ``_DDPSink``), so it runs when the outermost backward ends, not
+  when a checkpoint's nested backward does (the first firing's backward is the fallback when
+  the loss does not come from the outputs). A firing inside a nested backward makes this and
+  every later backward reduce all buckets at its end, so a parameter used outside and inside
+  a reentrant checkpoint is reduced with both contributions; a firing that arrives after its
+  bucket was launched raises ``RuntimeError``. Upstream queues its callback at the first
+  firing and, on such a model, silently all-reduces a partial gradient (docs/findings.md,
+  finding 12);
 * workload corners: buckets hold one dtype each (float64, bfloat16, complex: each reduced
   in its own dtype, complex as complex); a sparse gradient (``Embedding(sparse=True)``) is
   reduced dense and written back dense (upstream reduces it sparse: the same mean); a
@@ -71,6 +79,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ddp_impl.runtime.collectives import Collectives, TorchDistributedCollectives, all_reduce_async, default_collectives
 
@@ -130,6 +140,24 @@ def _weak_hook(obj, name: str):
         if o is not None:
             getattr(o, name)(*args)
     return hook
+
+
+class _OutputSink(torch.autograd.Function):
+    """Identity on the forward's output tensors; its backward (the first node of the
+    outermost backward) queues the DDP's end-of-backward callback there. Mirrors the role of
+    upstream's ``_DDPSink`` (``torch/nn/parallel/distributed.py``). Holds the DDP weakly."""
+
+    @staticmethod
+    def forward(ctx, ddp_ref, *tensors):
+        ctx.ddp_ref = ddp_ref
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ddp = ctx.ddp_ref()
+        if ddp is not None and ddp.require_backward_grad_sync:
+            ddp._queue_finalize()
+        return (None, *grads)
 
 
 def _remove_hooks(handles) -> None:
@@ -237,6 +265,7 @@ class DistributedDataParallel(nn.Module):
         self.static_graph = static_graph
         self._learning = static_graph  # the first synced backward counts hook firings
         self._hook_counts: dict[int, int] = {}  # id(param) -> firings per backward (static_graph)
+        self._reentrant = False  # a hook fired in a nested backward (see the module docstring)
         self.ignored_kwargs = dict(kwargs)
         self._comm_hook = self._comm_state = None  # register_comm_hook
         self.require_backward_grad_sync = True
@@ -361,19 +390,37 @@ class DistributedDataParallel(nn.Module):
         self._ready: set[int] = set()
         self._fired: dict[int, int] = {}
         self._next, self._handles, self._queued = 0, [], False
+        self._outer_task = None
+        self._defer = self._reentrant  # once a reentrant backward is seen, reduce at the end
+
+    def _queue_finalize(self) -> None:
+        """Queue :meth:`_finalize_backward` on the backward now running (once per backward)
+        and remember it: a hook firing in another one is a reentrant (nested) backward."""
+        if not self._queued:
+            self._queued = True
+            self._outer_task = torch._C._current_graph_task_id()
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
 
     @torch.no_grad()
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if not self.require_backward_grad_sync:
             return  # no_sync: the gradient just accumulates
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+        self._queue_finalize()
+        if (not self.static_graph and not self._defer
+                and torch._C._current_graph_task_id() != self._outer_task):
+            self._defer = self._reentrant = True  # a nested backward: more firings may follow
+        if self._defer and id(param) in self._ready:
+            if self._bucket_of[id(param)] < self._next:
+                raise RuntimeError(
+                    f"parameter {self._names[id(param)]}'s gradient arrived again after its bucket "
+                    "was all-reduced (a reentrant backward seen for the first time): pass "
+                    "static_graph=True")
+            return  # a further contribution, reduced at the end of backward
         if not self._firing_completes(param):
             return
         self._ready.add(id(param))
         self._pending[self._bucket_of[id(param)]] -= 1
-        if not self.find_unused_parameters and not self._learning:
+        if not self.find_unused_parameters and not self._learning and not self._defer:
             self._launch_ready()
 
     @torch.no_grad()
@@ -442,7 +489,21 @@ class DistributedDataParallel(nn.Module):
             self._sync_buffers()
         out = self.module(*args, **kwargs)
         self.require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self.require_forward_param_sync:
+            out = self._sink_outputs(out)
         return out
+
+    def _sink_outputs(self, out):
+        """``out`` with every tensor that requires grad passed through :class:`_OutputSink`
+        (one node): its backward queues the end-of-backward callback on the outermost backward."""
+        leaves, spec = tree_flatten(out)
+        at = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not at:
+            return out
+        sunk = _OutputSink.apply(weakref.ref(self), *(leaves[i] for i in at))
+        for i, t in zip(at, sunk):
+            leaves[i] = t
+        return tree_unflatten(leaves, spec)
 
     def register_comm_hook(self, state, hook) -> None:
         """Reduce every bucket with ``hook(state, bucket)`` instead of the built-in average.

@@ -141,6 +141,12 @@ def _build() -> dict[str, Case]:
                                             "requires": ("static_graph",)},
              tags=("graph_shape", "checkpoint_activations"),
              must_kill=("no_grad_sync", "reduce_at_first_firing")),
+        # A parameter used outside and inside one reentrant checkpoint, default static_graph:
+        # torch's DDP is silently wrong there (docs/findings.md, finding 12).
+        Case("parity.checkpoint_reentrant_reuse", "parity", "a block used once outside and once inside "
+             "a reentrant activation checkpoint, default DDP keywords (static_graph=False): the reduced "
+             "gradient holds both contributions", "train", "checkpoint_reentrant_reuse",
+             tags=("graph_shape", "checkpoint_activations"), must_kill=("no_grad_sync",)),
         Case("parity.checkpoint_nonreentrant", "parity", "a block applied twice under non-reentrant "
              "activation checkpointing (one gradient hook firing) keeps parity", "train",
              "checkpoint_nonreentrant", train={"setups": ("checkpoint_nonreentrant",)},
