@@ -190,11 +190,10 @@ def task_hook_fires_twice(ctx):
     x, y = torch.randn(6, 10, generator=torch.Generator().manual_seed(ctx.rank)), torch.zeros(6, 10)
     m = build_model("checkpoint_reentrant", seed=7)
     ddp = DistributedDataParallel(m, collectives=ctx.collectives, bucket_cap_mb=TINY_BUCKETS_MB)
-    try:
-        F.mse_loss(ddp(x), y).backward()
-        message = None
-    except RuntimeError as exc:
-        message = str(exc)
+    local0 = copy.deepcopy(m)
+    F.mse_loss(ddp(x), y).backward()  # nested firings seen: reduced at the outer backward's end
+    F.mse_loss(local0(x), y).backward()
+    first = {"ddp": _grads(m), "local": _grads(local0)}
     m2 = build_model("checkpoint_reentrant", seed=7)
     ddp2 = DistributedDataParallel(m2, collectives=ctx.collectives, bucket_cap_mb=TINY_BUCKETS_MB,
                                    static_graph=True)
@@ -206,13 +205,12 @@ def task_hook_fires_twice(ctx):
         F.mse_loss(ddp2(x * (step + 1)), y).backward()
         F.mse_loss(local(x * (step + 1)), y).backward()
         out.append({"ddp": _grads(m2), "local": _grads(local)})
-    return {"message": message, "steps": out}
+    return {"first": first, "steps": out}
 
 
-def test_hook_firing_twice_needs_static_graph_and_keeps_both_contributions(world2):
+def test_hook_firing_twice_keeps_both_contributions_with_and_without_static_graph(world2):
     results = world2.run(task_hook_fires_twice, timeout=120)
-    for r in results:
-        assert r["message"] and "block." in r["message"] and "static_graph=True" in r["message"]
+    _assert_replicas_hold_the_mean([r["first"] for r in results], atol=1e-6)
     for step in range(2):
         _assert_replicas_hold_the_mean([r["steps"][step] for r in results], atol=1e-6)
 

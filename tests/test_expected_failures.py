@@ -15,6 +15,8 @@ import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 EXPECTED = DOCS / "findings" / "expected-failures.txt"
+#: torch's own DDP (README command 1, tox's pytest runs), same format and checks
+EXPECTED_TORCH = DOCS / "findings" / "expected-failures-torch.txt"
 # conformance.verdict.Verdict.id: <case>:<check>[<impl>-<runtime>-w<W>]
 VERDICT_ID = re.compile(r"^(?P<case>[^:\s]+):(?P<check>[^\[\s]+)"
                         r"\[(?P<impl>\S+)-(?P<runtime>[a-z]+)-w(?P<w>\d+)\]$")
@@ -61,15 +63,17 @@ def problems(lines, findings_md: str) -> list[str]:
     return out
 
 
-def test_expected_failures_name_existing_verdicts_and_findings():
-    lines = EXPECTED.read_text().splitlines()
-    assert any(ln.split("#", 1)[0].strip() for ln in lines), f"{EXPECTED.name} lists nothing"
+@pytest.mark.parametrize("path", [EXPECTED, EXPECTED_TORCH], ids=lambda p: p.name)
+def test_expected_failures_name_existing_verdicts_and_findings(path):
+    lines = path.read_text().splitlines()
+    assert any(ln.split("#", 1)[0].strip() for ln in lines), f"{path.name} lists nothing"
     got = problems(lines, (DOCS / "findings.md").read_text())
     assert not got, "\n".join(got)
 
 
-def test_no_duplicate_lines():
-    ids = [ln.split("#", 1)[0].strip() for ln in EXPECTED.read_text().splitlines()]
+@pytest.mark.parametrize("path", [EXPECTED, EXPECTED_TORCH], ids=lambda p: p.name)
+def test_no_duplicate_lines(path):
+    ids = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()]
     ids = [i for i in ids if i]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
 

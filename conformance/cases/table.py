@@ -146,7 +146,8 @@ def _build() -> dict[str, Case]:
         Case("parity.checkpoint_reentrant_reuse", "parity", "a block used once outside and once inside "
              "a reentrant activation checkpoint, default DDP keywords (static_graph=False): the reduced "
              "gradient holds both contributions", "train", "checkpoint_reentrant_reuse",
-             tags=("graph_shape", "checkpoint_activations"), must_kill=("no_grad_sync",)),
+             tags=("graph_shape", "checkpoint_activations"),
+             must_kill=("no_grad_sync", "finalize_at_first_firing")),
         Case("parity.checkpoint_nonreentrant", "parity", "a block applied twice under non-reentrant "
              "activation checkpointing (one gradient hook firing) keeps parity", "train",
              "checkpoint_nonreentrant", train={"setups": ("checkpoint_nonreentrant",)},

@@ -227,6 +227,24 @@ class ReduceAtFirstFiring(RefDDP):
         return n == 1
 
 
+class FinalizeAtFirstFiring(RefDDP):
+    """The end-of-backward callback is queued at the first gradient hook firing, on the
+    backward then running, and a nested backward is not told apart from the outer one: for a
+    parameter used outside and then inside a reentrant checkpoint, the first firing is in the
+    checkpoint's nested backward, whose end all-reduces a partial gradient, and the outer
+    backward's later firing starts a reduction that finds the head without a gradient and
+    raises (torch's reducer queues its callback the same way and stays silent:
+    docs/findings.md, finding 12)."""
+
+    def _sink_outputs(self, out):
+        return out
+
+    def _queue_finalize(self):
+        super()._queue_finalize()
+        import torch
+        self._outer_task = torch._C._current_graph_task_id()  # every backward looks outermost
+
+
 def _torch_ddp_class():
     from torch.nn.parallel import DistributedDataParallel
     return DistributedDataParallel
@@ -473,6 +491,7 @@ MUTANTS = {m.name: m for m in [
     Mutant("state_dict_drops_buffers", StateDictDropsBuffers.__doc__, StateDictDropsBuffers),
     Mutant("load_assigns", LoadAssigns.__doc__, LoadAssigns),
     Mutant("reduce_at_first_firing", ReduceAtFirstFiring.__doc__, ReduceAtFirstFiring),
+    Mutant("finalize_at_first_firing", FinalizeAtFirstFiring.__doc__, FinalizeAtFirstFiring),
     Mutant("comm_hook_no_divide", "torch DDP whose registered comm hook all-reduces but forgets "
            "to divide.", _comm_hook_no_divide, torch_based=True),
     Mutant("comm_hook_value_ignored", "torch DDP that ignores the comm hook's future value and "
