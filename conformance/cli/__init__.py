@@ -64,6 +64,10 @@ def build_parser():
     run.add_argument("--expected-failures", default=None, metavar="FILE",
                      help="verdict ids (one a line, # comments) whose failure is expected: reported "
                      "xfail; ids that no longer fail or no longer exist are warned about")
+    run.add_argument("--require-supported", default=None, metavar="LIST",
+                     help="comma list of keywords or methods (find_unused_parameters, join, ...) or "
+                     "'all': an unsupported verdict whose cause names one exits 1 (a DDP must "
+                     "implement them to pass)")
     run.add_argument("--profile", default=None, help="example budget of the property and scenario "
                      "cases: dev (default), ci, ci-pjrt, thorough (env CONFORMANCE_PROFILE)")
     run.add_argument("--replica-timeout", type=float, default=None, metavar="S",
@@ -135,7 +139,7 @@ def parse(argv=None) -> tuple[str, Settings, dict]:
     options = {k: values.pop(k, None) for k in SETTINGS_OPTIONS}
     command = args.command
     if command == "run" and values.get("repeat") is not None:  # run --repeat N: the repeat command
-        for flag in ("mutants", "exitfirst", "exitfirst_each", "junitxml"):
+        for flag in ("mutants", "exitfirst", "exitfirst_each", "junitxml", "require_supported"):
             if values[flag]:
                 raise UsageError(f"--repeat reruns the correct implementations; drop --{flag.replace('_', '-')}"
                                  if flag != "junitxml" else "--junitxml: --repeat writes a sweep report, not "

@@ -18,6 +18,7 @@ from conformance.options import case_runs_at, parse_matrix
 from conformance.outcome import repro_command
 from conformance.cli.output import progress_bar, side_file, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
+from conformance.report.coverage import coverage, unmet_requirements
 from conformance.report.expected import (ExpectedFailures, expected_failure_warnings, mark_expected_failures,
                                          read_expected_failures)
 from conformance.report.junit import write_junit
@@ -38,10 +39,11 @@ PROGRESS_SECONDS = 5.0
 def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: str | None,
             only: str | None, skip: str | None, mutants: bool, expected_failures: str | None,
             quiet: bool, exitfirst: bool, exitfirst_each: bool, json: str, launcher: str,
-            junitxml: str | None = None) -> int:
+            junitxml: str | None = None, require_supported: str | None = None) -> int:
     """Run the selected cases; return the exit code (0 all good, 1 a fail/vacuous verdict or a
     surviving mutant, 130 / 143 interrupted by SIGINT / SIGTERM: the finished verdicts are
-    written as a partial report marked ``"interrupted": true``).
+    written as a partial report marked ``"interrupted": true``). ``require_supported``: a comma
+    list of keywords / method names (or ``all``) whose ``unsupported`` verdicts exit 1 too.
 
     Raises:
         UsageError: bad input (the CLI prints one ``error:`` line, exit 2).
@@ -50,11 +52,11 @@ def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: st
         return _run(settings, runtime=runtime, ddp=ddp, world_size=world_size, only=only, skip=skip,
                     mutants=mutants, expected_failures=expected_failures, quiet=quiet, exitfirst=exitfirst,
                     exitfirst_each=exitfirst_each, json=json, json_out=json_out, launcher=launcher,
-                    junitxml=junitxml)
+                    junitxml=junitxml, required=split_list(require_supported))
 
 
 def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_failures, quiet, exitfirst,
-         exitfirst_each, json, json_out, launcher, junitxml) -> int:
+         exitfirst_each, json, json_out, launcher, junitxml, required) -> int:
     cases = select(split_list(only), split_list(skip))
     for flag, on in (("--exitfirst", exitfirst), ("--exitfirst-each", exitfirst_each)):
         if on and launcher == "env":
@@ -86,6 +88,8 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
 
     def extra(complete: bool) -> dict:
         out = {"cases": sorted({c.name for c in cases}), "profile": settings.profile,
+               "coverage": [c.to_json() for c in coverage(verdicts)],
+               "require_supported": required,
                "optimizer_fault_kinds": OPTIMIZER_REVEALS, "complete": complete,
                "interrupted": bool(interrupted), "finished": {"case_runs": done[0], "of": total}}
         if interrupted:
@@ -188,8 +192,14 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
                   + (f"; mutants: {sum(r == 'killed' for r in ks.values())} killed, "
                      f"{sum(r == 'SURVIVED' for r in ks.values())} survived, "
                      f"{sum(r == 'unsupported' for r in ks.values())} unsupported" if kills else ""))
+            for cov in coverage(verdicts):
+                print(cov.text())
+            unmet = unmet_requirements(verdicts, required)
+            if unmet:
+                print(f"--require-supported {','.join(required)}: {len(unmet)} verdict(s) unsupported, "
+                      f"e.g. {unmet[0].id}: {unmet[0].reason.splitlines()[0] if unmet[0].reason else ''}")
             sys.stdout.flush()
-            return exit_code(verdicts, kills)
+            return max(exit_code(verdicts, kills), 1 if unmet else 0)
         if interrupted:  # no broadcast: the other processes of a launched world may be gone
             with signals_held():  # a second signal must not lose the partial report
                 if root:

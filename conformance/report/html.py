@@ -38,7 +38,8 @@ import math
 import os
 import re
 
-from conformance.verdict import BAD
+from conformance.verdict import BAD, Verdict
+from conformance.report.coverage import UNTESTED, coverage
 from conformance.errors import UsageError
 from conformance.report.text import fmt, kill_summary, KillRow
 
@@ -113,6 +114,10 @@ def impl_label(counts: dict) -> str:
         return f"correct except {counts['xfail']} expected failure(s)"
     if not counts.get("pass"):
         return "nothing checked (no verdict passed)"
+    untested = sum(counts.get(s, 0) for s in UNTESTED)
+    if untested:  # a pass on part of the table says how much of it
+        total = sum(counts.values())
+        return f"correct on {100 * (total - untested) / total:.1f} % of its verdicts ({untested} not tested)"
     return "correct"
 
 
@@ -164,7 +169,7 @@ def sensitivity_series(run: dict) -> dict:
     for v in run["verdicts"]:
         if v.get("family") != "parity" or v["check"] == "agreement":  # parity trajectories only
             continue
-        if labels[v["impl"]] == "correct":
+        if is_correct(labels[v["impl"]]):
             if v["check"] == "param_parity" and v.get("per_step"):
                 s = slot(v)
                 s["atol"] = v["atol"]
@@ -391,9 +396,14 @@ def _vid(v: dict) -> str:
     return v.get("id") or f"{v['case']}:{v['check']}[{v['impl']}-{v['runtime']}-w{v['world_size']}]"
 
 
+def is_correct(label: str) -> bool:
+    """An :func:`impl_label` of a conformant implementation (on all or part of the table)."""
+    return label == "correct" or label.startswith("correct on ")
+
+
 def _label_status(label: str) -> str:
     """The status colour of an :func:`impl_label`."""
-    if label == "correct":
+    if is_correct(label):
         return "pass"
     if label.startswith("correct except"):
         return "xfail"
@@ -412,6 +422,22 @@ def summary_table(verdicts: list[dict]) -> str:
         out.append(f'<tr class="impl-row" data-impl="{_e(impl)}"><td><a href="#{_slug(impl)}">{_e(impl)}</a></td>'
                    + _cell(_label_status(label), f"<b>{_e(label)}</b>")
                    + "".join(f'<td class="num count-{s}">{n}</td>' for s, n in c.items()) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def coverage_section(verdicts: list[dict]) -> str:
+    """Per implementation: the tested share and its untested verdicts grouped by cause,
+    largest first (:func:`conformance.report.coverage.coverage`)."""
+    covs = coverage([Verdict.from_json(v) for v in verdicts])
+    if not covs:
+        return ""
+    out = ['<table id="coverage"><thead><tr><th>implementation</th><th>tested</th>'
+           '<th>not tested: cause (largest first)</th></tr></thead><tbody>']
+    for c in covs:
+        causes = "<br>".join(_e(x.text()) for x in c.causes) or "-"
+        out.append(f'<tr data-impl="{_e(c.impl)}"><td>{_e(c.impl)}</td>'
+                   f'<td class="num">{c.tested} of {c.verdicts} ({100 * c.share:.1f} %)</td><td>{causes}</td></tr>')
     out.append("</tbody></table>")
     return "".join(out)
 
@@ -599,6 +625,10 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
         "<p>Each implementation under test with its own counts. <i>correct</i> only when none of its "
         "verdicts failed or was vacuous (and one passed).</p>",
         summary_table(run["verdicts"]),
+        "<h2>Coverage</h2>",
+        "<p>The share of each implementation's verdicts whose check ran; the rest (unsupported: "
+        "the DDP lacks what the case needs; skip: the case cannot run here) grouped by cause.</p>",
+        coverage_section(run["verdicts"]),
         '<h2 id="failures">Failures</h2>',
         failures_section(run["verdicts"], run["kill_matrix"]),
         "<h2>Verdicts per implementation</h2>",

@@ -499,7 +499,11 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     kwargs = {"broadcast_buffers": sc.ddp.get("broadcast_buffers", True)}
     kwargs.update({k: v for k, v in sc.ddp.items() if k not in ("comm_hook", "broadcast_buffers")
                    and v not in (None, False)})
-    requires = [k for k in kwargs if k != "broadcast_buffers"]
+    # every replica runs every branch at every micro-step: find_unused_parameters changes
+    # nothing (torch's DDP reduces the same gradients), so a DDP refusing it still runs
+    every_branch = all(set(p) == set(BRANCHES) for s in sc.steps for m in s["micro"] for p in m["plan"])
+    optional = ("find_unused_parameters",) if every_branch else ()
+    requires = [k for k in kwargs if k != "broadcast_buffers" and k not in optional]
     if any(len(s["micro"]) > 1 for s in sc.steps):
         requires.append("no_sync")
     if sc.ddp.get("comm_hook"):
@@ -513,7 +517,7 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
         m = to_device(build_scenario_model(rank_seed(sc.seed, r, salt), sc.rebind_buffers,
                                            rank_buffer_offset(r, salt), sc.workload), ctx.device)
-        ddp = wrap(row, m, ctx, kwargs, tuple(requires))
+        ddp = wrap(row, m, ctx, kwargs, tuple(requires), optional)
         if sc.ddp.get("comm_hook"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             register_hook(ddp, row.name, default_hooks.allreduce_hook)
@@ -955,11 +959,8 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
         try:
             results = target.run(scenario_task, scenario=sc.to_json())
         except Unsupported as exc:
-            if not space.workload:
-                state.setdefault("crashed", sc)
-                raise
-            # The implementation lacks a corner (or a keyword it needs): this example is
-            # unsupported, the others still run (SearchWorld would re-raise it for all).
+            # The implementation lacks a corner, a keyword or a method this example needs: this
+            # example is unsupported, the others still run (SearchWorld would re-raise it for all).
             target.error = None
             state["unsupported"].setdefault(str(exc), sc.describe_workload() or "plain workload")
             return

@@ -102,11 +102,12 @@ def require(ddp, impl, requires) -> None:
             raise Unsupported(f"{impl.name} has no {need}()")
 
 
-def wrap(impl, module, ctx, kwargs: dict, requires=()):
+def wrap(impl, module, ctx, kwargs: dict, requires=(), optional=()):
     """``impl.wrap(module, ctx, kwargs)``, then :func:`require`.
 
-    A refused :data:`PERFORMANCE_HINTS` keyword not in ``requires`` is dropped and the
-    construction retried without it.
+    A refused :data:`PERFORMANCE_HINTS` keyword, or one of ``optional`` (keywords this run's
+    semantics do not depend on, e.g. ``find_unused_parameters`` when every parameter is used
+    at every step), not in ``requires`` is dropped and the construction retried without it.
 
     Raises:
         Unsupported: a required keyword is refused with ``TypeError`` (the
@@ -122,7 +123,7 @@ def wrap(impl, module, ctx, kwargs: dict, requires=()):
             refused = [k for k in kwargs if k in str(exc)]
             if not refused:
                 raise
-            hints = [k for k in refused if k in PERFORMANCE_HINTS and k not in requires]
+            hints = [k for k in refused if (k in PERFORMANCE_HINTS or k in optional) and k not in requires]
             if not hints:
                 raise Unsupported(f"{impl.name} refuses keyword {refused[0]}: {exc}") from None
             for k in hints:
