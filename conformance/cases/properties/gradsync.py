@@ -565,6 +565,8 @@ def check_allreduce_mean(ex: AllReduceExample, results: list, measure: Measure |
         diff = np.flatnonzero(got[r].view(np.uint32) != got[0].view(np.uint32))
         if len(diff):
             i = int(diff[0])
+            if measure is not None:  # replica agreement is bitwise: bound 0
+                measure.fail_at(abs(float(got[r][i]) - float(got[0][i])), 0.0, r)
             raise AssertionError(
                 f"{head}: replicas 0 and {r} differ in {len(diff)} element(s); first at "
                 f"{np.unravel_index(i, ex.shape) if ex.shape else ()}: results "
@@ -577,6 +579,8 @@ def check_allreduce_mean(ex: AllReduceExample, results: list, measure: Measure |
     bad = np.flatnonzero(~(err <= bound))
     if len(bad):
         i = int(bad[np.argmax(err[bad] / np.maximum(bound[bad], 1e-300))])
+        if measure is not None:
+            measure.fail_at(err[i], bound[i], 0)
         raise AssertionError(
             f"{head}: {len(bad)} element(s) outside the all-reduce bound; worst at "
             f"{np.unravel_index(i, ex.shape) if ex.shape else ()}: per-replica inputs "
@@ -590,6 +594,13 @@ class Measure:
 
     def __init__(self):
         self.ratio, self.dev, self.bound, self.examples = 0.0, 0.0, float("nan"), 0
+        #: the figures of the last failed comparison (``dev``, ``bound``, ``replica``): Hypothesis
+        #: replays the minimal counterexample last, so a failing verdict reports its numbers
+        self.failed: dict | None = None
+
+    def fail_at(self, dev: float, bound: float, replica: int | None) -> None:
+        """Record the element a comparison is about to fail on (its reason names the same)."""
+        self.failed = {"dev": float(dev), "bound": float(bound), "replica": replica}
 
     def add(self, dev: np.ndarray, bound: np.ndarray) -> None:
         dev, bound = np.asarray(dev, np.float64).reshape(-1), np.asarray(bound, np.float64).reshape(-1)
@@ -605,7 +616,7 @@ class Measure:
 
 
 def compare_grads(actual: list, expected: list, tol: GradTolerance, *, scale: float = 1.0,
-                  what: str, measure: Measure | None = None) -> None:
+                  what: str, measure: Measure | None = None, replica: int | None = None) -> None:
     """Assert ``[(name, grad)]`` lists agree within ``grad_bound(expected, tol, scale)``;
     the message names ``what``, the parameter, the worst element and both tensors.
     ``measure`` (optional) records the worst use of the bound."""
@@ -622,11 +633,27 @@ def compare_grads(actual: list, expected: list, tol: GradTolerance, *, scale: fl
         bad = ~(dev <= bound)
         if bad.any():
             i = np.unravel_index(int(np.argmax(np.where(bad, dev / bound, -1))), np.shape(a))
+            if measure is not None:
+                measure.fail_at(dev[i], bound[i], replica)
             raise AssertionError(
                 f"{what}: parameter {name!r}: {int(bad.sum())} element(s) outside "
                 f"atol*{scale:g} + rtol*|expected| (atol {tol.atol:g}, rtol {tol.rtol:g}); worst at "
                 f"{tuple(int(j) for j in i)}: got {float(a64[i])!r}, expected {float(e64[i])!r}, |dev| {dev[i]:.3g} "
                 f"> {bound[i]:.3g}\ngot:\n{_fmt(a)}\nexpected:\n{_fmt(e)}")
+
+
+def state_dev(actual: list, expected: list) -> float:
+    """The deviation :func:`state_mismatch` reports: max |difference| of the first tensor
+    whose bits differ (0.0 when none does; inf when names, dtypes or shapes differ)."""
+    if [n for n, _ in actual] != [n for n, _ in expected]:
+        return float("inf")
+    for (_, a), (_, e) in zip(actual, expected):
+        a, e = np.asarray(a), np.asarray(e)
+        if a.dtype != e.dtype or a.shape != e.shape:
+            return float("inf")
+        if a.tobytes() != e.tobytes():
+            return float(np.abs(a.astype(np.float64) - e.astype(np.float64)).max())
+    return 0.0
 
 
 def state_mismatch(actual: list, expected: list) -> str | None:

@@ -63,7 +63,7 @@ def _props():
             who = label(t)
             expected = P.full_batch_grads(ex.widths, ex.seed, ex.x[0], ex.y[0])
             for r, res in enumerate(t.run(P.mlp_grad_task, **ex.payload())):
-                P.compare_grads(res["grads"], expected, tol, measure=m,
+                P.compare_grads(res["grads"], expected, tol, measure=m, replica=r,
                                 what=f"{who}: replica {r} vs single-device gradient on the global "
                                      f"batch (widths={ex.widths}, local_batch={ex.local_batch})")
         return prop
@@ -73,7 +73,7 @@ def _props():
         def prop(ex, perm):
             who = label(t)
             for r, res in enumerate(t.run(P.mlp_grad_task, perm=perm, **ex.payload())):
-                P.compare_grads(res["perm_grads"], res["grads"], tol, measure=m,
+                P.compare_grads(res["perm_grads"], res["grads"], tol, measure=m, replica=r,
                                 what=f"{who}: replica {r}, shards permuted by {perm} vs identity "
                                      f"(widths={ex.widths}, local_batch={ex.local_batch})")
         return prop
@@ -88,10 +88,12 @@ def _props():
                 assert P.state_mismatch(res[r]["before"], rank0), \
                     f"{who}: vacuous example, replica {r} was built equal to replica 0"
             for r in range(t.world_size):
-                why = P.state_mismatch(res[r]["first"], rank0)
-                assert why is None, f"{who}: after DDP construction replica {r} != rank 0's state: {why}"
-                why = P.state_mismatch(res[r]["second"], res[r]["first"])
-                assert why is None, f"{who}: constructing a second DDP changed replica {r}: {why}"
+                for got, want, what in ((res[r]["first"], rank0, "after DDP construction replica {r} != rank 0's state"),
+                                        (res[r]["second"], res[r]["first"], "constructing a second DDP changed replica {r}")):
+                    why = P.state_mismatch(got, want)
+                    if why is not None:
+                        m.fail_at(P.state_dev(got, want), 0.0, r)  # exact comparison: bound 0
+                    assert why is None, f"{who}: {what.format(r=r)}: {why}"
             m.add([0.0], [0.0])  # exact comparison: any deviation fails above
         return prop
 
@@ -102,7 +104,7 @@ def _props():
             k = len(ex.x)
             expected = P.accumulated_grads(ex.widths, ex.seed, ex.x, ex.y)
             for r, res in enumerate(t.run(P.no_sync_task, **ex.payload())):
-                P.compare_grads(res["grads"], expected, tol, scale=k, measure=m,
+                P.compare_grads(res["grads"], expected, tol, scale=k, measure=m, replica=r,
                                 what=f"{who}: replica {r}, {k - 1} no_sync micro-step(s) + 1 synced vs "
                                      f"sum of {k} global-batch gradients (widths={ex.widths}, "
                                      f"local_batch={ex.local_batch})")
@@ -114,7 +116,7 @@ def _props():
             who = label(t)
             for r, res in enumerate(t.run(P.scaled_grad_task, c=c, **ex.payload())):
                 expected = [(n, None if g is None else c * g.astype("float64")) for n, g in res["grads"]]
-                P.compare_grads(res["scaled_grads"], expected, tol, scale=abs(c), measure=m,
+                P.compare_grads(res["scaled_grads"], expected, tol, scale=abs(c), measure=m, replica=r,
                                 what=f"{who}: replica {r}, gradient of {c!r} * loss vs {c!r} * "
                                      f"gradient of loss (widths={ex.widths}, local_batch={ex.local_batch})")
         return prop
@@ -151,9 +153,13 @@ def run_property(name: str, target: SearchWorld, max_examples: int, shrink: bool
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if target.error is not None:
             first = f"replica failure: {first}"
-        return {"status": "fail", "reason": f"counterexample after {target.runs} example(s): {first[:300]}",
-                "diagnosis": text, "max_dev": measure.dev, "atol": measure.bound,
-                "margin": (1 / measure.ratio) if measure.ratio else float("inf")}
+        out = {"status": "fail", "reason": f"counterexample after {target.runs} example(s): {first[:300]}",
+               "diagnosis": text, "max_dev": float("nan"), "atol": float("nan"), "margin": float("nan")}
+        f = measure.failed  # the counterexample's own figures (what the reason names)
+        if f is not None and target.error is None:
+            out.update(max_dev=f["dev"], atol=f["bound"], replica=f["replica"],
+                       margin=f["bound"] / f["dev"] if f["dev"] else float("inf"))
+        return out
     out = {"status": "pass", "max_dev": measure.dev, "atol": measure.bound,
            "margin": (1 / measure.ratio) if measure.ratio else float("inf"),
            "reason": f"{target.runs} example(s); worst use of the bound {measure.ratio:.3g}"}
