@@ -115,3 +115,23 @@ def test_failing_scenario_case_writes_a_replayable_minimal_scenario(tmp_path):
     assert len(sc.steps) == 2  # shrunk: the drift starts at the second step
     again = run_cli("replay", str(files[0]), "--ddp", "mutant:replica_drift", cwd=tmp_path)
     assert again.returncode == 1 and "agreement" in again.stdout
+
+
+def test_a_sibling_too_small_to_judge_on_the_minimal_scenario_is_judged_elsewhere():
+    """Issue 29 item 4: shrinking keeps what fails, not what trains; a sibling check vacuous on
+    the minimal failing scenario takes its verdict over the passing scenarios, else the unshrunk
+    failing scenario's, and stays vacuous only when neither judged it."""
+    from conformance.cases.scenarios.scenario import judged_on
+    from conformance.verdict import Verdict
+
+    def vs(**status):
+        return [Verdict("", c, "", "", "scenario", 2, st, max_dev=0.1) for c, st in status.items()]
+    minimal, first = object(), object()
+    got = judged_on(minimal, vs(params="vacuous", buffers="fail", agreement="vacuous"), first,
+                    vs(params="pass", buffers="fail", agreement="vacuous"),
+                    {"params": vs(params="pass")[0]}, 7)
+    assert [(v.check, v.status, on) for v, on in got] == [
+        ("params", "pass", None), ("buffers", "fail", minimal), ("agreement", "vacuous", minimal)]
+    assert got[0][0].reason.startswith("7 scenario(s) judged")
+    got = judged_on(minimal, vs(params="vacuous", buffers="fail"), first, vs(params="pass", buffers="fail"), {}, 0)
+    assert [(v.check, v.status, on) for v, on in got] == [("params", "pass", first), ("buffers", "fail", minimal)]

@@ -221,23 +221,30 @@ def _signame(signum: int) -> str:
 
 def _write_scenarios(json_path: str, verdicts) -> None:
     """The minimal failing scenario of each failing scenario case, as a replayable file
-    (none with ``--json -``: the scenario is the verdict's ``example`` in the JSON)."""
+    (none with ``--json -``: the scenario is the verdict's ``example`` in the JSON); a sibling
+    check judged on another scenario (the unshrunk one) gets a file of its own. Every
+    diagnosis of the case names its file instead of the ``SCENARIO.json`` placeholder."""
     if side_file(json_path, "") is None:
         return
-    done = set()
-    for v in verdicts:
-        if v.example is None or v.status not in ("fail", "xfail"):
-            continue
+    failing = {(v.case, v.impl, v.runtime, v.world_size) for v in verdicts
+               if v.example is not None and v.status in ("fail", "xfail")}
+    written = {}  # (key, scenario JSON text) -> path
+    for v in sorted((v for v in verdicts if v.example is not None), key=lambda v: v.status not in ("fail", "xfail")):
         key = (v.case, v.impl, v.runtime, v.world_size)
-        name = f"{v.case}-{v.impl}-{v.runtime}-w{v.world_size}".replace(":", "_").replace("/", "_")
-        path = side_file(json_path, f".{name}.json")
-        if key not in done:
-            done.add(key)
+        if key not in failing:
+            continue
+        blob = _json.dumps(v.example, sort_keys=True)
+        if (key, blob) not in written:
+            name = f"{v.case}-{v.impl}-{v.runtime}-w{v.world_size}".replace(":", "_").replace("/", "_")
+            if any(k == key for k, _ in written):  # a second scenario of this case: named by its check
+                name += f"-{v.check}"
+            path = written[(key, blob)] = side_file(json_path, f".{name}.json")
             with open(path, "w") as f:
                 _json.dump({"case": v.case, "impl": v.impl, "runtime": v.runtime, "scenario": v.example}, f, indent=1)
-            print(f"minimal failing scenario: {path}\n  reproduce: python -m conformance replay {path} "
-                  f"--ddp {v.impl} --runtime {v.runtime}")
-        v.diagnosis = v.diagnosis.replace("SCENARIO.json", path)
+            first = len([k for k, _ in written if k == key]) == 1
+            print(f"{'minimal failing' if first else 'failing'} scenario: {path}\n  reproduce: python -m conformance "
+                  f"replay {path} --ddp {v.impl} --runtime {v.runtime}")
+        v.diagnosis = v.diagnosis.replace("SCENARIO.json", written[(key, blob)])
 
 
 def write_failures_file(json_path: str, verdicts, repro=repro_command) -> None:

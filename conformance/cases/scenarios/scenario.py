@@ -935,6 +935,29 @@ def scenario_tolerance(runtime: str, sc: Scenario):
 WORKLOAD_TOLERANCE = {"float64": "float64", "bfloat16": "bf16-mixed"}
 
 
+def judged_on(sc, vs: list, first_sc, first_vs: list, worst: dict, examples: int) -> list:
+    """``[(verdict, scenario it was judged on or None)]`` for a failing scenario case.
+    Shrinking keeps what fails, not what trains: a sibling check ``vacuous`` on the minimal
+    failing scenario ``sc`` takes its verdict over the passing scenarios (``worst``; scenario
+    None), else its verdict on the first, unshrunk failing scenario when that one is not
+    vacuous; only when neither could judge it does it stay vacuous."""
+    out = []
+    for v in vs:
+        if v.status == "vacuous" and v.check in worst:
+            w = worst[v.check]
+            w.reason = (f"{examples} scenario(s) judged; the minimal failing scenario moved too "
+                        "little to judge this check")
+            out.append((w, None))
+            continue
+        if v.status == "vacuous":
+            first = next(u for u in first_vs if u.check == v.check)
+            if first.status != "vacuous":
+                out.append((first, first_sc))
+                continue
+        out.append((v, sc))
+    return out
+
+
 def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_examples: int,
                       shrink: bool = True) -> list:
     """Run the explicit scenarios, then ``max_examples`` generated ones, on ``target``
@@ -974,6 +997,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
         bad = [v for v in vs if v.status == "fail"]
         if bad:
             state["failing"] = (sc, vs)
+            state.setdefault("first_failing", (sc, vs))  # unshrunk: it trained enough to judge
             raise AssertionError("; ".join(f"{v.check}: {v.reason}" for v in bad))
         if any(v.status == "vacuous" for v in vs if v.check == "params"):
             state["vacuous"] += 1
@@ -1014,13 +1038,20 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
                             example=None if crashed is None else crashed.to_json())
                     for c in SCENARIO_CHECKS]
         sc, vs = state["failing"]
-        blob = json.dumps(sc.to_json())
-        for v in vs:
-            v.example = sc.to_json()
-            v.diagnosis = (f"{'minimal ' if shrink else ''}failing scenario ({len(sc.steps)} step(s), world size {sc.world_size}):\n"
-                           f"{blob}\nreproduce: python -m conformance replay SCENARIO.json --ddp {target.impl} "
-                           f"--runtime {target.runtime}" + (f"\n{v.diagnosis}" if v.diagnosis else ""))
-        return vs
+        out = []
+        for v, on in judged_on(sc, vs, *state["first_failing"], worst, state["examples"]):
+            if on is None:
+                out.append(v)
+                continue
+            what = "minimal failing" if on is sc and shrink else "failing"
+            if on is not sc:
+                what += " (unshrunk; the minimal one moved too little to judge this check)"
+            v.example = on.to_json()
+            v.diagnosis = (f"{what} scenario ({len(on.steps)} step(s), world size {on.world_size}):\n"
+                           f"{json.dumps(on.to_json())}\nreproduce: python -m conformance replay SCENARIO.json --ddp "
+                           f"{target.impl} --runtime {target.runtime}" + (f"\n{v.diagnosis}" if v.diagnosis else ""))
+            out.append(v)
+        return out
     n = state["examples"]
     unsup = state["unsupported"]
     if unsup and not n:
