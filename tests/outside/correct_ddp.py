@@ -199,7 +199,19 @@ class CorrectDDP(nn.Module, Joinable):
             self._sync_buffers(joined=False)
         out = self.module(*inputs, **kwargs)
         self.require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self.require_forward_param_sync:
+            # Arm the end-of-backward reduction from the outputs' gradient, i.e. on the
+            # outermost backward: a reentrant checkpoint runs a nested backward whose end
+            # must not trigger it (a parameter may be used outside the checkpoint too).
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(self._arm)
         return out
+
+    def _arm(self, grad):
+        if self.require_backward_grad_sync and not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._reduce)
 
     # ---- buffers ---------------------------------------------------------------------------
     def _buffer_source(self, joined):

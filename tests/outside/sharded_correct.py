@@ -152,7 +152,16 @@ class ShardedCorrectDDP(nn.Module, Joinable):
         out = self.module(*inputs, **kwargs)
         self.require_forward_param_sync = (torch.is_grad_enabled()
                                            and self.require_backward_grad_sync)
+        if self.require_forward_param_sync:  # schedule the reduction on the outermost backward
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(self._schedule)
         return out
+
+    def _schedule(self, grad):
+        if self.require_backward_grad_sync and not self._pending:
+            self._pending = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
 
     # ---- buffers -----------------------------------------------------------------------------
     def _sync_buffers(self, joined):
