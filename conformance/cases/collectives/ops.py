@@ -7,6 +7,10 @@ copy, a permutation, an integer reduction, MAX/MIN or a PRODUCT of powers of two
 judged bit for bit; otherwise (floating SUM/AVG) within :func:`sum_bound`. ``agree``: every
 group rank holds the same result (all-reduce, broadcast, all-gather), compared bitwise.
 
+Not in the table: ``all_to_all`` with lists (gloo requires equal chunk sizes: uneven splits
+raise on some ranks only) and ``batch_isend_irecv`` (a two-rank ring of isend/irecv hung in
+``Work.wait`` on gloo, torch 2.13).
+
 Semantics mirrored: ``torch.distributed`` (torch 2.13 ``distributed_c10d``): ``reduce`` and
 ``gather`` define the result on the destination only, ``scatter`` reads the source's list,
 ``all_to_all_single`` sends ``input_split_sizes[j]`` elements to group rank ``j``.
@@ -18,7 +22,14 @@ from typing import Callable
 
 import numpy as np
 
-from conformance.cases.properties.gradsync import FLOAT64_UNIT_ROUNDOFF, gamma
+FLOAT64_UNIT_ROUNDOFF = 2.0 ** -53
+
+
+def gamma(k: int, u: float) -> float:
+    """Higham's ``gamma_k = k u / (1 - k u)`` (requires ``k u < 1``); kinds do not import each
+    other, so this repeats :func:`conformance.cases.properties.gradsync.gamma`."""
+    assert k * u < 1, (k, u)
+    return k * u / (1 - k * u)
 
 #: Unit roundoff and smallest positive normal per floating dtype (IEEE 754; bfloat16 has
 #: binary32's exponent range). complex64 is judged per real component at float32's.
@@ -121,7 +132,8 @@ def r_all_gather(x, g, ctx):
 def r_all_gather_into_tensor(x, g, ctx):
     import torch
     out = torch.empty(x.numel() * ctx["n"], dtype=x.dtype)
-    _call(ctx["dist"].all_gather_into_tensor, ctx["how"], out, x, group=g)
+    d = ctx["dist"]  # torch >= 2.10 deprecates all_gather_into_tensor for all_gather_single
+    _call(getattr(d, "all_gather_single", None) or d.all_gather_into_tensor, ctx["how"], out, x, group=g)
     return out
 
 
@@ -136,7 +148,9 @@ def r_reduce_scatter(x, g, ctx):
 def r_reduce_scatter_tensor(x, g, ctx):
     import torch
     out = torch.empty(x.numel() // ctx["n"], dtype=x.dtype)
-    _call(ctx["dist"].reduce_scatter_tensor, ctx["how"], out, x, op=_red(ctx["red"]), group=g)
+    d = ctx["dist"]  # torch >= 2.10 deprecates reduce_scatter_tensor for reduce_scatter_single
+    _call(getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor, ctx["how"], out, x,
+          op=_red(ctx["red"]), group=g)
     return out
 
 
@@ -147,15 +161,6 @@ def r_all_to_all_single(x, g, ctx):
     out = torch.empty(sum(out_splits), dtype=x.dtype)
     _call(ctx["dist"].all_to_all_single, ctx["how"], out, x, out_splits, splits(size, n, me), group=g)
     return out
-
-
-def r_all_to_all(x, g, ctx):
-    import torch
-    n, me, size = ctx["n"], ctx["grank"], ctx["size"]
-    ins = list(torch.split(x, splits(size, n, me)))
-    outs = [torch.empty(splits(size, n, j)[me], dtype=x.dtype) for j in range(n)]
-    _call(ctx["dist"].all_to_all, ctx["how"], outs, ins, group=g)
-    return torch.cat(outs)
 
 
 def r_gather(x, g, ctx):
@@ -183,17 +188,6 @@ def r_send_recv(x, g, ctx):
     else:
         d.recv(out, group_src=(me - 1) % n, group=g)
         d.send(x, group_dst=(me + 1) % n, group=g)
-    return out
-
-
-def r_batch_isend_irecv(x, g, ctx):
-    import torch
-    d, n, me = ctx["dist"], ctx["n"], ctx["grank"]
-    out = torch.empty_like(x)
-    ops = [d.P2POp(d.isend, x, group=g, group_peer=(me + 1) % n),
-           d.P2POp(d.irecv, out, group=g, group_peer=(me - 1) % n)]
-    for w in d.batch_isend_irecv(ops):
-        _wait(w, "wait" if ctx["how"] == "sync" else ctx["how"])
     return out
 
 
@@ -247,10 +241,8 @@ OPS = {o.name: o for o in (
        lambda xs, me, red, size: _chunk(reduce_host(xs, red, ""), len(xs), me),
        length=lambda size, n, me: size * n, reduces=True),
     Op("all_to_all_single", r_all_to_all_single, _a2a_oracle, length=lambda size, n, me: sum(splits(size, n, me))),
-    Op("all_to_all", r_all_to_all, _a2a_oracle, length=lambda size, n, me: sum(splits(size, n, me))),
     Op("gather", r_gather, lambda xs, me, red, size: _cat(xs) if me == 0 else None),
     Op("scatter", r_scatter, lambda xs, me, red, size: _chunk(xs[0], len(xs), me), length=lambda size, n, me: size * n),
     Op("barrier", r_barrier, lambda xs, me, red, size: xs[me]),
     Op("send_recv", r_send_recv, lambda xs, me, red, size: xs[(me - 1) % len(xs)], p2p=True),
-    Op("batch_isend_irecv", r_batch_isend_irecv, lambda xs, me, red, size: xs[(me - 1) % len(xs)], p2p=True),
 )}
