@@ -270,7 +270,7 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
     """Verdicts of one op's ``draws`` from every rank's :func:`task_collective` list (by global
     rank), one per ``case.checks`` entry, in that order."""
     op = case.args["op"]
-    fails, disagree, rejected, ran = [], [], {}, 0
+    fails, disagree, rejected, ran, ran_ok = [], [], {}, 0, set()
     worst = (0.0, 0.0, 0.0, None)  # dev, bound, ratio, rank
     for i, d in enumerate(draws):
         ranks = members(d["group"], world_size)
@@ -285,6 +285,7 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
                 f"rank {r} raised {m}" for r, m in raised.items()) + f"; ranks {sorted(set(ranks) - set(raised))} did not")
             continue
         ran += 1
+        ran_ok.add((d["red"], d["dtype"]))
         for r, e in entries.items():
             for f in e["findings"]:
                 fails.append(f"{label(op, d, n)}: rank {r} element {f['element']} = {_fmt(f['got'])}, expected "
@@ -303,7 +304,7 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
         v = Verdict(case.name, check, "", "cpu", "-", world_size, "pass")
         if check == "result":
             if ran == 0:
-                v.status, v.reason = ("unsupported", "the backend rejected every draw: " + _rejections(rejected)) \
+                v.status, v.reason = ("unsupported", "the backend rejected every draw: " + _rejections(rejected, ran_ok)) \
                     if rejected and not fails else ("fail", _first(fails)) if fails else ("vacuous", "no draw ran")
             elif fails:
                 v.status, v.reason = "fail", _first(fails)
@@ -323,7 +324,7 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
                 v.reason = f"every group rank holds the same bits in {ran} draw(s)"
         elif check == "coverage":
             if rejected:
-                v.status, v.reason = "unsupported", "the backend rejects " + _rejections(rejected)
+                v.status, v.reason = "unsupported", "the backend rejects " + _rejections(rejected, ran_ok)
             else:
                 v.reason = f"the backend ran all {len(draws)} draw(s)"
         out.append(v)
@@ -338,15 +339,18 @@ def _first(lines):
     return lines[0] + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "")
 
 
-def _rejections(rejected: dict) -> str:
-    """``AVG float16, float32 ...: RuntimeError: ...; ...`` from ``{message: [draws]}``."""
+def _rejections(rejected: dict, ran_ok: set = frozenset()) -> str:
+    """``AVG float16, float32 ...: RuntimeError: ...; ...`` from ``{message: [draws]}``; a
+    (reduction, dtype) that ran in another completion mode is named with the refused mode(s)."""
     parts = []
     for msg, ds in rejected.items():
-        what = sorted({(f"{d['red']} " if d["red"] != "-" else "") + d["dtype"] for d in ds})
-        hows = sorted({d["how"] for d in ds})
-        if len(hows) < len(HOWS):  # a refusal of one completion mode (gloo: get_future)
-            what = [f"{w} via {'/'.join(hows)}" for w in what]
-        parts.append(f"{', '.join(what)} ({msg})")
+        what = {}
+        for d in ds:
+            key = (d["red"], d["dtype"])
+            what.setdefault(key, set()).add(d["how"])
+        names = sorted((f"{r} " if r != "-" else "") + t + (f" via {'/'.join(sorted(hows))}" if (r, t) in ran_ok
+                                                           else "") for (r, t), hows in what.items())
+        parts.append(f"{', '.join(names)} ({msg})")
     return "; ".join(parts)
 
 
