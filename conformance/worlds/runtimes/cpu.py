@@ -7,7 +7,10 @@ replicas on a 2-core machine do not oversubscribe it.
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
+
+from conformance.errors import UsageError
 
 from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
@@ -29,10 +32,7 @@ def resolve_backend(spec: str) -> str:
         UsageError: a module that does not import, a function that is missing, raises or
             registers nothing, a name torch does not know or cannot run here (one line).
     """
-    import importlib
-
     import torch.distributed as dist
-    from conformance.errors import UsageError
     mod_name, colon, func_name = spec.partition(":")
     if not colon:
         name = spec.strip().lower()
