@@ -151,6 +151,16 @@ def test_bad_backend_is_one_error_line_exit_2(spec, needle, tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
 
 
+@pytest.mark.cpu
+def test_pytest_option_rejects_a_bad_backend_before_any_world(tmp_path):
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance", "--co", "-q", "-p",
+                        "no:cacheprovider", "--conformance-backend", "nosuch", "--conformance-only", "collective"],
+                       capture_output=True, text=True, timeout=120, cwd=root)
+    assert r.returncode == 4 and "unknown torch.distributed backend" in r.stderr + r.stdout, r.stdout + r.stderr
+
+
 # --- from outside: backends written from scratch ----------------------------------------
 
 def _session(backend):
