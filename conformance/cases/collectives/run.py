@@ -282,16 +282,16 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
             if len(raised) == n and len(set(raised.values())) == 1:
                 rejected.setdefault(next(iter(raised.values())), []).append(d)
                 continue
-            fails.append(f"{label(op, d, n)}: " + "; ".join(
-                f"rank {r} raised {m}" for r, m in raised.items()) + f"; ranks {sorted(set(ranks) - set(raised))} did not")
+            fails.append((float("inf"), f"{label(op, d, n)}: " + "; ".join(
+                f"rank {r} raised {m}" for r, m in raised.items()) + f"; ranks {sorted(set(ranks) - set(raised))} did not", None, None))
             continue
         ran += 1
         ran_ok.add((d["red"], d["dtype"]))
         for r, e in entries.items():
             for f in e["findings"]:
-                fails.append(f"{label(op, d, n)}: rank {r} element {f['element']} = {_fmt(f['got'])}, expected "
-                             f"{_fmt(f['expected'])}" + (f" ± {f['bound']:.3g}" if f["bound"] is not None
-                                                         else " (bitwise)"))
+                fails.append((f["ratio"], f"{label(op, d, n)}: rank {r} element {f['element']} = {_fmt(f['got'])}, "
+                              f"expected {_fmt(f['expected'])}" + (f" ± {f['bound']:.3g}" if f["bound"] is not None
+                                                                   else " (bitwise)"), _dev(f), r))
             if e["ratio"] is not None and e["ratio"] > worst[2]:
                 worst = (e["dev"], e["bound"], e["ratio"], r)
         if OPS[op].agree:
@@ -300,6 +300,11 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
                 ref = digests[ranks[0]]
                 disagree.append(f"{label(op, d, n)}: rank(s) {[r for r, h in digests.items() if h != ref]} hold "
                                 f"other bits than rank {ranks[0]}")
+    # worst first (a bitwise mismatch or a one-sided refusal counts as infinitely far): the reason
+    # names the finding the verdict's max dev / bound are taken at when it is a bounded one
+    fails.sort(key=lambda x: -x[0])
+    top = fails[0] if fails else None
+    fails = [x[1] for x in fails]
     out = []
     for check in case.checks:
         v = Verdict(case.name, check, "", "cpu", "-", world_size, "pass")
@@ -311,10 +316,14 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
                 v.status, v.reason = "fail", _first(fails)
             else:
                 v.reason = f"{ran} draw(s) equal to the host oracle"
-            if worst[3] is not None:
+            if top is not None and top[2] is not None:  # the named finding: its deviation and bound
+                (v.max_dev, v.atol), v.replica = top[2], top[3]
+                v.margin = v.atol / v.max_dev if v.max_dev else 0.0
+            elif top is not None:
+                v.replica = top[3]
+            elif worst[3] is not None:  # a pass: the worst element of the bounded draws
                 v.max_dev, v.atol = worst[0], worst[1]
                 v.margin = (worst[1] / worst[0]) if worst[0] else float("inf")
-                v.replica = worst[3] if v.status == "fail" else None
             v.diagnosis = "\n".join(fails[:MAX_DIAGNOSIS_LINES])
         elif check == "agreement":
             if disagree:
@@ -330,6 +339,17 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
                 v.reason = f"the backend ran all {len(draws)} draw(s)"
         out.append(v)
     return out
+
+
+def _dev(f) -> tuple | None:
+    """``(deviation, bound)`` of a finding (bound 0 for a bitwise one), None if not numeric."""
+    got, want = f["got"], f["expected"]
+    if isinstance(got, bool) or isinstance(want, bool):
+        got, want = int(got), int(want)
+    if not all(isinstance(x, (int, float)) for x in (got, want)):
+        return None
+    dev = abs(float(got) - float(want))
+    return (dev if np.isfinite(dev) else float("inf")), (f["bound"] or 0.0)
 
 
 def _fmt(x):

@@ -38,7 +38,8 @@ def resolve_backend(spec: str) -> str:
         name = spec.strip().lower()
         if name not in dist.Backend.backend_list or name == "undefined":
             raise UsageError(f"--backend {spec!r}: unknown torch.distributed backend; known: "
-                             f"{', '.join(dist.Backend.backend_list)}, or module:function registering one")
+                             f"{', '.join(b for b in dist.Backend.backend_list if b != 'undefined')}, or "
+                             "module:function registering one")
         available = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available,
                      "mpi": dist.is_mpi_available, "ucc": dist.is_ucc_available}.get(name)
         if available is not None and not available():
