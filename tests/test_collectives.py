@@ -208,3 +208,13 @@ def test_each_faulty_backend_fails_with_a_verdict_naming_the_op(backend, broken,
             assert int(re.search(r"\[(\d+)\]", result.reason).group(1)) > LIMIT
     finally:
         s.close()
+
+
+def test_a_collective_row_is_validated():
+    from conformance.cases.row import Case, _validate
+    for args, checks, needle in [({"op": "nope"}, ("result", "coverage"), "unknown collective op 'nope'"),
+                                 ({"op": "all_reduce"}, ("result", "coverage"), "reports the checks")]:
+        with pytest.raises(ValueError, match=needle):
+            _validate([Case("collective.x", "collective", "-", "collective", tolerance="exact", args=args,
+                            checks=checks)], mutants={})
+    assert {c.args["op"] for c in CASES.values() if c.family == "collective"} == set(OPS)
