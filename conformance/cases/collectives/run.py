@@ -196,6 +196,13 @@ def label(op: str, draw: dict, n: int) -> str:
 # --- replica side ---------------------------------------------------------------------
 
 _GROUPS: dict = {}
+#: What a backend raises to refuse a call (a dtype, a reduction, a completion mode, subgroups).
+REFUSALS = (RuntimeError, ValueError, TypeError, NotImplementedError)
+
+
+def _refusal(exc) -> str:
+    """``<Type>: <first line of the message>`` (at most 200 characters of it)."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
 
 def _group(dist, name: str, world_size: int):
@@ -205,7 +212,12 @@ def _group(dist, name: str, world_size: int):
         return None
     key = (name, world_size, id(dist.group.WORLD))  # a new default group: new subgroups
     if key not in _GROUPS:
-        _GROUPS[key] = dist.new_group(members(name, world_size))
+        try:
+            _GROUPS[key] = dist.new_group(members(name, world_size))
+        except REFUSALS as exc:
+            _GROUPS[key] = exc  # a backend without subgroups: its draws are rejected, once
+    if isinstance(_GROUPS[key], Exception):
+        raise _GROUPS[key]
     return _GROUPS[key]
 
 
@@ -220,7 +232,11 @@ def task_collective(ctx, op: str, draws: list) -> list:
     out = []
     for i, d in enumerate(draws):
         ranks = members(d["group"], ctx.world_size)
-        g = _group(dist, d["group"], ctx.world_size)  # before the membership test: every rank creates it
+        try:
+            g = _group(dist, d["group"], ctx.world_size)  # before the membership test: every rank creates it
+        except REFUSALS as exc:
+            out.append({"raised": "new_group: " + _refusal(exc)} if ctx.rank in ranks else None)
+            continue
         if ctx.rank not in ranks:
             out.append(None)
             continue
@@ -230,10 +246,8 @@ def task_collective(ctx, op: str, draws: list) -> list:
         c = {"dist": dist, "how": d["how"], "red": d["red"], "grank": me, "n": n, "size": d["size"]}
         try:
             res = o.replica(xs[me].clone(), g, c)
-        except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
-            # the backend's refusal: raised on every rank before any traffic (gloo checks locally)
-            first = (str(exc).strip().splitlines() or [""])[0]
-            out.append({"raised": f"{type(exc).__name__}: {first[:200]}"})
+        except REFUSALS as exc:  # the backend's refusal: on every rank before any traffic (gloo checks locally)
+            out.append({"raised": _refusal(exc)})
             continue
         host = [to_host(x) for x in xs]
         want = o.oracle(host, me, d["red"], d["size"])
@@ -282,8 +296,9 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
             if len(raised) == n and len(set(raised.values())) == 1:
                 rejected.setdefault(next(iter(raised.values())), []).append(d)
                 continue
-            fails.append((float("inf"), f"{label(op, d, n)}: " + "; ".join(
-                f"rank {r} raised {m}" for r, m in raised.items()) + f"; ranks {sorted(set(ranks) - set(raised))} did not", None, None))
+            said = "; ".join(f"rank {r} raised {m}" for r, m in raised.items())
+            fails.append((float("inf"), f"{label(op, d, n)}: {said}; ranks {sorted(set(ranks) - set(raised))} "
+                          "did not", None, None))
             continue
         ran += 1
         ran_ok.add((d["red"], d["dtype"]))
@@ -309,9 +324,10 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
     for check in case.checks:
         v = Verdict(case.name, check, "", "cpu", "-", world_size, "pass")
         if check == "result":
-            if ran == 0:
-                v.status, v.reason = ("unsupported", "the backend rejected every draw: " + _rejections(rejected, ran_ok)) \
-                    if rejected and not fails else ("fail", _first(fails)) if fails else ("vacuous", "no draw ran")
+            if ran == 0 and rejected and not fails:
+                v.status, v.reason = "unsupported", "the backend rejected every draw: " + _rejections(rejected, ran_ok)
+            elif ran == 0 and not fails:
+                v.status, v.reason = "vacuous", "no draw ran"
             elif fails:
                 v.status, v.reason = "fail", _first(fails)
             else:
