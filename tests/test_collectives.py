@@ -218,3 +218,20 @@ def test_a_collective_row_is_validated():
             _validate([Case("collective.x", "collective", "-", "collective", tolerance="exact", args=args,
                             checks=checks)], mutants={})
     assert {c.args["op"] for c in CASES.values() if c.family == "collective"} == set(OPS)
+
+
+@pytest.mark.cpu
+def test_a_backend_that_hangs_is_a_failure_within_the_bound():
+    import dataclasses
+    import time
+    from conformance.evaluate import evaluate
+    s = _session("hang_barrier")
+    try:
+        case = dataclasses.replace(CASES["collective.barrier"], timeout=8.0)  # the row's 60 s, shortened
+        t0 = time.monotonic()
+        vs = evaluate(case, "torch", "cpu", 2, s)
+        took = time.monotonic() - t0
+        assert {v.status for v in vs} == {"fail"} and "barrier" in vs[0].reason, [v.summary() for v in vs]
+        assert took < 60, took
+    finally:
+        s.close()
