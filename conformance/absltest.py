@@ -5,6 +5,7 @@ Run the kit::
 
     python -m conformance.absltest --runtime=pjrt --ddp=mypkg:MyDDP [--world_size=2,4]
         [--only=parity,no_sync] [--skip=property] [--profile=ci] [--expected_failures=FILE]
+        [--backend=gloo|mypkg.backend:register]
 
 or subclass it in your own test file and run that file::
 
@@ -41,6 +42,7 @@ from conformance.evaluate import evaluate
 from conformance.options import parse_matrix
 from conformance.outcome import outcome
 from conformance.settings import Settings
+from conformance.worlds.runtimes.cpu import resolve_backend
 from conformance.report.expected import ExpectedFailures, mark_expected_failures, read_expected_failures
 
 FLAGS = flags.FLAGS
@@ -53,6 +55,8 @@ flags.DEFINE_string("only", None, "comma list of tags: run only cases carrying o
 flags.DEFINE_string("skip", None, "comma list of tags: leave out cases carrying one")
 flags.DEFINE_string("profile", None, "example budget of property cases: dev, ci, ci-pjrt, thorough")
 flags.DEFINE_string("expected_failures", None, "file of verdict ids whose failure is expected")
+flags.DEFINE_string("backend", None, "torch.distributed backend of the CPU worlds: a name (default gloo) or "
+                    "module:function registering one (env CONFORMANCE_BACKEND)")
 flags.DEFINE_float("replica_timeout", None, "seconds one task may take on a world (default 120; "
                    "env CONFORMANCE_TIMEOUT)")
 
@@ -70,7 +74,7 @@ def _session():
 
 def settings():
     """The run's :class:`~conformance.settings.Settings`: the environment, then the flags."""
-    return Settings.from_env(replica_timeout=FLAGS.replica_timeout, profile=FLAGS.profile)
+    return Settings.from_env(replica_timeout=FLAGS.replica_timeout, profile=FLAGS.profile, backend=FLAGS.backend)
 
 
 def _method_name(case_name: str) -> str:
@@ -130,7 +134,8 @@ def validate_flags(argv: list[str]) -> list[str]:
     except flags.Error as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
     select(split_list(FLAGS.only), split_list(FLAGS.skip))
-    settings()
+    if settings().backend != "gloo":
+        resolve_backend(settings().backend)
     profile_examples(FLAGS.profile)
     if FLAGS.expected_failures:
         read_expected_failures(FLAGS.expected_failures)

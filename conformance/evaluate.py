@@ -17,6 +17,7 @@ that must kill it) through the same entry point.
 """
 from __future__ import annotations
 
+from conformance.cases.collectives.run import evaluate_collective
 from conformance.cases.features import evaluate_task
 from conformance.cases.properties.run import evaluate_property
 from conformance.cases.ranks import evaluate_invariant
@@ -185,7 +186,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     except RuntimeUnavailable as exc:
         return each("skip", f"runtime {runtime}: {exc}")
     try:
-        if row.unsupported.get(runtime) and case.kind != "invariant":  # rank bindings need no DDP
+        if row.unsupported.get(runtime) and case.kind not in ("invariant", "collective"):  # these need no DDP
             raise Unsupported(row.unsupported[runtime])
         if case.kind in row.unsupported_kinds:
             raise Unsupported(row.unsupported_kinds[case.kind])
@@ -214,7 +215,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
 #: kind -> its evaluator ``(case, impl, runtime, world_size, session, overrides) -> [Verdict]``
 #: (``None`` on a non-root process of a launcher-built world); each lives with its kind.
 EVALUATORS = {"train": evaluate_train, "task": evaluate_task, "property": evaluate_property,
-              "invariant": evaluate_invariant, "scenario": evaluate_scenario}
+              "invariant": evaluate_invariant, "scenario": evaluate_scenario, "collective": evaluate_collective}
 assert set(EVALUATORS) == set(KINDS), "every kind of conformance.cases.row.KINDS needs an evaluator"
 
 

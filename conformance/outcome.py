@@ -48,6 +48,8 @@ def repro_command(v: Verdict, settings: Settings | None = None) -> str:
             args += ["--replica-timeout", f"{settings.replica_timeout:g}"]
         if settings.profile != default.profile:
             args += ["--profile", settings.profile]
+        if settings.backend != default.backend:
+            args += ["--backend", settings.backend]
     return " ".join(shlex.quote(a) for a in args)
 
 

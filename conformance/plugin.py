@@ -18,6 +18,8 @@ Options (defaults in brackets):
                                    (cases, case:check, ids, * patterns: conformance.report.expected)
     --conformance-mutants          also run the kill matrix when --conformance-ddp is given
     --conformance-timeout          seconds one task may take on a world [120]
+    --conformance-backend          torch.distributed backend of the CPU worlds: name or module:function
+                                   registering one [env CONFORMANCE_BACKEND, else gloo]
     --conformance-json PATH        write the run's JSON report (xdist-safe)
 
 Test ids read ``test_case[<case>-<impl>-<runtime>-w<W>]`` (also in JUnit XML).
@@ -33,13 +35,17 @@ _SETTINGS = pytest.StashKey[object]()
 
 # Tests at this world size or above carry the `slow` marker.
 SLOW_WORLD_SIZE = 8
-OPTIONS = ("ddp", "runtime", "world-size", "only", "skip", "profile", "expected-failures", "timeout", "json")
+OPTIONS = ("ddp", "runtime", "world-size", "only", "skip", "profile", "expected-failures", "timeout", "json",
+           "backend")
 
 
 def pytest_addoption(parser):
     g = parser.getgroup("conformance", "DDP conformance kit (ddp-conformance)")
     g.addoption("--conformance-ddp", default=None, help="comma list of DDP implementations under test: "
                 "torch, ref, mutant:<name>, package.module:Class")
+    g.addoption("--conformance-backend", default=None, metavar="NAME|MOD:FUNC",
+                help="torch.distributed backend of the CPU worlds: a name (default gloo) or module:function "
+                "registering one [env CONFORMANCE_BACKEND]")
     g.addoption("--conformance-runtime", default=None, help="comma list of runtimes: cpu, pjrt, xrt")
     g.addoption("--conformance-world-size", default=None, help="comma list of world sizes (>= 2)")
     g.addoption("--conformance-only", default=None, help="comma list of tags: only cases carrying one")
@@ -93,6 +99,10 @@ def pytest_configure(config):
         from conformance.report.expected import read_expected_failures
         config.stash[_EXPECTED] = _usage(read_expected_failures, _opt(config, "expected-failures"))
     config.stash[_SETTINGS] = _usage(settings_of, config)
+    if _opt(config, "backend"):
+        from conformance.worlds.runtimes.cpu import resolve_backend
+        _invocation_dir_on_path(config)
+        _usage(resolve_backend, config.stash[_SETTINGS].backend)
 
 
 def _invocation_dir_on_path(config):
@@ -106,7 +116,8 @@ def _invocation_dir_on_path(config):
 def settings_of(config):
     """The run's :class:`~conformance.settings.Settings`: the environment, then the options."""
     from conformance.settings import Settings
-    return Settings.from_env(replica_timeout=_opt(config, "timeout"), profile=_opt(config, "profile"))
+    return Settings.from_env(replica_timeout=_opt(config, "timeout"), profile=_opt(config, "profile"),
+                             backend=_opt(config, "backend"))
 
 
 def runtime_worlds(config):

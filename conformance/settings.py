@@ -14,6 +14,7 @@ field                                  environment variable        default
 ``collective_timeout`` (s, gloo, least)``CONFORMANCE_COLLECTIVE_TIMEOUT`` 60
 ``pjrt_collective_bound`` (s)          ``CONFORMANCE_PJRT_COLLECTIVE_BOUND`` 6
 ``profile``                            ``CONFORMANCE_PROFILE``            dev
+``backend`` (torch.distributed, CPU)   ``CONFORMANCE_BACKEND``            gloo
 =====================================  ==========================  ========
 
 The default world sizes and implementations per runtime are data of this module
@@ -60,6 +61,7 @@ ENVIRONMENT = {
     "collective_timeout": ("CONFORMANCE_COLLECTIVE_TIMEOUT", 60.0),
     "pjrt_collective_bound": ("CONFORMANCE_PJRT_COLLECTIVE_BOUND", 6.0),
     "profile": ("CONFORMANCE_PROFILE", DEFAULT_PROFILE),
+    "backend": ("CONFORMANCE_BACKEND", "gloo"),
 }
 
 
@@ -81,6 +83,10 @@ class Settings:
             emulated hosts (:data:`DEFAULT_CPU_HOSTS`; any other W: one host).
         pjrt_hosts: the same for the PJRT runtime's replica threads
             (:data:`DEFAULT_PJRT_HOSTS`).
+        backend: the torch.distributed backend of the CPU runtime's default group: a
+            registered name (``gloo``) or ``module:function``, a function that registers one
+            with ``torch.distributed.Backend.register_backend`` (run in every replica process
+            before ``init_process_group``; see :func:`conformance.worlds.runtimes.cpu.resolve_backend`).
         progress_every: most seconds between two progress lines when stderr is not a
             terminal (a CI log: one line per finished case run, and one at least this often
             while a case runs); ``0 < progress_every <= 15``.
@@ -94,6 +100,7 @@ class Settings:
     cpu_hosts: tuple = tuple(DEFAULT_CPU_HOSTS.items())
     pjrt_hosts: tuple = tuple(DEFAULT_PJRT_HOSTS.items())
     progress_every: float = 10.0
+    backend: str = "gloo"
 
     def __post_init__(self):
         if not isinstance(self.progress_every, (int, float)) or not 0 < self.progress_every <= 15:
@@ -102,6 +109,8 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise UsageError(f"{_option(name)}: need seconds > 0, got {value!r}")
+        if not isinstance(self.backend, str) or not self.backend.strip() or self.backend.count(":") > 1:
+            raise UsageError(f"{_option('backend')}: need a backend name or module:function, got {self.backend!r}")
         if self.profile not in PROFILES:
             raise UsageError(f"{_option('profile')}: unknown profile {self.profile!r}; known: {', '.join(PROFILES)}")
 

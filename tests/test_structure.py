@@ -149,7 +149,7 @@ def test_the_top_level_names_the_layers():
 #: row, the training loop's helpers and state reading in train/), never another kind.
 KINDS = {"train": "conformance.cases.train", "task": "conformance.cases.features",
          "property": "conformance.cases.properties", "scenario": "conformance.cases.scenarios",
-         "invariant": "conformance.cases.ranks"}
+         "invariant": "conformance.cases.ranks", "collective": "conformance.cases.collectives"}
 SHARED = {"conformance.cases.train.loop", "conformance.cases.train.readback",
           "conformance.cases.train.commhooks"}
 

@@ -14,7 +14,10 @@ how it is evaluated (``kind``; each kind's evaluator lives with the kind and
 * ``property`` - a Hypothesis property (:mod:`conformance.cases.properties.run`);
 * ``invariant`` - the rank-binding invariants of the world (:mod:`conformance.cases.ranks`);
 * ``scenario`` - generated training scenarios (:mod:`conformance.cases.scenarios.scenario`):
-  explicit ones, then Hypothesis-drawn ones, against the DDP-semantics oracle.
+  explicit ones, then Hypothesis-drawn ones, against the DDP-semantics oracle;
+* ``collective`` - one torch.distributed collective (``args["op"]``, a key of
+  :data:`conformance.cases.collectives.ops.OPS`) on the world's backend against its host
+  oracle (:mod:`conformance.cases.collectives.run`); no DDP is involved.
 
 ``must_kill`` names the catalog mutants the case must fail: the only place the
 mutant <-> case relation is stored. :func:`_validate` checks the rows when the
@@ -30,8 +33,8 @@ from conformance.tolerances import MIN_WORLD_SIZE, TOLERANCES
 from conformance.worlds.runtimes import RUNTIMES
 
 #: Case families (also tags).
-FAMILIES = ("parity", "feature", "property", "invariant", "scenario")
-KINDS = ("train", "task", "property", "invariant", "scenario")
+FAMILIES = ("parity", "feature", "property", "invariant", "scenario", "collective")
+KINDS = ("train", "task", "property", "invariant", "scenario", "collective")
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,13 @@ def _validate(rows: list[Case], mutants: dict | None = None) -> dict[str, Case]:
             raise bad("a task case needs task and judge")
         elif c.kind == "property" and c.prop not in PROPERTIES:
             raise bad(f"unknown property {c.prop!r}; known: {', '.join(PROPERTIES)}")
+        elif c.kind == "collective":
+            from conformance.cases.collectives.ops import OPS
+            if c.args.get("op") not in OPS:
+                raise bad(f"unknown collective op {c.args.get('op')!r}; known: {', '.join(OPS)}")
+            want = ("result", "agreement", "coverage") if OPS[c.args["op"]].agree else ("result", "coverage")
+            if tuple(c.checks) != want:
+                raise bad(f"a collective row of {c.args['op']} reports the checks {want}")
         elif c.kind == "scenario":
             why = space_problem(c.args.get("space", {}))
             if why:

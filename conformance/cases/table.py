@@ -8,6 +8,7 @@ means and the validation are in :mod:`conformance.cases.row`.
 from __future__ import annotations
 
 from conformance.cases import features as F
+from conformance.cases.collectives.ops import OPS
 from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.row import Case, _validate, select_rows, tags_of
 
@@ -38,6 +39,20 @@ def _scenario(name, description, space, must_kill, tags=()):
     return Case(f"scenario.{name}", "scenario", description, "scenario", "scenario", args={"space": space},
                 checks=tuple(SCENARIO_CHECKS), tags=tags,
                 must_kill=must_kill)
+
+
+def _collective(op):
+    o = OPS[op]
+    return Case(f"collective.{op}", "collective", f"torch.distributed {op} on the world's backend equals its "
+                "float64 host oracle on every rank: bitwise where exact, within the reduction-order bound "
+                "for floating sums" + ("; every rank holds the same bits" if o.agree else ""), "collective",
+                tolerance="exact", args={"op": op},
+                checks=("result", "agreement", "coverage") if o.agree else ("result", "coverage"),
+                tags=("backend",), timeout=COLLECTIVE_TIMEOUT_S)
+
+
+#: Bound on one op's draws (a correct gloo world takes < 1 s for the largest op).
+COLLECTIVE_TIMEOUT_S = 60.0
 
 
 def _build() -> dict[str, Case]:
@@ -200,6 +215,7 @@ def _build() -> dict[str, Case]:
                 "a bfloat16 layer between float32 layers: one bucket per dtype, each reduced in its "
                 "own dtype", tags=("dtype",)),
     ]
+    rows += [_collective(op) for op in OPS]
     return _validate(rows)
 
 

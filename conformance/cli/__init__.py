@@ -28,7 +28,7 @@ from conformance.options import folder_on_path, parse_runtime_names, parse_world
 from conformance.settings import Settings
 
 # Options that shape the Settings rather than one command.
-SETTINGS_OPTIONS = ("replica_timeout", "profile")
+SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend")
 
 
 class _ErrorParser(argparse.ArgumentParser):
@@ -72,6 +72,10 @@ def build_parser():
                      "cases: dev (default), ci, ci-pjrt, thorough (env CONFORMANCE_PROFILE)")
     run.add_argument("--replica-timeout", type=float, default=None, metavar="S",
                      help="seconds one task may take on a world (default 120; env CONFORMANCE_TIMEOUT)")
+    run.add_argument("--backend", default=None, metavar="NAME|MOD:FUNC",
+                     help="torch.distributed backend of the CPU worlds: a registered name (default gloo) or "
+                     "module:function registering one with Backend.register_backend (env CONFORMANCE_BACKEND); "
+                     "--only collective judges its ops, the rest of the table runs DDPs over it")
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     run.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first fail or vacuous "
                      "verdict not listed in --expected-failures (exit 1; later cases are not run)")
@@ -123,6 +127,8 @@ def build_parser():
     repeat.set_defaults(command="repeat")
     add_calibrate(sub).set_defaults(command="calibrate")
     add_report(sub).set_defaults(command="report")
+    for sp in (ranks, replay, repeat):
+        sp.add_argument("--backend", default=None, metavar="NAME|MOD:FUNC", help=run_actions["--backend"].help)
     for sp in (ranks, replay):
         sp.add_argument("--replica-timeout", type=float, default=None, metavar="S", help=run_actions["--replica-timeout"].help)
     return p
@@ -207,6 +213,9 @@ def main(argv=None) -> int:
     folder_on_path(os.getcwd())  # the ddp-conformance script does not add it, python -m does
     try:
         command, settings, values = parse(argv)
+        if settings.backend != "gloo":  # imports torch: a bad --backend is one error line before any world
+            from conformance.worlds.runtimes.cpu import resolve_backend
+            resolve_backend(settings.backend)
         with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C
             module = importlib.import_module(f"conformance.cli.{command}")  # imports torch
             return module.command(settings, **values)

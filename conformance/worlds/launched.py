@@ -47,7 +47,7 @@ from conformance.worlds.diagnosis import blank as blank_diagnosis, details as di
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, _die_with_parent
 from conformance.worlds.runtimes.base import ReplicaContext
-from conformance.worlds.runtimes.cpu import process_group_timeout_s
+from conformance.worlds.runtimes.cpu import process_group_timeout_s, resolve_backend
 
 # What a launcher must set (torchrun does; so do `python -m torch.distributed.run`
 # and most cluster launchers that speak env://). MASTER_PORT defaults in gloo.
@@ -169,7 +169,7 @@ class ExternalWorld:
         self._owns_group = not dist.is_initialized()
         if self._owns_group:
             ddp_impl.init_process_group(
-                "gloo", init_method="env://",
+                resolve_backend(settings.backend), init_method="env://",
                 timeout=datetime.timedelta(seconds=collective_timeout or process_group_timeout_s(
                     settings.replace(replica_timeout=self.timeout))))
         b = ddp_impl.runtime.ranks.bindings()

@@ -7,7 +7,10 @@ replicas on a 2-core machine do not oversubscribe it.
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
+
+from conformance.errors import UsageError
 
 from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
@@ -15,6 +18,49 @@ from conformance.worlds.runtimes.base import ReplicaContext, Runtime
 # How far gloo's timeout stays above a World's task bound: the World's stack dump
 # (at most 3 s) and teardown happen before any replica's gloo timeout fires.
 PG_TIMEOUT_MARGIN_S = 30.0
+
+
+def resolve_backend(spec: str) -> str:
+    """The torch.distributed backend name ``spec`` stands for, registered in this process.
+
+    ``spec``: a name torch knows (``gloo``; ``Backend.backend_list``) or ``module:function``;
+    the function takes no argument, registers a backend with
+    ``torch.distributed.Backend.register_backend`` and may return its name (else the one name
+    it added to ``Backend.backend_list`` is taken).
+
+    Raises:
+        UsageError: a module that does not import, a function that is missing, raises or
+            registers nothing, a name torch does not know or cannot run here (one line).
+    """
+    import torch.distributed as dist
+    mod_name, colon, func_name = spec.partition(":")
+    if not colon:
+        name = spec.strip().lower()
+        if name not in dist.Backend.backend_list or name == "undefined":
+            raise UsageError(f"--backend {spec!r}: unknown torch.distributed backend; known: "
+                             f"{', '.join(b for b in dist.Backend.backend_list if b != 'undefined')}, or "
+                             "module:function registering one")
+        available = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available,
+                     "mpi": dist.is_mpi_available, "ucc": dist.is_ucc_available}.get(name)
+        if available is not None and not available():
+            raise UsageError(f"--backend {spec!r}: this torch has no {name} backend")
+        return name
+    try:
+        func = getattr(importlib.import_module(mod_name), func_name)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--backend {spec!r}: cannot load {func_name!r} from {mod_name!r}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    before = set(dist.Backend.backend_list)
+    try:
+        got = func()
+    except Exception as exc:
+        raise UsageError(f"--backend {spec!r}: {func_name}() raised {type(exc).__name__}: {exc}") from None
+    added = sorted(set(dist.Backend.backend_list) - before)
+    name = got.lower() if isinstance(got, str) else (added[0] if len(added) == 1 else None)
+    if name is None or name not in dist.Backend.backend_list:
+        raise UsageError(f"--backend {spec!r}: {func_name}() registered no backend (return its name, or "
+                         "call torch.distributed.Backend.register_backend once)")
+    return name
 
 
 def process_group_timeout_s(settings) -> float:
@@ -57,7 +103,7 @@ class CpuRuntime(Runtime):
         import ddp_impl
         torch.set_num_threads(1)
         ddp_impl.init_process_group(
-            "gloo", init_method=f"file://{os.path.join(workdir, 'rendezvous')}",
+            resolve_backend(self.settings.backend), init_method=f"file://{os.path.join(workdir, 'rendezvous')}",
             timeout=datetime.timedelta(seconds=process_group_timeout_s(self.settings)))
         b = ddp_impl.runtime.ranks.bindings()
         return [ReplicaContext(runtime=self.name, rank=b.global_ordinal, world_size=b.world_size,
