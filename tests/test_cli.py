@@ -159,6 +159,20 @@ def test_binary_expected_failures_file_is_one_error_line(tmp_path):
         and "not a text file" in lines[0], r.stderr
 
 
+def test_garbage_expected_failures_file_is_one_error_line_before_torch(tmp_path):
+    """Random words are no entries: exit 2 at once, not warnings and exit 0 (issue 29 item 6)."""
+    bad = tmp_path / "xfails.txt"
+    bad.write_text("the quick brown fox\njumps over\nparity.linear\n")
+    code = ("import sys\nfrom conformance.cli import main\n"
+            f"rc = main(['run', '--expected-failures', {str(bad)!r}, '--json', {str(tmp_path / 'r.json')!r}])\n"
+            "print(rc, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --expected-failures ") \
+        and "line 1: 'the quick brown fox' is not an entry" in lines[0], r.stderr
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--junitxml", "/no/such/folder/j.xml"], "--junitxml /no/such/folder/j.xml: folder /no/such/folder does not exist"),
     (["--junitxml", "-"], "--junitxml -: give a file path"),

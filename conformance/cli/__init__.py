@@ -63,7 +63,8 @@ def build_parser():
                      "mutant through every selected case that must kill it")
     run.add_argument("--expected-failures", default=None, metavar="FILE",
                      help="verdict ids (one a line, # comments) whose failure is expected: reported "
-                     "xfail; ids that no longer fail or no longer exist are warned about")
+                     "xfail; ids that no longer fail or no longer exist are warned about; a line that is no "
+                     "entry is an error")
     run.add_argument("--profile", default=None, help="example budget of the property and scenario "
                      "cases: dev (default), ci, ci-pjrt, thorough (env CONFORMANCE_PROFILE)")
     run.add_argument("--replica-timeout", type=float, default=None, metavar="S",
