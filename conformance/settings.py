@@ -32,6 +32,9 @@ from conformance.errors import UsageError
 # two (an FSDP-style pre/post divide by 2 and W // 2 is exact at W=2 and 4, 1.5x off at 3;
 # measured with tests/outside/sharded_predivide_int.py). XRT runs on a whole v2-8/v3-8 host.
 DEFAULT_WORLD_SIZES = {"cpu": (2, 3), "pjrt": (2, 3), "xrt": (8,)}
+# Largest world each runtime runs (its adapter's max_world_size), here so the CLI can refuse a
+# size before torch is imported; tests/test_cli.py compares it with the adapters.
+MAX_WORLD_SIZES = {"cpu": 16, "pjrt": 16, "xrt": 8}
 # Implementations a run covers unless --ddp says otherwise.
 DEFAULT_IMPLS = {"cpu": ("torch", "ref"), "pjrt": ("ref", "xla_recipe", "torch"), "xrt": ("ref",)}
 # Emulated hosts of the CPU runtime's worlds (W -> H; any other W: one host). torchrun's

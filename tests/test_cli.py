@@ -29,7 +29,8 @@ def run_cli(*args, cwd=None, timeout=300):
     (["--ddp", "mutant:nope"], "unknown mutant 'nope'"),
     (["--world-size", "1"], "world size >= 2"),
     (["--world-size", "two"], "not a comma list of integers"),
-    (["--world-size", "99"], "outside 1..16"),
+    (["--world-size", "99"], "--world-size 99: runtime cpu runs world sizes 2..16"),
+    (["--runtime", "cpu,pjrt", "--world-size", "2,17"], "--world-size 17: runtime cpu runs world sizes 2..16"),
     (["--only", "resnet"], "unknown tag(s) resnet"),
     (["--skip", "parity,bogus"], "unknown tag(s) bogus"),
     (["--expected-failures", "/no/such/file"], "cannot read"),
@@ -51,7 +52,7 @@ def test_bad_input_one_line_exit_2(args, needle, tmp_path):
 @pytest.mark.parametrize("args", [
     ["--runtime", "tpu"], ["--runtime", "cpu,nope"], ["--ddp", "no_such_pkg.mod:DDP"], ["--world-size", "1"],
     ["--expected-failures", "/no/such/file"], ["--replica-timeout", "0"], ["--profile", "huge"],
-    ["--json", "/no/such/folder/r.json"],
+    ["--json", "/no/such/folder/r.json"], ["--world-size", "99"],
 ])
 def test_usage_errors_come_before_torch(args):
     """Usage errors come at once (issue 19: they waited 3-30 s for torch): counted by what is
@@ -61,6 +62,18 @@ def test_usage_errors_come_before_torch(args):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_world_size_bounds_are_the_adapters_and_say_the_range():
+    """The early bound (settings.MAX_WORLD_SIZES) is each adapter's; an adapter's own refusal
+    names the size it runs, not a range that starts at 1 (issue 29 item 7b)."""
+    from conformance.settings import MAX_WORLD_SIZES
+    from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
+    assert set(MAX_WORLD_SIZES) == set(RUNTIMES)
+    for rt in RUNTIMES:
+        assert get_runtime(rt).max_world_size == MAX_WORLD_SIZES[rt], rt
+    with pytest.raises(RuntimeUnavailable, match=r"^world size 99 is above 16, the largest runtime cpu runs$"):
+        get_runtime("cpu").check(99)
 
 
 def test_console_script_resolves_a_package_in_the_current_folder(tmp_path):

@@ -24,7 +24,7 @@ from conformance.cli.calibrate import add_parser as add_calibrate
 from conformance.cli.output import STDOUT, report_lock, signal_of, signals_raise
 from conformance.cli.report import add_parser as add_report
 from conformance.errors import UsageError, split_list
-from conformance.options import folder_on_path, parse_runtime_names, parse_world_sizes
+from conformance.options import check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes
 from conformance.settings import Settings
 
 # Options that shape the Settings rather than one command.
@@ -158,10 +158,12 @@ def _check_early(values: dict) -> None:
     """What can be checked without torch: world sizes, that input files can be read (and an
     expected-failures file is text), and that output paths can be written, before the first
     world starts (a report is never lost at the end of a run)."""
+    runtimes = parse_runtime_names(values["runtime"]) if values.get("runtime") else []  # names only:
+    # whether one runs here needs torch
     if values.get("world_size") and "model" not in values:  # calibrate takes one size, checked there
-        parse_world_sizes(values["world_size"])
-    if values.get("runtime"):  # names only; whether one runs here needs torch
-        parse_runtime_names(values["runtime"])
+        sizes = parse_world_sizes(values["world_size"])
+        for rt in runtimes:
+            check_world_size_range(sizes, rt)
     for spec in split_list(values.get("ddp")):  # a user's module that is not there at all
         mod_name, colon, _ = spec.partition(":")
         top = mod_name.split(".")[0]
