@@ -53,6 +53,9 @@ def test_bad_input_one_line_exit_2(args, needle, tmp_path):
     ["--runtime", "tpu"], ["--runtime", "cpu,nope"], ["--ddp", "no_such_pkg.mod:DDP"], ["--world-size", "1"],
     ["--expected-failures", "/no/such/file"], ["--replica-timeout", "0"], ["--profile", "huge"],
     ["--json", "/no/such/folder/r.json"], ["--world-size", "99"],
+    # issue 29 item 7c: these waited for the case table / implementation rows (torch)
+    ["--only", "nosuchtag"], ["--skip", "parity,bogus"], ["--ddp", "nosuch"], ["--ddp", "ref,mutant:nope"],
+    ["--exitfirst", "--exitfirst-each"], ["--exitfirst", "--launcher", "env"],
 ])
 def test_usage_errors_come_before_torch(args):
     """Usage errors come at once (issue 19: they waited 3-30 s for torch): counted by what is
@@ -62,6 +65,19 @@ def test_usage_errors_come_before_torch(args):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_early_names_are_the_tables():
+    """conformance/names.py copies the names the CLI checks before torch; a new case tag,
+    implementation row or mutant must be added there too (the assertion prints the literal)."""
+    from conformance import names
+    from conformance.cases.row import tags_of
+    from conformance.cases.table import CASES
+    from conformance.impls.builtin import IMPLS
+    from conformance.impls.mutants.catalog import MUTANTS
+    assert names.TAGS == tuple(sorted(tags_of(CASES.values()))), f"TAGS = {tuple(sorted(tags_of(CASES.values())))!r}"
+    assert names.IMPLS == tuple(IMPLS), f"IMPLS = {tuple(IMPLS)!r}"
+    assert names.MUTANTS == tuple(MUTANTS), f"MUTANTS = {tuple(MUTANTS)!r}"
 
 
 def test_world_size_bounds_are_the_adapters_and_say_the_range():

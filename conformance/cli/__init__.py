@@ -23,6 +23,8 @@ from importlib.metadata import PackageNotFoundError, version as dist_version
 from conformance.cli.calibrate import add_parser as add_calibrate
 from conformance.cli.output import STDOUT, report_lock, signal_of, signals_raise
 from conformance.cli.report import add_parser as add_report
+from conformance import names
+from conformance.cases.row import unknown_tags
 from conformance.errors import UsageError, split_list
 from conformance.options import check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes
 from conformance.settings import Settings
@@ -36,6 +38,11 @@ class _ErrorParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise UsageError(message)
+
+
+def exitfirst_under_launcher(flag: str) -> str:
+    return (f"{flag}: a launcher-built world judges on rank 0 only, so its other "
+            f"processes cannot stop together; drop {flag} or use --launcher spawn")
 
 
 def version() -> str:
@@ -164,12 +171,26 @@ def _check_early(values: dict) -> None:
         sizes = parse_world_sizes(values["world_size"])
         for rt in runtimes:
             check_world_size_range(sizes, rt)
-    for spec in split_list(values.get("ddp")):  # a user's module that is not there at all
-        mod_name, colon, _ = spec.partition(":")
+    for opt in ("only", "skip"):  # the case table imports torch: its tags are copied in names.py
+        unknown = [t for t in split_list(values.get(opt)) if t not in names.TAGS]
+        if unknown:
+            raise UsageError(unknown_tags(f"--{opt}", unknown))
+    for spec in split_list(values.get("ddp")):
+        mod_name, colon, attr = spec.partition(":")
         top = mod_name.split(".")[0]
-        if colon and mod_name != "mutant" and top and importlib.util.find_spec(top) is None:
+        if not colon and spec != "all" and spec not in names.IMPLS:
+            raise UsageError(names.unknown_impl(spec))
+        if mod_name == "mutant" and attr not in names.MUTANTS:
+            raise UsageError(names.unknown_mutant(attr))
+        if colon and mod_name != "mutant" and top and importlib.util.find_spec(top) is None:  # a user's
+            # module that is not there at all
             raise UsageError(f"--ddp {spec!r}: cannot import {mod_name!r}: "
                              f"ModuleNotFoundError: No module named {top!r}")
+    if values.get("exitfirst") and values.get("exitfirst_each"):  # also in run.py: command() is API
+        raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
+    for flag in ("exitfirst", "exitfirst_each"):
+        if values.get(flag) and values.get("launcher") == "env":
+            raise UsageError(exitfirst_under_launcher(f"--{flag.replace('_', '-')}"))
     for key in ("expected_failures", "scenario"):
         path = values.get(key)
         flag = "--expected-failures " if key == "expected_failures" else ""
