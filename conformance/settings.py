@@ -165,3 +165,20 @@ def default_world_sizes(runtime: str) -> tuple[int, ...]:
 
 def default_impls(runtime: str) -> tuple[str, ...]:
     return DEFAULT_IMPLS[runtime]
+
+
+def use_hypothesis_cache() -> str:
+    """Point Hypothesis's files (its constants cache; the kit keeps no example database) at
+    ``$XDG_CACHE_HOME/ddp-conformance/hypothesis`` (default ``~/.cache/...``) unless
+    ``HYPOTHESIS_STORAGE_DIRECTORY`` is set, so a run leaves no ``.hypothesis/`` in the folder it
+    starts in. Set in the environment: spawned replicas inherit it. Returns the folder."""
+    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = os.path.join(base, "ddp-conformance", "hypothesis")
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError:  # no writable home: a per-user temp folder, still not the cwd
+            import tempfile
+            folder = os.path.join(tempfile.gettempdir(), f"ddp-conformance-hypothesis-{os.getuid()}")
+        os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = folder
+    return os.environ["HYPOTHESIS_STORAGE_DIRECTORY"]

@@ -334,3 +334,19 @@ def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
     assert [d for d in os.listdir(tmp) if d.startswith("ddpconf-")] == []
     assert gone(hosts, within=30), [h for h in hosts if alive(h)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.failures.txt", "r.json", "tmp"]  # no lock, no .tmp
+
+
+def test_a_run_leaves_only_its_report_in_the_folder_it_starts_in(tmp_path):
+    """Hypothesis's files go to the user's cache folder, not a .hypothesis/ in the cwd (issue 29
+    item 7d); a property case draws examples, so it would write them."""
+    cwd, cache = tmp_path / "cwd", tmp_path / "cache"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    env.update(XDG_CACHE_HOME=str(cache), PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(conformance.__file__)), env.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "conformance", "run", "--ddp", "ref", "--world-size", "2",
+                        "--only", "property.broadcast", "--quiet"], capture_output=True, text=True,
+                       timeout=300, cwd=cwd, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in cwd.iterdir()) == ["conformance-report.json"]
+    assert (cache / "ddp-conformance" / "hypothesis").is_dir()

@@ -27,7 +27,7 @@ from conformance import names
 from conformance.cases.row import unknown_tags
 from conformance.errors import UsageError, split_list
 from conformance.options import check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes
-from conformance.settings import Settings
+from conformance.settings import Settings, use_hypothesis_cache
 
 # Options that shape the Settings rather than one command.
 SETTINGS_OPTIONS = ("replica_timeout", "profile")
@@ -225,6 +225,7 @@ def _check_early(values: dict) -> None:
 
 def main(argv=None) -> int:
     folder_on_path(os.getcwd())  # the ddp-conformance script does not add it, python -m does
+    use_hypothesis_cache()  # before any search runs: no .hypothesis/ in the cwd
     try:
         command, settings, values = parse(argv)
         with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C
