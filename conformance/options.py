@@ -41,7 +41,7 @@ def check_world_size_range(sizes, runtime: str) -> None:
 
 def case_world_sizes(case, runtime: str) -> list[int]:
     """The world sizes ``case`` runs at by default on ``runtime``: its own
-    (``Case.world_sizes``, e.g. ``feature.subgroups`` needs W=4 for two groups of two), else
+    (``Case.world_sizes``, e.g. ``feature.subgroups`` at W=3 and 4 on cpu), else
     the runtime's (:data:`conformance.settings.DEFAULT_WORLD_SIZES`)."""
     return list(case.world_sizes.get(runtime, default_world_sizes(runtime)))
 

@@ -117,6 +117,8 @@ def test_run_prints_table_and_writes_json(tmp_path):
     statuses = {(v["check"], v["impl"]): v["status"] for v in doc["verdicts"]}
     assert statuses == {(c, i): "pass" for c in ("param_parity", "loss_parity", "agreement")
                         for i in ("torch", "ref")}
+    from tests.test_doc_drift import report_keys_undocumented
+    assert report_keys_undocumented(doc) == []  # docs/report-format.md names every key
 
 
 def test_exitfirst_each_stops_each_implementation_at_its_first_failure(tmp_path):
