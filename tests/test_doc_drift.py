@@ -43,3 +43,11 @@ def test_tox_messages_point_to_sections_that_exist():
         assert (ROOT / path).is_file(), path
         headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.M)
         assert section in headings, (path, section, headings)
+
+
+def test_no_install_hint_names_the_kit_on_pypi():
+    """The kit is installed from a clone (README), so a hint ``pip install 'ddp-conformance[...]'``
+    cannot work (issue 29 item 7e): hints say ``pip install -e '.[extra]'``."""
+    bad = [f"{p.relative_to(ROOT)}:{n}" for top in ("conformance", "ddp_impl") for p in (ROOT / top).rglob("*.py")
+           for n, line in enumerate(p.read_text().splitlines(), 1) if "ddp-conformance[" in line]
+    assert bad == []

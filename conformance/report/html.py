@@ -26,7 +26,7 @@ Output in ``--out DIR``:
   correct runs over every seed, each mutant's weakest seed, atol, noise and
   signal (definitions in :mod:`conformance.cli.calibrate`).
 
-Matplotlib (Agg backend) is needed: ``pip install 'ddp-conformance[report]'``.
+Matplotlib (Agg backend) is needed: ``pip install -e '.[report]' (from a clone)``.
 Exit 0 when written, 2 on bad input (one ``error:`` line).
 """
 from __future__ import annotations
