@@ -220,7 +220,8 @@ def test_a_malformed_line_is_one_usage_error(tmp_path, line, needle):
 def test_well_formed_entries_that_match_nothing_are_read(tmp_path):
     from conformance.report.expected import read_expected_failures
     entries = ["parity.gone", "feature.nope:nothing", "parity.linear:param_parity[mypkg.ddp:MyDDP-cpu-w2]",
-               "parity.*:agreement[mypkg*-cpu-w*]", "*", "*[ref-cpu-w2]", "scenario.core:params[ref-pjrt-w?]"]
+               "parity.*:agreement[mypkg*-cpu-w*]", "*", "*[ref-cpu-w2]", "scenario.core:params[ref-pjrt-w?]",
+               "parity.linear:param_parity[my-pkg.ddp:DDP-pjrt_spmd-w4]"]
     (tmp_path / "x.txt").write_text("\n".join(entries) + "\n")
     assert list(read_expected_failures(str(tmp_path / "x.txt"))) == entries
     for path in (EXPECTED, EXPECTED_TORCH):

@@ -26,7 +26,7 @@ from conformance.verdict import BAD, Verdict
 # <case>[:<check>[<impl>-<runtime>-w<W>]], each part may hold * and ?; a wildcard case part may
 # stand alone (``*``, ``parity.*``, ``*[ref-cpu-w2]``: ``*`` spans ``:``).
 _ENTRY = re.compile(r"(?P<case>[\w.*?-]+)(?::(?P<check>[\w.*?-]+))?(?:\[(?P<id>[^\[\]\s]+)\])?")
-_ID = re.compile(r".+-[a-z*?]+-w[\d?]+")  # <impl>-<runtime>-w<W> without a *
+_ID = re.compile(r".+-[a-z0-9_*?]+-w[\d?]+")  # <impl>-<runtime>-w<W> without a *
 
 
 def malformed(entry: str) -> str | None:
