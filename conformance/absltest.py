@@ -41,7 +41,7 @@ from conformance.cases.properties.run import profile_examples
 from conformance.evaluate import evaluate
 from conformance.options import parse_matrix
 from conformance.outcome import outcome
-from conformance.settings import Settings
+from conformance.settings import Settings, use_hypothesis_cache
 from conformance.worlds.runtimes.cpu import resolve_backend
 from conformance.report.expected import ExpectedFailures, mark_expected_failures, read_expected_failures
 
@@ -155,6 +155,7 @@ def _default_ddp():
 def main(argv=None) -> None:
     """Validate the flags (one ``error:`` line, exit 2, on bad input), then ``absltest.main()``."""
     argv = list(sys.argv if argv is None else argv)
+    use_hypothesis_cache()  # no .hypothesis/ in the folder it runs from, as the CLI
     try:
         rest = validate_flags(argv)
     except UsageError as exc:

@@ -7,7 +7,7 @@ import os
 import sys
 
 from conformance.errors import UsageError, split_list
-from conformance.settings import default_impls, default_world_sizes
+from conformance.settings import MAX_WORLD_SIZES, default_impls, default_world_sizes
 from conformance.tolerances import MIN_WORLD_SIZE
 from conformance.worlds.runtimes import get_runtime, RUNTIMES, RuntimeUnavailable
 
@@ -26,9 +26,22 @@ def parse_world_sizes(value: str | None, runtime: str = "cpu") -> list[int]:
     return sizes
 
 
+def check_world_size_range(sizes, runtime: str) -> None:
+    """Refuse a world size above what ``runtime`` runs, naming the range the faces accept.
+
+    Raises:
+        UsageError: a size above :data:`conformance.settings.MAX_WORLD_SIZES`.
+    """
+    top = MAX_WORLD_SIZES.get(runtime)
+    big = [w for w in sizes if top is not None and w > top]
+    if big:
+        raise UsageError(f"--world-size {big[0]}: runtime {runtime} runs world sizes "
+                         f"{MIN_WORLD_SIZE}..{top}")
+
+
 def case_world_sizes(case, runtime: str) -> list[int]:
     """The world sizes ``case`` runs at by default on ``runtime``: its own
-    (``Case.world_sizes``, e.g. ``feature.subgroups`` needs W=4 for two groups of two), else
+    (``Case.world_sizes``, e.g. ``feature.subgroups`` at W=3 and 4 on cpu), else
     the runtime's (:data:`conformance.settings.DEFAULT_WORLD_SIZES`)."""
     return list(case.world_sizes.get(runtime, default_world_sizes(runtime)))
 
@@ -117,6 +130,7 @@ def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
     out = []
     for rt in parse_runtime_names(runtime):
         sizes = parse_world_sizes(world_size, rt)
+        check_world_size_range(sizes, rt)
         if not world_size and cases:
             sizes = cases_world_sizes(cases, rt)
         parse_runtimes(rt, sizes)

@@ -33,6 +33,9 @@ from conformance.errors import UsageError
 # two (an FSDP-style pre/post divide by 2 and W // 2 is exact at W=2 and 4, 1.5x off at 3;
 # measured with tests/outside/sharded_predivide_int.py). XRT runs on a whole v2-8/v3-8 host.
 DEFAULT_WORLD_SIZES = {"cpu": (2, 3), "pjrt": (2, 3), "xrt": (8,)}
+# Largest world each runtime runs (its adapter's max_world_size), here so the CLI can refuse a
+# size before torch is imported; tests/test_cli.py compares it with the adapters.
+MAX_WORLD_SIZES = {"cpu": 16, "pjrt": 16, "xrt": 8}
 # Implementations a run covers unless --ddp says otherwise.
 DEFAULT_IMPLS = {"cpu": ("torch", "ref"), "pjrt": ("ref", "xla_recipe", "torch"), "xrt": ("ref",)}
 # Emulated hosts of the CPU runtime's worlds (W -> H; any other W: one host). torchrun's
@@ -171,3 +174,20 @@ def default_world_sizes(runtime: str) -> tuple[int, ...]:
 
 def default_impls(runtime: str) -> tuple[str, ...]:
     return DEFAULT_IMPLS[runtime]
+
+
+def use_hypothesis_cache() -> str:
+    """Point Hypothesis's files (its constants cache; the kit keeps no example database) at
+    ``$XDG_CACHE_HOME/ddp-conformance/hypothesis`` (default ``~/.cache/...``) unless
+    ``HYPOTHESIS_STORAGE_DIRECTORY`` is set, so a run leaves no ``.hypothesis/`` in the folder it
+    starts in. Set in the environment: spawned replicas inherit it. Returns the folder."""
+    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = os.path.join(base, "ddp-conformance", "hypothesis")
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError:  # no writable home: a per-user temp folder, still not the cwd
+            import tempfile
+            folder = os.path.join(tempfile.gettempdir(), f"ddp-conformance-hypothesis-{os.getuid()}")
+        os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = folder
+    return os.environ["HYPOTHESIS_STORAGE_DIRECTORY"]

@@ -29,7 +29,8 @@ def run_cli(*args, cwd=None, timeout=300):
     (["--ddp", "mutant:nope"], "unknown mutant 'nope'"),
     (["--world-size", "1"], "world size >= 2"),
     (["--world-size", "two"], "not a comma list of integers"),
-    (["--world-size", "99"], "outside 1..16"),
+    (["--world-size", "99"], "--world-size 99: runtime cpu runs world sizes 2..16"),
+    (["--runtime", "cpu,pjrt", "--world-size", "2,17"], "--world-size 17: runtime cpu runs world sizes 2..16"),
     (["--only", "resnet"], "unknown tag(s) resnet"),
     (["--skip", "parity,bogus"], "unknown tag(s) bogus"),
     (["--expected-failures", "/no/such/file"], "cannot read"),
@@ -51,7 +52,10 @@ def test_bad_input_one_line_exit_2(args, needle, tmp_path):
 @pytest.mark.parametrize("args", [
     ["--runtime", "tpu"], ["--runtime", "cpu,nope"], ["--ddp", "no_such_pkg.mod:DDP"], ["--world-size", "1"],
     ["--expected-failures", "/no/such/file"], ["--replica-timeout", "0"], ["--profile", "huge"],
-    ["--json", "/no/such/folder/r.json"],
+    ["--json", "/no/such/folder/r.json"], ["--world-size", "99"],
+    # issue 29 item 7c: these waited for the case table / implementation rows (torch)
+    ["--only", "nosuchtag"], ["--skip", "parity,bogus"], ["--ddp", "nosuch"], ["--ddp", "ref,mutant:nope"],
+    ["--exitfirst", "--exitfirst-each"], ["--exitfirst", "--launcher", "env"],
 ])
 def test_usage_errors_come_before_torch(args):
     """Usage errors come at once (issue 19: they waited 3-30 s for torch): counted by what is
@@ -61,6 +65,31 @@ def test_usage_errors_come_before_torch(args):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_early_names_are_the_tables():
+    """conformance/names.py copies the names the CLI checks before torch; a new case tag,
+    implementation row or mutant must be added there too (the assertion prints the literal)."""
+    from conformance import names
+    from conformance.cases.row import tags_of
+    from conformance.cases.table import CASES
+    from conformance.impls.builtin import IMPLS
+    from conformance.impls.mutants.catalog import MUTANTS
+    assert names.TAGS == tuple(sorted(tags_of(CASES.values()))), f"TAGS = {tuple(sorted(tags_of(CASES.values())))!r}"
+    assert names.IMPLS == tuple(IMPLS), f"IMPLS = {tuple(IMPLS)!r}"
+    assert names.MUTANTS == tuple(MUTANTS), f"MUTANTS = {tuple(MUTANTS)!r}"
+
+
+def test_world_size_bounds_are_the_adapters_and_say_the_range():
+    """The early bound (settings.MAX_WORLD_SIZES) is each adapter's; an adapter's own refusal
+    names the size it runs, not a range that starts at 1 (issue 29 item 7b)."""
+    from conformance.settings import MAX_WORLD_SIZES
+    from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
+    assert set(MAX_WORLD_SIZES) == set(RUNTIMES)
+    for rt in RUNTIMES:
+        assert get_runtime(rt).max_world_size == MAX_WORLD_SIZES[rt], rt
+    with pytest.raises(RuntimeUnavailable, match=r"^world size 99 is above 16, the largest runtime cpu runs$"):
+        get_runtime("cpu").check(99)
 
 
 def test_console_script_resolves_a_package_in_the_current_folder(tmp_path):
@@ -88,6 +117,8 @@ def test_run_prints_table_and_writes_json(tmp_path):
     statuses = {(v["check"], v["impl"]): v["status"] for v in doc["verdicts"]}
     assert statuses == {(c, i): "pass" for c in ("param_parity", "loss_parity", "agreement")
                         for i in ("torch", "ref")}
+    from tests.test_doc_drift import report_keys_undocumented
+    assert report_keys_undocumented(doc) == []  # docs/report-format.md names every key
 
 
 def test_exitfirst_each_stops_each_implementation_at_its_first_failure(tmp_path):
@@ -157,6 +188,20 @@ def test_binary_expected_failures_file_is_one_error_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") \
         and "not a text file" in lines[0], r.stderr
+
+
+def test_garbage_expected_failures_file_is_one_error_line_before_torch(tmp_path):
+    """Random words are no entries: exit 2 at once, not warnings and exit 0 (issue 29 item 6)."""
+    bad = tmp_path / "xfails.txt"
+    bad.write_text("the quick brown fox\njumps over\nparity.linear\n")
+    code = ("import sys\nfrom conformance.cli import main\n"
+            f"rc = main(['run', '--expected-failures', {str(bad)!r}, '--json', {str(tmp_path / 'r.json')!r}])\n"
+            "print(rc, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --expected-failures ") \
+        and "line 1: 'the quick brown fox' is not an entry" in lines[0], r.stderr
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -291,3 +336,19 @@ def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
     assert [d for d in os.listdir(tmp) if d.startswith("ddpconf-")] == []
     assert gone(hosts, within=30), [h for h in hosts if alive(h)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.failures.txt", "r.json", "tmp"]  # no lock, no .tmp
+
+
+def test_a_run_leaves_only_its_report_in_the_folder_it_starts_in(tmp_path):
+    """Hypothesis's files go to the user's cache folder, not a .hypothesis/ in the cwd (issue 29
+    item 7d); a property case draws examples, so it would write them."""
+    cwd, cache = tmp_path / "cwd", tmp_path / "cache"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    env.update(XDG_CACHE_HOME=str(cache), PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(conformance.__file__)), env.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "conformance", "run", "--ddp", "ref", "--world-size", "2",
+                        "--only", "property.broadcast", "--quiet"], capture_output=True, text=True,
+                       timeout=300, cwd=cwd, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in cwd.iterdir()) == ["conformance-report.json"]
+    assert (cache / "ddp-conformance" / "hypothesis").is_dir()

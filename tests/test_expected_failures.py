@@ -197,3 +197,32 @@ def test_a_binary_file_is_one_usage_error(tmp_path):
             read_expected_failures(str(tmp_path / "x.bin"))
     (tmp_path / "ok.txt").write_text("parity.linear  # comment\n\n# only a comment\nparity.mlp:agreement\n")
     assert list(read_expected_failures(str(tmp_path / "ok.txt"))) == ["parity.linear", "parity.mlp:agreement"]
+
+
+@pytest.mark.parametrize("line,needle", [
+    ("hello world", "line 2: 'hello world' is not an entry"),
+    ("foo", "a case name is <family>.<name>"),
+    ("lorem.ipsum", "a case name is <family>.<name>"),
+    ("parity.linear[torch-cpu-w2]", "a verdict id is <case>:<check>[...]"),
+    ("parity.linear:param_parity[garbage]", "the bracket holds <impl>-<runtime>-w<W>"),
+    ("\u00e9\u00e8 \u2603 ;;", "is not an entry"),
+])
+def test_a_malformed_line_is_one_usage_error(tmp_path, line, needle):
+    """Garbage (random words, text that is no entry) is refused, not warned about (issue 29 item 6)."""
+    from conformance.errors import UsageError
+    from conformance.report.expected import read_expected_failures
+    (tmp_path / "x.txt").write_text(f"parity.linear  # ok\n{line}\n", encoding="utf-8")
+    with pytest.raises(UsageError, match=re.escape(needle)) as info:
+        read_expected_failures(str(tmp_path / "x.txt"))
+    assert "\n" not in str(info.value)
+
+
+def test_well_formed_entries_that_match_nothing_are_read(tmp_path):
+    from conformance.report.expected import read_expected_failures
+    entries = ["parity.gone", "feature.nope:nothing", "parity.linear:param_parity[mypkg.ddp:MyDDP-cpu-w2]",
+               "parity.*:agreement[mypkg*-cpu-w*]", "*", "*[ref-cpu-w2]", "scenario.core:params[ref-pjrt-w?]",
+               "parity.linear:param_parity[my-pkg.ddp:DDP-pjrt_spmd-w4]"]
+    (tmp_path / "x.txt").write_text("\n".join(entries) + "\n")
+    assert list(read_expected_failures(str(tmp_path / "x.txt"))) == entries
+    for path in (EXPECTED, EXPECTED_TORCH):
+        assert len(read_expected_failures(str(path))) > 0

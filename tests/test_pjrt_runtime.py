@@ -235,8 +235,24 @@ def test_check_names_missing_torch_xla(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "torch_xla" else real(name, *a))
-    with pytest.raises(RuntimeUnavailable, match="torch_xla is not installed"):
+    with pytest.raises(RuntimeUnavailable, match="torch_xla is not installed") as info:
         get_runtime("pjrt").check(2)
+    assert "ddp-conformance[pjrt]" not in str(info.value)  # not on PyPI: issue 29 item 7e
+
+
+def test_install_hint_works_from_a_clone_and_names_pyprojects_pair():
+    """The hint installs the clone's pjrt extra, and the pair it names is the one pyproject pins
+    (torch_xla needs its own torch release: installing it next to torch 2.13 replaces torch)."""
+    import pathlib
+    import re
+    from ddp_impl.runtime.xla import PJRT_INSTALL_HINT
+    pyproject = (pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    extra = re.search(r"^pjrt = \[(.*)\]$", pyproject, re.M)[1]
+    pins = sorted(re.findall(r'"([\w]+==[\d.]+)"', extra))
+    assert pins == ["torch==2.9.0", "torch_xla==2.9.0"], extra
+    assert "pip install -e '.[pjrt]'" in PJRT_INSTALL_HINT
+    for pin in pins:
+        assert pin in PJRT_INSTALL_HINT, (pin, PJRT_INSTALL_HINT)
 
 
 def test_check_names_unsupported_version(monkeypatch):

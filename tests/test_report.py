@@ -240,3 +240,63 @@ def test_failures_come_first(two_ddps):
     assert ("verdict-row", "parity.mlp", "param_parity") == classes[-1]
     # a run without failures says so
     assert "None: no verdict failed" not in page
+
+
+# --- the sensitivity figure's layout (issue 29 item 7g): numbers, not pixels ----------------
+
+MODELS11 = ("linear", "mlp", "batchnorm", "float64", "complex64", "channels_last", "sparse_embedding",
+            "mixed_dtype", "shared_branches", "checkpoint_reentrant", "checkpoint_nonreentrant")
+
+
+def _eleven_models_doc():
+    """The parity table's 11 models at W=2 and 3; float64 deviations ~1e-16 under a bound of
+    1e-12 with exact zeros; the other bounds are verdict atols (atol + rtol*|ref|), not 1e-5."""
+    vs, kills = [], []
+    for w in (2, 3):
+        for m in MODELS11:
+            f64 = m == "float64"
+            atol = 1e-12 if f64 else 3.7e-5
+            v = _verdict("param_parity", "ref", m, 4e-16 if f64 else 2e-8, atol=atol, w=w)
+            if f64:
+                v.per_step = [0.0, 1e-17, 4e-16, 0.0, 2e-16]
+            vs.append(v)
+            kills.append(KillRow("cpu", w, "sum_not_mean", f"parity.{m}",
+                                 [_verdict("param_parity", "mutant:sum_not_mean", m, 3e-2, atol=atol, w=w)]))
+    return {"verdicts": [v.to_json() for v in vs], "kill_matrix": [k.to_json() for k in kills]}
+
+
+def test_sensitivity_figure_wraps_small_multiples_and_keeps_points_and_bound_in_view():
+    hr = htmlreport()
+    series = hr.sensitivity_series(hr.merge_runs([_eleven_models_doc()]))
+    fig = hr.sensitivity_figure(series)
+    try:
+        assert fig.get_figwidth() * hr.SENS_DPI <= 1400  # was 5,995 px: 11 panels a row
+        panels = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
+        assert len(panels) == 22
+        rows: dict = {}
+        for ax in panels:
+            rows.setdefault(round(ax.get_position().y0, 3), []).append(ax)
+        assert 2 <= max(len(r) for r in rows.values()) <= 4 and len(rows) == 6, {k: len(r) for k, r in rows.items()}
+        for ax in panels:
+            lo, hi = ax.get_ylim()
+            model, _, panel = ax.get_title().split("  ")[0].partition(" · ")
+            assert ax.get_yscale() == "log" and model in MODELS11 and panel in ("cpu-w2", "cpu-w3")
+            drawn = [y for line in ax.lines for y in line.get_ydata()]
+            assert drawn and all(lo < y < hi for y in drawn), (ax.get_title(), lo, hi, drawn)
+            bound = [line for line in ax.lines if line.get_color() == "red"]
+            want = 1e-12 if model == "float64" else 3.7e-5  # the verdicts' atol field
+            assert len(bound) == 1 and list(bound[0].get_ydata()) == [want, want], ax.get_title()
+            if model == "float64":  # the correct line under the bound, its zeros at the bottom
+                correct = [line for line in ax.lines if line.get_label() == "ref (correct)"][0]
+                ys = list(correct.get_ydata())
+                assert max(ys) < want and min(ys) > lo and ys[0] == ys[3] == min(ys), ys
+    finally:
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+
+
+def test_sensitivity_caption_says_what_the_bound_is(two_ddps):
+    _, page, _ = two_ddps
+    caption = re.search(r"<h2>Sensitivity</h2>\s*<p>(.*?)</p>", page, re.S).group(1)
+    assert "<code>atol</code> field, which is atol + rtol × |reference| at the worst element" in caption
+    assert "tolerance table's atol (red dashed)" not in caption

@@ -240,6 +240,12 @@ def tags_of(cases) -> frozenset:
     return frozenset().union(*(c.all_tags for c in cases))
 
 
+def unknown_tags(opt: str, unknown) -> str:
+    """The one line for ``--only`` / ``--skip`` tags that select nothing."""
+    return (f"{opt}: unknown tag(s) {', '.join(unknown)}; use a family "
+            f"({', '.join(FAMILIES)}), a model, a feature or a case name")
+
+
 def select_rows(cases, only=(), skip=()) -> list[Case]:
     """The rows of ``cases`` carrying a tag of ``only`` (all rows if empty) and none of ``skip``.
 
@@ -251,6 +257,5 @@ def select_rows(cases, only=(), skip=()) -> list[Case]:
     for opt, tags in (("--only", only), ("--skip", skip)):
         unknown = [t for t in tags if t not in known]
         if unknown:
-            raise UsageError(f"{opt}: unknown tag(s) {', '.join(unknown)}; use a family "
-                             f"({', '.join(FAMILIES)}), a model, a feature or a case name")
+            raise UsageError(unknown_tags(opt, unknown))
     return [c for c in cases if (not only or c.all_tags & set(only)) and not (c.all_tags & set(skip))]

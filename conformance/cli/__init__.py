@@ -23,9 +23,11 @@ from importlib.metadata import PackageNotFoundError, version as dist_version
 from conformance.cli.calibrate import add_parser as add_calibrate
 from conformance.cli.output import STDOUT, report_lock, signal_of, signals_raise
 from conformance.cli.report import add_parser as add_report
+from conformance import names
+from conformance.cases.row import unknown_tags
 from conformance.errors import UsageError, split_list
-from conformance.options import folder_on_path, parse_runtime_names, parse_world_sizes
-from conformance.settings import Settings
+from conformance.options import check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes
+from conformance.settings import Settings, use_hypothesis_cache
 
 # Options that shape the Settings rather than one command.
 SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend")
@@ -36,6 +38,11 @@ class _ErrorParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise UsageError(message)
+
+
+def exitfirst_under_launcher(flag: str) -> str:
+    return (f"{flag}: a launcher-built world judges on rank 0 only, so its other "
+            f"processes cannot stop together; drop {flag} or use --launcher spawn")
 
 
 def version() -> str:
@@ -63,7 +70,8 @@ def build_parser():
                      "mutant through every selected case that must kill it")
     run.add_argument("--expected-failures", default=None, metavar="FILE",
                      help="verdict ids (one a line, # comments) whose failure is expected: reported "
-                     "xfail; ids that no longer fail or no longer exist are warned about")
+                     "xfail; ids that no longer fail or no longer exist are warned about; a line that is no "
+                     "entry is an error")
     run.add_argument("--require-supported", default=None, metavar="LIST",
                      help="comma list of keywords or methods (find_unused_parameters, join, ...) or "
                      "'all': an unsupported verdict whose cause names one exits 1 (a DDP must "
@@ -167,16 +175,32 @@ def _check_early(values: dict) -> None:
     """What can be checked without torch: world sizes, that input files can be read (and an
     expected-failures file is text), and that output paths can be written, before the first
     world starts (a report is never lost at the end of a run)."""
+    runtimes = parse_runtime_names(values["runtime"]) if values.get("runtime") else []  # names only:
+    # whether one runs here needs torch
     if values.get("world_size") and "model" not in values:  # calibrate takes one size, checked there
-        parse_world_sizes(values["world_size"])
-    if values.get("runtime"):  # names only; whether one runs here needs torch
-        parse_runtime_names(values["runtime"])
-    for spec in split_list(values.get("ddp")):  # a user's module that is not there at all
-        mod_name, colon, _ = spec.partition(":")
+        sizes = parse_world_sizes(values["world_size"])
+        for rt in runtimes:
+            check_world_size_range(sizes, rt)
+    for opt in ("only", "skip"):  # the case table imports torch: its tags are copied in names.py
+        unknown = [t for t in split_list(values.get(opt)) if t not in names.TAGS]
+        if unknown:
+            raise UsageError(unknown_tags(f"--{opt}", unknown))
+    for spec in split_list(values.get("ddp")):
+        mod_name, colon, attr = spec.partition(":")
         top = mod_name.split(".")[0]
-        if colon and mod_name != "mutant" and top and importlib.util.find_spec(top) is None:
+        if not colon and spec != "all" and spec not in names.IMPLS:
+            raise UsageError(names.unknown_impl(spec))
+        if mod_name == "mutant" and attr not in names.MUTANTS:
+            raise UsageError(names.unknown_mutant(attr))
+        if colon and mod_name != "mutant" and top and importlib.util.find_spec(top) is None:  # a user's
+            # module that is not there at all
             raise UsageError(f"--ddp {spec!r}: cannot import {mod_name!r}: "
                              f"ModuleNotFoundError: No module named {top!r}")
+    if values.get("exitfirst") and values.get("exitfirst_each"):  # also in run.py: command() is API
+        raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
+    for flag in ("exitfirst", "exitfirst_each"):
+        if values.get(flag) and values.get("launcher") == "env":
+            raise UsageError(exitfirst_under_launcher(f"--{flag.replace('_', '-')}"))
     for key in ("expected_failures", "scenario"):
         path = values.get(key)
         flag = "--expected-failures " if key == "expected_failures" else ""
@@ -211,6 +235,7 @@ def _check_early(values: dict) -> None:
 
 def main(argv=None) -> int:
     folder_on_path(os.getcwd())  # the ddp-conformance script does not add it, python -m does
+    use_hypothesis_cache()  # before any search runs: no .hypothesis/ in the cwd
     try:
         command, settings, values = parse(argv)
         if settings.backend != "gloo":  # imports torch: a bad --backend is one error line before any world

@@ -10,7 +10,7 @@ def command(settings, *, json: list[str], calibration: list[str], out: str) -> i
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UsageError("report needs matplotlib: pip install 'ddp-conformance[report]'") from None
+        raise UsageError("report needs matplotlib: pip install -e '.[report]' (from a clone)") from None
     runs = [_load(p) for p in json]
     for p, d in zip(json, runs):
         if "verdicts" not in d:

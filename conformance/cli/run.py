@@ -16,6 +16,7 @@ from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import case_runs_at, parse_matrix
 from conformance.outcome import repro_command
+from conformance.cli import exitfirst_under_launcher
 from conformance.cli.output import progress_bar, side_file, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
 from conformance.report.coverage import coverage, unmet_requirements
@@ -60,8 +61,7 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
     cases = select(split_list(only), split_list(skip))
     for flag, on in (("--exitfirst", exitfirst), ("--exitfirst-each", exitfirst_each)):
         if on and launcher == "env":
-            raise UsageError(f"{flag}: a launcher-built world judges on rank 0 only, so its other "
-                             f"processes cannot stop together; drop {flag} or use --launcher spawn")
+            raise UsageError(exitfirst_under_launcher(flag))
     if exitfirst and exitfirst_each:
         raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
     targets = parse_matrix(runtime, world_size, ddp, launcher, cases=cases)

@@ -21,6 +21,7 @@ from conformance.impls.row import (DDP_KEYWORDS, DDP_METHOD_NAMES, INTERNAL_FIEL
                                    Strategy, refuse_keywords, torch_sync_bn, wrap_torch_ddp)
 from conformance.worlds.runtimes import RUNTIMES, TOPOLOGIES
 from conformance.impls.mutants.catalog import MUTANTS
+from conformance.names import unknown_impl, unknown_mutant
 from conformance.impls.torch_paths import shipped_rows
 from conformance.impls.xla_paths import xla_shipped_rows
 from ddp_impl.ddp import IGNORED_TORCH_DDP_KWARGS
@@ -275,8 +276,7 @@ def resolve_impl(spec: str) -> Strategy:
     if spec in _USER_ROWS:
         return _USER_ROWS[spec]
     if ":" not in spec:
-        raise ImplSpecError(f"unknown DDP implementation {spec!r}; use one of "
-                            f"{', '.join(IMPLS)}, all, mutant:<name> or package.module:obj")
+        raise ImplSpecError(unknown_impl(spec))
     mod_name, _, attr = spec.partition(":")
     try:
         mod = importlib.import_module(mod_name)
@@ -309,7 +309,7 @@ def mutant_impl(name: str) -> Strategy:
         ImplSpecError: unknown mutant.
     """
     if name not in MUTANTS:
-        raise ImplSpecError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
+        raise ImplSpecError(unknown_mutant(name))
     m = MUTANTS[name]
     if m.shipped_path is not None:  # a shipped path's row (conformance/impls/torch_paths.py) with one fault
         return replace(m.shipped_path(), name=f"mutant:{name}", description=m.description, mutant=True)

@@ -11,15 +11,40 @@ One entry a line, ``#`` starts a comment, blank lines are ignored. An entry name
 
 A listed ``fail`` or ``vacuous`` verdict becomes ``xfail`` (its reason says which it was).
 Warnings: an entry that matches no verdict of the run, and an entry whose verdicts all
-ran without failing ("no longer fails").
+ran without failing ("no longer fails"). A line that is no entry at all (:func:`malformed`)
+makes :func:`read_expected_failures` refuse the file.
 """
 from __future__ import annotations
 
 import re
 from collections import Counter
 
+from conformance.cases.row import FAMILIES
 from conformance.errors import UsageError
 from conformance.verdict import BAD, Verdict
+
+# <case>[:<check>[<impl>-<runtime>-w<W>]], each part may hold * and ?; a wildcard case part may
+# stand alone (``*``, ``parity.*``, ``*[ref-cpu-w2]``: ``*`` spans ``:``).
+_ENTRY = re.compile(r"(?P<case>[\w.*?-]+)(?::(?P<check>[\w.*?-]+))?(?:\[(?P<id>[^\[\]\s]+)\])?")
+_ID = re.compile(r".+-[a-z0-9_*?]+-w[\d?]+")  # <impl>-<runtime>-w<W> without a *
+
+
+def malformed(entry: str) -> str | None:
+    """Why ``entry`` can name no verdict id at all (random words, binary junk), else ``None``.
+    Well-formed entries that match nothing in a run are warnings, not errors."""
+    m = _ENTRY.fullmatch(entry)
+    if not m:
+        return "not <case>[:<check>[<impl>-<runtime>-w<W>]]"
+    case, wild = m["case"], "*" in m["case"] or "?" in m["case"]
+    family = case.split(".", 1)[0]
+    if not wild and ("." not in case or family not in FAMILIES):
+        return f"a case name is <family>.<name>, family one of {', '.join(FAMILIES)}"
+    if m["id"] is not None:
+        if m["check"] is None and not wild:
+            return "a verdict id is <case>:<check>[...]"
+        if "*" not in m["id"] and not _ID.fullmatch(m["id"]):
+            return "the bracket holds <impl>-<runtime>-w<W>"
+    return None
 
 
 def _regex(entry: str) -> re.Pattern:
@@ -68,7 +93,8 @@ def read_expected_failures(path: str) -> ExpectedFailures:
     """The entries of the file at ``path``.
 
     Raises:
-        UsageError: the file cannot be read or is not UTF-8 text (one line).
+        UsageError: the file cannot be read, is not UTF-8 text, or has a line that is no
+            entry (:func:`malformed`) (one line).
     """
     try:
         with open(path, "rb") as f:
@@ -83,6 +109,14 @@ def read_expected_failures(path: str) -> ExpectedFailures:
     if "\x00" in text:
         raise UsageError(f"--expected-failures {path}: not a text file (NUL byte at offset "
                          f"{text.index(chr(0))}); list verdict ids, one a line")
+    entries = [(n, ln.split("#", 1)[0].strip()) for n, ln in enumerate(text.splitlines(), 1)]
+    bad = [(n, e, why) for n, e in entries if e and (why := malformed(e))]
+    if bad:
+        n, e, why = bad[0]
+        shown = e if len(e) <= 60 else e[:57] + "..."
+        more = f" (and {len(bad) - 1} more malformed line(s))" if len(bad) > 1 else ""
+        raise UsageError(f"--expected-failures {path}: line {n}: {shown!r} is not an entry ({why}){more}; "
+                         "list cases, case:checks, verdict ids or * patterns, one a line")
     return parse_expected_failures(text)
 
 

@@ -17,16 +17,17 @@ Output in ``--out DIR``:
   the mutant kill matrix (folded), the calibration table, and the plots embedded
   as ``data:image/png;base64`` URIs;
 * ``sensitivity.png`` - per-step deviation from the single-device reference on a
-  log axis, one row of panels per runtime (and world size), one panel per model:
+  log axis, small multiples (one panel per model and runtime-wW, wrapped at 1400 px):
   the correct implementations' ``param_parity`` deviation (an implementation under
   test that failed is drawn like a mutant, labelled with its failures), and for every mutant
   its ``param_parity`` deviation when that check kills it, else the failing check
-  with the largest deviation (named on the panel), with the table's atol line;
+  with the largest deviation (named on the panel), with the verdicts' bound (``atol``:
+  atol + rtol * |ref| at the worst element);
 * ``calibration.png`` (with ``--calibration``) - one panel per calibration: the
   correct runs over every seed, each mutant's weakest seed, atol, noise and
   signal (definitions in :mod:`conformance.cli.calibrate`).
 
-Matplotlib (Agg backend) is needed: ``pip install 'ddp-conformance[report]'``.
+Matplotlib (Agg backend) is needed: ``pip install -e '.[report]' (from a clone)``.
 Exit 0 when written, 2 on bad input (one ``error:`` line).
 """
 from __future__ import annotations
@@ -206,71 +207,105 @@ def _mutant_colours(names):
     return {n: cmap(i % cmap.N) for i, n in enumerate(sorted(names))}
 
 
-def plot_sensitivity(series: dict, path: str) -> None:
-    """Write the sensitivity figure (see the module docstring) to ``path``."""
+# The sensitivity figure: small multiples, wrapped so the PNG stays within a laptop screen.
+SENS_DPI = 110
+SENS_MAX_PX = 1400
+SENS_PANEL_IN = (3.0, 2.5)  # one panel, inches (4 a row fit 1400 px)
+SENS_MARGIN_IN = 0.4
+
+
+def _panel_values(steps: list, lo: float, hi: float) -> list:
+    """A line's points on a panel whose data span ``lo..hi``: 0 (and None) at ``lo / 10``,
+    NaN/Inf at ``hi * 10``, so both stay inside the panel's limits and read as off-scale."""
+    return [lo / 10 if (x is None or x == 0) else hi * 10 if not math.isfinite(x) or x < 0 else x
+            for x in steps]
+
+
+def sensitivity_figure(series: dict):
+    """The sensitivity figure (module docstring) as a matplotlib figure: one panel per
+    (runtime-wW, model) with data, wrapped at :data:`SENS_MAX_PX`; each panel's log axis spans
+    its own points and its bound, so a float64 panel (deviations ~1e-16) keeps both in view."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    panels = sorted(series)
-    models = []
-    for p in panels:
-        models += [m for m in series[p] if m not in models]
-    if not panels:
-        panels, models = ["(no data)"], ["(no data)"]
+    cells = [(panel, model) for panel in sorted(series) for model in series[panel]
+             if series[panel][model]["lines"]]
     mutant_names = sorted({lab.split(" [")[0] for p in series.values() for s in p.values()
                            for lab, kind, _ in s["lines"] if kind != "correct"})
     colours = _mutant_colours(mutant_names)
     correct_styles = ["-", "--", ":", "-."]
-    labels = [lab for p in series.values() for s in p.values() for lab, _, _ in s["lines"]]
-    legend_w = max([2.6] + [0.7 + 0.075 * len(lab) for lab in labels])   # inches, fontsize 9
-    fig, axes = plt.subplots(len(panels), len(models), squeeze=False,
-                             figsize=(4.6 * len(models) + legend_w + 0.2, 3.6 * len(panels) + 0.6))
+    pw, ph = SENS_PANEL_IN
+    cols = max(1, min(len(cells), int((SENS_MAX_PX / SENS_DPI - SENS_MARGIN_IN) // pw)))
+    rows = max(1, -(-len(cells) // cols))
+    legend_rows = -(-(len(mutant_names) + 4) // max(1, cols * 2))  # legend below, 2 entries a column
+    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(pw * cols + SENS_MARGIN_IN, ph * rows + 0.6
+                                                                  + 0.22 * legend_rows))
     handles = {}
-    for i, panel in enumerate(panels):
-        for j, model in enumerate(models):
-            ax = axes[i][j]
-            s = series.get(panel, {}).get(model)
-            ax.set_title(f"{panel}  ·  {model}", fontsize=10)
-            ax.set_yscale("log")
-            ax.grid(True, which="major", alpha=0.3)
-            if i == len(panels) - 1:
-                ax.set_xlabel("step")
-            if j == 0:
-                ax.set_ylabel("max |replica − reference|")
-            if not s:
-                ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-                continue
-            k = 0
-            for label, kind, steps in sorted(s["lines"], key=lambda x: (x[1] != "correct", x[0])):
-                xs = list(range(1, len(steps) + 1))
-                if kind == "correct":
-                    h, = ax.plot(xs, _clip(steps), color="black", lw=2.2,
-                                 ls=correct_styles[k % len(correct_styles)], label=label, zorder=3)
-                    k += 1
-                    handles.setdefault(label, h)
-                else:
-                    base = label.split(" [")[0]
-                    failing = kind == "failing"   # an implementation under test that failed
-                    h, = ax.plot(xs, _clip(steps), color=colours[base], lw=2.2 if failing else 1.2,
-                                 ls="-." if failing else "-", marker="s" if failing else "o",
-                                 ms=3 if failing else 2.5, label=base, alpha=0.9)
-                    handles.setdefault(base, h)
-                    if label != base:  # name the check on the panel
-                        ax.annotate(label[len(base) + 1:], (xs[-1], _clip(steps)[-1]), fontsize=6,
-                                    color=colours[base], xytext=(2, 0), textcoords="offset points")
-            if s["atol"]:
-                h = ax.axhline(s["atol"], color="red", lw=1.5, ls="--", label="atol", zorder=4)
-                handles.setdefault("atol (tolerance table)", h)
-            ax.set_ylim(bottom=ZERO_FLOOR / 2)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle("Sensitivity: per-step deviation from the single-device reference "
-                 f"(0 drawn at {ZERO_FLOOR:g})", fontsize=11)
-    fig.legend(list(handles.values()), list(handles.keys()), loc="center right", fontsize=9,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0, 1 - legend_w / fig.get_figwidth(), 0.96))
-    fig.savefig(path, dpi=110)
+    for ax in axes.flat[len(cells):]:
+        ax.set_visible(False)
+    if not cells:
+        axes[0][0].set_visible(True)
+        axes[0][0].text(0.5, 0.5, "no data", ha="center", va="center", transform=axes[0][0].transAxes)
+    for n, (panel, model) in enumerate(cells):
+        ax = axes[n // cols][n % cols]
+        s = series[panel][model]
+        ax.set_yscale("log")
+        ax.grid(True, which="major", alpha=0.3)
+        finite = [x for _, _, steps in s["lines"] for x in steps if x is not None and math.isfinite(x) and x > 0]
+        bound = s["atol"] if s["atol"] and math.isfinite(s["atol"]) and s["atol"] > 0 else None
+        span = finite + ([bound] if bound else [])
+        lo, hi = (min(span), max(span)) if span else (1e-10, 1.0)
+        k = 0
+        for label, kind, steps in sorted(s["lines"], key=lambda x: (x[1] != "correct", x[0])):
+            xs = list(range(1, len(steps) + 1))
+            ys = _panel_values(steps, lo, hi)
+            if kind == "correct":
+                h, = ax.plot(xs, ys, color="black", lw=2.0, ls=correct_styles[k % len(correct_styles)],
+                             label=label, zorder=3)
+                k += 1
+                handles.setdefault(label, h)
+            else:
+                base = label.split(" [")[0]
+                failing = kind == "failing"  # an implementation under test that failed
+                h, = ax.plot(xs, ys, color=colours[base], lw=2.0 if failing else 1.1,
+                             ls="-." if failing else "-", marker="s" if failing else "o",
+                             ms=3 if failing else 2.2, label=base, alpha=0.9)
+                handles.setdefault(base, h)
+                if label != base:  # name the check on the panel
+                    ax.annotate(label[len(base) + 1:], (xs[-1], ys[-1]), fontsize=6, color=colours[base],
+                                xytext=(2, 0), textcoords="offset points")
+        if bound:
+            h = ax.axhline(bound, color="red", lw=1.4, ls="--", zorder=4)
+            handles.setdefault("bound (verdict's atol: atol + rtol·|ref| at the worst element)", h)
+            ax.annotate(f"bound {bound:.2g}", (0.01, bound), xycoords=("axes fraction", "data"), fontsize=6,
+                        color="red", xytext=(0, 2), textcoords="offset points")
+        zero = any(x == 0 or x is None for _, _, steps in s["lines"] for x in steps)
+        off = any(x is not None and not math.isfinite(x) for _, _, steps in s["lines"] for x in steps)
+        # room below and above: the points, the bound, and the 0 / off-scale rows (x10)
+        ax.set_ylim(lo / 30, hi * (300 if off else 30))
+        ax.set_title(f"{model} · {panel}" + ("  (0 at bottom)" if zero else ""), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if n % cols == 0:
+            ax.set_ylabel("max |replica − ref|", fontsize=7)
+        if n // cols == rows - 1 or n + cols >= len(cells):
+            ax.set_xlabel("step", fontsize=7)
+    fig.suptitle("Sensitivity: per-step deviation from the single-device reference", fontsize=10)
+    legend_h = (0.22 * legend_rows + 0.1) / fig.get_figheight()
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", fontsize=7,
+                   frameon=False, ncol=max(1, min(len(handles), cols * 2)))
+    fig.tight_layout(rect=(0, legend_h, 1, 1 - 0.35 / fig.get_figheight()))
+    return fig
+
+
+def plot_sensitivity(series: dict, path: str) -> None:
+    """Write the sensitivity figure (:func:`sensitivity_figure`) to ``path``."""
+    import matplotlib.pyplot as plt
+    fig = sensitivity_figure(series)
+    fig.savefig(path, dpi=SENS_DPI)
     plt.close(fig)
 
 
@@ -646,11 +681,15 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
          f"mutants killed{f', {survived} SURVIVED' if survived else ''}</summary>"
          + kill_table(run["kill_matrix"]) + "</details>") if run["kill_matrix"] else kill_table([]),
         "<h2>Sensitivity</h2>",
-        "<p>Per-step deviation on a log axis: the correct implementations (black; "
-        "<code>param_parity</code>), implementations under test that failed (thick dash-dot, "
-        "labelled with their failures) and every mutant (<code>param_parity</code> when it fails, "
-        "else the failing check with the largest deviation, named in brackets), with the tolerance "
-        "table's atol (red dashed). Everything above the line fails.</p>",
+        "<p>Per-step deviation on a log axis, one panel per model and runtime-world size (each "
+        "axis spans its own values): the correct implementations (black; <code>param_parity</code>), "
+        "implementations under test that failed (thick dash-dot, labelled with their failures) and "
+        "every mutant (<code>param_parity</code> when it fails, else the failing check with the "
+        "largest deviation, named in brackets). Red dashed: the verdicts' bound, the JSON "
+        "<code>atol</code> field, which is atol + rtol × |reference| at the worst element (the "
+        "tolerance table's atol when its rtol is 0: then every point above it fails; with rtol &gt; 0 "
+        "other elements have other bounds). "
+        "A deviation of 0 is drawn at the panel's bottom.</p>",
         _img(paths["sensitivity"], "per-step deviation of correct runs and mutants", "sensitivity-plot"),
     ]
     if cals:

@@ -74,6 +74,11 @@ ALLOW_UNTESTED_ENV = "DDP_IMPL_ALLOW_UNTESTED_TORCH_XLA"
 # XLA_THREAD_POOL_SIZE default for CPU replicas: 64 was measured enough for
 # up to 16 replicas; it must be >= the number of replicas.
 DEFAULT_THREAD_POOL = 64
+# How to get torch_xla: the kit is not on PyPI, and torch_xla needs the torch of its own
+# release (pyproject's pjrt extra pins the pair), so the hint names a clone and a fresh env.
+PJRT_INSTALL_HINT = (f"from a clone, in an environment of its own: pip install -e '.[pjrt]' (pins "
+                     f"torch=={SUPPORTED_TORCH_XLA}.0 with torch_xla=={SUPPORTED_TORCH_XLA}.0, replacing a "
+                     f"newer torch); or tox -e pjrt")
 # Measure 4 (see the module docstring): no input/output aliasing (buffer donation).
 PARAM_ALIASING_ENV = "XLA_ENABLE_PARAM_ALIASING"
 
@@ -95,7 +100,7 @@ def torch_xla_problem() -> str | None:
     is cheap and safe in processes that must stay plain-CPU.
     """
     if util.find_spec("torch_xla") is None:
-        return "torch_xla is not installed (pip install 'ddp-conformance[pjrt]')"
+        return f"torch_xla is not installed ({PJRT_INSTALL_HINT})"
     try:
         xla_version = metadata.version("torch_xla")
     except metadata.PackageNotFoundError:

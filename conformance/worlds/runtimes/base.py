@@ -107,9 +107,12 @@ class Runtime:
 
     def check(self, world_size: int) -> None:
         """Raise :class:`RuntimeUnavailable` (one line) if this world cannot run here."""
-        if not 1 <= world_size <= self.max_world_size:
-            raise RuntimeUnavailable(
-                f"world size {world_size} is outside 1..{self.max_world_size} for runtime {self.name}")
+        # 1 is a world here (its verdicts are vacuous); the faces refuse it before (options.py)
+        if world_size < 1:
+            raise RuntimeUnavailable(f"world size {world_size} < 1")
+        if world_size > self.max_world_size:
+            raise RuntimeUnavailable(f"world size {world_size} is above {self.max_world_size}, the largest "
+                                     f"runtime {self.name} runs")
 
     def host_envs(self, world_size: int) -> list[dict]:
         """One environment (``str -> str``) per host process to start."""

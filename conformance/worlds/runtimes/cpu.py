@@ -10,9 +10,13 @@ import datetime
 import importlib
 import os
 
+<<<<<<< HEAD
 from conformance.errors import UsageError
 
 from conformance.settings import emulated_hosts
+=======
+from conformance.settings import MAX_WORLD_SIZES, emulated_hosts
+>>>>>>> w29-smalls
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
 
 # How far gloo's timeout stays above a World's task bound: the World's stack dump
@@ -78,7 +82,7 @@ def process_group_timeout_s(settings) -> float:
 
 class CpuRuntime(Runtime):
     name = "cpu"
-    max_world_size = 16
+    max_world_size = MAX_WORLD_SIZES["cpu"]
     # The World's collective bound is shorter than gloo's own timeout: a replica
     # left waiting in an all-reduce by a hung peer would otherwise raise gloo's
     # "Timed out waiting ... for recv" first, and the report would blame the

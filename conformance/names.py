@@ -1,0 +1,61 @@
+"""Names the CLI checks before torch is imported: the tables that define them (the case
+table, the implementation rows, the mutant catalog) import torch, which takes seconds.
+``tests/test_cli.py::test_early_names_are_the_tables`` keeps these copies equal to the tables
+(and prints the new literals when a case, row or mutant is added)."""
+
+# Every tag of the case table (conformance.cases.row.tags_of), sorted.
+TAGS = (
+    'allreduce_mean', 'batchnorm', 'broadcast', 'broadcast_buffers', 'broadcast_buffers_off',
+    'broadcast_buffers_on', 'bucket_view', 'buckets', 'channels_last', 'checkpoint',
+    'checkpoint_activations', 'checkpoint_ddp', 'checkpoint_module', 'checkpoint_nonreentrant',
+    'checkpoint_reentrant', 'checkpoint_reentrant_reuse', 'checkpoint_resume', 'comm_hook',
+    'comm_hook_bf16', 'comm_hook_fp16', 'comm_hook_out_of_place', 'comm_hook_powersgd', 'complex',
+    'complex64', 'core', 'dtype', 'feature', 'feature.broadcast_buffers_off',
+    'feature.broadcast_buffers_on', 'feature.bucket_view', 'feature.checkpoint_ddp',
+    'feature.checkpoint_module', 'feature.checkpoint_resume', 'feature.comm_hook',
+    'feature.comm_hook_bf16', 'feature.comm_hook_fp16', 'feature.comm_hook_out_of_place',
+    'feature.comm_hook_powersgd', 'feature.frozen_params', 'feature.join',
+    'feature.mixed_precision', 'feature.no_sync', 'feature.state_sync', 'feature.static_graph',
+    'feature.subgroups', 'feature.sync_batchnorm', 'feature.tied_weights',
+    'feature.unused_parameters', 'float64', 'frozen', 'frozen_params', 'full_batch_grad',
+    'graph_shape', 'invariant', 'invariant.ranks', 'join', 'layout', 'linear', 'mixed_dtype',
+    'mixed_precision', 'mlp', 'no_sync', 'no_sync_accumulation', 'parity', 'parity.batchnorm',
+    'parity.channels_last', 'parity.checkpoint_nonreentrant', 'parity.checkpoint_reentrant',
+    'parity.checkpoint_reentrant_reuse', 'parity.complex64', 'parity.float64', 'parity.linear',
+    'parity.mixed_dtype', 'parity.mlp', 'parity.shared_branches', 'parity.sparse_embedding',
+    'property', 'property.allreduce_mean', 'property.broadcast', 'property.full_batch_grad',
+    'property.no_sync_accumulation', 'property.rank_permutation', 'property.scale_linearity',
+    'rank_permutation', 'ranks', 'scale_linearity', 'scenario', 'scenario.buckets',
+    'scenario.comm_hook', 'scenario.core', 'scenario.workload', 'shared_branches', 'sparse',
+    'sparse_embedding', 'state_sync', 'static_graph', 'subgroup', 'subgroups', 'sync_batchnorm',
+    'tied', 'tied_weights', 'unused', 'unused_parameters', 'workload',
+)
+# conformance.impls.builtin.IMPLS, in its order (error messages list them).
+IMPLS = (
+    'torch', 'ref', 'xla_recipe', 'torch_compile', 'torch_compiled_autograd', 'replicate', 'zero',
+    'fsdp2', 'fsdp2_no_reshard', 'xla_spmd', 'xla_fsdpv2', 'xla_fsdp',
+)
+# conformance.impls.mutants.catalog.MUTANTS, in its order.
+MUTANTS = (
+    'no_grad_sync', 'sum_not_mean', 'wrong_count', 'no_initial_broadcast', 'buffers_not_broadcast',
+    'last_param_unsynced', 'scale_twice', 'stale_gradient', 'shard_mixup', 'clip_local_grad',
+    'buffers_always_broadcast', 'unused_zero_filled', 'unused_skipped', 'no_sync_ignored',
+    'no_sync_sticky', 'dropped_bucket', 'static_graph_stale', 'unfreezes_params',
+    'unties_shared_weights', 'state_dict_drops_buffers', 'load_assigns', 'reduce_at_first_firing',
+    'finalize_at_first_firing', 'comm_hook_no_divide', 'comm_hook_value_ignored', 'join_dropped',
+    'sync_bn_local_stats', 'unused_accum_dropped', 'arrival_order_pairing', 'cached_buffer_list',
+    'replica_drift', 'late_desync', 'batch_weighted', 'fp16_allreduce', 'fsdp2_no_divide',
+    'fsdp2_wrong_mesh', 'zero_no_param_sync', 'torch_compile_eager', 'group_sum_global_divide',
+    'broadcast_global_rank0', 'sparse_grad_unsynced', 'strided_unpack', 'complex_real_bucket',
+    'fp32_fusion_buffer',
+)
+
+
+def unknown_impl(spec: str) -> str:
+    """The one line for an implementation name that is no row (nor ``all``, a mutant, a module)."""
+    return (f"unknown DDP implementation {spec!r}; use one of "
+            f"{', '.join(IMPLS)}, all, mutant:<name> or package.module:obj")
+
+
+def unknown_mutant(name: str) -> str:
+    return f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}"
