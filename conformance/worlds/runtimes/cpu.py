@@ -10,13 +10,9 @@ import datetime
 import importlib
 import os
 
-<<<<<<< HEAD
 from conformance.errors import UsageError
 
-from conformance.settings import emulated_hosts
-=======
 from conformance.settings import MAX_WORLD_SIZES, emulated_hosts
->>>>>>> w29-smalls
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
 
 # How far gloo's timeout stays above a World's task bound: the World's stack dump
