@@ -199,7 +199,7 @@ def test_first_sentence_never_cuts_a_word():
     short = "world size 1 < 2: nothing is synchronised"
     assert first_sentence(short) == short
     text = ("replica 1's 'linear.bias' [10] at flat index 3 deviates from the reference by 0.0312 from "
-            "step 1 (bound 1.02e-05). At step 1, replica 1: 1 of 2 tensors (10 of 110 values) out of bound.")
+            "step 1 (bound there 1.02e-05). At step 1, replica 1: 1 of 2 tensors (10 of 110 values) out of bound.")
     head = first_sentence(text, 120)
     assert head == text.split(". ")[0] + ". ...", head  # "1.02e-05" and "linear.bias" end no sentence
     for width in range(5, 130, 3):
@@ -209,4 +209,4 @@ def test_first_sentence_never_cuts_a_word():
         assert text.startswith(body) and not text[len(body)].isalnum(), (width, out)
         assert len(out) <= max(width, len(text.split()[0])) + len(" ..."), (width, out)
     table = text_table([{"check": "param_parity", "reason": text}])
-    assert table.splitlines()[1].endswith("(bound 1.02e-05). ..."), table
+    assert table.splitlines()[1].endswith("(bound there 1.02e-05). ..."), table

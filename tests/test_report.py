@@ -187,7 +187,7 @@ def test_margin_of_json_null(two_ddps):
     assert "margin -" not in page   # the old rendering of a JSON null margin: "margin -x"
     section = re.search(r'<details class="impl" id="impl-ref".*?</details>', page, re.S).group(0)
     exact = re.search(r"<tr[^>]*><td>parity.linear</td><td>loss_parity</td>(.*?)</tr>", section, re.S).group(1)
-    assert "dev 0.00e+00 / atol 1.00e-05 · margin ∞ (exact)" in exact, exact
+    assert "dev 0.00e+00 / bound 1.00e-05 · margin ∞ (exact)" in exact, exact
     ranks = re.search(r"<tr[^>]*><td>invariant.ranks</td><td>ranks</td>(.*?)</tr>", section, re.S).group(1)
     assert "margin" not in ranks and "dev" not in ranks, ranks
 

@@ -191,7 +191,7 @@ def _deviation(names, actual, expected, diff, bound, bad, step_of, step_at, head
     else:
         first = (f"replica {r}'s {entry}" if multi else entry)
         first += (f" is {a:.3g}{where} where the reference has {nonfinite(e)}" if not np.isfinite(e) else
-                  f" deviates from the reference by {dev[worst]:.3g}{where} (bound {bound[r, s, worst]:.3g})")
+                  f" deviates from the reference by {dev[worst]:.3g}{where} (bound there {bound[r, s, worst]:.3g})")
     census, ts = names.census(bad[r, s])
     nan_here = int((~np.isfinite(actual[r, s]) & bad[r, s]).sum())
     parts = [first + "."]

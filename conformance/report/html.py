@@ -415,11 +415,11 @@ def _counts_text(c: dict) -> str:
 
 
 def _measure_text(v: dict) -> str:
-    """``dev / atol · margin · step · replica`` of a verdict that measured a deviation, else ""."""
+    """``dev / bound · margin · step · replica`` of a verdict that measured a deviation, else ""."""
     dev = v.get("max_dev")
     if not isinstance(dev, (int, float)):
         return ""
-    out = f"dev {_fmt(dev)} / atol {_fmt(v.get('atol'))} · margin {margin_text(v)}"
+    out = f"dev {_fmt(dev)} / bound {_fmt(v.get('atol'))} · margin {margin_text(v)}"
     if v.get("first_bad_step") is not None:
         out += f" · step {v['first_bad_step']}"
     if v.get("replica") is not None:
@@ -669,7 +669,8 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
         "<h2>Verdicts per implementation</h2>",
         "<p>Click an implementation to open its table. Rows: case × check, failing rows first; "
         "columns: runtime-world size. A cell gives the status, the largest deviation from the "
-        "single-device reference, the atol, the margin (atol / deviation; ∞ (exact): the deviation "
+        "single-device reference, the bound at that element (atol + rtol × |reference|), the margin "
+        "(bound / deviation; ∞ (exact): the deviation "
         "was 0; - : nothing measured), the first bad step and the deviating replica.</p>",
         '<p class="legend">' + "".join(f'<span style="background:{c}">{s}</span>'
                                        for s, c in STATUS_COLOURS.items()) + "</p>",
