@@ -7,10 +7,13 @@ per replica (:attr:`ReplicaError.diagnosis`):
 
 * a replica that raises reports its exception to the parent at once (the
   host sends it before the other replicas finish); the parent waits
-  :data:`RAISE_GRACE` seconds for simultaneous failures, then tears the world
-  down: :class:`ReplicaFailed` names the replica(s) that raised, with type,
+  :data:`RAISE_GRACE` seconds for simultaneous failures (less once every other
+  replica is seen inside a collective), then diagnoses:
+  :class:`ReplicaFailed` names the replica(s) that raised, with type,
   message and traceback; replicas blocked in a collective it left are
-  ``aborted-by-peer``;
+  ``aborted-by-peer``. Where the runtime can (CPU), the world is then kept:
+  the hosts drop their process groups, which ends those collectives, and
+  rendezvous anew (:meth:`World._reset`);
 * a host process that exits is :class:`ReplicaDied` with its exit code or
   signal, its Python stacks when the death was a fatal signal (``faulthandler``
   is enabled in every host: an abort by gloo or XLA dumps every thread), and
@@ -34,8 +37,8 @@ calls torch.distributed or torch_xla itself. A replica inside a collective is
 Each replica's progress (task, step, phase, last collective; tasks add to it
 with :meth:`ReplicaContext.note <conformance.worlds.runtimes.base.ReplicaContext.note>`)
 lives in a shared file the parent reads after a failure
-(:mod:`conformance.worlds.diagnosis`). After any failure the world is broken and must
-be replaced (:class:`WorldPool` does that).
+(:mod:`conformance.worlds.diagnosis`). After any other failure (or a reset that did not
+complete) the world is broken and must be replaced (:class:`WorldPool` does that).
 
 Hosts ignore SIGINT (the parent owns Ctrl-C: an interrupted :meth:`World.run`
 kills the hosts) and die with their parent (``PR_SET_PDEATHSIG`` plus a
@@ -381,7 +384,8 @@ class World:
 
         Raises:
             ReplicaFailed / ReplicaTimeout / ReplicaDied: see the classes; the
-                world is then broken. ``KeyboardInterrupt`` kills the hosts
+                world is then broken, except after a raise it could reset
+                (:meth:`_reset`; :attr:`resets` counts them). ``KeyboardInterrupt`` kills the hosts
                 first, then propagates.
         """
         self.wait_started()
