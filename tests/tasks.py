@@ -80,3 +80,20 @@ def fault(ctx, rank, how="raise", at_step=1, steps=3, seconds=600.0) -> int:
         ctx.mark_step()
         ctx.note(phase="optimizer")
     return ctx.rank
+
+
+def raise_while_peer_waits(ctx, rank, collective="all_reduce") -> int:
+    """Replica ``rank`` raises ValueError; every other replica calls ``torch.distributed``'s
+    ``collective`` itself (not the kit's recorded collectives, as a DDP under test does), which
+    never completes: the World sees it waiting only in its stack."""
+    import torch
+    import torch.distributed as dist
+    if ctx.rank == rank:
+        ctx.note(step=1, phase="forward")
+        raise ValueError(f"boom from replica {rank}")
+    t = torch.ones(4)
+    if collective == "broadcast":
+        dist.broadcast(t, src=rank)
+    else:
+        dist.all_reduce(t)
+    return ctx.rank

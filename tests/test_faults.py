@@ -63,7 +63,8 @@ def _run_fault(runtime, how, **kw):
         elapsed = time.monotonic() - t0
     finally:
         world.close()
-    assert world.broken
+    # a raise on CPU keeps the world (every replica back in its task loop), the rest break it
+    assert world.broken is not (runtime == "cpu" and how == "raise")
     assert gone(pids, within=10 * scale), "a host process outlived the failure report"
     return info.value, elapsed, scale
 

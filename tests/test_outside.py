@@ -56,3 +56,21 @@ def test_faulty_ddp_fails_its_catching_case(entry, conformance_session):
                  + "; ".join(f"{v.id} {v.status}" for v in verdicts)
                  + "; if the table changed, rerun tests/outside/catch_rate.py --together and "
                  "update catalog.CAUGHT_BY")
+
+
+def test_raising_ddp_keeps_the_world_and_is_named_in_every_case(conformance_session):
+    """A DDP whose replica 1 raises in every forward (issue 26 item 1): each case fails naming
+    replica 1, its exception and step, and the next case runs in the same world (the same host
+    processes: no new world per failing case)."""
+    ddp, pids = "tests.outside.raising_everywhere:Class", None
+    for case in ("parity.mlp", "parity.linear", "scenario.core"):
+        verdicts = evaluate(CASES[case], ddp, "cpu", 2, conformance_session, shrink=False)
+        assert verdicts and all(v.status == "fail" for v in verdicts), [(v.id, v.status) for v in verdicts]
+        v = verdicts[0]
+        assert "replica 1 raised ValueError: replica 1 refuses to run forward" in v.reason, v.reason
+        if case.startswith("parity."):  # a scenario's verdict carries the reason only
+            culprits = [d["rank"] for d in v.replicas or [] if d.get("culprit")]
+            assert culprits == [1] and (v.replica, v.first_bad_step) == (1, 1), v.reason
+        world = conformance_session.pool.get("cpu", 2)
+        assert pids is None or world.pids() == pids, f"{case} ran in a new world"
+        pids = world.pids()

@@ -11,7 +11,7 @@ import pytest
 
 from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout, World, WorldPool
 from tests.procs import QUIET_START_S, REPO, alive, default_signals, gone, load_scale, start_world
-from tests.tasks import all_reduce_value, fail_on
+from tests.tasks import all_reduce_value, fail_on, raise_while_peer_waits
 
 pytestmark = pytest.mark.cpu
 
@@ -34,7 +34,29 @@ def test_results_by_ordinal(fresh_world):
 def test_replica_exception_reports_traceback(fresh_world):
     with pytest.raises(ReplicaFailed, match="(?s)replica 1 raised.*ValueError: boom from replica 1"):
         fresh_world.run(fail_on, rank=1, how="raise")
-    assert fresh_world.broken and gone(fresh_world.pids())
+    assert not fresh_world.broken and fresh_world.resets == 1  # every replica returned: kept
+
+
+def test_world_survives_a_raise_and_names_the_culprit_each_time(fresh_world):
+    """A raise while the peer waits in a torch.distributed collective of its own keeps the
+    world (issue 26 item 1): the same host processes run the next task in a new process group,
+    and each later raise is reported as the first was, with the stacks of that failure only."""
+    pids = fresh_world.pids()
+    for n, collective in enumerate(["all_reduce", "broadcast"], 1):
+        with pytest.raises(ReplicaFailed) as err:
+            fresh_world.run(raise_while_peer_waits, rank=1, collective=collective)
+        d = err.value.diagnosis
+        assert err.value.summary().startswith("replica 1 raised ValueError: boom from replica 1"), err.value.summary()
+        assert [x["rank"] for x in d if x["culprit"]] == [1]
+        assert (d[1]["status"], d[1]["step"], d[1]["phase"]) == ("raised", 1, "forward")
+        assert "raise ValueError" in d[1]["traceback"]
+        assert d[0]["status"] == "aborted-by-peer" and collective in (d[0]["in_collective"] or ""), d[0]
+        assert f"in {collective}" in d[0]["stacks"]
+        other = "broadcast" if collective == "all_reduce" else "all_reduce"
+        assert f"in {other}\n" not in d[0]["stacks"] + "\n", "stacks of an earlier failure"
+        assert not fresh_world.broken and fresh_world.resets == n and fresh_world.pids() == pids
+        assert all(alive(p) for p in pids)
+        assert fresh_world.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0], [3.0]]
 
 
 def test_stuck_replica_times_out_with_stack(fresh_world):
@@ -72,8 +94,8 @@ def test_dead_replica_reported_with_exit_code(fresh_world):
 
 def test_pool_replaces_broken_world(world_pool):
     w = world_pool.get("cpu", 2)
-    with pytest.raises(ReplicaFailed):
-        w.run(fail_on, rank=0, how="raise")
+    with pytest.raises(ReplicaDied):
+        w.run(fail_on, rank=0, how="exit")
     w2 = world_pool.get("cpu", 2)
     assert w2 is not w and w2.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0], [3.0]]
 

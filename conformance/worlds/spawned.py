@@ -7,10 +7,13 @@ per replica (:attr:`ReplicaError.diagnosis`):
 
 * a replica that raises reports its exception to the parent at once (the
   host sends it before the other replicas finish); the parent waits
-  :data:`RAISE_GRACE` seconds for simultaneous failures, then tears the world
-  down: :class:`ReplicaFailed` names the replica(s) that raised, with type,
+  :data:`RAISE_GRACE` seconds for simultaneous failures (less once every other
+  replica is seen inside a collective), then diagnoses:
+  :class:`ReplicaFailed` names the replica(s) that raised, with type,
   message and traceback; replicas blocked in a collective it left are
-  ``aborted-by-peer``;
+  ``aborted-by-peer``. Where the runtime can (CPU), the world is then kept:
+  the hosts drop their process groups, which ends those collectives, and
+  rendezvous anew (:meth:`World._reset`);
 * a host process that exits is :class:`ReplicaDied` with its exit code or
   signal, its Python stacks when the death was a fatal signal (``faulthandler``
   is enabled in every host: an abort by gloo or XLA dumps every thread), and
@@ -34,8 +37,8 @@ calls torch.distributed or torch_xla itself. A replica inside a collective is
 Each replica's progress (task, step, phase, last collective; tasks add to it
 with :meth:`ReplicaContext.note <conformance.worlds.runtimes.base.ReplicaContext.note>`)
 lives in a shared file the parent reads after a failure
-(:mod:`conformance.worlds.diagnosis`). After any failure the world is broken and must
-be replaced (:class:`WorldPool` does that).
+(:mod:`conformance.worlds.diagnosis`). After any other failure (or a reset that did not
+complete) the world is broken and must be replaced (:class:`WorldPool` does that).
 
 Hosts ignore SIGINT (the parent owns Ctrl-C: an interrupted :meth:`World.run`
 kills the hosts) and die with their parent (``PR_SET_PDEATHSIG`` plus a
@@ -72,6 +75,13 @@ from conformance.worlds.runtimes import get_runtime
 RAISE_GRACE = 2.0
 # How often the parent reads the progress board while waiting (collective bound).
 POLL_S = 0.5
+# The grace ends early once every replica that has not reported is seen inside a collective
+# (it cannot raise on its own before the runtime's timeout) at least this long after the
+# first report: one stack sample of its host (every POLL_S) taken since.
+WAITING_SEEN_S = POLL_S + 0.2
+# Bound on making a world whole again after a raise (World._reset); past it, or on any
+# error, the world is torn down and replaced as before. Measured ~0.1 s.
+RESET_BOUND_S = 15.0
 LOG_TAIL_LINES = 200
 # Variables of an env:// launcher (torchrun) that a kit-spawned host must not
 # inherit from its parent: they would override the host's own rank layout
@@ -261,6 +271,9 @@ def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, s
             return
         if msg is None:
             break
+        if msg[0] == "reset":  # ("reset", generation), see World._reset
+            send(("reset", msg[1], _reset_host(runtime, replicas, msg[1], workdir, stacks)))
+            continue
         task_id, fn, payload = msg
 
         def on_raise(rank, info, task_id=task_id):  # at once, from the replica's thread
@@ -268,6 +281,18 @@ def _host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, s
         results = runtime.execute(replicas, fn, payload, on_raise=on_raise, task=task_id)
         send(("done", task_id, results))
     runtime.teardown_host(replicas)
+
+
+def _reset_host(runtime, replicas, generation, workdir, stacks):
+    """Host side of :meth:`World._reset`: ``None``, or the traceback of why it failed."""
+    try:
+        runtime.reset_host(replicas, generation, workdir)
+        # the next failure's report must not read this one's stacks
+        os.ftruncate(stacks.fileno(), 0)
+        os.lseek(stacks.fileno(), 0, os.SEEK_SET)
+    except BaseException:
+        return traceback.format_exc()
+    return None
 
 
 class World:
@@ -321,6 +346,9 @@ class World:
             raise
         self._ranks, self._host_of = None, {}
         self._next_task, self._stop_sent = 0, False
+        self._generation = 0  # of the hosts' rendezvous (World._reset)
+        self.resets = 0  # failures this world survived (World._reset)
+        self._resettable = adapter.resettable
         if wait:
             self.wait_started()
 
@@ -356,7 +384,8 @@ class World:
 
         Raises:
             ReplicaFailed / ReplicaTimeout / ReplicaDied: see the classes; the
-                world is then broken. ``KeyboardInterrupt`` kills the hosts
+                world is then broken, except after a raise it could reset
+                (:meth:`_reset`; :attr:`resets` counts them). ``KeyboardInterrupt`` kills the hosts
                 first, then propagates.
         """
         self.wait_started()
@@ -430,6 +459,9 @@ class World:
             now = time.monotonic()
             if failed_at is not None and now >= failed_at + RAISE_GRACE:
                 break
+            if (failed_at is not None and not dead and now >= failed_at + WAITING_SEEN_S
+                    and self._all_waiting(task, pending)):
+                break
             if now >= deadline:
                 break
             if self.collective_bound is not None and failed_at is None:
@@ -476,6 +508,13 @@ class World:
                     results[rank] = value
             return results
         self._fail(task, name, timeout, elapsed, pending, rows_by_host, raised, dead, hang)
+
+    def _all_waiting(self, task, pending):
+        """Every replica of the ``pending`` hosts is inside a collective of ``task``
+        (kit-recorded, or seen in its stack)."""
+        board = [_inside(b) for b in dg.read_board(self._board, self.world_size)]
+        ranks = [r for r in range(self.world_size) if self._host_of.get(r, r) in pending]
+        return all(board[r].get("task") == task and board[r].get("in_collective") for r in ranks)
 
     def _collective_hang(self, task, pending, rows_by_host, now):
         """A replica waited in a collective longer than the collective bound while a
@@ -570,8 +609,51 @@ class World:
                 d["waited_s"] = None
             diag.append(d)
         summary, cls = self._classify(diag, name, timeout, elapsed, raised, dead, hang)
-        self._break()
-        raise cls(f"{summary}\n{dg.details(diag)}", diag)
+        err = cls(f"{summary}\n{dg.details(diag)}", diag)
+        # Only a raise with every other replica returned or inside a collective (which the
+        # reset ends): one computing elsewhere may never return, a dead host cannot rejoin.
+        keep = (cls is ReplicaFailed and not dead and not hang
+                and all(d["rank"] in raised or d["status"] == "ok" or d["in_collective"] for d in diag))
+        if not (keep and self._reset()):
+            self._break()
+        raise err
+
+    def _reset(self) -> bool:
+        """Make the world whole again after a replica raised, instead of replacing it: every
+        host drops its process groups (a peer blocked in a collective the culprit left fails
+        out of it and returns to its task loop) and rendezvous anew (the runtime's
+        ``reset_host``). A new world costs an interpreter, a torch import and a rendezvous per
+        host: 5-15 s under load, ~1 s here (docs/robustness.md). True when every host answered
+        within :data:`RESET_BOUND_S`; late reports of the failed task are dropped."""
+        if not self._resettable:
+            return False
+        self._generation += 1
+        gen = self._generation
+        try:
+            for proc, conn in self.hosts:
+                conn.send(("reset", gen))
+            deadline = time.monotonic() + RESET_BOUND_S
+            waiting = set(range(len(self.hosts)))
+            while waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                wait_any([self.hosts[i][1] for i in waiting] + [self.hosts[i][0].sentinel for i in waiting],
+                         timeout=min(POLL_S, left))
+                for i in sorted(waiting):
+                    proc, conn = self.hosts[i]
+                    while i in waiting and conn.poll():
+                        msg = conn.recv()
+                        if msg[0] == "reset" and msg[1] == gen:
+                            if msg[2] is not None:
+                                return False
+                            waiting.discard(i)
+                    if i in waiting and not proc.is_alive():
+                        return False
+        except (EOFError, OSError):
+            return False
+        self.resets += 1
+        return True
 
     def _classify(self, diag, name, timeout, elapsed, raised, dead, hang):
         """Decide the error class and the replicas to blame (:func:`conformance.worlds.blame.blame`);

@@ -132,3 +132,12 @@ class Runtime:
 
     def teardown_host(self, replicas: list[ReplicaContext]) -> None:
         """Release runtime resources before the host exits."""
+
+    # True where a world whose replicas all returned to their task loops can be made whole
+    # again by :meth:`reset_host` instead of being replaced (see the World's reset).
+    resettable = False
+
+    def reset_host(self, replicas: list[ReplicaContext], generation: int, workdir: str) -> None:
+        """Drop this host's communication state (its peers blocked in it then fail out of
+        their collectives) and rendezvous anew (``generation``: a fresh rendezvous name)."""
+        raise NotImplementedError
