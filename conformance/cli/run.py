@@ -10,7 +10,8 @@ import sys
 import time
 
 from conformance.cases.scenarios.scenario import OPTIMIZER_REVEALS
-from conformance.cases.table import select
+from conformance.cases.semantics import expected_behaviour
+from conformance.cases.table import CASES, select
 from conformance.errors import UsageError, split_list
 from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.mutants.catalog import MUTANTS
@@ -262,7 +263,10 @@ def write_failures_file(json_path: str, verdicts, repro=repro_command) -> None:
     groups: dict = {}  # the checks of one case run that share a failure text are written together
     for v in failing:
         groups.setdefault((v.case, v.impl, v.runtime, v.world_size, v.diagnosis), []).append(v)
-    parts = ["".join(f"=== {v.id}: {v.status}: {v.reason}\n" for v in vs) + f"reproduce: {repro(vs[0])}\n"
+    def expected(v):  # what the reference does, with its upstream source
+        text = expected_behaviour(CASES.get(v.case), v.check)
+        return f"    expected: {text}\n" if text else ""
+    parts = ["".join(f"=== {v.id}: {v.status}: {v.reason}\n{expected(v)}" for v in vs) + f"reproduce: {repro(vs[0])}\n"
              + (f"{vs[0].diagnosis}\n" if vs[0].diagnosis else "") for vs in groups.values()]
     with open(path, "w") as f:
         f.write("\n".join(parts))
