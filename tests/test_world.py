@@ -1,6 +1,7 @@
 """The persistent world never hangs and never leaves orphans: failures are
 bounded, named, and carry the replica's traceback, stacks or log."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,7 @@ def test_stuck_replica_times_out_with_stack(fresh_world):
     assert elapsed < 15 * scale, f"reported after {elapsed:.1f} s (load x{scale:.1f})"
     assert "fail_on" in str(err.value) and "replica 0 Python stacks" in str(err.value)
     assert "replica 0 hung" in err.value.summary()
+    assert re.search(r"machine load [\d.]+ \(1 min average\) on \d+ CPUs", str(err.value)), str(err.value)
     assert gone(fresh_world.pids())
 
 

@@ -135,6 +135,17 @@ class ReplicaFailed(ReplicaError):
     """A replica raised; the diagnosis holds its exception and traceback."""
 
 
+def machine_load() -> str:
+    """``machine load 7.9 (1 min average) on 2 CPUs``: said where a time bound fires, since a
+    bound that assumes a quiet machine can fire on a loaded one (os.getloadavg; 'unknown' where
+    the platform has none)."""
+    try:
+        one = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return "machine load unknown"
+    return f"machine load {one:.1f} (1 min average) on {os.cpu_count()} CPUs"
+
+
 class ReplicaTimeout(ReplicaError):
     """A bound passed: the task's timeout, or a replica waited in a collective a
     peer never entered for the runtime's collective bound (or raised the runtime's
@@ -726,6 +737,7 @@ class World:
             why = f"no answer within {timeout:.0f} s (task bound; {elapsed:.1f} s elapsed)"
         if any((d["culprit_reason"] or "").startswith("in a different collective") for d in culprits):
             why += "; the replicas wait in different collectives (a replica skipped or added one)"
+        why += f"; {machine_load()}"  # a bound that fired on a busy machine says so
         parts = []
         for d in culprits:
             if d["status"] == "ok":
