@@ -11,8 +11,8 @@ from conformance.errors import UsageError
 from conformance.evaluate import Session, evaluate
 from conformance.options import parse_matrix
 from conformance.cli.output import stdout_for_json
-from conformance.cli.run import write_failures_file
-from conformance.report.text import build_json, exit_code, verdict_table, write_json_doc
+from conformance.report.text import exit_code, verdict_table
+from conformance.report.writers import RunOutput, write_all
 from conformance.settings import Settings
 
 
@@ -34,8 +34,10 @@ def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None,
     with stdout_for_json(json) as json_out:
         print(f"scenario {scenario}: {len(sc.steps)} step(s), world size {sc.world_size}")
         print(verdict_table(verdicts))
-        write_json_doc(json_out or json, build_json(verdicts, extra={"replay": scenario, "profile": settings.profile}))
-        write_failures_file(json, verdicts, repro=lambda v: f"python -m conformance replay {shlex.quote(scenario)} "
-                            f"--ddp {shlex.quote(v.impl)} --runtime {v.runtime}")
+        out = RunOutput(verdicts, extra={"replay": scenario, "profile": settings.profile},
+                        repro=lambda v: f"python -m conformance replay {shlex.quote(scenario)} "
+                        f"--ddp {shlex.quote(v.impl)} --runtime {v.runtime}")
+        for line in write_all(out, {"json": json_out or json, "failures": json}):
+            print(line)
         print(f"JSON report: {'stdout' if json_out else json}")
     return exit_code(verdicts)

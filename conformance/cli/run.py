@@ -3,29 +3,26 @@ implementation), the kill matrix with ``--mutants``; the verdict table, the JSON
 report and the failures file."""
 from __future__ import annotations
 
-import json as _json
-import os
 import signal
 import sys
 import time
 
 from conformance.cases.scenarios.scenario import OPTIMIZER_REVEALS
-from conformance.cases.semantics import expected_behaviour
-from conformance.cases.table import CASES, select
+from conformance.cases.table import select
 from conformance.errors import UsageError, split_list
 from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import case_runs_at, parse_matrix
 from conformance.outcome import repro_command
 from conformance.cli import exitfirst_under_launcher
-from conformance.cli.output import progress_bar, side_file, signal_of, signals_held, stdout_for_json
+from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
 from conformance.report.coverage import coverage, unmet_requirements
 from conformance.report.expected import (ExpectedFailures, expected_failure_warnings, mark_expected_failures,
                                          read_expected_failures)
-from conformance.report.junit import write_junit
 from conformance.report.text import (build_json, counts, exit_code, kill_matrix_text, kill_summary,
                                      verdict_table, write_json_doc)
+from conformance.report.writers import RunOutput, write_all
 from conformance.settings import Settings
 from conformance.verdict import BAD
 from conformance.worlds.launched import ExternalPool, root_decides
@@ -177,13 +174,13 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
                 print(f"\nstopped at the first failure (--exitfirst): {stopped.id}; later cases not run")
             for impl, v in stopped_each.items():
                 print(f"\n{impl}: stopped at its first failure (--exitfirst-each): {v.id}")
-            _write_scenarios(json, verdicts)
-            doc = build_json(verdicts, kills, extra(complete=not interrupted))
-            write_json_doc(json_out or json, doc)
-            write_failures_file(json, verdicts + [v for k in kills for v in k.verdicts], repro=repro)
+            out = RunOutput(verdicts, kills, extra(complete=not interrupted), seconds,
+                            _signame(interrupted) if interrupted else None, repro)
+            targets = {"scenarios": json, "json": json_out or json, "failures": json}
             if junitxml:
-                write_junit(junitxml, verdicts, kills, seconds=seconds, created=doc["created"],
-                            interrupted=_signame(interrupted) if interrupted else None, repro=repro)
+                targets["junit"] = junitxml
+            for line in write_all(out, targets):
+                print(line)
             for w_ in warnings:
                 print(f"warning: {w_}", file=sys.stderr)
             print(f"\nJSON report: {'stdout' if json_out else json}" + (f"; JUnit XML: {junitxml}" if junitxml else ""))
@@ -218,56 +215,3 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
 
 def _signame(signum: int) -> str:
     return signal.Signals(signum).name
-
-
-def _write_scenarios(json_path: str, verdicts) -> None:
-    """The minimal failing scenario of each failing scenario case, as a replayable file
-    (none with ``--json -``: the scenario is the verdict's ``example`` in the JSON); a sibling
-    check judged on another scenario (the unshrunk one) gets a file of its own. Every
-    diagnosis of the case names its file instead of the ``SCENARIO.json`` placeholder."""
-    if side_file(json_path, "") is None:
-        return
-    failing = {(v.case, v.impl, v.runtime, v.world_size) for v in verdicts
-               if v.example is not None and v.status in ("fail", "xfail")}
-    written = {}  # (key, scenario JSON text) -> path
-    for v in sorted((v for v in verdicts if v.example is not None), key=lambda v: v.status not in ("fail", "xfail")):
-        key = (v.case, v.impl, v.runtime, v.world_size)
-        if key not in failing:
-            continue
-        blob = _json.dumps(v.example, sort_keys=True)
-        if (key, blob) not in written:
-            name = f"{v.case}-{v.impl}-{v.runtime}-w{v.world_size}".replace(":", "_").replace("/", "_")
-            if any(k == key for k, _ in written):  # a second scenario of this case: named by its check
-                name += f"-{v.check}"
-            path = written[(key, blob)] = side_file(json_path, f".{name}.json")
-            with open(path, "w") as f:
-                _json.dump({"case": v.case, "impl": v.impl, "runtime": v.runtime, "scenario": v.example}, f, indent=1)
-            first = len([k for k, _ in written if k == key]) == 1
-            print(f"{'minimal failing' if first else 'failing'} scenario: {path}\n  reproduce: python -m conformance "
-                  f"replay {path} --ddp {v.impl} --runtime {v.runtime}")
-        v.diagnosis = v.diagnosis.replace("SCENARIO.json", written[(key, blob)])
-
-
-def write_failures_file(json_path: str, verdicts, repro=repro_command) -> None:
-    """Every failing verdict (fail, vacuous, xfail) next to the JSON: its summary, the command
-    that reproduces it, and its full failure text (replica tracebacks, stacks,
-    counterexamples) where it has one; none with ``--json -`` (the JSON on stdout holds them)."""
-    failing = [v for v in verdicts if v.status in ("fail", "xfail", "vacuous")]
-    path = side_file(json_path, ".failures.txt")
-    if path is None:
-        return
-    if not failing:
-        if os.path.exists(path):
-            os.remove(path)
-        return
-    groups: dict = {}  # the checks of one case run that share a failure text are written together
-    for v in failing:
-        groups.setdefault((v.case, v.impl, v.runtime, v.world_size, v.diagnosis), []).append(v)
-    def expected(v):  # what the reference does, with its upstream source
-        text = expected_behaviour(CASES.get(v.case), v.check)
-        return f"    expected: {text}\n" if text else ""
-    parts = ["".join(f"=== {v.id}: {v.status}: {v.reason}\n{expected(v)}" for v in vs) + f"reproduce: {repro(vs[0])}\n"
-             + (f"{vs[0].diagnosis}\n" if vs[0].diagnosis else "") for vs in groups.values()]
-    with open(path, "w") as f:
-        f.write("\n".join(parts))
-    print(f"failure details: {path}")
