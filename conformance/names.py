@@ -25,18 +25,20 @@ TAGS = (
     'feature.static_graph', 'feature.subgroups', 'feature.sync_batchnorm',
     'feature.tied_weights', 'feature.unused_parameters', 'float64', 'frozen', 'frozen_params',
     'full_batch_grad', 'gather', 'graph_shape', 'invariant', 'invariant.ranks', 'join',
-    'layout', 'linear', 'mixed_dtype', 'mixed_precision', 'mlp', 'no_sync',
-    'no_sync_accumulation', 'parity', 'parity.batchnorm', 'parity.channels_last',
-    'parity.checkpoint_nonreentrant', 'parity.checkpoint_reentrant',
+    'layout', 'linear', 'mixed_dtype', 'mixed_precision', 'mlp', 'module', 'no_sync',
+    'no_sync_accumulation', 'output_structure', 'parity', 'parity.batchnorm',
+    'parity.channels_last', 'parity.checkpoint_nonreentrant', 'parity.checkpoint_reentrant',
     'parity.checkpoint_reentrant_reuse', 'parity.complex64', 'parity.float64', 'parity.linear',
     'parity.mixed_dtype', 'parity.mlp', 'parity.shared_branches', 'parity.sparse_embedding',
-    'property', 'property.allreduce_mean', 'property.broadcast', 'property.full_batch_grad',
+    'parity.structured_output', 'parity.structured_output_unused', 'property',
+    'property.allreduce_mean', 'property.broadcast', 'property.full_batch_grad',
     'property.no_sync_accumulation', 'property.rank_permutation', 'property.scale_linearity',
     'rank_permutation', 'ranks', 'reduce', 'reduce_scatter', 'reduce_scatter_tensor',
     'scale_linearity', 'scatter', 'scenario', 'scenario.buckets', 'scenario.comm_hook',
     'scenario.core', 'scenario.workload', 'send_recv', 'shared_branches', 'sparse',
-    'sparse_embedding', 'state_sync', 'static_graph', 'subgroup', 'subgroups', 'sync_batchnorm',
-    'tied', 'tied_weights', 'unused', 'unused_parameters', 'workload',
+    'sparse_embedding', 'state_sync', 'static_graph', 'structured_output',
+    'structured_output_unused', 'subgroup', 'subgroups', 'sync_batchnorm', 'tied',
+    'tied_weights', 'unused', 'unused_parameters', 'workload',
 )
 # conformance.impls.builtin.IMPLS, in its order (error messages list them).
 IMPLS = (
@@ -45,17 +47,18 @@ IMPLS = (
 )
 # conformance.impls.mutants.catalog.MUTANTS, in its order.
 MUTANTS = (
-    'no_grad_sync', 'sum_not_mean', 'wrong_count', 'no_initial_broadcast', 'buffers_not_broadcast',
-    'last_param_unsynced', 'scale_twice', 'stale_gradient', 'shard_mixup', 'clip_local_grad',
-    'buffers_always_broadcast', 'unused_zero_filled', 'unused_skipped', 'no_sync_ignored',
-    'no_sync_sticky', 'dropped_bucket', 'static_graph_stale', 'unfreezes_params',
-    'unties_shared_weights', 'state_dict_drops_buffers', 'load_assigns', 'reduce_at_first_firing',
-    'finalize_at_first_firing', 'comm_hook_no_divide', 'comm_hook_value_ignored', 'join_dropped',
-    'sync_bn_local_stats', 'unused_accum_dropped', 'arrival_order_pairing', 'cached_buffer_list',
-    'replica_drift', 'late_desync', 'batch_weighted', 'fp16_allreduce', 'fsdp2_no_divide',
-    'fsdp2_wrong_mesh', 'zero_no_param_sync', 'torch_compile_eager', 'group_sum_global_divide',
-    'broadcast_global_rank0', 'sparse_grad_unsynced', 'strided_unpack', 'complex_real_bucket',
-    'fp32_fusion_buffer',
+    'no_grad_sync', 'sum_not_mean', 'wrong_count', 'no_initial_broadcast',
+    'buffers_not_broadcast', 'last_param_unsynced', 'scale_twice', 'stale_gradient',
+    'shard_mixup', 'clip_local_grad', 'buffers_always_broadcast', 'unused_zero_filled',
+    'unused_skipped', 'no_sync_ignored', 'no_sync_sticky', 'dropped_bucket',
+    'static_graph_stale', 'unfreezes_params', 'unties_shared_weights',
+    'state_dict_drops_buffers', 'load_assigns', 'reduce_at_first_firing',
+    'finalize_at_first_firing', 'comm_hook_no_divide', 'comm_hook_value_ignored',
+    'join_dropped', 'sync_bn_local_stats', 'unused_accum_dropped', 'arrival_order_pairing',
+    'cached_buffer_list', 'replica_drift', 'late_desync', 'batch_weighted', 'fp16_allreduce',
+    'fsdp2_no_divide', 'fsdp2_wrong_mesh', 'zero_no_param_sync', 'torch_compile_eager',
+    'group_sum_global_divide', 'broadcast_global_rank0', 'sparse_grad_unsynced',
+    'strided_unpack', 'complex_real_bucket', 'fp32_fusion_buffer', 'output_walk_bare_tensor',
 )
 
 

@@ -214,6 +214,19 @@ def _build() -> dict[str, Case]:
         _parity("mixed_dtype", ("no_grad_sync", "sum_not_mean"),
                 "a bfloat16 layer between float32 layers: one bucket per dtype, each reduced in its "
                 "own dtype", tags=("dtype",)),
+        # The module axis (docs/scenarios.md, "The module axis"): what users' modules do.
+        _parity("structured_output", ("no_grad_sync", "sum_not_mean"),
+                "forward(x, *, scale) returns a dataclass holding a namedtuple (the prediction and a "
+                "float), a dict (a tensor needing no grad, a str) and an int; the loss reads the "
+                "prediction; default find_unused_parameters=False: parity and agreement",
+                tags=("module", "output_structure")),
+        Case("parity.structured_output_unused", "parity", "the same with find_unused_parameters=True: "
+             "the DDP walks the dataclass, namedtuple and dict output to find the used parameters; "
+             "parity and agreement", "train", "structured_output",
+             train={"ddp_kwargs": (("find_unused_parameters", True),),
+                    "requires": ("find_unused_parameters",)},
+             tags=("module", "output_structure"),
+             must_kill=("no_grad_sync", "output_walk_bare_tensor")),
     ]
     rows += [_collective(op) for op in OPS]
     return _validate(rows)

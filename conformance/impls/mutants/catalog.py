@@ -445,6 +445,21 @@ class Fp32FusionBuffer(RefDDP):
         return None
 
 
+class OutputWalkBareTensor(RefDDP):
+    """``find_unused_parameters=True`` finds the used parameters by walking the forward's
+    output, but only a bare tensor: a dataclass / dict / namedtuple output yields none, so
+    every parameter counts as globally unused and keeps grad ``None`` (no step)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        self._bare_output = isinstance(out, torch.Tensor)
+        return out
+
+    def _global_use_counts(self, params, used):
+        counts = super()._global_use_counts(params, used)
+        return counts if self.__dict__.get("_bare_output", True) else [0.0] * len(counts)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
@@ -532,4 +547,6 @@ MUTANTS = {m.name: m for m in [
     Mutant("strided_unpack", StridedUnpack.__doc__, StridedUnpack),
     Mutant("complex_real_bucket", ComplexRealBucket.__doc__, ComplexRealBucket),
     Mutant("fp32_fusion_buffer", Fp32FusionBuffer.__doc__, Fp32FusionBuffer),
+    # The module axis (docs/scenarios.md, "The module axis").
+    Mutant("output_walk_bare_tensor", OutputWalkBareTensor.__doc__, OutputWalkBareTensor),
 ]}
