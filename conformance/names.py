@@ -7,10 +7,10 @@ table, the implementation rows, the mutant catalog) import torch, which takes se
 TAGS = (
     'all_gather', 'all_gather_into_tensor', 'all_reduce', 'all_to_all_single', 'allreduce_mean',
     'backend', 'barrier', 'batchnorm', 'broadcast', 'broadcast_buffers',
-    'broadcast_buffers_off', 'broadcast_buffers_on', 'bucket_view', 'buckets', 'channels_last',
-    'checkpoint', 'checkpoint_activations', 'checkpoint_ddp', 'checkpoint_module',
-    'checkpoint_nonreentrant', 'checkpoint_reentrant', 'checkpoint_reentrant_reuse',
-    'checkpoint_resume', 'collective', 'collective.all_gather',
+    'broadcast_buffers_off', 'broadcast_buffers_on', 'bucket_view', 'buckets', 'buffer_kinds',
+    'channels_last', 'checkpoint', 'checkpoint_activations', 'checkpoint_ddp',
+    'checkpoint_module', 'checkpoint_nonreentrant', 'checkpoint_reentrant',
+    'checkpoint_reentrant_reuse', 'checkpoint_resume', 'collective', 'collective.all_gather',
     'collective.all_gather_into_tensor', 'collective.all_reduce',
     'collective.all_to_all_single', 'collective.barrier', 'collective.broadcast',
     'collective.gather', 'collective.reduce', 'collective.reduce_scatter',
@@ -27,18 +27,18 @@ TAGS = (
     'full_batch_grad', 'gather', 'graph_shape', 'invariant', 'invariant.ranks', 'join',
     'layout', 'linear', 'mixed_dtype', 'mixed_precision', 'mlp', 'module', 'no_sync',
     'no_sync_accumulation', 'output_structure', 'parity', 'parity.batchnorm',
-    'parity.channels_last', 'parity.checkpoint_nonreentrant', 'parity.checkpoint_reentrant',
-    'parity.checkpoint_reentrant_reuse', 'parity.complex64', 'parity.float64', 'parity.linear',
-    'parity.mixed_dtype', 'parity.mlp', 'parity.shared_branches', 'parity.sparse_embedding',
-    'parity.structured_output', 'parity.structured_output_unused', 'property',
-    'property.allreduce_mean', 'property.broadcast', 'property.full_batch_grad',
-    'property.no_sync_accumulation', 'property.rank_permutation', 'property.scale_linearity',
-    'rank_permutation', 'ranks', 'reduce', 'reduce_scatter', 'reduce_scatter_tensor',
-    'scale_linearity', 'scatter', 'scenario', 'scenario.buckets', 'scenario.comm_hook',
-    'scenario.core', 'scenario.workload', 'send_recv', 'shared_branches', 'sparse',
-    'sparse_embedding', 'state_sync', 'static_graph', 'structured_output',
-    'structured_output_unused', 'subgroup', 'subgroups', 'sync_batchnorm', 'tied',
-    'tied_weights', 'unused', 'unused_parameters', 'workload',
+    'parity.buffer_kinds', 'parity.channels_last', 'parity.checkpoint_nonreentrant',
+    'parity.checkpoint_reentrant', 'parity.checkpoint_reentrant_reuse', 'parity.complex64',
+    'parity.float64', 'parity.linear', 'parity.mixed_dtype', 'parity.mlp',
+    'parity.shared_branches', 'parity.sparse_embedding', 'parity.structured_output',
+    'parity.structured_output_unused', 'property', 'property.allreduce_mean',
+    'property.broadcast', 'property.full_batch_grad', 'property.no_sync_accumulation',
+    'property.rank_permutation', 'property.scale_linearity', 'rank_permutation', 'ranks',
+    'reduce', 'reduce_scatter', 'reduce_scatter_tensor', 'scale_linearity', 'scatter',
+    'scenario', 'scenario.buckets', 'scenario.comm_hook', 'scenario.core', 'scenario.workload',
+    'send_recv', 'shared_branches', 'sparse', 'sparse_embedding', 'state_sync', 'static_graph',
+    'structured_output', 'structured_output_unused', 'subgroup', 'subgroups', 'sync_batchnorm',
+    'tied', 'tied_weights', 'unused', 'unused_parameters', 'workload',
 )
 # conformance.impls.builtin.IMPLS, in its order (error messages list them).
 IMPLS = (
@@ -59,6 +59,7 @@ MUTANTS = (
     'fsdp2_no_divide', 'fsdp2_wrong_mesh', 'zero_no_param_sync', 'torch_compile_eager',
     'group_sum_global_divide', 'broadcast_global_rank0', 'sparse_grad_unsynced',
     'strided_unpack', 'complex_real_bucket', 'fp32_fusion_buffer', 'output_walk_bare_tensor',
+    'state_dict_buffers_only',
 )
 
 

@@ -227,6 +227,11 @@ def _build() -> dict[str, Case]:
                     "requires": ("find_unused_parameters",)},
              tags=("module", "output_structure"),
              must_kill=("no_grad_sync", "output_walk_bare_tensor")),
+        _parity("buffer_kinds", ("no_grad_sync", "buffers_not_broadcast", "state_dict_buffers_only"),
+                "a persistent=False buffer (absent from state_dict) updated in place, an int64 step "
+                "counter and a float buffer rebound in forward, each from the local batch; with "
+                "broadcast_buffers=True every training forward starts from rank 0's buffers: "
+                "parameters, loss, buffers and agreement", tags=("module", "buffer_kinds")),
     ]
     rows += [_collective(op) for op in OPS]
     return _validate(rows)

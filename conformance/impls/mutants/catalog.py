@@ -460,6 +460,25 @@ class OutputWalkBareTensor(RefDDP):
         return counts if self.__dict__.get("_bare_output", True) else [0.0] * len(counts)
 
 
+class StateDictBuffersOnly(RefDDP):
+    """Broadcasts only the buffers ``state_dict()`` holds (at construction and before each
+    forward): a ``persistent=False`` buffer stays per-replica."""
+
+    def _persistent(self):
+        keys = set(self.module.state_dict().keys())
+        return [b for n, b in self.module.named_buffers() if n in keys]
+
+    @torch.no_grad()
+    def _sync_module_states(self):
+        for t in list(self.module.parameters()) + (self._persistent() if self.broadcast_buffers else []):
+            self.collectives.broadcast_(t.data, src=0)
+
+    @torch.no_grad()
+    def _sync_buffers(self):
+        for b in self._persistent():
+            self.collectives.broadcast_(b, src=0)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
@@ -549,4 +568,5 @@ MUTANTS = {m.name: m for m in [
     Mutant("fp32_fusion_buffer", Fp32FusionBuffer.__doc__, Fp32FusionBuffer),
     # The module axis (docs/scenarios.md, "The module axis").
     Mutant("output_walk_bare_tensor", OutputWalkBareTensor.__doc__, OutputWalkBareTensor),
+    Mutant("state_dict_buffers_only", StateDictBuffersOnly.__doc__, StateDictBuffersOnly),
 ]}
