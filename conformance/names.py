@@ -24,12 +24,13 @@ TAGS = (
     'feature.join', 'feature.mixed_precision', 'feature.no_sync', 'feature.state_sync',
     'feature.static_graph', 'feature.subgroups', 'feature.sync_batchnorm',
     'feature.tied_weights', 'feature.unused_parameters', 'float64', 'frozen', 'frozen_params',
-    'full_batch_grad', 'gather', 'graph_shape', 'invariant', 'invariant.ranks', 'join',
-    'layout', 'linear', 'mixed_dtype', 'mixed_precision', 'mlp', 'module', 'no_sync',
-    'no_sync_accumulation', 'output_structure', 'parity', 'parity.batchnorm',
-    'parity.buffer_kinds', 'parity.channels_last', 'parity.checkpoint_nonreentrant',
-    'parity.checkpoint_reentrant', 'parity.checkpoint_reentrant_reuse', 'parity.complex64',
-    'parity.float64', 'parity.linear', 'parity.mixed_dtype', 'parity.mlp',
+    'full_batch_grad', 'gather', 'graph_shape', 'hooks_containers', 'hooks_parametrizations',
+    'invariant', 'invariant.ranks', 'join', 'layout', 'linear', 'mixed_dtype',
+    'mixed_precision', 'mlp', 'module', 'no_sync', 'no_sync_accumulation', 'output_structure',
+    'param_containers', 'parity', 'parity.batchnorm', 'parity.buffer_kinds',
+    'parity.channels_last', 'parity.checkpoint_nonreentrant', 'parity.checkpoint_reentrant',
+    'parity.checkpoint_reentrant_reuse', 'parity.complex64', 'parity.float64',
+    'parity.hooks_containers', 'parity.linear', 'parity.mixed_dtype', 'parity.mlp',
     'parity.shared_branches', 'parity.sparse_embedding', 'parity.structured_output',
     'parity.structured_output_unused', 'property', 'property.allreduce_mean',
     'property.broadcast', 'property.full_batch_grad', 'property.no_sync_accumulation',
@@ -59,7 +60,7 @@ MUTANTS = (
     'fsdp2_no_divide', 'fsdp2_wrong_mesh', 'zero_no_param_sync', 'torch_compile_eager',
     'group_sum_global_divide', 'broadcast_global_rank0', 'sparse_grad_unsynced',
     'strided_unpack', 'complex_real_bucket', 'fp32_fusion_buffer', 'output_walk_bare_tensor',
-    'state_dict_buffers_only',
+    'state_dict_buffers_only', 'forward_hooks_skipped', 'container_params_unsynced',
 )
 
 

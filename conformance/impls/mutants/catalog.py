@@ -479,6 +479,31 @@ class StateDictBuffersOnly(RefDDP):
             self.collectives.broadcast_(b, src=0)
 
 
+class ForwardHooksSkipped(RefDDP):
+    """Runs ``module.forward(...)`` instead of ``module(...)``: the wrapped module's forward
+    (pre-)hooks never run."""
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() and self.require_backward_grad_sync and self._queued:
+            self._reset()
+        if self.broadcast_buffers and self.require_forward_param_sync:
+            self._sync_buffers()
+        out = self.module.forward(*args, **kwargs)  # bug: bypasses nn.Module.__call__
+        self.require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        return self._sink_outputs(out) if self.require_forward_param_sync else out
+
+
+class ContainerParamsUnsynced(RefDDP):
+    """Parameters held by an ``nn.ParameterList`` / ``nn.ParameterDict`` are left out of the
+    reduction (collected per layer, containers missed): each replica keeps its local gradient."""
+
+    def _set_grad(self, param, reduced):
+        held = {id(p) for m in self.module.modules() if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict))
+                for p in m.parameters(recurse=False)}
+        if id(param) not in held:  # bug: container-held gradients stay local
+            super()._set_grad(param, reduced)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
@@ -569,4 +594,6 @@ MUTANTS = {m.name: m for m in [
     # The module axis (docs/scenarios.md, "The module axis").
     Mutant("output_walk_bare_tensor", OutputWalkBareTensor.__doc__, OutputWalkBareTensor),
     Mutant("state_dict_buffers_only", StateDictBuffersOnly.__doc__, StateDictBuffersOnly),
+    Mutant("forward_hooks_skipped", ForwardHooksSkipped.__doc__, ForwardHooksSkipped),
+    Mutant("container_params_unsynced", ContainerParamsUnsynced.__doc__, ContainerParamsUnsynced),
 ]}
