@@ -233,6 +233,10 @@ def train_replica(ctx, spec: dict) -> dict:
     """
     run = RunSpec(**spec)
     loop = Loop(ctx, run, resolve_impl(run.impl), [SETUPS[n] for n in run.setups])
+    if loop.impl.forward_backward is not None and MODELS[run.model].forward_kwargs:
+        raise Unsupported(f"{loop.impl.name} brings its own step (forward_backward(model, inputs, loss_fn)), "
+                          f"which passes no forward keywords; model {run.model} needs "
+                          f"{sorted(MODELS[run.model].forward_kwargs)}")
     loop.model = loop.fresh_model()
     ctx.note(step=None, phase="DDP construction")
     loop.wrap()
