@@ -232,7 +232,8 @@ def _build() -> dict[str, Case]:
                 "counter and a float buffer rebound in forward, each from the local batch; with "
                 "broadcast_buffers=True every training forward starts from rank 0's buffers: "
                 "parameters, loss, buffers and agreement", tags=("module", "buffer_kinds")),
-        _parity("hooks_containers", ("no_grad_sync", "forward_hooks_skipped", "container_params_unsynced"),
+        _parity("hooks_containers", ("no_grad_sync", "forward_hooks_skipped", "container_params_unsynced",
+                                     "parametrized_layer_sync"),
                 "a forward pre-hook on the wrapped module halves the input, a Linear's weight is "
                 "parametrized (torch.nn.utils.parametrize, symmetric) and parameters sit in an "
                 "nn.ParameterList and an nn.ParameterDict: parity and agreement",

@@ -504,6 +504,27 @@ class ContainerParamsUnsynced(RefDDP):
             super()._set_grad(param, reduced)
 
 
+class ParametrizedLayerSync(RefDDP):
+    """The construction broadcast walks each layer's tensors by attribute (``layer.weight``):
+    a parametrized weight is computed, so the broadcast lands in a temporary and the trained
+    ``...parametrizations.weight.original`` stays per-replica."""
+
+    @torch.no_grad()
+    def _sync_module_states(self):
+        from torch.nn.utils import parametrize
+        states = []
+        for m in self.module.modules():
+            if isinstance(m, parametrize.ParametrizationList):
+                continue  # bug: reached through the layer's attribute instead
+            states += [p for p in m._parameters.values() if p is not None]
+            if parametrize.is_parametrized(m):
+                states += [getattr(m, n) for n in m.parametrizations]  # computed: a temporary
+        if self.broadcast_buffers:
+            states += list(self.module.buffers())
+        for t in states:
+            self.collectives.broadcast_(t.data, src=0)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
@@ -596,4 +617,5 @@ MUTANTS = {m.name: m for m in [
     Mutant("state_dict_buffers_only", StateDictBuffersOnly.__doc__, StateDictBuffersOnly),
     Mutant("forward_hooks_skipped", ForwardHooksSkipped.__doc__, ForwardHooksSkipped),
     Mutant("container_params_unsynced", ContainerParamsUnsynced.__doc__, ContainerParamsUnsynced),
+    Mutant("parametrized_layer_sync", ParametrizedLayerSync.__doc__, ParametrizedLayerSync),
 ]}
