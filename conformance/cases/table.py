@@ -214,6 +214,30 @@ def _build() -> dict[str, Case]:
         _parity("mixed_dtype", ("no_grad_sync", "sum_not_mean"),
                 "a bfloat16 layer between float32 layers: one bucket per dtype, each reduced in its "
                 "own dtype", tags=("dtype",)),
+        # The module axis (docs/scenarios.md, "The module axis"): what users' modules do.
+        _parity("structured_output", ("no_grad_sync", "sum_not_mean"),
+                "forward(x, *, scale) returns a dataclass holding a namedtuple (the prediction and a "
+                "float), a dict (a tensor needing no grad, a str) and an int; the loss reads the "
+                "prediction; default find_unused_parameters=False: parity and agreement",
+                tags=("module", "output_structure")),
+        Case("parity.structured_output_unused", "parity", "the same with find_unused_parameters=True: "
+             "the DDP walks the dataclass, namedtuple and dict output to find the used parameters; "
+             "parity and agreement", "train", "structured_output",
+             train={"ddp_kwargs": (("find_unused_parameters", True),),
+                    "requires": ("find_unused_parameters",)},
+             tags=("module", "output_structure"),
+             must_kill=("no_grad_sync", "output_walk_bare_tensor")),
+        _parity("buffer_kinds", ("no_grad_sync", "buffers_not_broadcast", "state_dict_buffers_only"),
+                "a persistent=False buffer (absent from state_dict) updated in place, an int64 step "
+                "counter and a float buffer rebound in forward, each from the local batch; with "
+                "broadcast_buffers=True every training forward starts from rank 0's buffers: "
+                "parameters, loss, buffers and agreement", tags=("module", "buffer_kinds")),
+        _parity("hooks_containers", ("no_grad_sync", "forward_hooks_skipped", "container_params_unsynced",
+                                     "parametrized_layer_sync"),
+                "a forward pre-hook on the wrapped module halves the input, a Linear's weight is "
+                "parametrized (torch.nn.utils.parametrize, symmetric) and parameters sit in an "
+                "nn.ParameterList and an nn.ParameterDict: parity and agreement",
+                tags=("module", "hooks_parametrizations", "param_containers")),
     ]
     rows += [_collective(op) for op in OPS]
     return _validate(rows)

@@ -20,7 +20,7 @@ from conformance.cases.train.readback import flat_buffers, flat_optimizer_state,
 import contextlib
 from conformance.cases.train.setups import SETUPS
 from fixtures import build_model, global_batch, shard
-from fixtures.models import MODELS
+from fixtures.models import MODELS, prediction
 
 # Runtime quirks the reference can reproduce (a runtime adapter lists its own in
 # ``Runtime.reference_quirks``): measured differences of the runtime's *ops*
@@ -80,7 +80,7 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
         ctx = (torch.autocast(device_type="cpu", dtype=getattr(torch, autocast)) if autocast
                else contextlib.nullcontext())
         with ctx:
-            return net(inp)
+            return prediction(model, net(inp, **MODELS[model].forward_kwargs))
     slots = [(m, n) for m in net.modules() for n, b in m._buffers.items() if b is not None]
 
     def bufs():

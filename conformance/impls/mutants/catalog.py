@@ -445,6 +445,86 @@ class Fp32FusionBuffer(RefDDP):
         return None
 
 
+class OutputWalkBareTensor(RefDDP):
+    """``find_unused_parameters=True`` finds the used parameters by walking the forward's
+    output, but only a bare tensor: a dataclass / dict / namedtuple output yields none, so
+    every parameter counts as globally unused and keeps grad ``None`` (no step)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        self._bare_output = isinstance(out, torch.Tensor)
+        return out
+
+    def _global_use_counts(self, params, used):
+        counts = super()._global_use_counts(params, used)
+        return counts if self.__dict__.get("_bare_output", True) else [0.0] * len(counts)
+
+
+class StateDictBuffersOnly(RefDDP):
+    """Broadcasts only the buffers ``state_dict()`` holds (at construction and before each
+    forward): a ``persistent=False`` buffer stays per-replica."""
+
+    def _persistent(self):
+        keys = set(self.module.state_dict().keys())
+        return [b for n, b in self.module.named_buffers() if n in keys]
+
+    @torch.no_grad()
+    def _sync_module_states(self):
+        for t in list(self.module.parameters()) + (self._persistent() if self.broadcast_buffers else []):
+            self.collectives.broadcast_(t.data, src=0)
+
+    @torch.no_grad()
+    def _sync_buffers(self):
+        for b in self._persistent():
+            self.collectives.broadcast_(b, src=0)
+
+
+class ForwardHooksSkipped(RefDDP):
+    """Runs ``module.forward(...)`` instead of ``module(...)``: the wrapped module's forward
+    (pre-)hooks never run."""
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() and self.require_backward_grad_sync and self._queued:
+            self._reset()
+        if self.broadcast_buffers and self.require_forward_param_sync:
+            self._sync_buffers()
+        out = self.module.forward(*args, **kwargs)  # bug: bypasses nn.Module.__call__
+        self.require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        return self._sink_outputs(out) if self.require_forward_param_sync else out
+
+
+class ContainerParamsUnsynced(RefDDP):
+    """Parameters held by an ``nn.ParameterList`` / ``nn.ParameterDict`` are left out of the
+    reduction (collected per layer, containers missed): each replica keeps its local gradient."""
+
+    def _set_grad(self, param, reduced):
+        held = {id(p) for m in self.module.modules() if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict))
+                for p in m.parameters(recurse=False)}
+        if id(param) not in held:  # bug: container-held gradients stay local
+            super()._set_grad(param, reduced)
+
+
+class ParametrizedLayerSync(RefDDP):
+    """The construction broadcast walks each layer's tensors by attribute (``layer.weight``):
+    a parametrized weight is computed, so the broadcast lands in a temporary and the trained
+    ``...parametrizations.weight.original`` stays per-replica."""
+
+    @torch.no_grad()
+    def _sync_module_states(self):
+        from torch.nn.utils import parametrize
+        states = []
+        for m in self.module.modules():
+            if isinstance(m, parametrize.ParametrizationList):
+                continue  # bug: reached through the layer's attribute instead
+            states += [p for p in m._parameters.values() if p is not None]
+            if parametrize.is_parametrized(m):
+                states += [getattr(m, n) for n in m.parametrizations]  # computed: a temporary
+        if self.broadcast_buffers:
+            states += list(self.module.buffers())
+        for t in states:
+            self.collectives.broadcast_(t.data, src=0)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
@@ -532,4 +612,10 @@ MUTANTS = {m.name: m for m in [
     Mutant("strided_unpack", StridedUnpack.__doc__, StridedUnpack),
     Mutant("complex_real_bucket", ComplexRealBucket.__doc__, ComplexRealBucket),
     Mutant("fp32_fusion_buffer", Fp32FusionBuffer.__doc__, Fp32FusionBuffer),
+    # The module axis (docs/scenarios.md, "The module axis").
+    Mutant("output_walk_bare_tensor", OutputWalkBareTensor.__doc__, OutputWalkBareTensor),
+    Mutant("state_dict_buffers_only", StateDictBuffersOnly.__doc__, StateDictBuffersOnly),
+    Mutant("forward_hooks_skipped", ForwardHooksSkipped.__doc__, ForwardHooksSkipped),
+    Mutant("container_params_unsynced", ContainerParamsUnsynced.__doc__, ContainerParamsUnsynced),
+    Mutant("parametrized_layer_sync", ParametrizedLayerSync.__doc__, ParametrizedLayerSync),
 ]}
