@@ -17,6 +17,8 @@ DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 EXPECTED = DOCS / "findings" / "expected-failures.txt"
 #: torch's own DDP (README command 1, tox's pytest runs), same format and checks
 EXPECTED_TORCH = DOCS / "findings" / "expected-failures-torch.txt"
+#: the PJRT shipped rows (tox -e pjrt's SPMD command)
+EXPECTED_PJRT = DOCS / "findings" / "expected-failures-pjrt.txt"
 # conformance.verdict.Verdict.id: <case>:<check>[<impl>-<runtime>-w<W>]
 VERDICT_ID = re.compile(r"^(?P<case>[^:\s]+):(?P<check>[^\[\s]+)"
                         r"\[(?P<impl>\S+)-(?P<runtime>[a-z]+)-w(?P<w>\d+)\]$")
@@ -63,7 +65,7 @@ def problems(lines, findings_md: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", [EXPECTED, EXPECTED_TORCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [EXPECTED, EXPECTED_TORCH, EXPECTED_PJRT], ids=lambda p: p.name)
 def test_expected_failures_name_existing_verdicts_and_findings(path):
     lines = path.read_text().splitlines()
     assert any(ln.split("#", 1)[0].strip() for ln in lines), f"{path.name} lists nothing"
@@ -71,7 +73,7 @@ def test_expected_failures_name_existing_verdicts_and_findings(path):
     assert not got, "\n".join(got)
 
 
-@pytest.mark.parametrize("path", [EXPECTED, EXPECTED_TORCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [EXPECTED, EXPECTED_TORCH, EXPECTED_PJRT], ids=lambda p: p.name)
 def test_no_duplicate_lines(path):
     ids = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()]
     ids = [i for i in ids if i]
