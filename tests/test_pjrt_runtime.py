@@ -269,7 +269,7 @@ def test_check_names_unsupported_version(monkeypatch):
 
 
 def test_check_rejects_world_size_out_of_range():
-    with pytest.raises(RuntimeUnavailable, match="outside"):
+    with pytest.raises(RuntimeUnavailable, match="world size 17 is above 16, the largest runtime pjrt runs"):
         get_runtime("pjrt").check(17)
 
 

@@ -34,7 +34,8 @@ DDP_KEYWORDS = ("device_ids", "output_device", "dim", "broadcast_buffers", "init
 #: DDP methods a case may require (``conformance.cases.train.loop.DDP_METHODS``).
 DDP_METHOD_NAMES = ("join", "no_sync", "register_comm_hook")
 #: Case kinds a strategy serves (``conformance.cases.row.KINDS`` less ``invariant``, which
-#: checks rank bindings and builds no model): the keys ``Strategy.unsupported_kinds`` may use.
+#: checks rank bindings, and ``collective``, which runs the backend's ops: neither builds a
+#: model): the keys ``Strategy.unsupported_kinds`` may use.
 STRATEGY_KINDS = ("train", "task", "property", "scenario")
 #: Fields of :class:`Strategy` that are not part of the public contract (the catalog's
 #: mutants use them); a user's strategy leaving them at their defaults is checked at resolution.
