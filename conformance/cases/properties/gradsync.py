@@ -642,30 +642,23 @@ def compare_grads(actual: list, expected: list, tol: GradTolerance, *, scale: fl
                 f"> {bound[i]:.3g}\ngot:\n{_fmt(a)}\nexpected:\n{_fmt(e)}")
 
 
-def state_dev(actual: list, expected: list) -> float:
-    """The deviation :func:`state_mismatch` reports: max |difference| of the first tensor
-    whose bits differ (0.0 when none does; inf when names, dtypes or shapes differ)."""
+def state_difference(actual: list, expected: list) -> tuple[str, float] | None:
+    """First difference (bitwise) between two ``[(name, array)]`` states: ``(why, dev)``, the
+    text naming it and its max |difference| (inf when names, dtypes or shapes differ), or None."""
     if [n for n, _ in actual] != [n for n, _ in expected]:
-        return float("inf")
-    for (_, a), (_, e) in zip(actual, expected):
-        a, e = np.asarray(a), np.asarray(e)
-        if a.dtype != e.dtype or a.shape != e.shape:
-            return float("inf")
-        if a.tobytes() != e.tobytes():
-            return float(np.abs(a.astype(np.float64) - e.astype(np.float64)).max())
-    return 0.0
-
-
-def state_mismatch(actual: list, expected: list) -> str | None:
-    """First difference (bitwise) between two ``[(name, array)]`` states, or None."""
-    if [n for n, _ in actual] != [n for n, _ in expected]:
-        return f"state names {[n for n, _ in actual]} != {[n for n, _ in expected]}"
+        return f"state names {[n for n, _ in actual]} != {[n for n, _ in expected]}", float("inf")
     for (name, a), (_, e) in zip(actual, expected):
         a, e = np.asarray(a), np.asarray(e)
         if a.dtype != e.dtype or a.shape != e.shape:
-            return f"{name}: {a.dtype}{a.shape} != {e.dtype}{e.shape}"
+            return f"{name}: {a.dtype}{a.shape} != {e.dtype}{e.shape}", float("inf")
         if a.tobytes() != e.tobytes():
             dev = np.abs(a.astype(np.float64) - e.astype(np.float64))
             return (f"{name}: {int((a != e).sum())} element(s) differ, max |dev| {dev.max():.6g}\n"
-                    f"got:\n{_fmt(a)}\nexpected (rank 0):\n{_fmt(e)}")
+                    f"got:\n{_fmt(a)}\nexpected (rank 0):\n{_fmt(e)}"), float(dev.max())
     return None
+
+
+def state_mismatch(actual: list, expected: list) -> str | None:
+    """The text of :func:`state_difference`, or None."""
+    diff = state_difference(actual, expected)
+    return None if diff is None else diff[0]

@@ -90,10 +90,10 @@ def _props():
             for r in range(t.world_size):
                 for got, want, what in ((res[r]["first"], rank0, "after DDP construction replica {r} != rank 0's state"),
                                         (res[r]["second"], res[r]["first"], "constructing a second DDP changed replica {r}")):
-                    why = P.state_mismatch(got, want)
-                    if why is not None:
-                        m.fail_at(P.state_dev(got, want), 0.0, r)  # exact comparison: bound 0
-                    assert why is None, f"{who}: {what.format(r=r)}: {why}"
+                    diff = P.state_difference(got, want)
+                    if diff is not None:
+                        m.fail_at(diff[1], 0.0, r)  # exact comparison: bound 0
+                    assert diff is None, f"{who}: {what.format(r=r)}: {diff[0]}"
             m.add([0.0], [0.0])  # exact comparison: any deviation fails above
         return prop
 
