@@ -23,12 +23,15 @@ class Budget:
     examples of the workload case (``scenario.workload``: each a drawn workload, after its
     explicit scenarios, which cover every corner); ``workloads_compiled``: the same on a
     runtime where every distinct graph is compiled (XLA), where each drawn workload costs
-    compilations (0: the explicit scenarios only)."""
+    compilations (0: the explicit scenarios only); ``loop_depth``: the most distinct steps a
+    generated loop program repeats (``scenario.loop``: each step its own accumulation window,
+    synced backwards and forwards without backward)."""
 
     properties: int
     scenarios: int
     workloads: int
     workloads_compiled: int
+    loop_depth: int = 4
 
 
 #: The example budgets, by profile name. The default (dev) workload draw is small: the default
@@ -37,7 +40,7 @@ PROFILES = {
     "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0),
     "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0),
     "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0),
-    "thorough": Budget(properties=2000, scenarios=500, workloads=300, workloads_compiled=25),
+    "thorough": Budget(properties=2000, scenarios=500, workloads=300, workloads_compiled=25, loop_depth=8),
 }
 
 
@@ -69,6 +72,11 @@ def workload_examples(name: str | None = None, compiled: bool = False) -> int:
     (``compiled``: on a runtime that compiles every distinct graph)."""
     b = PROFILES[profile_name(name)]
     return b.workloads_compiled if compiled else b.workloads
+
+
+def loop_depth(name: str | None = None) -> int:
+    """The most distinct steps of a generated loop program under profile :func:`profile_name` ``(name)``."""
+    return PROFILES[profile_name(name)].loop_depth
 
 
 def kit_settings(max_examples: int, shrink: bool = True):

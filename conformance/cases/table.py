@@ -134,6 +134,16 @@ def _build() -> dict[str, Case]:
                   ("no_grad_sync", "sum_not_mean", "unused_accum_dropped", "arrival_order_pairing",
                    "cached_buffer_list", "replica_drift", "late_desync", "batch_weighted",
                    "fp16_allreduce")),
+        # The loop axis (issue 25, docs/scenarios.md, "The loop programs"): what a user's training
+        # loop does around the DDP, drawn as a program of steps and shrunk to the shortest one.
+        _scenario("loop", "generated training-loop programs: forwards without backward (no_grad / "
+                  "inference_mode, eval / train mode) before, inside and after accumulation windows, "
+                  "several synced backwards per step, zero_grad(set_to_none=False), SGD with weight decay, "
+                  "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
+                  "semantics on one device", {"loop": True, "budget": 0.5},
+                  ("no_grad_sync", "unused_zero_filled", "reduce_only_in_training", "eval_forward_skips_buffer_sync",
+                   "buffer_sync_ignores_grad_mode", "synced_forward_zeroes_grads",
+                   "unused_by_this_backward_dropped", "mean_at_optimizer_step"), tags=("loop",)),
         _scenario("buckets", "the same with small gradient buckets and gradient_as_bucket_view",
                   {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket",), tags=("buckets",)),
         _scenario("comm_hook", "the same with torch's all-reduce comm hook registered",

@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 
 from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, judge, judge_agreement
-from conformance.cases.train.loop import OPTIMIZERS, build_optimizer, mse, rank_buffer_offset, rank_seed, wrap
+from conformance.cases.train.loop import ALL_OPTIMIZERS, OPTIMIZERS, build_optimizer, mse, rank_buffer_offset, rank_seed, wrap
 from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
                                               optimizer_state_layout, param_layout, saved_checkpoint, state_digest,
                                               to_device)
 import contextlib
-from conformance.cases.search import kit_settings, scenario_examples, SearchWorld, workload_examples
+from conformance.cases.search import kit_settings, loop_depth, scenario_examples, SearchWorld, workload_examples
 from conformance.cases.train.commhooks import register_hook
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
@@ -61,16 +61,50 @@ OPTIMIZER_REVEALS = {
     "sgd_momentum": "as SGD, plus momentum-buffer (optimizer state) faults, e.g. after a checkpoint reload",
     "adam": "per-element direction faults and state faults; NOT constant scale faults (update is scale-invariant)",
     "adamw": "as Adam, plus weight-decay handling",
+    "sgd_wd": "as SGD, plus a None gradient told from a zero one (weight decay moves a parameter with a zero gradient)",
 }
 IN_FEATURES, HIDDEN, OUT_FEATURES = 8, 12, 4
 SCENARIO_KEYS = {"seed", "lr", "optimizer", "ddp", "rebind_buffers", "loss_scale_log2", "checkpoint_at",
-                 "steps", "workload"}
-#: Scenario keys a JSON file may leave out (older files: the plain workload).
-OPTIONAL_KEYS = {"workload"}
+                 "steps", "workload", "loop"}
+#: Scenario keys a JSON file may leave out (older files: the plain workload and loop).
+OPTIONAL_KEYS = {"workload", "loop"}
 DDP_KEYS = {"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view",
             "static_graph", "comm_hook"}
 STEP_KEYS = {"micro"}
+#: Keys a step may add (the loop programs): forwards without backward before its micro-steps.
+STEP_OPTIONAL = {"eval"}
 MICRO_KEYS = {"batch", "plan"}
+#: Keys a micro-step may add: ``sync`` (default: only the window's last micro-step is synced,
+#: the others run under ``no_sync()``; true: a synced backward of its own).
+MICRO_OPTIONAL = {"sync"}
+
+#: The loop dimension (issue 25; docs/scenarios.md, "The loop programs"): what a user's training
+#: loop does around the DDP besides forward, backward and ``optimizer.step()``. Each key's first
+#: value is the plain loop Hypothesis shrinks towards.
+#:   zero_grad:   ``optimizer.zero_grad(set_to_none=True)`` or ``(set_to_none=False)``: zero
+#:                tensors, which a parameter no replica used keeps (weight decay and momentum then
+#:                still move it; a ``None`` gradient skips it);
+#:   module_mode: the module's mode at the training forwards: ``train``, or ``eval`` (a backward in
+#:                eval mode is legal: fine-tuning with frozen statistics; the buffers then stay);
+#:   clip:        ``none``, or ``norm``: ``torch.nn.utils.clip_grad_norm_(max_norm=CLIP_NORM)`` on
+#:                the synced, unscaled gradients before the step (it reads every replica's
+#:                gradients: a reduction not finished by then shows);
+#:   lr_drop_at:  ``None``, or the 0-based step from which the learning rate is ``lr * LR_DROP``
+#:                (set in the optimizer's ``param_groups`` before the step, as a scheduler does).
+LOOPS = {"zero_grad": ("set_to_none", "zeros"), "module_mode": ("train", "eval"), "clip": ("none", "norm")}
+PLAIN_LOOP = dict({k: v[0] for k, v in LOOPS.items()}, lr_drop_at=None)
+CLIP_NORM, LR_DROP = 0.25, 0.5
+#: A forward without backward (``step["eval"]``): ``{"at": j, "grad": ..., "mode": ..., "batch": [n
+#: per replica]}`` runs before micro-step ``j`` (``j`` = the window's length: after the last
+#: backward, before the step) under ``grad`` with the module in ``mode``, through the DDP, output
+#: discarded. In ``train`` mode it updates the buffers (a metric computed under ``no_grad`` in train
+#: mode); DDP then broadcasts buffers at the next forward only if this one was a synced training
+#: forward, which it is not (``_post_forward``: ``require_forward_param_sync``).
+EVAL_KEYS = {"at", "grad", "mode", "batch"}
+EVAL_GRAD = ("no_grad", "inference_mode")
+EVAL_MODE = ("eval", "train")
+#: Data of a forward without backward: micro index ``EVAL_DATA + e`` (apart from the micro-steps').
+EVAL_DATA = 1000
 
 
 #: The workload dimension (issue 18; docs/scenarios.md): what the scenario model's parameters
@@ -162,6 +196,9 @@ class Scenario:
         checkpoint_at: after this step (0-based) save and reload DDP + optimizer state (or None).
         steps: ``[{"micro": [{"batch": [n_0, ..., n_{W-1}], "plan": [[branch, ...] per replica]}]}]``.
         workload: ``{dimension: value}`` of :data:`WORKLOADS` (a file without it: the plain one).
+        loop: ``{dimension: value}`` of :data:`LOOPS` plus ``lr_drop_at`` (a file without it: the
+            plain loop, :data:`PLAIN_LOOP`). A step may hold ``"eval"`` (forwards without
+            backward, :data:`EVAL_KEYS`) and a micro-step ``"sync"`` (:data:`MICRO_OPTIONAL`).
     """
 
     seed: int
@@ -173,13 +210,33 @@ class Scenario:
     checkpoint_at: int | None
     steps: list = field(default_factory=list)
     workload: dict = field(default_factory=lambda: dict(PLAIN_WORKLOAD))
+    loop: dict = field(default_factory=lambda: dict(PLAIN_LOOP))
 
     @property
     def world_size(self) -> int:
         return len(self.steps[0]["micro"][0]["batch"])
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The scenario as JSON data; a plain loop is left out (files stay as before the loop axis)."""
+        d = asdict(self)
+        if self.loop == PLAIN_LOOP:
+            del d["loop"]
+        return d
+
+    def synced(self, s: int, j: int) -> bool:
+        """Whether micro-step ``j`` of step ``s`` (0-based) runs a synced backward."""
+        micro = self.steps[s]["micro"]
+        return micro[j].get("sync", j == len(micro) - 1)
+
+    def evals(self, s: int, at: int) -> list:
+        """``[(e, forward)]``: the forwards without backward of step ``s`` run before micro-step
+        ``at``, with their index ``e`` in the step."""
+        return [(e, f) for e, f in enumerate(self.steps[s].get("eval", ())) if f["at"] == at]
+
+    def lr_at(self, s: int) -> float:
+        """The learning rate of step ``s`` (0-based)."""
+        drop = self.loop["lr_drop_at"]
+        return self.lr * (LR_DROP if drop is not None and s >= drop else 1.0)
 
     @classmethod
     def from_json(cls, d) -> "Scenario":
@@ -204,8 +261,8 @@ class Scenario:
 
     def validate(self) -> None:
         """Raises ScenarioError naming the first bad value."""
-        if self.optimizer not in OPTIMIZERS:
-            raise ScenarioError(f"optimizer {self.optimizer!r}: one of {OPTIMIZERS}")
+        if self.optimizer not in ALL_OPTIMIZERS:
+            raise ScenarioError(f"optimizer {self.optimizer!r}: one of {ALL_OPTIMIZERS}")
         if not isinstance(self.ddp, dict) or set(self.ddp) - DDP_KEYS:
             raise ScenarioError(f"unknown DDP keyword(s) {sorted(set(self.ddp) - DDP_KEYS)}; known: {sorted(DDP_KEYS)}")
         if self.ddp.get("comm_hook") not in (None, "allreduce"):
@@ -216,11 +273,18 @@ class Scenario:
             raise ScenarioError("steps: a non-empty list")
         w = None
         for i, step in enumerate(self.steps):
-            if not isinstance(step, dict) or set(step) != STEP_KEYS or not step["micro"]:
-                raise ScenarioError(f"step {i + 1}: an object with a non-empty 'micro' list")
+            if (not isinstance(step, dict) or not STEP_KEYS <= set(step) <= STEP_KEYS | STEP_OPTIONAL
+                    or not step["micro"]):
+                raise ScenarioError(f"step {i + 1}: an object with a non-empty 'micro' list "
+                                    f"(and optionally {sorted(STEP_OPTIONAL)})")
             for j, m in enumerate(step["micro"]):
-                if not isinstance(m, dict) or set(m) != MICRO_KEYS:
-                    raise ScenarioError(f"step {i + 1} micro-step {j + 1}: keys {sorted(MICRO_KEYS)}")
+                if not isinstance(m, dict) or not MICRO_KEYS <= set(m) <= MICRO_KEYS | MICRO_OPTIONAL:
+                    raise ScenarioError(f"step {i + 1} micro-step {j + 1}: keys {sorted(MICRO_KEYS)} "
+                                        f"(and optionally {sorted(MICRO_OPTIONAL)})")
+                if "sync" in m and (not isinstance(m["sync"], bool)
+                                    or (j == len(step["micro"]) - 1 and not m["sync"])):
+                    raise ScenarioError(f"step {i + 1} micro-step {j + 1}: sync is true or false, and "
+                                        "true at the window's last micro-step (the step needs synced gradients)")
                 w = w or len(m["batch"])
                 if len(m["batch"]) != w or len(m["plan"]) != w or w < 1:
                     raise ScenarioError(f"step {i + 1} micro-step {j + 1}: batch and plan need one entry per replica")
@@ -233,6 +297,37 @@ class Scenario:
         if self.checkpoint_at is not None and not 0 <= self.checkpoint_at < len(self.steps) - 1:
             raise ScenarioError(f"checkpoint_at {self.checkpoint_at}: a step before the last")
         self._validate_workload()
+        self._validate_loop(w)
+
+    def _validate_loop(self, w: int) -> None:
+        """The loop's values and every step's forwards without backward."""
+        lp = self.loop
+        if not isinstance(lp, dict) or set(lp) != set(PLAIN_LOOP):
+            raise ScenarioError(f"loop: an object with keys {sorted(PLAIN_LOOP)}")
+        for k, vals in LOOPS.items():
+            if lp[k] not in vals:
+                raise ScenarioError(f"loop {k} {lp[k]!r}: one of {vals}")
+        drop = lp["lr_drop_at"]
+        if drop is not None and not (isinstance(drop, int) and 0 < drop < len(self.steps)):
+            raise ScenarioError(f"loop lr_drop_at {drop!r}: null or a step after the first (0-based)")
+        for i, step in enumerate(self.steps):
+            evals = step.get("eval", [])
+            if not isinstance(evals, list):
+                raise ScenarioError(f"step {i + 1}: eval is a list")
+            for e, f in enumerate(evals):
+                where = f"step {i + 1} eval forward {e + 1}"
+                if not isinstance(f, dict) or set(f) != EVAL_KEYS:
+                    raise ScenarioError(f"{where}: keys {sorted(EVAL_KEYS)}")
+                if not (isinstance(f["at"], int) and 0 <= f["at"] <= len(step["micro"])):
+                    raise ScenarioError(f"{where}: at {f['at']!r}: a micro-step index 0..{len(step['micro'])}")
+                if f["grad"] not in EVAL_GRAD or f["mode"] not in EVAL_MODE:
+                    raise ScenarioError(f"{where}: grad one of {EVAL_GRAD}, mode one of {EVAL_MODE}")
+                if len(f["batch"]) != w or any(not isinstance(n, int) or n < 1 for n in f["batch"]):
+                    raise ScenarioError(f"{where}: batch: one local batch size >= 1 per replica")
+                if f["grad"] == "inference_mode" and f["mode"] == "train" and self.rebind_buffers:
+                    raise ScenarioError(f"{where}: an inference_mode forward in train mode with buffers "
+                                        "rebound in forward makes the buffers inference tensors, which "
+                                        "DDP's in-place buffer broadcast may not update (torch raises)")
 
     def _validate_workload(self) -> None:
         """The workload's values, and the combinations upstream DDP forbids or that mean nothing."""
@@ -286,11 +381,34 @@ class Scenario:
             parts.append(f"loss scale 2**{self.loss_scale_log2}")
         if self.checkpoint_at is not None and s > self.checkpoint_at:
             parts.append(f"after the checkpoint reload at step {self.checkpoint_at + 1}")
+        parts += self.describe_loop(s)
         on = [k for k, v in self.ddp.items() if v not in (None, False)]
         if config:
             parts.append(f"optimizer {self.optimizer}" + (f", DDP {', '.join(on)}" if on else ""))
         workload = self.describe_workload()
         return "; ".join(parts + [workload] if workload else parts)
+
+    def describe_loop(self, s: int) -> list[str]:
+        """The loop program's dimensions in play at step ``s`` (0-based), as verdict phrases."""
+        micro = self.steps[s]["micro"]
+        parts = []
+        synced = [j for j in range(len(micro)) if self.synced(s, j)]
+        if len(synced) > 1:
+            parts.append(f"{len(synced)} synced backwards in one step (their averaged gradients sum)")
+        for e, f in enumerate(self.steps[s].get("eval", ())):
+            where = ("after the last backward, before the step" if f["at"] == len(micro)
+                     else f"before micro-step {f['at'] + 1}")
+            parts.append(f"a forward without backward under {f['grad']} in {f['mode']} mode {where}")
+        lp = self.loop
+        if lp["zero_grad"] == "zeros":
+            parts.append("zero_grad(set_to_none=False): zero gradients, not None")
+        if lp["module_mode"] == "eval":
+            parts.append("training forwards and backwards in eval mode")
+        if lp["clip"] == "norm":
+            parts.append(f"clip_grad_norm_(max_norm={CLIP_NORM}) on the synced gradients")
+        if lp["lr_drop_at"] is not None and s >= lp["lr_drop_at"]:
+            parts.append(f"learning rate x {LR_DROP} from step {lp['lr_drop_at'] + 1}")
+        return parts
 
     def describe_workload(self) -> str:
         """``workload: <corner>, <corner>`` (``""`` for the plain workload)."""
@@ -504,7 +622,7 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     every_branch = all(set(p) == set(BRANCHES) for s in sc.steps for m in s["micro"] for p in m["plan"])
     optional = ("find_unused_parameters",) if every_branch else ()
     requires = [k for k in kwargs if k != "broadcast_buffers" and k not in optional]
-    if any(len(s["micro"]) > 1 for s in sc.steps):
+    if any(not sc.synced(s, j) for s in range(len(sc.steps)) for j in range(len(sc.steps[s]["micro"]))):
         requires.append("no_sync")
     if sc.ddp.get("comm_hook"):
         requires.append("register_comm_hook")
@@ -533,20 +651,43 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
                           f"NotImplementedError: {exc}") from None
     which = row.shard_rank(ctx)
     scale = 2.0 ** sc.loss_scale_log2
+    lp = sc.loop
+    training = lp["module_mode"] == "train"
+
+    def evaluate(s, at):  # forwards without backward (the loop programs), output discarded
+        for e, f in sc.evals(s, at):
+            x, _ = scenario_batch(sc.seed, s, EVAL_DATA + e, which, f["batch"][which])
+            extra = ({"idx": scenario_indices(sc.seed, s, EVAL_DATA + e, which, f["batch"][which]).to(ctx.device)}
+                     if sparse else {})
+            set_mode(f["mode"] == "train")
+            with torch.no_grad() if f["grad"] == "no_grad" else torch.inference_mode():
+                ddp(x.to(ctx.device), **extra)
+            set_mode(training)
+            ctx.mark_step()
+
+    def set_mode(train):  # as a user does: on the wrapper (which sets the module's mode)
+        (ddp if callable(getattr(ddp, "train", None)) else model).train(train)
+
+    if not training:
+        set_mode(False)
     params, buffers, digests = [flat_params(model)], [flat_buffers(model)], []
     for s, step in enumerate(sc.steps):
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=lp["zero_grad"] == "set_to_none")
+        for group in opt.param_groups:
+            group["lr"] = sc.lr_at(s)
         micro = step["micro"]
         for j, m in enumerate(micro):
+            evaluate(s, j)
             x, y = scenario_batch(sc.seed, s, j, which, m["batch"][which])
             plan = tuple(m["plan"][which])
             extra = {"idx": scenario_indices(sc.seed, s, j, which, m["batch"][which]).to(ctx.device)} if sparse else {}
-            ctxm = ddp.no_sync() if j < len(micro) - 1 else contextlib.nullcontext()
+            ctxm = contextlib.nullcontext() if sc.synced(s, j) else ddp.no_sync()
             with ctxm:
                 out = ddp(x.to(ctx.device), plan=plan, **extra)
                 (mse(out, y.to(ctx.device)) * scale).backward()
             if j < len(micro) - 1:
                 ctx.mark_step()
+        evaluate(s, len(micro))
         if row.after_backward is not None:
             row.after_backward(ddp, opt, ctx)
         if scale != 1.0:
@@ -554,6 +695,8 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
                 for q in model.parameters():
                     if q.grad is not None:
                         q.grad.div_(scale)
+        if lp["clip"] == "norm":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
         if row.optimizer_step is not None:  # the strategy's step replaces optimizer.step()
             row.optimizer_step(ddp, opt, ctx)
         else:
@@ -567,6 +710,8 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
             model, ddp, opt = build(salt=1)
             model.load_state_dict(model_state)
             opt.load_state_dict(optim_state)
+            if not training:
+                set_mode(False)
     layout = {"params": param_layout(model), "buffers": buffer_layout(model),
               "optim": optimizer_state_layout(opt, None, model)}
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
@@ -582,6 +727,17 @@ def scenario_reference(sc: Scenario) -> dict:
     workload's; the loss float64 for a float64 model); a sparse gradient's replica mean is
     dense (the same SGD update as upstream's sparse all-reduce).
 
+    Each replica's gradients are kept apart; its backwards accumulate into them (autograd's
+    ``AccumulateGrad``). A synced backward (the last of an accumulation window, or any with
+    ``"sync": true``) replaces every replica's gradient by the replicas' mean (zeros where a
+    replica holds ``None``), except a parameter no replica's backward reached since the last
+    synced one with ``find_unused_parameters``: torch's reducer leaves its gradient as it is
+    (``None``, a zero tensor after ``zero_grad(set_to_none=False)``, or an earlier synced
+    backward's mean). Buffers: a forward through the DDP starts from rank 0's buffers when
+    ``broadcast_buffers`` and the previous forward was a synced one with grad enabled, or there
+    was none since construction (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
+    ``_post_forward``: ``require_forward_param_sync``, whatever the module's mode).
+
     Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica
     must hold after each step), ``optim`` (final optimizer state).
     """
@@ -590,14 +746,21 @@ def scenario_reference(sc: Scenario) -> dict:
     w = sc.world_size
     net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload)
     sparse = sc.workload["grad"] != "dense"
+    lp = sc.loop
+    training = lp["module_mode"] == "train"
     opt = build_optimizer(sc.optimizer, net.parameters(), sc.lr)
     scale = 2.0 ** sc.loss_scale_log2
     params = list(net.parameters())
+    find_unused = bool(sc.ddp.get("find_unused_parameters"))
     bcast = sc.ddp.get("broadcast_buffers", True)
     # Construction broadcasts buffers only with broadcast_buffers (as upstream).
     rank_bufs = [[t.detach().clone() + (0 if bcast or not t.is_floating_point() else rank_buffer_offset(r))
                   for t in net.buffers()] for r in range(w)]
     names = [n for n, _ in net.named_buffers()]
+    grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
+    reached = [False] * len(params)  # some replica's backward reached it since the last synced one
+    for i, q in enumerate(params):
+        q.register_post_accumulate_grad_hook(lambda _, i=i: reached.__setitem__(i, True))
 
     def set_bufs(vals):
         for n, v in zip(names, vals):
@@ -609,40 +772,76 @@ def scenario_reference(sc: Scenario) -> dict:
     def flat_bufs():
         return np.stack([np.concatenate([t.double().reshape(-1).numpy() for t in rb]) for rb in rank_bufs])
 
+    state = {"sync_next": True}  # require_forward_param_sync: construction counts as a synced forward
+
+    def forward(r, s, j, n, plan, mode):
+        """Replica ``r``'s forward on micro-batch ``(s, j)`` through the DDP's buffer semantics."""
+        x, y = scenario_batch(sc.seed, s, j, r, n)
+        extra = {"idx": scenario_indices(sc.seed, s, j, r, n)} if sparse else {}
+        set_bufs(rank_bufs[r])
+        net.train(mode)
+        out = net(x, plan=plan, **extra)
+        rank_bufs[r] = get_bufs()
+        return out, y
+
+    def begin_forwards():
+        if bcast and state["sync_next"]:
+            for r in range(1, w):
+                rank_bufs[r] = [t.clone() for t in rank_bufs[0]]
+
     out_p = [flat_params(net)]
     out_b = [flat_bufs()]
-    prev_synced = True  # construction counts as a synced step (require_forward_param_sync starts True)
     for s, step in enumerate(sc.steps):
         micro = step["micro"]
-        acc = [[None] * len(params) for _ in range(w)]
+        for r in range(w):  # optimizer.zero_grad
+            grads[r] = [None if g is None or lp["zero_grad"] == "set_to_none" else torch.zeros_like(g)
+                        for g in grads[r]]
+        for g in opt.param_groups:
+            g["lr"] = sc.lr_at(s)
+
+        def evaluate(at):
+            for e, f in sc.evals(s, at):
+                begin_forwards()
+                for r in range(w):
+                    with torch.no_grad():
+                        forward(r, s, EVAL_DATA + e, f["batch"][r], BRANCHES, f["mode"] == "train")
+                state["sync_next"] = False
         for j, m in enumerate(micro):
-            synced = j == len(micro) - 1
-            if bcast and prev_synced:
-                rank_bufs = [[t.clone() for t in rank_bufs[0]] for _ in range(w)]
+            evaluate(j)
+            synced = sc.synced(s, j)
+            begin_forwards()
             for r in range(w):
-                set_bufs(rank_bufs[r])
-                x, y = scenario_batch(sc.seed, s, j, r, m["batch"][r])
-                extra = {"idx": scenario_indices(sc.seed, s, j, r, m["batch"][r])} if sparse else {}
-                net.zero_grad(set_to_none=True)
-                (mse(net(x, plan=tuple(m["plan"][r]), **extra), y) * scale).backward()
-                rank_bufs[r] = get_bufs()
-                for i, q in enumerate(params):
-                    if q.grad is not None:  # a sparse gradient's replica mean is taken dense
-                        g = q.grad.to_dense() if q.grad.is_sparse else q.grad
-                        acc[r][i] = g.clone() if acc[r][i] is None else acc[r][i] + g
-            prev_synced = synced
+                out, y = forward(r, s, j, m["batch"][r], tuple(m["plan"][r]), training)
+                for i, q in enumerate(params):  # a copy: AccumulateGrad may add in place
+                    q.grad = None if grads[r][i] is None else grads[r][i].clone()
+                (mse(out, y) * scale).backward()
+                # a sparse gradient's replica mean is taken dense
+                grads[r] = [None if q.grad is None else q.grad.to_dense() if q.grad.is_sparse else q.grad
+                            for q in params]
+            state["sync_next"] = synced
+            if not synced:
+                continue
+            for i in range(len(params)):
+                if find_unused and not reached[i]:
+                    continue  # no replica reached it since the last synced backward: untouched
+                total = None
+                for r in range(w):  # the replicas' gradients, zeros where None, in rank order
+                    g = grads[r][i] if grads[r][i] is not None else torch.zeros_like(params[i])
+                    total = g.clone() if total is None else total + g
+                for r in range(w):
+                    grads[r][i] = total / w
+            reached[:] = [False] * len(params)
+        evaluate(len(micro))
         with torch.no_grad():
             for i, q in enumerate(params):
-                got = [acc[r][i] for r in range(w) if acc[r][i] is not None]
-                if not got:
-                    q.grad = None  # globally unused in the window
-                    continue
-                total = None
-                for r in range(w):  # the replicas' accumulated gradients, zeros where unused, in rank order
-                    g = acc[r][i] if acc[r][i] is not None else torch.zeros_like(q)
-                    total = g.clone() if total is None else total + g
-                q.grad = total / w / scale
+                q.grad = None if grads[0][i] is None else grads[0][i] / scale
+        if lp["clip"] == "norm":
+            torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
         opt.step()
+        for r in range(w):  # the step's gradients, unscaled (and clipped), as on every replica
+            grads[r] = [None if q.grad is None else q.grad.clone() for q in params]
+        if sc.checkpoint_at == s:
+            state["sync_next"] = True  # a new DDP: its first forward broadcasts
         out_p.append(flat_params(net))
         out_b.append(flat_bufs())
     return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(opt)}
@@ -685,7 +884,8 @@ def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 
 
 #: Learning rates per optimizer: large enough that one step moves parameters by
 #: >= 100 x atol (the vacuity guard), small enough to stay stable for 120 steps.
-LRS = {"sgd": (0.05, 0.1, 0.2), "sgd_momentum": (0.02, 0.05), "adam": (0.005, 0.01), "adamw": (0.005, 0.01)}
+LRS = {"sgd": (0.05, 0.1, 0.2), "sgd_momentum": (0.02, 0.05), "adam": (0.005, 0.01), "adamw": (0.005, 0.01),
+       "sgd_wd": (0.1, 0.2)}
 
 
 @dataclass(frozen=True)
@@ -700,6 +900,9 @@ class Space:
     few_shapes: bool = False     # local batches from FEW_BATCHES (each distinct graph a compilation)
     workload: bool = False       # draw the workload (WORKLOADS) too; else the plain one
     xla_corners: bool = False    # draw only the corners XLA runtimes train (not XLA_UNSUPPORTED)
+    loop: bool = False           # draw the loop program (LOOPS, forwards without backward, synced
+    #                              backwards), and the default optimizers include sgd_wd (ALL_OPTIMIZERS)
+    max_pattern: int = 4         # the most distinct steps a run repeats (a loop case: the profile's loop_depth)
 
 
 #: Local batch sizes of generated scenarios where each distinct graph is compiled (XLA):
@@ -727,8 +930,10 @@ def space_problem(space: dict) -> str | None:
     sp = Space(**space)
     if set(sp.ddp_extra) - set(DDP_EXTRAS):
         return f"unknown ddp_extra {sorted(set(sp.ddp_extra) - set(DDP_EXTRAS))}; known: {sorted(DDP_EXTRAS)}"
-    if not sp.optimizers or set(sp.optimizers) - set(OPTIMIZERS):
-        return f"optimizers {sp.optimizers}: a non-empty subset of {OPTIMIZERS}"
+    if not sp.optimizers or set(sp.optimizers) - set(ALL_OPTIMIZERS):
+        return f"optimizers {sp.optimizers}: a non-empty subset of {ALL_OPTIMIZERS}"
+    if not 1 <= sp.max_pattern <= 16:
+        return f"max_pattern {sp.max_pattern}: 1..16 distinct steps"
     if sp.max_steps < 41:
         return f"max_steps {sp.max_steps}: at least 41 (long runs are drawn from 41..max_steps)"
     if not sp.budget > 0:
@@ -764,8 +969,9 @@ def scenarios(world_size: int, space: Space):
     def build(draw):
         workload = draw(workloads(space)) if space.workload else dict(PLAIN_WORKLOAD)
         sparse = workload["grad"] != "dense"
-        optimizer = draw(st.sampled_from([o for o in space.optimizers if not sparse or o in SPARSE_OPTIMIZERS]
-                                         or list(space.optimizers)))
+        optimizers = ALL_OPTIMIZERS if space.loop and space.optimizers == OPTIMIZERS else space.optimizers
+        optimizer = draw(st.sampled_from([o for o in optimizers if not sparse or o in SPARSE_OPTIMIZERS]
+                                         or list(optimizers)))
         find_unused = draw(st.booleans())
         ddp = {"find_unused_parameters": find_unused, "broadcast_buffers": not draw(st.booleans())}
         if "buckets" in space.ddp_extra:
@@ -782,7 +988,7 @@ def scenarios(world_size: int, space: Space):
         fixed = (draw(plan(find_unused)) if find_unused else draw(st.permutations(BRANCHES).map(list))) \
             if static else None
         pattern = []
-        for _ in range(draw(st.integers(1, 4))):
+        for _ in range(draw(st.integers(1, space.max_pattern))):
             # static_graph with a no_sync window crashes torch's DDP (UPSTREAM_DEFECTS): not drawn
             k = 1 if static else draw(st.integers(1, 3))
             micro = []
@@ -799,7 +1005,15 @@ def scenarios(world_size: int, space: Space):
                 if fixed is not None:
                     plans = [list(fixed) for _ in range(world_size)]
                 micro.append({"batch": batch, "plan": plans})
-            pattern.append({"micro": micro})
+            step = {"micro": micro}
+            if space.loop:  # the loop program: synced backwards and forwards without backward
+                for m in micro[:-1]:
+                    if not static and draw(st.booleans()):
+                        m["sync"] = True
+                evals = draw(st.lists(eval_forward(len(micro)), max_size=2))
+                if evals:
+                    step["eval"] = evals
+            pattern.append(step)
         # One run in ten is long (faults that start late); the explicit scenarios hold one too.
         # (not with a bfloat16 part: its 1-ulp rounding flips compound over long runs, above any
         # bound a short run's movement clears)
@@ -807,10 +1021,29 @@ def scenarios(world_size: int, space: Space):
         n = draw(st.integers(41, space.max_steps) if long_run else st.integers(1, 8))
         steps = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(n)]
         ckpt = draw(st.one_of(st.none(), st.integers(0, max(0, n - 2)))) if n > 1 else None
-        return Scenario(seed=draw(st.integers(0, 2 ** 20)), lr=draw(st.sampled_from(LRS[optimizer])),
-                        optimizer=optimizer, ddp=ddp, rebind_buffers=draw(st.booleans()),
-                        loss_scale_log2=draw(st.sampled_from([0, 8, 20])), checkpoint_at=ckpt, steps=steps,
-                        workload=workload)
+        sc = Scenario(seed=draw(st.integers(0, 2 ** 20)), lr=draw(st.sampled_from(LRS[optimizer])),
+                      optimizer=optimizer, ddp=ddp, rebind_buffers=draw(st.booleans()),
+                      loss_scale_log2=draw(st.sampled_from([0, 8, 20])), checkpoint_at=ckpt, steps=steps,
+                      workload=workload)
+        if space.loop:
+            sc.loop = dict({k: draw(st.sampled_from(v)) for k, v in LOOPS.items()},
+                           lr_drop_at=draw(st.one_of(st.none(), st.integers(1, n - 1))) if n > 1 else None)
+            if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
+                for step in sc.steps:
+                    for f in step.get("eval", ()):
+                        if f["mode"] == "train":
+                            f["grad"] = "no_grad"
+        return sc
+
+    def eval_forward(k):
+        if space.few_shapes:
+            batch = st.sampled_from(FEW_BATCHES).map(lambda n: [n] * world_size)
+        elif space.rank_uniform:
+            batch = st.integers(1, 6).map(lambda n: [n] * world_size)
+        else:
+            batch = st.lists(st.integers(1, 6), min_size=world_size, max_size=world_size)
+        return st.fixed_dictionaries({"at": st.integers(0, k), "grad": st.sampled_from(EVAL_GRAD),
+                                      "mode": st.sampled_from(EVAL_MODE), "batch": batch})
     return build()
 
 
@@ -834,6 +1067,8 @@ def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
     dimension a fault hides in, so the default budget always covers them."""
     if space.workload:
         return explicit_workload_scenarios(world_size, space)
+    if space.loop:
+        return explicit_loop_scenarios(world_size, space)
     w = world_size
     all_b = list(BRANCHES)
     extra = {}
@@ -922,6 +1157,54 @@ def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]
     ]
     if space.xla_corners:
         out = [e for e in out if not xla_unsupported(e.workload)]
+    return _finished(out, space)
+
+
+def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
+    """The loop case's scenarios every run includes: together they hold every value of
+    :data:`LOOPS`, ``sgd_wd``, a learning-rate drop, forwards without backward of each grad mode
+    and module mode (before, inside and after an accumulation window) and several synced
+    backwards in one step, each where a fault it reveals shows (see the comments)."""
+    w = world_size
+    all_b = list(BRANCHES)
+    uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
+
+    def sc(steps, optimizer="sgd", find_unused=True, **loop):
+        return Scenario(seed=31, lr=LRS[optimizer][-1] if optimizer.startswith("sgd") else LRS[optimizer][0],
+                        optimizer=optimizer, ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True},
+                        rebind_buffers=False, loss_scale_log2=0, checkpoint_at=None, steps=steps,
+                        loop=dict(PLAIN_LOOP, **loop))
+
+    def micro(plan, sync=None, batch=None):
+        m = {"batch": list(batch or uneven), "plan": [list(plan)] * w}
+        if sync is not None:
+            m["sync"] = sync
+        return m
+
+    def ev(at, grad, mode):
+        return {"at": at, "grad": grad, "mode": mode, "batch": list(uneven)}
+    out = [
+        # zero gradients, not None: branch c used at steps 1 and 3 only; at steps 2 and 4 its zero
+        # gradient must stay zero (weight decay still moves it; a DDP setting it None skips it); an
+        # eval-mode validation forward before each step (DDP broadcasts the buffers there, so the
+        # next training forward need not); a learning-rate drop
+        sc([{"micro": [micro(all_b if s % 2 == 0 else ["a", "b"])], "eval": [ev(0, "no_grad", "eval")]}
+            for s in range(4)], optimizer="sgd_wd", zero_grad="zeros", lr_drop_at=2),
+        # None gradients: branch c never used keeps None under AdamW's decoupled weight decay; two synced
+        # backwards per step (branch a reached only by the first: its averaged gradient must stay);
+        # gradient clipping on the synced gradients
+        sc([{"micro": [micro(["a", "b"], sync=True), micro(["b"])]} for _ in range(3)], optimizer="adamw",
+           clip="norm"),
+        # training forwards and backwards in eval mode (gradients still averaged); a no_grad forward in
+        # train mode inside an accumulation window (it updates the buffers, and the next forward, not
+        # following a synced one, does not broadcast them); an inference_mode forward after the last
+        # backward
+        sc([{"micro": [micro(all_b), micro(all_b)], "eval": [ev(1, "no_grad", "train"), ev(2, "inference_mode", "eval")]}
+            for _ in range(3)], find_unused=False, module_mode="eval"),
+        # clipping where it binds, a train-mode no_grad forward before each step, momentum
+        sc([{"micro": [micro(all_b)], "eval": [ev(0, "no_grad", "train")]} for _ in range(4)],
+           optimizer="sgd_momentum", find_unused=False, clip="norm"),
+    ]
     return _finished(out, space)
 
 
@@ -1088,6 +1371,8 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
                     xla_corners=space.xla_corners or rt.compiled_graphs)
     # The workload draw has its own budget column (where each distinct graph is compiled, every
     # drawn workload is new graphs: explicit scenarios only by default).
+    if space.loop:  # deeper programs under a larger profile
+        space = replace(space, max_pattern=loop_depth(session.profile))
     examples = (workload_examples(session.profile, rt.compiled_graphs) if space.workload
                 else scenario_examples(session.profile, space.budget))
     return run_scenario_case(space, target, lambda sc: scenario_tolerance(runtime, sc), agree, examples,

@@ -143,6 +143,12 @@ def mse(out, y):
 
 #: The kit's optimizers by name (a scenario draws one; a training run uses ``sgd``).
 OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw")
+#: Every optimizer :func:`build_optimizer` builds: :data:`OPTIMIZERS` and ``sgd_wd`` (SGD with
+#: weight decay, drawn by the loop programs: a ``None`` gradient skips a parameter, a zero
+#: gradient still decays it, so the two differ).
+ALL_OPTIMIZERS = OPTIMIZERS + ("sgd_wd",)
+#: Weight decay of ``sgd_wd`` and ``adamw``.
+WEIGHT_DECAY = 0.01
 
 #: Adam's / AdamW's ``eps``. An element's update is about ``lr * g / (sqrt(v) + eps)``; where
 #: ``g`` and ``v`` are near zero its sensitivity to a gradient difference approaches ``lr / eps``
@@ -156,18 +162,23 @@ ADAM_EPS = 1e-3
 
 def build_optimizer(name: str, params, lr: float, momentum: float = 0.0):
     """Optimizer ``name`` of :data:`OPTIMIZERS` over ``params``: ``sgd`` (with ``momentum``),
-    ``sgd_momentum`` (0.9), ``adam``, ``adamw`` (weight decay 0.01; both with ``eps``
-    :data:`ADAM_EPS`)."""
+    ``sgd_momentum`` (0.9), ``sgd_wd`` (weight decay :data:`WEIGHT_DECAY`), ``adam``, ``adamw``
+    (weight decay :data:`WEIGHT_DECAY`; both with ``eps`` :data:`ADAM_EPS`).
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`ALL_OPTIMIZERS`."""
     import torch
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum)
     if name == "sgd_momentum":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "sgd_wd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=WEIGHT_DECAY)
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, eps=ADAM_EPS)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, eps=ADAM_EPS, weight_decay=0.01)
-    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+        return torch.optim.AdamW(params, lr=lr, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
+    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(ALL_OPTIMIZERS)}")
 
 
 def make_optimizer(params, run: RunSpec):

@@ -131,6 +131,90 @@ class UnusedZeroFilled(RefDDP):
                 p.grad = torch.zeros_like(p)
 
 
+# --- the loop around the DDP (issue 25; docs/scenarios.md, "The loop programs") ---------------
+
+class ReduceOnlyInTraining(RefDDP):
+    """Gradients are averaged only while the module is in train mode: a backward in eval mode
+    (fine-tuning with frozen statistics) leaves every replica with its local gradient."""
+
+    def _on_grad_ready(self, param):
+        if self.module.training:
+            super()._on_grad_ready(param)
+
+
+class EvalForwardSkipsBufferSync(RefDDP):
+    """A forward in eval mode does not broadcast the buffers (as if only training forwards needed
+    them) but still clears the forward-sync flag: after an eval-mode validation forward the next
+    training forward runs on each replica's own buffers, where DDP's are rank 0's."""
+
+    def forward(self, *args, **kwargs):
+        if self.module.training:
+            return super().forward(*args, **kwargs)
+        keep, self.broadcast_buffers = self.broadcast_buffers, False
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            self.broadcast_buffers = keep
+
+
+class BufferSyncIgnoresGradMode(RefDDP):
+    """The forward-sync flag ignores the grad mode: a forward under ``no_grad`` counts as a synced
+    one, so the next forward broadcasts the buffers (DDP's ``_post_forward`` clears the flag
+    there: the buffers a train-mode ``no_grad`` forward updated stay each replica's own)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        self.require_forward_param_sync = self.require_backward_grad_sync
+        return out
+
+
+class SyncedForwardZeroesGrads(RefDDP):
+    """Assumes one synced backward per optimizer step: a forward that follows a synced one drops
+    the gradients (``grad = None``), so of two synced backwards in one step only the second's
+    gradient reaches the step, and a zero gradient from ``zero_grad(set_to_none=False)`` becomes
+    ``None``."""
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() and self.require_backward_grad_sync and self.require_forward_param_sync:
+            for p in self.module.parameters():
+                p.grad = None
+        return super().forward(*args, **kwargs)
+
+
+class UnusedByThisBackwardDropped(RefDDP):
+    """With ``find_unused_parameters``, a parameter no replica's *this* backward reached gets
+    ``grad = None``, though it held a gradient: a zero one (``zero_grad(set_to_none=False)``, which
+    weight decay still applies) or an earlier synced backward's average in the same step."""
+
+    def _global_use_counts(self, params, used):
+        return super()._global_use_counts(params, [id(p) in self._fired for p in params])
+
+
+class MeanAtOptimizerStep(RefDDP):
+    """Gradients are all-reduced as sums; the division by the world size is deferred to an
+    optimizer step pre-hook (fused into the step). Any loop that reads the synced gradients
+    before the step (``clip_grad_norm_``) sees world size x the mean."""
+
+    def __init__(self, module, **kwargs):
+        super().__init__(module, **kwargs)
+        import weakref
+        me, mine = weakref.ref(self), {id(p) for p in module.parameters()}
+
+        def divide(opt, args, kwargs):
+            ddp = me()
+            if ddp is None:
+                return
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if id(p) in mine and p.grad is not None:
+                        p.grad.div_(ddp.collectives.world_size)
+        handle = torch.optim.optimizer.register_optimizer_step_pre_hook(divide)  # on every optimizer
+        weakref.finalize(self, handle.remove)  # a world reused by later cases keeps no hook
+
+    def _grad_scale(self):
+        return 1.0
+
+
 class UnusedSkipped(RefDDP):
     """Locally unused parameters are not reduced (replicas that used one keep
     their local gradient)."""
@@ -562,6 +646,12 @@ MUTANTS = {m.name: m for m in [
     Mutant("buffers_always_broadcast", BuffersAlwaysBroadcast.__doc__, BuffersAlwaysBroadcast),
     Mutant("unused_zero_filled", UnusedZeroFilled.__doc__, UnusedZeroFilled),
     Mutant("unused_skipped", UnusedSkipped.__doc__, UnusedSkipped),
+    Mutant("reduce_only_in_training", ReduceOnlyInTraining.__doc__, ReduceOnlyInTraining),
+    Mutant("eval_forward_skips_buffer_sync", EvalForwardSkipsBufferSync.__doc__, EvalForwardSkipsBufferSync),
+    Mutant("buffer_sync_ignores_grad_mode", BufferSyncIgnoresGradMode.__doc__, BufferSyncIgnoresGradMode),
+    Mutant("synced_forward_zeroes_grads", SyncedForwardZeroesGrads.__doc__, SyncedForwardZeroesGrads),
+    Mutant("unused_by_this_backward_dropped", UnusedByThisBackwardDropped.__doc__, UnusedByThisBackwardDropped),
+    Mutant("mean_at_optimizer_step", MeanAtOptimizerStep.__doc__, MeanAtOptimizerStep),
     Mutant("no_sync_ignored", NoSyncIgnored.__doc__, NoSyncIgnored),
     Mutant("no_sync_sticky", NoSyncSticky.__doc__, NoSyncSticky),
     Mutant("dropped_bucket", DroppedBucket.__doc__, DroppedBucket),
