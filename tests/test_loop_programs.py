@@ -1,0 +1,164 @@
+"""The loop programs (``scenario.loop``): the format, and the oracle's DDP semantics for each loop
+dimension, each against what a hand-computed loop gives (docs/scenarios.md, "The loop programs")."""
+import json
+
+import numpy as np
+import pytest
+
+from conformance.cases.scenarios.scenario import (BRANCHES, PLAIN_LOOP, Scenario, ScenarioError, Space,
+                                                  explicit_loop_scenarios, scenario_reference, scenarios)
+
+pytestmark = pytest.mark.cpu
+
+
+def program(steps, optimizer="sgd", find_unused=True, rebind=False, **loop):
+    return Scenario(seed=5, lr=0.2, optimizer=optimizer,
+                    ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True},
+                    rebind_buffers=rebind, loss_scale_log2=0, checkpoint_at=None, steps=steps,
+                    loop=dict(PLAIN_LOOP, **loop))
+
+
+def step(*plans, sync=None, evals=(), batch=(2, 3)):
+    micro = [{"batch": list(batch), "plan": [list(p)] * len(batch)} for p in plans]
+    for j, s in enumerate(sync or ()):
+        if s is not None:
+            micro[j]["sync"] = s
+    out = {"micro": micro}
+    if evals:
+        out["eval"] = [dict(e, batch=list(batch)) for e in evals]
+    return out
+
+
+def c_weight(ref, s):
+    """Branch c's weight after step ``s`` (0 = construction) in the oracle's flat parameters."""
+    from conformance.cases.scenarios.scenario import build_scenario_model
+    from conformance.cases.train.readback import param_layout
+    names = [n for n, _ in param_layout(build_scenario_model(5, False))]
+    sizes = [p.numel() for _, p in build_scenario_model(5, False).named_parameters()]
+    at = names.index("branch.c.weight")
+    lo = sum(sizes[:at])
+    return ref["params"][s][lo:lo + sizes[at]]
+
+
+def test_format_round_trip_and_plain_loop_left_out():
+    for w in (2, 3):
+        for sc in explicit_loop_scenarios(w, Space(loop=True)):
+            assert Scenario.from_json(json.loads(json.dumps(sc.to_json()))) == sc
+    plain = program([step(BRANCHES)])
+    assert "loop" not in plain.to_json()  # files written before the loop axis stay as they were
+    assert Scenario.from_json(plain.to_json()).loop == PLAIN_LOOP
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["steps"][0]["micro"][-1].update(sync=False), "true at the window's last micro-step"),
+    (lambda d: d["loop"].update(lr_drop_at=0), "lr_drop_at"),
+    (lambda d: d["loop"].update(clip="value"), "loop clip"),
+    (lambda d: d["loop"].update(warmup=3), "loop: an object with keys"),
+    (lambda d: d["steps"][0].update(eval=[{"at": 9, "grad": "no_grad", "mode": "eval", "batch": [1, 1]}]),
+     "a micro-step index"),
+    (lambda d: d["steps"][0].update(eval=[{"at": 0, "grad": "enable_grad", "mode": "eval", "batch": [1, 1]}]),
+     "grad one of"),
+    (lambda d: (d.update(rebind_buffers=True), d["steps"][0].update(
+        eval=[{"at": 0, "grad": "inference_mode", "mode": "train", "batch": [1, 1]}])), "inference tensors"),
+])
+def test_bad_programs_are_one_line_errors(change, message):
+    d = program([step(BRANCHES), step(BRANCHES)], clip="norm").to_json()
+    change(d)
+    with pytest.raises(ScenarioError, match=message):
+        Scenario.from_json(d)
+
+
+def test_a_zero_gradient_decays_and_a_none_gradient_does_not():
+    """Branch c used at step 1 only: with zero_grad(set_to_none=False) its gradient at step 2 is a
+    zero tensor (the reducer leaves a parameter no replica used untouched), which SGD's weight
+    decay still applies; with set_to_none it is None and the parameter stays."""
+    steps = [step(BRANCHES), step(["a", "b"])]
+    zeros = scenario_reference(program(steps, optimizer="sgd_wd", zero_grad="zeros"))
+    none = scenario_reference(program(steps, optimizer="sgd_wd"))
+    assert np.array_equal(c_weight(none, 2), c_weight(none, 1))
+    np.testing.assert_allclose(c_weight(zeros, 2), c_weight(zeros, 1) * (1 - 0.2 * 0.01), rtol=1e-6)
+
+
+def test_synced_backwards_sum_their_averaged_gradients():
+    """Two synced backwards in one step give the same parameters as one accumulation window over
+    the same micro-batches (sum of averages = average of sums), and a parameter reached only by the
+    first keeps its averaged gradient through the second."""
+    window = scenario_reference(program([step(BRANCHES, ["a", "b"])]))
+    synced = scenario_reference(program([step(BRANCHES, ["a", "b"], sync=[True])]))
+    np.testing.assert_allclose(synced["params"], window["params"], atol=1e-6)
+    moved = c_weight(synced, 1) - c_weight(synced, 0)
+    assert np.abs(moved).max() > 1e-3
+
+
+def test_buffers_after_a_forward_without_grad_are_not_broadcast():
+    """A forward without grad clears DDP's forward-sync flag, whatever the module's mode. In eval
+    mode it changes no buffer, and it was itself broadcast (it followed a synced step): step 2's
+    training forward starts every replica from rank 0's buffers, so replica r ends with
+    ``0.9 * B + 0.1 * m_r`` (``m_r`` its stem's batch mean) and replicas differ by
+    ``0.1 * (m_1 - m_0)``. In train mode it updates each replica's buffers from its own data and
+    the training forward does not broadcast them: that relation no longer holds."""
+    import torch
+
+    from conformance.cases.scenarios.scenario import build_scenario_model, scenario_batch
+    batch = (2, 3)
+
+    def run(mode):
+        sc = program([step(BRANCHES, batch=batch), step(BRANCHES, batch=batch, evals=[
+            {"at": 0, "grad": "no_grad", "mode": mode}])])
+        return scenario_reference(sc)
+    ref = run("eval")
+    net = build_scenario_model(5, False)
+    torch.nn.utils.vector_to_parameters(torch.tensor(ref["params"][1], dtype=torch.float32), net.parameters())
+    with torch.no_grad():
+        m = [torch.tanh(net.stem(scenario_batch(5, 1, 0, r, n)[0])).mean(0).double().numpy()
+             for r, n in enumerate(batch)]
+    ema = slice(0, 12)
+    expected = 0.1 * (m[1] - m[0])
+    np.testing.assert_allclose(ref["buffers"][2][1, ema] - ref["buffers"][2][0, ema], expected, atol=1e-6)
+    train = run("train")["buffers"][2]
+    assert np.abs(train[1, ema] - train[0, ema] - expected).max() > 1e-4
+
+
+def test_backward_in_eval_mode_is_averaged_and_leaves_buffers():
+    ref = scenario_reference(program([step(BRANCHES)] * 2, module_mode="eval", find_unused=False))
+    assert np.array_equal(ref["buffers"][2], ref["buffers"][0])  # eval mode: no buffer update
+    assert np.abs(ref["params"][2] - ref["params"][0]).max() > 1e-3
+
+
+def test_clipping_bounds_the_synced_gradient_norm():
+    sc = program([step(BRANCHES)], clip="norm", find_unused=False)
+    clipped, free = scenario_reference(sc), scenario_reference(program([step(BRANCHES)], find_unused=False))
+    norm = np.linalg.norm(clipped["params"][1] - clipped["params"][0]) / sc.lr
+    assert norm == pytest.approx(0.25, rel=1e-4)  # it binds here: the free step is longer
+    assert np.linalg.norm(free["params"][1] - free["params"][0]) / sc.lr > 0.3
+
+
+def test_learning_rate_drop_scales_the_step():
+    plain = scenario_reference(program([step(BRANCHES)] * 2, find_unused=False))
+    drop = scenario_reference(program([step(BRANCHES)] * 2, find_unused=False, lr_drop_at=1))
+    np.testing.assert_array_equal(drop["params"][1], plain["params"][1])
+    d_plain, d_drop = plain["params"][2] - plain["params"][1], drop["params"][2] - drop["params"][1]
+    np.testing.assert_allclose(d_drop, 0.5 * d_plain, atol=1e-7)
+
+
+def test_generated_programs_are_valid_and_enter_every_loop_dimension():
+    from hypothesis import HealthCheck, given, settings
+    seen = set()
+
+    @settings(max_examples=120, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(sc=scenarios(3, Space(loop=True)))
+    def draw(sc):
+        sc.validate()
+        seen.update(f"{k}={v}" for k, v in sc.loop.items() if k != "lr_drop_at")
+        seen.add(f"lr_drop={sc.loop['lr_drop_at'] is not None}")
+        seen.add(f"optimizer={sc.optimizer}")
+        for s in range(len(sc.steps)):
+            for _, f in enumerate(sc.steps[s].get("eval", ())):
+                seen.add(f"eval={f['grad']},{f['mode']}")
+            if sum(sc.synced(s, j) for j in range(len(sc.steps[s]["micro"]))) > 1:
+                seen.add("synced_backwards>1")
+    draw()
+    want = {"zero_grad=zeros", "module_mode=eval", "clip=norm", "lr_drop=True", "optimizer=sgd_wd",
+            "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "synced_backwards>1"}
+    assert want <= seen, sorted(want - seen)
