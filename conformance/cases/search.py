@@ -25,13 +25,16 @@ class Budget:
     runtime where every distinct graph is compiled (XLA), where each drawn workload costs
     compilations (0: the explicit scenarios only); ``loop_depth``: the most distinct steps a
     generated loop program repeats (``scenario.loop``: each step its own accumulation window,
-    synced backwards and forwards without backward)."""
+    synced backwards and forwards without backward); ``loops_compiled``: generated loop programs
+    on a runtime where every distinct graph is compiled (0: the explicit ones only; each program
+    is new graphs)."""
 
     properties: int
     scenarios: int
     workloads: int
     workloads_compiled: int
     loop_depth: int = 4
+    loops_compiled: int = 0
 
 
 #: The example budgets, by profile name. The default (dev) workload draw is small: the default
@@ -40,7 +43,8 @@ PROFILES = {
     "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0),
     "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0),
     "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0),
-    "thorough": Budget(properties=2000, scenarios=500, workloads=300, workloads_compiled=25, loop_depth=8),
+    "thorough": Budget(properties=2000, scenarios=500, workloads=300, workloads_compiled=25, loop_depth=8,
+                       loops_compiled=25),
 }
 
 
@@ -77,6 +81,12 @@ def workload_examples(name: str | None = None, compiled: bool = False) -> int:
 def loop_depth(name: str | None = None) -> int:
     """The most distinct steps of a generated loop program under profile :func:`profile_name` ``(name)``."""
     return PROFILES[profile_name(name)].loop_depth
+
+
+def loop_examples(name: str | None = None, fraction: float = 1.0) -> int:
+    """Generated loop programs under profile :func:`profile_name` ``(name)`` on a runtime that
+    compiles every distinct graph (``fraction`` of ``Budget.loops_compiled``; 0: explicit only)."""
+    return round(PROFILES[profile_name(name)].loops_compiled * fraction)
 
 
 def kit_settings(max_examples: int, shrink: bool = True):

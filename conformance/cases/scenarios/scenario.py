@@ -43,7 +43,8 @@ from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_
                                               optimizer_state_layout, param_layout, saved_checkpoint, state_digest,
                                               to_device)
 import contextlib
-from conformance.cases.search import kit_settings, loop_depth, scenario_examples, SearchWorld, workload_examples
+from conformance.cases.search import (kit_settings, loop_depth, loop_examples, scenario_examples, SearchWorld,
+                                      workload_examples)
 from conformance.cases.train.commhooks import register_hook
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
@@ -148,6 +149,13 @@ XLA_UNSUPPORTED = {
     ("grad", "sparse_bag"): "torch_xla has no sparse tensors (EmbeddingBag(sparse=True)'s backward raises)",
     ("graph", "checkpoint_nonreentrant"): "torch 2.9's non-reentrant checkpoint has no XLA device module "
                                           "and torch_xla's checkpoint is reentrant only",
+}
+#: Loop values a runtime whose graphs are compiled (XLA) cannot run, with the measured reason: never
+#: drawn there; a replayed one is ``unsupported``.
+XLA_UNSUPPORTED_LOOP = {
+    ("eval", "inference_mode"): "torch_xla 2.9 cannot run a module under torch.inference_mode() (measured on "
+                                "the PJRT CPU device: \"Cannot set version_counter for inference tensor\" in "
+                                "the first Linear; also reported on TPU: cambrian-mllm/cambrian#76)",
 }
 #: Combinations valid for DDP's semantics (the oracle and the reference DDP take them; a replay
 #: runs them) that the draw leaves out because torch's own DDP fails them (docs/findings.md 11,
@@ -630,6 +638,9 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     why = xla_unsupported(sc.workload) if str(ctx.device).startswith("xla") else None
     if why:
         raise Unsupported(f"workload {workload_corners(sc.workload)}: {why}")
+    if str(ctx.device).startswith("xla") and any(f["grad"] == "inference_mode" for st in sc.steps
+                                                 for f in st.get("eval", ())):
+        raise Unsupported(XLA_UNSUPPORTED_LOOP[("eval", "inference_mode")])
     sparse = sc.workload["grad"] != "dense"
 
     def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
@@ -842,6 +853,7 @@ def scenario_reference(sc: Scenario) -> dict:
             grads[r] = [None if q.grad is None else q.grad.clone() for q in params]
         if sc.checkpoint_at == s:
             state["sync_next"] = True  # a new DDP: its first forward broadcasts
+            grads = [[None] * len(params) for _ in range(w)]  # a state dict holds no gradients
         out_p.append(flat_params(net))
         out_b.append(flat_bufs())
     return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(opt)}
@@ -1042,7 +1054,8 @@ def scenarios(world_size: int, space: Space):
             batch = st.integers(1, 6).map(lambda n: [n] * world_size)
         else:
             batch = st.lists(st.integers(1, 6), min_size=world_size, max_size=world_size)
-        return st.fixed_dictionaries({"at": st.integers(0, k), "grad": st.sampled_from(EVAL_GRAD),
+        grads = [g for g in EVAL_GRAD if not (space.xla_corners and ("eval", g) in XLA_UNSUPPORTED_LOOP)]
+        return st.fixed_dictionaries({"at": st.integers(0, k), "grad": st.sampled_from(grads),
                                       "mode": st.sampled_from(EVAL_MODE), "batch": batch})
     return build()
 
@@ -1112,6 +1125,8 @@ def _finished(out: list, space: Space) -> list:
                 for m in step["micro"]:
                     m["batch"] = [m["batch"][0]] * e.world_size
                     m["plan"] = [list(m["plan"][0]) for _ in range(e.world_size)]
+                for f in step.get("eval", ()):  # one graph per forward on every replica
+                    f["batch"] = [f["batch"][0]] * e.world_size
         e.validate()
     return out
 
@@ -1205,6 +1220,11 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
         sc([{"micro": [micro(all_b)], "eval": [ev(0, "no_grad", "train")]} for _ in range(4)],
            optimizer="sgd_momentum", find_unused=False, clip="norm"),
     ]
+    if space.xla_corners:  # no inference_mode there (XLA_UNSUPPORTED_LOOP): no_grad in its place
+        for e in out:
+            for st in e.steps:
+                for f in st.get("eval", ()):
+                    f["grad"] = "no_grad"
     return _finished(out, space)
 
 
@@ -1374,6 +1394,7 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
     if space.loop:  # deeper programs under a larger profile
         space = replace(space, max_pattern=loop_depth(session.profile))
     examples = (workload_examples(session.profile, rt.compiled_graphs) if space.workload
+                else loop_examples(session.profile, space.budget) if space.loop and rt.compiled_graphs
                 else scenario_examples(session.profile, space.budget))
     return run_scenario_case(space, target, lambda sc: scenario_tolerance(runtime, sc), agree, examples,
                              overrides.get("shrink", True))
