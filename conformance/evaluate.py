@@ -1,8 +1,8 @@
 """The one entry point: ``evaluate(case, impl, runtime, world_size) -> list[Verdict]``.
 
 Every face calls it. It resolves the implementation, dispatches to the evaluator of
-the row's kind (:data:`EVALUATORS`; each lives with its kind under
-:mod:`conformance.cases`), runs on a persistent world of the :class:`Session`, and
+the row's kind (:data:`KINDS`, the ``KIND`` each kind module under :mod:`conformance.cases`
+declares beside its evaluator), runs on a persistent world of the :class:`Session`, and
 turns every outcome into verdicts - one per check the row declares, whatever happens:
 
 * :class:`~conformance.errors.Unsupported` raised anywhere (a replica, a
@@ -17,13 +17,8 @@ that must kill it) through the same entry point.
 """
 from __future__ import annotations
 
-from conformance.cases.collectives.run import evaluate_collective
-from conformance.cases.features import evaluate_task
-from conformance.cases.properties.run import evaluate_property
-from conformance.cases.ranks import evaluate_invariant
-from conformance.cases.row import KINDS, Case
-from conformance.cases.scenarios.scenario import evaluate_scenario
-from conformance.cases.train.evaluate import evaluate_train
+from conformance.cases.row import Case
+from conformance.cases.validation import kinds
 from conformance.errors import Unsupported
 from conformance.report.text import KillRow
 from conformance.verdict import Verdict
@@ -169,7 +164,8 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         ImplSpecError: ``impl`` names nothing usable (callers validate first).
     """
     session = session or default_session()
-    if case.kind in ("property", "scenario"):  # the searches' evaluators read it from overrides
+    kind = KINDS[case.kind]
+    if kind.searches:  # the searches' evaluators read it from overrides
         overrides["shrink"] = shrink
     row = resolve_impl(impl)
     model = case.model
@@ -178,7 +174,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         return [Verdict(case.name, c, impl, runtime, model, world_size, status, reason=reason,
                         diagnosis=diagnosis, family=case.family) for c in case.checks]
 
-    if case.kind in ("property", "scenario") and type(session.pool).__name__ == "ExternalPool":
+    if kind.searches and type(session.pool).__name__ == "ExternalPool":
         return each("skip", f"{case.family} cases need a world the kit spawns: Hypothesis draws each example "
                     "from the result of the last one, which only the root process of a launcher-built world sees")
     try:
@@ -186,11 +182,11 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     except RuntimeUnavailable as exc:
         return each("skip", f"runtime {runtime}: {exc}")
     try:
-        if row.unsupported.get(runtime) and case.kind not in ("invariant", "collective"):  # these need no DDP
+        if row.unsupported.get(runtime) and kind.needs_impl:
             raise Unsupported(row.unsupported[runtime])
         if case.kind in row.unsupported_kinds:
             raise Unsupported(row.unsupported_kinds[case.kind])
-        verdicts = EVALUATORS[case.kind](case, impl, runtime, world_size, session, overrides)
+        verdicts = kind.evaluate(case, impl, runtime, world_size, session, overrides)
     except Unsupported as exc:
         return each("unsupported", exc.reason)
     except ReplicaError as exc:
@@ -212,11 +208,8 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     return verdicts
 
 
-#: kind -> its evaluator ``(case, impl, runtime, world_size, session, overrides) -> [Verdict]``
-#: (``None`` on a non-root process of a launcher-built world); each lives with its kind.
-EVALUATORS = {"train": evaluate_train, "task": evaluate_task, "property": evaluate_property,
-              "invariant": evaluate_invariant, "scenario": evaluate_scenario, "collective": evaluate_collective}
-assert set(EVALUATORS) == set(KINDS), "every kind of conformance.cases.row.KINDS needs an evaluator"
+#: kind name -> its :class:`~conformance.cases.kinds.Kind` (the registry's, loaded once).
+KINDS = kinds()
 
 
 def kill_rows(runtime: str, world_size: int, session=None, mutants=None, cases=None, progress=None) -> list[KillRow]:

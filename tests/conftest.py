@@ -37,5 +37,5 @@ def world_pool(conformance_world_pool):
 @pytest.fixture(scope="session")
 def runner(conformance_session):
     """``verdicts(runtime, w, impl, model, **overrides) -> {check: Verdict}`` of ``parity.<model>``."""
-    from conformance.cases.train.parity import ParityRunner
+    from conformance.cli.parity import ParityRunner
     return ParityRunner(conformance_session)

@@ -8,7 +8,7 @@ import pytest
 from conformance.cli.calibrate import calibrate, summary_text
 from conformance.verdict import Verdict
 from conformance.cases.table import CASES
-from conformance.cases.train.parity import parity_mutants
+from conformance.cli.parity import parity_mutants
 
 pytestmark = pytest.mark.cpu
 

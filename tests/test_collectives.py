@@ -211,7 +211,8 @@ def test_each_faulty_backend_fails_with_a_verdict_naming_the_op(backend, broken,
 
 
 def test_a_collective_row_is_validated():
-    from conformance.cases.row import Case, _validate
+    from conformance.cases.row import Case
+    from conformance.cases.validation import _validate
     for args, checks, needle in [({"op": "nope"}, ("result", "coverage"), "unknown collective op 'nope'"),
                                  ({"op": "all_reduce"}, ("result", "coverage"), "reports the checks")]:
         with pytest.raises(ValueError, match=needle):

@@ -13,6 +13,7 @@ A second table (:data:`SCRATCH_FAULTS`) puts the fault inside a from-scratch DDP
 collectives, which the kit does not instrument: the culprit is found from stacks.
 """
 import os
+from dataclasses import replace
 import signal
 import subprocess
 import sys
@@ -448,7 +449,7 @@ def test_world_failure_verdicts_fill_the_replica_column_only_for_one_culprit(mon
 
     def fails(*args, **kwargs):
         raise ReplicaTimeout("cpu world of 2 replica(s): task t: no answer\ndetails", diag)
-    monkeypatch.setitem(ev.EVALUATORS, case.kind, fails)
+    monkeypatch.setitem(ev.KINDS, case.kind, replace(ev.KINDS[case.kind], evaluate=fails))
     verdicts = ev.evaluate(case, "ref", "cpu", 2, session=ev.Session(pool=type("NoPool", (), {})()))
     assert verdicts and {(v.status, v.replica, v.first_bad_step) for v in verdicts} == {("fail", column, 2)}
 

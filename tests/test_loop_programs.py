@@ -11,10 +11,10 @@ from conformance.cases.scenarios.scenario import (BRANCHES, PLAIN_LOOP, Scenario
 pytestmark = pytest.mark.cpu
 
 
-def program(steps, optimizer="sgd", find_unused=True, rebind=False, **loop):
+def program(steps, optimizer="sgd", find_unused=True, rebind=False, checkpoint_at=None, **loop):
     return Scenario(seed=5, lr=0.2, optimizer=optimizer,
                     ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True},
-                    rebind_buffers=rebind, loss_scale_log2=0, checkpoint_at=None, steps=steps,
+                    rebind_buffers=rebind, loss_scale_log2=0, checkpoint_at=checkpoint_at, steps=steps,
                     loop=dict(PLAIN_LOOP, **loop))
 
 
@@ -162,3 +162,14 @@ def test_generated_programs_are_valid_and_enter_every_loop_dimension():
     want = {"zero_grad=zeros", "module_mode=eval", "clip=norm", "lr_drop=True", "optimizer=sgd_wd",
             "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "synced_backwards>1"}
     assert want <= seen, sorted(want - seen)
+
+
+def test_a_checkpoint_reload_starts_without_gradients():
+    """A state dict holds no gradients: after the reload branch c (unused from then on) has a None
+    gradient even under zero_grad(set_to_none=False), so momentum does not move it (before the
+    reload it would hold a zero gradient, and momentum would)."""
+    steps = [step(BRANCHES), step(["a", "b"]), step(["a", "b"])]
+    reload = scenario_reference(program(steps, optimizer="sgd_momentum", zero_grad="zeros", checkpoint_at=0))
+    kept = scenario_reference(program(steps, optimizer="sgd_momentum", zero_grad="zeros"))
+    assert np.array_equal(c_weight(reload, 2), c_weight(reload, 1))
+    assert not np.array_equal(c_weight(kept, 2), c_weight(kept, 1))

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import conformance
-from conformance.cases.row import KINDS
+from conformance.cases.kinds import KINDS
 from conformance.cases.train.loop import DDP_METHODS
 from conformance.impls import builtin
 from conformance.impls.builtin import IMPLS, ImplSpecError, resolve_impl, strategy_problem

@@ -145,17 +145,32 @@ def test_the_top_level_names_the_layers():
     assert len(flat) <= 12, f"the top level is filling up again: {flat}"
 
 
-#: The case kinds (conformance.cases): a kind may import the shared modules (checks, search,
-#: row, the training loop's helpers and state reading in train/), never another kind.
-KINDS = {"train": "conformance.cases.train", "task": "conformance.cases.features",
-         "property": "conformance.cases.properties", "scenario": "conformance.cases.scenarios",
-         "invariant": "conformance.cases.ranks", "collective": "conformance.cases.collectives"}
+#: The case kinds, from the registry (conformance.cases.kinds.REGISTRY): kind -> its package
+#: (or module). A kind may import the shared modules (checks, search, row, kinds, the training
+#: loop's helpers and state reading in train/), never another kind.
+def _kind_packages():
+    from conformance.cases.kinds import REGISTRY
+    return {name: line.package for name, line in REGISTRY.items()}
+
+
+KINDS = _kind_packages()
 SHARED = {"conformance.cases.train.loop", "conformance.cases.train.readback",
           "conformance.cases.train.commhooks"}
+#: The module that imports the registry's kind modules (by name, importlib): its edges to them
+#: join the import graph, so a kind importing it back is a cycle.
+KIND_LOADER = "conformance.cases.validation"
 
 
 def _kind(module):
     return next((k for k, pkg in KINDS.items() if module == pkg or module.startswith(pkg + ".")), None)
+
+
+def _full_graph():
+    """The import graph with the registry's edges (the loader imports every kind module)."""
+    from conformance.cases.kinds import REGISTRY
+    graph = _graph(_modules())
+    graph[KIND_LOADER] |= {line.module for line in REGISTRY.values()}
+    return graph
 
 
 def test_kinds_do_not_import_each_other():
@@ -165,9 +180,64 @@ def test_kinds_do_not_import_each_other():
     assert not bad, bad
 
 
-def test_every_kind_is_covered():
-    from conformance.cases.row import KINDS as TABLE_KINDS
-    assert set(KINDS) == set(TABLE_KINDS)
+def test_the_registry_edges_make_no_cycle():
+    cycle = _cycle(_full_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_every_registered_module_declares_its_kind():
+    from conformance.cases.kinds import REGISTRY, Kind
+    from conformance.cases.validation import kinds
+    loaded = kinds()
+    assert list(loaded) == list(REGISTRY)
+    for name, line in REGISTRY.items():
+        assert line.module in _modules(), line.module
+        assert isinstance(loaded[name], Kind) and loaded[name].name == name and callable(loaded[name].evaluate)
+
+
+#: The floors, bottom up: a module may import its own floor and those below, never one above
+#: (function-level imports included). Unlisted modules of ``conformance`` are not placed.
+#: ``row``: the row type, data only (under the kinds it describes); ``kinds``: the Kind type
+#: and the registry, read by the implementation layer too; the kinds; then what uses them.
+FLOOR_ROW = ("conformance.cases.row", "conformance.cases.kinds")
+FLOOR_ABOVE_KINDS = ("conformance.cases.validation", "conformance.cases.table", "conformance.evaluate",
+                     "conformance.cli", "conformance.plugin", "conformance.absltest", "conformance.outcome",
+                     "conformance.report", "conformance.__main__")
+
+
+def _floor(module):
+    """0: a leaf of the cases (row, kinds); 1: the implementation and world layers; 2: a kind;
+    3: what loads or evaluates the kinds; None: not placed."""
+    if module in FLOOR_ROW:
+        return 0
+    if module.startswith(("conformance.impls", "conformance.worlds")):
+        return 1
+    if _kind(module):
+        return 2
+    if any(module == p or module.startswith(p + ".") for p in FLOOR_ABOVE_KINDS):
+        return 3
+    return None
+
+
+def _upward(graph):
+    """Every ``importer -> imported`` edge of ``graph`` that runs up the floors (:func:`_floor`)."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                  if _floor(m) is not None and _floor(t) is not None and _floor(t) > _floor(m))
+
+
+def test_no_import_runs_back_up():
+    bad = _upward(_full_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_floor_rule_finds_an_upward_import():
+    assert _upward({"conformance.cases.train.evaluate": {"conformance.evaluate"},
+                    "conformance.cases.row": {"conformance.cases.ranks"},
+                    "conformance.impls.builtin": {"conformance.cases.features"},
+                    "conformance.evaluate": {"conformance.cases.row"}}) == [
+        "conformance.cases.row -> conformance.cases.ranks",
+        "conformance.cases.train.evaluate -> conformance.evaluate",
+        "conformance.impls.builtin -> conformance.cases.features"]
 
 
 # Modules that import no torch, numpy, torch_xla, hypothesis or matplotlib: the faces' parsing
@@ -177,23 +247,26 @@ def test_every_kind_is_covered():
 LIGHT = (
     "conformance",
     "conformance.cases",
+    "conformance.cases.kinds",
     "conformance.cases.properties",
     "conformance.cases.ranks",
     "conformance.cases.row",
     "conformance.cases.scenarios",
     "conformance.cases.search",
     "conformance.cases.train",
-    "conformance.cases.train.parity",
     "conformance.cases.train.setups",
+    "conformance.cases.validation",
     "conformance.cli",
     "conformance.cli.calibrate",
     "conformance.cli.output",
+    "conformance.cli.parity",
     "conformance.cli.ranks",
     "conformance.cli.repeat",
     "conformance.cli.report",
     "conformance.errors",
     "conformance.impls",
     "conformance.impls.mutants",
+    "conformance.impls.mutants.claims",
     "conformance.impls.row",
     "conformance.impls.torch_paths",
     "conformance.impls.xla_paths",

@@ -1,10 +1,11 @@
-"""The case table checks itself: bad rows fed to the validator (conformance.cases.row._validate)
+"""The case table checks itself: bad rows fed to the validator (conformance.cases.validation._validate)
 are refused with an error naming the row (and the mutant, for a mutant the row cannot kill)."""
 from dataclasses import replace
 
 import pytest
 
-from conformance.cases.row import Case, _validate
+from conformance.cases.row import Case
+from conformance.cases.validation import _validate
 from conformance.cases.table import CASES
 from conformance.impls.mutants.catalog import MUTANTS
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.cases.checks import Check, judge
+from conformance.cases.kinds import Kind
 from conformance.cases.train.loop import rank_buffer_offset, rank_seed, wrap
 from conformance.cases.train.readback import buffer_layout, flat_buffers, flat_params, param_layout, to_device
 from conformance.cases.train.commhooks import register_hook
@@ -320,3 +321,10 @@ def evaluate_task(case, impl, runtime, w, session, overrides):
     got = [v.check for v in verdicts]
     assert got == list(case.checks), f"{case.name}: judge gave checks {got}, the row declares {case.checks}"
     return verdicts
+
+
+def _task_problem(case) -> str | None:
+    return "a task case needs task and judge" if case.task is None or case.judge is None else None
+
+
+KIND = Kind("task", evaluate_task, validate=_task_problem)

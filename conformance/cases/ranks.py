@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from conformance.cases.kinds import Kind
 from conformance.verdict import Verdict
 
 
@@ -99,3 +100,6 @@ def evaluate_invariant(case, impl, runtime, w, session, overrides):
     if not bad and w < 2:
         v.status, v.reason = "vacuous", f"world size {w}: nothing to check across replicas"
     return [v]
+
+
+KIND = Kind("invariant", evaluate_invariant)

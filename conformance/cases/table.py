@@ -3,14 +3,15 @@
 Every face - the CLI, the pytest plugin, the absltest face, the kill matrix,
 ``calibrate``, ``run --repeat``, the JSON and HTML reports - iterates this table
 through :func:`conformance.evaluate.evaluate`. The row type, what each column
-means and the validation are in :mod:`conformance.cases.row`.
+means are in :mod:`conformance.cases.row`, the validation in :mod:`conformance.cases.validation`.
 """
 from __future__ import annotations
 
 from conformance.cases import features as F
 from conformance.cases.collectives.ops import OPS
 from conformance.cases.checks import SCENARIO_CHECKS
-from conformance.cases.row import Case, _validate, select_rows, tags_of
+from conformance.cases.row import Case, select_rows, tags_of
+from conformance.cases.validation import _validate
 
 
 def _parity(model, must_kill, description=None, tags=()):

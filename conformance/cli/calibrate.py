@@ -54,7 +54,7 @@ import json as _json
 import math
 import time
 
-from conformance.cases.train.parity import ParityRunner, parity_mutants
+from conformance.cli.parity import ParityRunner, parity_mutants
 from conformance.errors import split_list as _split, UsageError
 from conformance.report.text import document
 from conformance.tolerances import MIN_WORLD_SIZE, lookup

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from conformance.cases.train.parity import ParityRunner
+from conformance.cli.parity import ParityRunner
 from conformance.cli.output import signal_of, signals_held, stdout_for_json
 from conformance.errors import UsageError, split_list
 from conformance.options import parse_matrix

@@ -1,7 +1,7 @@
 """The strategy row type - the public :class:`Strategy` contract (``conformance.Strategy``) - and
 the two torch helpers rows share. A leaf module: ``impls.builtin``, ``impls.torch_paths``,
 ``impls.xla_paths`` and ``impls.mutants`` import it, it imports none of them (nor torch at import
-time).
+time); of the cases it reads only the kinds' registry (``conformance.cases.kinds``, a leaf).
 
 ``--ddp package.module:obj`` names either a DDP-like class (built as ``Class(module,
 **ddp_kwargs)``, torch's ``DistributedDataParallel`` signature) or a :class:`Strategy` (an
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
+
+from conformance.cases.kinds import REGISTRY
 
 
 class ImplSpecError(ValueError):
@@ -33,10 +35,10 @@ DDP_KEYWORDS = ("device_ids", "output_device", "dim", "broadcast_buffers", "init
                 "batched_grad_copy", "forward_sync_buffers")
 #: DDP methods a case may require (``conformance.cases.train.loop.DDP_METHODS``).
 DDP_METHOD_NAMES = ("join", "no_sync", "register_comm_hook")
-#: Case kinds a strategy serves (``conformance.cases.row.KINDS`` less ``invariant``, which
-#: checks rank bindings, and ``collective``, which runs the backend's ops: neither builds a
-#: model): the keys ``Strategy.unsupported_kinds`` may use.
-STRATEGY_KINDS = ("train", "task", "property", "scenario")
+#: Case kinds a strategy serves: the registry's kinds whose rows build a model through it
+#: (``needs_impl``; not ``invariant``, which checks rank bindings, nor ``collective``, which
+#: runs the backend's ops): the keys ``Strategy.unsupported_kinds`` may use.
+STRATEGY_KINDS = tuple(name for name, line in REGISTRY.items() if line.needs_impl)
 #: Fields of :class:`Strategy` that are not part of the public contract (the catalog's
 #: mutants use them); a user's strategy leaving them at their defaults is checked at resolution.
 INTERNAL_FIELDS = ("shard_rank", "mutant")

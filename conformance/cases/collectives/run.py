@@ -25,6 +25,7 @@ import numpy as np
 
 from conformance.cases.collectives.ops import (DTYPES, FLOATS, INTS, OPS, REDUCTIONS, SIZES, UNIT_ROUNDOFF,
                                                sum_bound)
+from conformance.cases.kinds import Kind
 from conformance.verdict import Verdict
 
 #: Completion modes drawn: blocking call, ``async_op=True`` + ``Work.wait()``, + ``get_future().wait()``.
@@ -408,3 +409,17 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
         session._cache[key] = judge(case, draws, results, w) if draws else [
             Verdict(case.name, c, impl, runtime, "-", w, "vacuous", reason="no draws") for c in case.checks]
     return [copy.copy(v) for v in session._cache[key]]
+
+
+def _collective_problem(case) -> str | None:
+    """A row names an op of :data:`OPS` and reports that op's checks."""
+    op = case.args.get("op")
+    if op not in OPS:
+        return f"unknown collective op {op!r}; known: {', '.join(OPS)}"
+    want = ("result", "agreement", "coverage") if OPS[op].agree else ("result", "coverage")
+    if tuple(case.checks) != want:
+        return f"a collective row of {op} reports the checks {want}"
+    return None
+
+
+KIND = Kind("collective", evaluate_collective, validate=_collective_problem)

@@ -27,6 +27,7 @@ The properties:
 """
 from __future__ import annotations
 
+from conformance.cases.kinds import Kind
 from conformance.cases.search import SearchWorld, kit_settings, profile_examples
 from conformance.errors import Unsupported
 from conformance.worlds.runtimes import get_runtime
@@ -174,3 +175,10 @@ def evaluate_property(case, impl, runtime, w, session, overrides):
     target = SearchWorld(lambda fn, **p: session.run(runtime, w, fn, **p), runtime, w, impl)
     fields = run_property(case.prop, target, profile_examples(session.profile), overrides.get("shrink", True))
     return [Verdict(case.name, "property", impl, runtime, case.model, w, **fields)]
+
+
+def _property_problem(case) -> str | None:
+    return None if case.prop in PROPERTIES else f"unknown property {case.prop!r}; known: {', '.join(PROPERTIES)}"
+
+
+KIND = Kind("property", evaluate_property, validate=_property_problem, searches=True)

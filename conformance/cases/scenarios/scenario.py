@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 
 from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, judge, judge_agreement
+from conformance.cases.kinds import Kind
 from conformance.cases.train.loop import ALL_OPTIMIZERS, OPTIMIZERS, build_optimizer, mse, rank_buffer_offset, rank_seed, wrap
 from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
                                               optimizer_state_layout, param_layout, saved_checkpoint, state_digest,
@@ -1398,3 +1399,12 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
                 else scenario_examples(session.profile, space.budget))
     return run_scenario_case(space, target, lambda sc: scenario_tolerance(runtime, sc), agree, examples,
                              overrides.get("shrink", True))
+
+
+def _scenario_problem(case) -> str | None:
+    why = space_problem(case.args.get("space", {}))
+    return f"scenario space: {why}" if why else None
+
+
+KIND = Kind("scenario", evaluate_scenario, validate=_scenario_problem,
+            requires=lambda case: space_requires(case.args.get("space", {})), searches=True)

@@ -10,8 +10,9 @@ from dataclasses import replace
 from fixtures.models import MODELS
 
 from conformance.cases.checks import AGREEMENT, CHECKS, judge, judge_agreement
+from conformance.cases.kinds import Kind
 from conformance.cases.train.loop import RunSpec, rank_seed
-from conformance.cases.train.setups import replica_groups
+from conformance.cases.train.setups import SETUPS, replica_groups
 from conformance.cases.train.reference import reference_run
 from conformance.tolerances import MIN_WORLD_SIZE, lookup
 from conformance.errors import Unsupported
@@ -94,3 +95,18 @@ def in_group(v: Verdict, group: list, world_size: int) -> Verdict:
     if v.diagnosis:
         v.diagnosis = f"process group {group}:\n" + _REPLICAS.sub(glob, v.diagnosis)
     return v
+
+
+def requires_train(case) -> tuple:
+    """The DDP keywords and methods a ``train`` row needs honoured: its own, then its setups'."""
+    return tuple(case.train.get("requires", ())) + tuple(r for s in case.train.get("setups", ())
+                                                         for r in SETUPS[s].requires)
+
+
+def uses_train(case) -> tuple:
+    """``("sync_bn",)`` when a setup of the row trains a SyncBatchNorm (the implementation's), else ``()``."""
+    return ("sync_bn",) if any(SETUPS[s].reference.get("sync_bn") for s in case.train.get("setups", ())) else ()
+
+
+KIND = Kind("train", evaluate_train, checks=lambda case: train_checks(case.model, case.train),
+            requires=requires_train, uses=uses_train)

@@ -1,0 +1,103 @@
+"""Case kinds: the :class:`Kind` type and the one registry of kinds (:data:`REGISTRY`).
+
+A kind says how rows of the case table (:class:`conformance.cases.row.Case`, ``Case.kind``)
+are checked and evaluated. Each kind module declares its ``KIND = Kind(...)`` beside its
+evaluator; :data:`REGISTRY` has one line per kind naming that module, plus the one fact that
+the layers below the kinds read before any kind module is imported: whether its rows run an
+implementation under test (``conformance.impls.row.STRATEGY_KINDS`` derives from it).
+
+A leaf: it imports nothing of the kit, so the kinds (which import the implementation layer)
+and the implementation layer (which validates ``Strategy.unsupported_kinds``) may both import
+it. The modules are loaded, and their ``KIND`` checked against the registry, by
+:func:`conformance.cases.validation.kinds`, which sits above every kind.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How rows of one kind are validated and evaluated. Every callable receives the row
+    (:class:`~conformance.cases.row.Case`).
+
+    Attributes:
+        name: the kind's name (``Case.kind``; its line of :data:`REGISTRY`).
+        evaluate: ``(case, impl, runtime, world_size, session, overrides) -> list[Verdict] | None``:
+            one verdict per ``case.checks`` entry (``None`` on a non-root process of a
+            launcher-built world); ``impl`` a ``--ddp`` spec (str), ``runtime`` a runtime name,
+            ``session`` a :class:`conformance.evaluate.Session`, ``overrides`` a dict (run
+            overrides; ``shrink`` for a kind that :attr:`searches`). It may raise
+            :class:`~conformance.errors.Unsupported` or a world's ``ReplicaError``.
+        validate: ``(case) -> str | None``: what is wrong with the row's kind-specific columns
+            (one line, the table names the row), or ``None``. Default: nothing to check.
+        checks: ``(case) -> tuple[str, ...]``: the checks a row reports when they derive from
+            its other columns (``train``: from the check table); ``None``: the row's own.
+        requires: ``(case) -> tuple[str, ...]``: the DDP keywords and methods a row needs an
+            implementation to honour (else it is ``unsupported``). Default: none.
+        uses: ``(case) -> tuple[str, ...]``: what of an implementation a row exercises without
+            requiring it (``sync_bn``: it trains a SyncBatchNorm), so a mutant's claim of it is
+            used. Default: none.
+        searches: rows run a Hypothesis search: ``evaluate`` passes ``overrides["shrink"]``
+            (shrink a failing example to a minimal one), and the rows need a world the kit
+            spawns (each example is drawn from the result of the last).
+    """
+
+    name: str
+    evaluate: Callable
+    validate: Callable | None = None
+    checks: Callable | None = None
+    requires: Callable | None = None
+    uses: Callable | None = None
+    searches: bool = False
+
+    @property
+    def needs_impl(self) -> bool:
+        """Rows build a model through the implementation under test (its line of :data:`REGISTRY`)."""
+        return REGISTRY[self.name].needs_impl
+
+    def problem(self, case) -> str | None:
+        return self.validate(case) if self.validate else None
+
+    def required(self, case) -> tuple:
+        return tuple(self.requires(case)) if self.requires else ()
+
+    def used(self, case) -> tuple:
+        return self.required(case) + (tuple(self.uses(case)) if self.uses else ())
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One line of :data:`REGISTRY`.
+
+    Attributes:
+        module: the module declaring the kind's ``KIND`` (a dotted name).
+        needs_impl: rows build a model through the implementation under test; ``False``: the
+            verdicts do not depend on it (an implementation unsupported on a runtime, or
+            refusing a kind, does not make them ``unsupported``).
+    """
+
+    module: str
+    needs_impl: bool = True
+
+    @property
+    def package(self) -> str:
+        """The kind's code: the module's package, or the module itself when it sits directly
+        in ``conformance.cases`` (the unit kinds may not import across)."""
+        parent = self.module.rsplit(".", 1)[0]
+        return self.module if parent == "conformance.cases" else parent
+
+
+#: The registry: kind name -> its line. A new kind is its module (declaring ``KIND``), one line
+#: here and its rows (docs/extending.md).
+REGISTRY = {
+    "train": Registration("conformance.cases.train.evaluate"),
+    "task": Registration("conformance.cases.features"),
+    "property": Registration("conformance.cases.properties.run"),
+    "invariant": Registration("conformance.cases.ranks", needs_impl=False),
+    "scenario": Registration("conformance.cases.scenarios.scenario"),
+    "collective": Registration("conformance.cases.collectives.run", needs_impl=False),
+}
+#: Every kind's name, registry order.
+KINDS = tuple(REGISTRY)
