@@ -12,6 +12,7 @@ which checks at import that every mutant here is named by some case.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import weakref
 
 import torch
 
@@ -197,7 +198,6 @@ class MeanAtOptimizerStep(RefDDP):
 
     def __init__(self, module, **kwargs):
         super().__init__(module, **kwargs)
-        import weakref
         me, mine = weakref.ref(self), {id(p) for p in module.parameters()}
 
         def divide(opt, args, kwargs):
