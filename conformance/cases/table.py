@@ -141,7 +141,7 @@ def _build() -> dict[str, Case]:
                   "inference_mode, eval / train mode) before, inside and after accumulation windows, "
                   "several synced backwards per step, zero_grad(set_to_none=False), SGD with weight decay, "
                   "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
-                  "semantics on one device", {"loop": True, "budget": 0.5},
+                  "semantics on one device", {"loop": True, "budget": 0.25},
                   ("no_grad_sync", "unused_zero_filled", "reduce_only_in_training", "eval_forward_skips_buffer_sync",
                    "buffer_sync_ignores_grad_mode", "synced_forward_zeroes_grads",
                    "unused_by_this_backward_dropped", "mean_at_optimizer_step"), tags=("loop",)),
