@@ -67,9 +67,9 @@ OPTIMIZER_REVEALS = {
 }
 IN_FEATURES, HIDDEN, OUT_FEATURES = 8, 12, 4
 SCENARIO_KEYS = {"seed", "lr", "optimizer", "ddp", "rebind_buffers", "loss_scale_log2", "checkpoint_at",
-                 "steps", "workload", "loop"}
-#: Scenario keys a JSON file may leave out (older files: the plain workload and loop).
-OPTIONAL_KEYS = {"workload", "loop"}
+                 "steps", "workload", "loop", "module"}
+#: Scenario keys a JSON file may leave out (older files: the plain workload, loop and module).
+OPTIONAL_KEYS = {"workload", "loop", "module"}
 DDP_KEYS = {"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view",
             "static_graph", "comm_hook"}
 STEP_KEYS = {"micro"}
@@ -96,6 +96,38 @@ MICRO_OPTIONAL = {"sync"}
 LOOPS = {"zero_grad": ("set_to_none", "zeros"), "module_mode": ("train", "eval"), "clip": ("none", "norm")}
 PLAIN_LOOP = dict({k: v[0] for k, v in LOOPS.items()}, lr_drop_at=None)
 CLIP_NORM, LR_DROP = 0.25, 0.5
+#: The module dimension drawn with the loop programs (issue 25; docs/scenarios.md): what the user's
+#: module looks like to the DDP. First values: the plain module.
+#:   output:  forward returns the prediction tensor, a dict ``{"pred", "hidden" (detached), "note" (a
+#:            str)}`` or a :class:`ScenarioOutput` dataclass (``pred``, ``hidden``, ``calls``: an int);
+#:            the loss reads ``pred`` (``find_unused_parameters`` must walk the structure);
+#:   buffers: ``ema`` registered ``persistent`` or ``non_persistent`` (absent from ``state_dict()``:
+#:            a checkpoint reload leaves the new module's own, as construction made it);
+#:   hook:    ``none`` or ``pre_hook``: a forward pre-hook on the wrapped module halves the input
+#:            (it runs only when the wrapper calls ``module(...)``).
+MODULES = {"output": ("tensor", "dict", "dataclass"), "buffers": ("persistent", "non_persistent"),
+           "hook": ("none", "pre_hook")}
+PLAIN_MODULE = {k: v[0] for k, v in MODULES.items()}
+MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
+                  "dataclass": "forward returns a dataclass (the loss reads field 'pred')",
+                  "non_persistent": "buffer 'ema' registered persistent=False (not in state_dict())",
+                  "pre_hook": "a forward pre-hook on the wrapped module"}
+
+
+@dataclass
+class ScenarioOutput:
+    """The scenario model's output with ``module["output"] == "dataclass"``: ``pred`` ``[n,
+    OUT_FEATURES]`` (what the loss reads), ``hidden`` ``[n, HIDDEN]`` detached, ``calls`` an int."""
+    pred: object
+    hidden: object
+    calls: int
+
+
+def prediction_of(out):
+    """The tensor the loss reads from a scenario model's output (:data:`MODULES` ``output``)."""
+    return out.pred if isinstance(out, ScenarioOutput) else out["pred"] if isinstance(out, dict) else out
+
+
 #: A forward without backward (``step["eval"]``): ``{"at": j, "grad": ..., "mode": ..., "batch": [n
 #: per replica]}`` runs before micro-step ``j`` (``j`` = the window's length: after the last
 #: backward, before the step) under ``grad`` with the module in ``mode``, through the DDP, output
@@ -220,6 +252,7 @@ class Scenario:
     steps: list = field(default_factory=list)
     workload: dict = field(default_factory=lambda: dict(PLAIN_WORKLOAD))
     loop: dict = field(default_factory=lambda: dict(PLAIN_LOOP))
+    module: dict = field(default_factory=lambda: dict(PLAIN_MODULE))
 
     @property
     def world_size(self) -> int:
@@ -230,6 +263,8 @@ class Scenario:
         d = asdict(self)
         if self.loop == PLAIN_LOOP:
             del d["loop"]
+        if self.module == PLAIN_MODULE:
+            del d["module"]
         return d
 
     def synced(self, s: int, j: int) -> bool:
@@ -310,6 +345,12 @@ class Scenario:
 
     def _validate_loop(self, w: int) -> None:
         """The loop's values and every step's forwards without backward."""
+        md = self.module
+        if not isinstance(md, dict) or set(md) != set(MODULES):
+            raise ScenarioError(f"module: an object with keys {sorted(MODULES)}")
+        for k, vals in MODULES.items():
+            if md[k] not in vals:
+                raise ScenarioError(f"module {k} {md[k]!r}: one of {vals}")
         lp = self.loop
         if not isinstance(lp, dict) or set(lp) != set(PLAIN_LOOP):
             raise ScenarioError(f"loop: an object with keys {sorted(PLAIN_LOOP)}")
@@ -408,6 +449,7 @@ class Scenario:
             where = ("after the last backward, before the step" if f["at"] == len(micro)
                      else f"before micro-step {f['at'] + 1}")
             parts.append(f"a forward without backward under {f['grad']} in {f['mode']} mode {where}")
+        parts += [MODULE_PHRASES[v] for k, v in self.module.items() if v != PLAIN_MODULE[k]]
         lp = self.loop
         if lp["zero_grad"] == "zeros":
             parts.append("zero_grad(set_to_none=False): zero gradients, not None")
@@ -448,7 +490,8 @@ def load_scenario(path: str) -> Scenario:
 # the model and the data (built identically in replicas and in the oracle)
 # --------------------------------------------------------------------------
 
-def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, workload: dict | None = None):
+def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, workload: dict | None = None,
+                         module: dict | None = None):
     """``stem -> h; h + sum over the plan's branches (in plan order) of tanh(branch(h)) -> head``.
 
     Parameters U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from ``seed`` (fan_in of a conv or
@@ -460,7 +503,8 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
     (:data:`WORKLOADS`; default plain) changes the parameters' dtype, layout, gradient
     kind and the graph; inputs ``x`` float32 ``[n, IN_FEATURES]`` and, for a sparse
     workload, ``idx`` int64 ``[n, INDICES_PER_SAMPLE]``; output ``[n, OUT_FEATURES]``
-    (float64 for the float64 workload, else float32).
+    (float64 for the float64 workload, else float32). ``module`` (:data:`MODULES`; default plain):
+    the output's structure, ``ema``'s persistence, a forward pre-hook.
     """
     import torch
     import torch.nn.functional as F
@@ -468,6 +512,7 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
     from torch.utils.checkpoint import checkpoint
 
     wl = dict(PLAIN_WORKLOAD, **(workload or {}))
+    md = dict(PLAIN_MODULE, **(module or {}))
 
     class LowPrecisionLinear(nn.Linear):
         """A Linear in a lower dtype (bfloat16) between float layers: input cast down, output back."""
@@ -520,7 +565,7 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
                 self.emb = nn.Embedding(VOCAB, HIDDEN, sparse=True)
             elif wl["grad"] == "sparse_bag":
                 self.emb = nn.EmbeddingBag(VOCAB, HIDDEN, mode="mean", sparse=True)
-            self.register_buffer("ema", torch.zeros(HIDDEN))
+            self.register_buffer("ema", torch.zeros(HIDDEN), persistent=md["buffers"] == "persistent")
             self.register_buffer("count", torch.zeros((), dtype=torch.int64))
             self.rebind = rebind
 
@@ -561,9 +606,16 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
                         self.count.add_(1)
             for b in plan:
                 h = self._branch(b, h)
-            return self.head(h)
+            out = self.head(h)
+            if md["output"] == "dict":
+                return {"pred": out, "hidden": h.detach(), "note": "scenario"}
+            if md["output"] == "dataclass":
+                return ScenarioOutput(pred=out, hidden=h.detach(), calls=int(self.count))
+            return out
 
     net = ScenarioNet()
+    if md["hook"] == "pre_hook":
+        net.register_forward_pre_hook(lambda mod, args: (args[0] * 0.5,) + tuple(args[1:]))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for mod in net.modules():
@@ -646,7 +698,7 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
 
     def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
         m = to_device(build_scenario_model(rank_seed(sc.seed, r, salt), sc.rebind_buffers,
-                                           rank_buffer_offset(r, salt), sc.workload), ctx.device)
+                                           rank_buffer_offset(r, salt), sc.workload, sc.module), ctx.device)
         ddp = wrap(row, m, ctx, kwargs, tuple(requires), optional)
         if sc.ddp.get("comm_hook"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -696,7 +748,7 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
             ctxm = contextlib.nullcontext() if sc.synced(s, j) else ddp.no_sync()
             with ctxm:
                 out = ddp(x.to(ctx.device), plan=plan, **extra)
-                (mse(out, y.to(ctx.device)) * scale).backward()
+                (mse(prediction_of(out), y.to(ctx.device)) * scale).backward()
             if j < len(micro) - 1:
                 ctx.mark_step()
         evaluate(s, len(micro))
@@ -756,7 +808,7 @@ def scenario_reference(sc: Scenario) -> dict:
     import torch
 
     w = sc.world_size
-    net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload)
+    net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
     sparse = sc.workload["grad"] != "dense"
     lp = sc.loop
     training = lp["module_mode"] == "train"
@@ -826,7 +878,7 @@ def scenario_reference(sc: Scenario) -> dict:
                 out, y = forward(r, s, j, m["batch"][r], tuple(m["plan"][r]), training)
                 for i, q in enumerate(params):  # a copy: AccumulateGrad may add in place
                     q.grad = None if grads[r][i] is None else grads[r][i].clone()
-                (mse(out, y) * scale).backward()
+                (mse(prediction_of(out), y) * scale).backward()
                 # a sparse gradient's replica mean is taken dense
                 grads[r] = [None if q.grad is None else q.grad.to_dense() if q.grad.is_sparse else q.grad
                             for q in params]
@@ -852,11 +904,16 @@ def scenario_reference(sc: Scenario) -> dict:
         opt.step()
         for r in range(w):  # the step's gradients, unscaled (and clipped), as on every replica
             grads[r] = [None if q.grad is None else q.grad.clone() for q in params]
+        out_p.append(flat_params(net))
+        out_b.append(flat_bufs())
         if sc.checkpoint_at == s:
             state["sync_next"] = True  # a new DDP: its first forward broadcasts
             grads = [[None] * len(params) for _ in range(w)]  # a state dict holds no gradients
-        out_p.append(flat_params(net))
-        out_b.append(flat_bufs())
+            if sc.module["buffers"] == "non_persistent":  # not in the state dict: the new module's own
+                ema = names.index("ema")               # (construction broadcasts rank 0's if bcast)
+                for r in range(w):
+                    fresh = torch.zeros_like(rank_bufs[r][ema]) + rank_buffer_offset(0 if bcast else r, 1)
+                    rank_bufs[r][ema] = fresh
     return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(opt)}
 
 
@@ -1039,6 +1096,7 @@ def scenarios(world_size: int, space: Space):
                       loss_scale_log2=draw(st.sampled_from([0, 8, 20])), checkpoint_at=ckpt, steps=steps,
                       workload=workload)
         if space.loop:
+            sc.module = {k: draw(st.sampled_from(v)) for k, v in MODULES.items()}
             sc.loop = dict({k: draw(st.sampled_from(v)) for k, v in LOOPS.items()},
                            lr_drop_at=draw(st.one_of(st.none(), st.integers(1, n - 1))) if n > 1 else None)
             if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
@@ -1185,11 +1243,11 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
     all_b = list(BRANCHES)
     uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
 
-    def sc(steps, optimizer="sgd", find_unused=True, **loop):
+    def sc(steps, optimizer="sgd", find_unused=True, module=None, checkpoint_at=None, **loop):
         return Scenario(seed=31, lr=LRS[optimizer][-1] if optimizer.startswith("sgd") else LRS[optimizer][0],
                         optimizer=optimizer, ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True},
-                        rebind_buffers=False, loss_scale_log2=0, checkpoint_at=None, steps=steps,
-                        loop=dict(PLAIN_LOOP, **loop))
+                        rebind_buffers=False, loss_scale_log2=0, checkpoint_at=checkpoint_at, steps=steps,
+                        loop=dict(PLAIN_LOOP, **loop), module=dict(PLAIN_MODULE, **(module or {})))
 
     def micro(plan, sync=None, batch=None):
         m = {"batch": list(batch or uneven), "plan": [list(plan)] * w}
@@ -1203,14 +1261,18 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
         # zero gradients, not None: branch c used at steps 1 and 3 only; at steps 2 and 4 its zero
         # gradient must stay zero (weight decay still moves it; a DDP setting it None skips it); an
         # eval-mode validation forward before each step (DDP broadcasts the buffers there, so the
-        # next training forward need not); a learning-rate drop
+        # next training forward need not); a learning-rate drop. The module returns a dataclass
+        # (find_unused_parameters must walk it) and keeps 'ema' out of its state dict, across a
+        # checkpoint reload
         sc([{"micro": [micro(all_b if s % 2 == 0 else ["a", "b"])], "eval": [ev(0, "no_grad", "eval")]}
-            for s in range(4)], optimizer="sgd_wd", zero_grad="zeros", lr_drop_at=2),
+            for s in range(4)], optimizer="sgd_wd", zero_grad="zeros", lr_drop_at=2, checkpoint_at=1,
+           module={"output": "dataclass", "buffers": "non_persistent"}),
         # None gradients: branch c never used keeps None under AdamW's decoupled weight decay; two synced
         # backwards per step (branch a reached only by the first: its averaged gradient must stay);
         # gradient clipping on the synced gradients
+        # (a dict output, a forward pre-hook on the wrapped module)
         sc([{"micro": [micro(["a", "b"], sync=True), micro(["b"])]} for _ in range(3)], optimizer="adamw",
-           clip="norm"),
+           clip="norm", module={"output": "dict", "hook": "pre_hook"}),
         # training forwards and backwards in eval mode (gradients still averaged); a no_grad forward in
         # train mode inside an accumulation window (it updates the buffers, and the next forward, not
         # following a synced one, does not broadcast them); an inference_mode forward after the last
