@@ -212,7 +212,8 @@ CATALOG = [
     # Issue 25, the user's training loop and module (measured 2026-12-02, the main command per
     # entry, default world sizes 2 and 3). The loop faults (25.1-25.5) are caught by
     # scenario.loop only, except 25.5, whose lazy write-back is also seen by every check that
-    # reads .grad after backward; the module faults (25.6-25.8) by the module-axis parity rows.
+    # reads .grad after backward, and 25.5b, caught first by scenario.core's loss-scale unscaling
+    # (an edit of .grad before the step, like clipping); the module faults (25.6-25.8) by the module-axis parity rows.
     Entry("nograd_forward_buffer_sync", "nograd_forward_buffer_sync:NoGradForwardBufferSyncDDP",
           "25.1",
           "buffer-sync flag set by every forward whatever the grad mode: after a no_grad forward "
@@ -243,6 +244,12 @@ CATALOG = [
           "loop: clip_grad_norm_ between backward and optimizer.step (also any check that reads "
           ".grad after backward)",
           "https://github.com/horovod/horovod/issues/1099", True),
+    Entry("step_recommits_grads", "step_recommits_grads:StepRecommitsGradsDDP", "25.5b",
+          "correct reduction, but the reduced buckets are copied into .grad again in an "
+          "optimizer step pre-hook (master gradients): any edit of .grad between backward and "
+          "step (clip_grad_norm_, unscaling a scaled loss) is undone",
+          "loop: clip_grad_norm_ / loss-scale unscaling between backward and optimizer.step",
+          "https://github.com/horovod/horovod/pull/1104", True),
     Entry("structured_output_unused", "structured_output_unused:StructuredOutputUnusedDDP",
           "25.6",
           "find_unused_parameters: output tensors looked for in Tensor/tuple/list only; a dict or "
@@ -305,6 +312,7 @@ CAUGHT_BY = {
     "unused_zero_to_none": "scenario.loop@2",
     "eval_mode_no_reduce": "scenario.loop@2",
     "reduce_waited_at_step": "feature.unused_parameters@2",
+    "step_recommits_grads": "scenario.core@2",
     "structured_output_unused": "parity.structured_output_unused@2",
     "state_dict_buffers": "parity.buffer_kinds@2",
     "forward_bypasses_hooks": "parity.hooks_containers@2",
