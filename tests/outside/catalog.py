@@ -213,7 +213,8 @@ CATALOG = [
     # entry, default world sizes 2 and 3). The loop faults (25.1-25.5) are caught by
     # scenario.loop only, except 25.5, whose lazy write-back is also seen by every check that
     # reads .grad after backward, and 25.5b, caught first by scenario.core's loss-scale unscaling
-    # (an edit of .grad before the step, like clipping); the module faults (25.6-25.8) by the module-axis parity rows.
+    # (an edit of .grad before the step, like clipping); the module faults (25.6-25.8) by the
+    # module-axis parity rows.
     Entry("nograd_forward_buffer_sync", "nograd_forward_buffer_sync:NoGradForwardBufferSyncDDP",
           "25.1",
           "buffer-sync flag set by every forward whatever the grad mode: after a no_grad forward "
