@@ -23,7 +23,8 @@ class ForwardBypassesHooksDDP(CorrectDDP):
         if self.broadcast_buffers and getattr(self, "require_forward_param_sync", True):
             self._sync_buffers(joined=False)
         out = self.module.forward(*inputs, **kwargs)  # FAULT: the module's own hooks skipped
-        self.require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        self.require_forward_param_sync = (torch.is_grad_enabled()
+                                           and self.require_backward_grad_sync)
         if self.require_forward_param_sync:
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
