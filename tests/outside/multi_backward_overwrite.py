@@ -7,8 +7,8 @@ The DDP records every parameter's gradient of the current backward with a tensor
 (summed over ``no_sync`` backwards since the last reduction, so gradient accumulation is
 right), all-reduces that sum and writes the mean over ``p.grad`` (``copy_``). torch's DDP
 reduces the accumulated ``.grad`` instead, so a second synced backward before
-``optimizer.step()`` adds to the first; here the first backward's (already reduced) gradient is lost and the step follows the
-last backward only. With one backward per step (after ``zero_grad``) it equals ``CorrectDDP``.
+``optimizer.step()`` adds to the first; here the first backward's (already reduced) gradient
+is lost and the step follows the last backward only. With one backward per step (after ``zero_grad``) it equals ``CorrectDDP``.
 """
 
 import torch
