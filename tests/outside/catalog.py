@@ -209,6 +209,63 @@ CATALOG = [
           "under no_sync are lost for it (dense gradients are right)",
           "workload corner: sparse gradient x accumulation window (scenario.workload)",
           "https://github.com/NVIDIA/recsys-examples/issues/393", True),
+    # Issue 25, the user's training loop and module (measured 2026-12-02, the main command per
+    # entry, default world sizes 2 and 3). The loop faults (25.1-25.5) are caught by
+    # scenario.loop only, except 25.5, whose lazy write-back is also seen by every check that
+    # reads .grad after backward, and 25.5b, caught first by scenario.core's loss-scale unscaling
+    # (an edit of .grad before the step, like clipping); the module faults (25.6-25.8) by the
+    # module-axis parity rows.
+    Entry("nograd_forward_buffer_sync", "nograd_forward_buffer_sync:NoGradForwardBufferSyncDDP",
+          "25.1",
+          "buffer-sync flag set by every forward whatever the grad mode: after a no_grad forward "
+          "(train mode) the next forward re-broadcasts rank 0's buffers",
+          "loop: forwards without backward between steps (no_grad / inference_mode, train or "
+          "eval mode)",
+          "https://github.com/pytorch/pytorch/issues/19896", True),
+    Entry("multi_backward_overwrite", "multi_backward_overwrite:MultiBackwardOverwriteDDP", "25.2",
+          "each synced backward writes the mean of its own gradients over .grad: earlier "
+          "backwards of the same optimizer step are lost",
+          "loop: several synced backward() calls per optimizer step",
+          "https://github.com/pytorch/pytorch/pull/19799", True),
+    Entry("unused_zero_to_none", "unused_zero_to_none:UnusedZeroToNoneDDP", "25.3",
+          "find_unused_parameters: a globally unused parameter's zero gradient "
+          "(zero_grad(set_to_none=False)) is set to None, so weight decay / momentum skip it",
+          "loop: zero_grad(set_to_none=False) x globally unused parameters x SGD weight decay "
+          "or momentum",
+          "https://github.com/pytorch/pytorch/issues/41101", True),
+    Entry("eval_mode_no_reduce", "eval_mode_no_reduce:EvalModeNoReduceDDP", "25.4",
+          "gradients reduced only when module.training: a backward in eval mode keeps local "
+          "gradients",
+          "loop: backward with the module in eval mode (frozen BatchNorm fine-tuning)",
+          "https://github.com/facebookresearch/fairscale/pull/587", True),
+    Entry("reduce_waited_at_step", "reduce_waited_at_step:ReduceWaitedAtStepDDP", "25.5",
+          "all-reduce started at the end of backward, waited and written into .grad only at "
+          "optimizer.step (pre-hook) or the next forward: clip_grad_norm_ clips local gradients "
+          "and is then overwritten",
+          "loop: clip_grad_norm_ between backward and optimizer.step (also any check that reads "
+          ".grad after backward)",
+          "https://github.com/horovod/horovod/issues/1099", True),
+    Entry("step_recommits_grads", "step_recommits_grads:StepRecommitsGradsDDP", "25.5b",
+          "correct reduction, but the reduced buckets are copied into .grad again in an "
+          "optimizer step pre-hook (master gradients): any edit of .grad between backward and "
+          "step (clip_grad_norm_, unscaling a scaled loss) is undone",
+          "loop: clip_grad_norm_ / loss-scale unscaling between backward and optimizer.step",
+          "https://github.com/horovod/horovod/pull/1104", True),
+    Entry("structured_output_unused", "structured_output_unused:StructuredOutputUnusedDDP",
+          "25.6",
+          "find_unused_parameters: output tensors looked for in Tensor/tuple/list only; a dict or "
+          "dataclass output makes every parameter count as unused, nothing is reduced",
+          "module: forward returns a dict / dataclass, find_unused_parameters=True",
+          "https://github.com/pytorch/pytorch/issues/19354", True),
+    Entry("state_dict_buffers", "state_dict_buffers:StateDictBuffersDDP", "25.7",
+          "buffers broadcast from module.state_dict(): non-persistent buffers never broadcast",
+          "module: a buffer registered with persistent=False",
+          "https://github.com/EvolvingLMMs-Lab/lmms-engine/pull/185", True),
+    Entry("forward_bypasses_hooks", "forward_bypasses_hooks:ForwardBypassesHooksDDP", "25.8",
+          "calls self.module.forward(...) instead of self.module(...): the wrapped module's own "
+          "forward (pre-)hooks never run",
+          "module: forward pre-hooks / forward hooks on the wrapped module",
+          "https://github.com/numenta/nupic.torch/pull/51", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -251,4 +308,13 @@ CAUGHT_BY = {
     "complex_real_bucket": "parity.complex64@2",
     "fp32_fusion_buffer": "parity.float64@2",
     "sparse_last_micro_step": "scenario.workload@2",
+    "nograd_forward_buffer_sync": "scenario.loop@2",
+    "multi_backward_overwrite": "scenario.loop@2",
+    "unused_zero_to_none": "scenario.loop@2",
+    "eval_mode_no_reduce": "scenario.loop@2",
+    "reduce_waited_at_step": "feature.unused_parameters@2",
+    "step_recommits_grads": "scenario.core@2",
+    "structured_output_unused": "parity.structured_output_unused@2",
+    "state_dict_buffers": "parity.buffer_kinds@2",
+    "forward_bypasses_hooks": "parity.hooks_containers@2",
 }
