@@ -8,6 +8,7 @@ import sys
 import time
 
 from conformance.cases.scenarios.scenario import OPTIMIZER_REVEALS
+from conformance.cases.row import select_rows
 from conformance.cases.table import select
 from conformance.errors import UsageError, split_list
 from conformance.evaluate import Session, evaluate, kill_rows
@@ -59,10 +60,11 @@ def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: st
 def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_failures, quiet, exitfirst,
          exitfirst_each, json, json_out, launcher, junitxml, required, user_model=None) -> int:
     if user_model:  # the user's model: its own cases, checked on one device before any world starts
-        if only or skip or mutants:
-            raise UsageError("--model runs its own cases on your model; drop --only, --skip and --mutants")
+        if mutants:
+            raise UsageError("--model runs its own cases on your model, which no mutant row names; drop --mutants")
         sizes = sorted({w for _, w, _ in parse_matrix(runtime, world_size, ddp, launcher)})
         cases, notes = parse_model(user_model, sizes)
+        cases = select_rows(cases, split_list(only), split_list(skip))
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
     else:
