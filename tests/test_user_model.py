@@ -87,7 +87,8 @@ def sum_loss_model():
 
 
 def broken_forward_model():
-    return UserModel(build=_build, batch=lambda s, k, n: (torch.randn(n, 5), torch.zeros(n, dtype=torch.long)),
+    """Inputs of 5 features where the block takes 8: its forward raises."""
+    return UserModel(build=_build, batch=lambda s, k, n: (torch.ones(n, 4, 5), torch.zeros(n, dtype=torch.long)),
                      loss=_loss)
 
 
@@ -95,3 +96,120 @@ def _cli(*args, json_path):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "conformance", "run", "--quiet", "--json", str(json_path), *args],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=CLI_TIMEOUT_S)
+
+
+def tiny_lr_model():
+    """The block at lr 1e-9: its parameters barely move, so a pass would prove nothing."""
+    return UserModel(build=_build, batch=_batch, loss=_loss, lr=1e-9, steps=2)
+
+
+def unseeded_model():
+    return UserModel(build=lambda seed: TinyBlock(), batch=_batch, loss=_loss)
+
+
+class NoAverageDDP(nn.Module):
+    """A faulty DDP written from scratch (torch.distributed only): rank 0's parameters and
+    buffers are broadcast at construction and every gradient is all-reduced as autograd
+    produces it - summed, never divided by the world size."""
+
+    def __init__(self, module, broadcast_buffers=True):
+        super().__init__()
+        import torch.distributed as dist
+        self.module = module
+        for t in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(t.data, 0)
+
+        def summed(grad):
+            grad = grad.clone()
+            dist.all_reduce(grad)  # the fault: no division by dist.get_world_size()
+            return grad
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_hook(summed)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def _verdicts(path):
+    import json
+    with open(path) as f:
+        return json.load(f)["verdicts"]
+
+
+def test_torch_and_ref_pass_on_the_users_model_through_the_cli(tmp_path):
+    got = _cli("--ddp", "torch,ref", "--model", SPEC, json_path=tmp_path / "r.json")
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    vs = _verdicts(tmp_path / "r.json")
+    # 2 implementations x 2 cases x (param_parity, loss_parity, agreement) x W=2, 3
+    assert len(vs) == 24 and {v["status"] for v in vs} == {"pass"}, [v["id"] for v in vs if v["status"] != "pass"]
+    assert {v["world_size"] for v in vs} == {2, 3} and {v["model"] for v in vs} == {SPEC}
+    parity = [v for v in vs if v["check"] != "agreement"]
+    # the bound is the measured one, stated: 10 x the noise (or the eps floor), far below the kit's 1e-5
+    assert all("bound measured on the model" in v["reason"] and 0 < v["atol"] < 1e-5 for v in parity)
+    assert all(v["movement"] >= 100 * v["atol"] for v in parity if v["check"] == "param_parity")
+
+
+def test_ddps_that_do_not_average_fail_on_the_users_model(tmp_path):
+    ddps = "mutant:sum_not_mean,tests.test_user_model:NoAverageDDP"
+    got = _cli("--ddp", ddps, "--model", SPEC, "--world-size", "2", "--only", "parity.user_model",
+               json_path=tmp_path / "r.json")
+    assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
+    vs = _verdicts(tmp_path / "r.json")
+    params = {v["impl"]: v for v in vs if v["check"] == "param_parity"}
+    assert {i: v["status"] for i, v in params.items()} == dict.fromkeys(ddps.split(","), "fail")
+    assert all(v["first_bad_step"] == 1 for v in params.values())
+    assert f"--model {SPEC}" in got.stdout  # the repro command reruns the model's case
+
+
+def test_a_run_that_barely_moves_is_vacuous(tmp_path):
+    got = _cli("--ddp", "ref", "--model", "tests.test_user_model:tiny_lr_model", "--world-size", "2",
+               "--only", "parity.user_model", json_path=tmp_path / "r.json")
+    assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
+    status = {v["check"]: v["status"] for v in _verdicts(tmp_path / "r.json")}
+    assert status["param_parity"] == "vacuous", status
+
+
+def test_pytest_runs_the_users_model(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
+                          "conformance.tests.test_conformance", "--conformance-model", SPEC,
+                          "--conformance-ddp", "torch,ref", "--conformance-runtime", "cpu",
+                          "--conformance-world-size", "2", "--conformance-json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, cwd=REPO, env=env, timeout=CLI_TIMEOUT_S)
+    assert got.returncode == 0 and "4 passed" in got.stdout, got.stdout[-3000:] + got.stderr[-3000:]
+    vs = _verdicts(tmp_path / "r.json")
+    assert len(vs) == 12 and {v["status"] for v in vs} == {"pass"} and {v["model"] for v in vs} == {SPEC}
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("nosuchpkg_for_conformance.models:factory", "cannot import 'nosuchpkg_for_conformance.models'"),
+    ("tests.test_user_model:broken_forward_model", "the forward on one CPU device raised"),
+])
+def test_bad_model_is_one_error_line_and_exit_2(tmp_path, spec, says):
+    got = _cli("--ddp", "ref", "--model", spec, json_path=tmp_path / "r.json")
+    lines = got.stderr.strip().splitlines()
+    assert got.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], got.stderr
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("tests.test_user_model:no_such_factory", "has no 'no_such_factory'"),
+    ("tests.test_user_model:not_a_model", "returned a Linear, not a conformance.UserModel"),
+    ("tests.test_user_model:SPEC", "neither a conformance.UserModel nor a zero-argument factory"),
+    ("tests.test_user_model:sum_loss_model", "the loss is not a mean over the samples"),
+    ("tests.test_user_model:unseeded_model", "is not deterministic"),
+    ("tests.test_user_model", "give package.module:factory"),
+])
+def test_bad_model_is_refused_before_any_world(spec, says):
+    from conformance.errors import UsageError
+    from conformance.options import parse_model
+    with pytest.raises(UsageError) as exc:
+        parse_model(spec, [2, 3])
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_global_batch_must_split_over_every_world_size():
+    from conformance.errors import UsageError
+    from conformance.options import parse_model
+    with pytest.raises(UsageError, match="does not split evenly over world size 5"):
+        parse_model(SPEC, [2, 5])
