@@ -7,6 +7,6 @@ sharded optimizer state, topology); ``--ddp package.module:obj`` accepts one
 (docs/strategies.md). :class:`UserModel` - your own model (build, batches, loss) for
 ``--model package.module:factory`` (docs/configuration.md, "Your own model")."""
 from conformance.impls.row import Strategy
-from conformance.usermodel import UserModel
+from conformance.cases.usermodel import UserModel
 
 __all__ = ["Strategy", "UserModel"]

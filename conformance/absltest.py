@@ -39,7 +39,7 @@ from absl.testing import absltest, parameterized
 
 from conformance.cases.row import select_rows
 from conformance.cases.table import CASES, select
-from conformance.cases.train.usermodel import USER_CASES
+from conformance.cases.train.usercases import USER_CASES
 from conformance.errors import UsageError, split_list
 from conformance.cases.properties.run import profile_examples
 from conformance.evaluate import evaluate

@@ -3,6 +3,7 @@ runtimes, world sizes, implementations. Bad input raises
 :class:`~conformance.errors.UsageError` with the one line to print."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -156,7 +157,6 @@ def check_model_spec(spec: str, flag: str = "--model") -> None:
     Raises:
         UsageError: not ``package.module:factory``, or no such top-level module.
     """
-    import importlib.util
     mod_name, colon, attr = spec.partition(":")
     if not (colon and mod_name and attr):
         raise UsageError(f"{flag} {spec!r}: give package.module:factory (a conformance.UserModel or a "
@@ -168,7 +168,7 @@ def check_model_spec(spec: str, flag: str = "--model") -> None:
 
 def parse_model(spec: str, world_sizes, flag: str = "--model") -> tuple[list, list[str]]:
     """``(cases, notes)`` of user model ``spec`` (``package.module:factory``, every face's
-    ``--model``): the cases run on it (:mod:`conformance.cases.train.usermodel`) after the
+    ``--model``): the cases run on it (:mod:`conformance.cases.train.usercases`) after the
     model is checked on one CPU device; ``notes`` are lines worth printing.
 
     Raises:
@@ -176,7 +176,7 @@ def parse_model(spec: str, world_sizes, flag: str = "--model") -> tuple[list, li
             ``conformance.UserModel``, a build or forward that fails, ...).
     """
     check_model_spec(spec, flag)
-    from conformance.cases.train.usermodel import check_model, model_cases  # imports torch
+    from conformance.cases.train.usercases import check_model, model_cases  # imports torch
     try:
         notes = check_model(spec, list(world_sizes))
     except UsageError as exc:

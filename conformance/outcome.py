@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from conformance.settings import Settings
 from conformance.verdict import BAD, Verdict
-from conformance.usermodel import is_model_spec
+from conformance.cases.usermodel import is_model_spec
 
 OUTCOMES = ("pass", "fail", "xfail", "skip")
 

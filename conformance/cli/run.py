@@ -45,7 +45,7 @@ def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: st
     written as a partial report marked ``"interrupted": true``). ``require_supported``: a comma
     list of keywords / method names (or ``all``) whose ``unsupported`` verdicts exit 1 too.
     ``user_model``: ``package.module:factory`` of a :class:`conformance.UserModel`: run the
-    cases on that model (:mod:`conformance.cases.train.usermodel`) instead of the table.
+    cases on that model (:mod:`conformance.cases.train.usercases`) instead of the table.
 
     Raises:
         UsageError: bad input (the CLI prints one ``error:`` line, exit 2).

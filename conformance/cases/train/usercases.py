@@ -20,7 +20,7 @@ from conformance.cases.row import Case
 from conformance.cases.train.evaluate import train_checks
 from conformance.cases.train.loop import RANK_SEED_STRIDE
 from conformance.errors import UsageError
-from conformance.usermodel import UserModelError
+from conformance.cases.usermodel import UserModelError
 from fixtures import build_model, global_batch, shard
 from fixtures.models import MODELS, training_loss
 
