@@ -165,8 +165,9 @@ def selected_cases(config):
     from conformance.cases.row import select_rows
     from conformance.cases.table import CASES
     from conformance.errors import split_list
-    return select_rows(config.stash.get(_MODEL_CASES, None) or CASES.values(), split_list(_opt(config, "only")),
-                       split_list(_opt(config, "skip")))
+    stash = getattr(config, "stash", None)  # --conformance-model: the model's cases (pytest_configure)
+    rows = (stash.get(_MODEL_CASES, None) if stash is not None else None) or CASES.values()
+    return select_rows(rows, split_list(_opt(config, "only")), split_list(_opt(config, "skip")))
 
 
 @pytest.hookimpl(trylast=True)  # after @pytest.mark.parametrize: its ids come first
