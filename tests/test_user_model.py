@@ -103,6 +103,14 @@ def tiny_lr_model():
     return UserModel(build=_build, batch=_batch, loss=_loss, lr=1e-9, steps=2)
 
 
+def not_a_module_model():
+    return UserModel(build=lambda seed: torch.zeros(3), batch=_batch, loss=_loss)
+
+
+def scalar_batch_model():
+    return UserModel(build=_build, batch=lambda seed, step, size: torch.zeros(size, 4, 8), loss=_loss)
+
+
 def unseeded_model():
     return UserModel(build=lambda seed: TinyBlock(), batch=_batch, loss=_loss)
 
@@ -137,6 +145,7 @@ def _verdicts(path):
         return json.load(f)["verdicts"]
 
 
+@pytest.mark.long
 def test_torch_and_ref_pass_on_the_users_model_through_the_cli(tmp_path):
     got = _cli("--ddp", "torch,ref", "--model", SPEC, json_path=tmp_path / "r.json")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
@@ -150,6 +159,7 @@ def test_torch_and_ref_pass_on_the_users_model_through_the_cli(tmp_path):
     assert all(v["movement"] >= 100 * v["atol"] for v in parity if v["check"] == "param_parity")
 
 
+@pytest.mark.long
 def test_ddps_that_do_not_average_fail_on_the_users_model(tmp_path):
     ddps = "mutant:sum_not_mean,tests.test_user_model:NoAverageDDP"
     got = _cli("--ddp", ddps, "--model", SPEC, "--world-size", "2", "--only", "parity.user_model",
@@ -162,6 +172,7 @@ def test_ddps_that_do_not_average_fail_on_the_users_model(tmp_path):
     assert f"--model {SPEC}" in got.stdout  # the repro command reruns the model's case
 
 
+@pytest.mark.long
 def test_a_run_that_barely_moves_is_vacuous(tmp_path):
     got = _cli("--ddp", "ref", "--model", "tests.test_user_model:tiny_lr_model", "--world-size", "2",
                "--only", "parity.user_model", json_path=tmp_path / "r.json")
@@ -170,6 +181,22 @@ def test_a_run_that_barely_moves_is_vacuous(tmp_path):
     assert status["param_parity"] == "vacuous", status
 
 
+@pytest.mark.long
+@pytest.mark.pjrt
+def test_ref_and_xla_recipe_pass_on_the_users_model_on_pjrt(tmp_path):
+    from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+    try:
+        get_runtime("pjrt").check(2)
+    except RuntimeUnavailable as exc:
+        pytest.skip(f"unsupported: {exc}")
+    got = _cli("--runtime", "pjrt", "--ddp", "ref,xla_recipe", "--model", SPEC, "--world-size", "2",
+               "--only", "parity.user_model", json_path=tmp_path / "r.json")
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    vs = _verdicts(tmp_path / "r.json")
+    assert len(vs) == 6 and {v["status"] for v in vs} == {"pass"}, [v["id"] for v in vs if v["status"] != "pass"]
+
+
+@pytest.mark.long
 def test_pytest_runs_the_users_model(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
@@ -199,6 +226,8 @@ def test_bad_model_is_one_error_line_and_exit_2(tmp_path, spec, says):
     ("tests.test_user_model:sum_loss_model", "the loss is not a mean over the samples"),
     ("tests.test_user_model:unseeded_model", "is not deterministic"),
     ("tests.test_user_model", "give package.module:factory"),
+    ("tests.test_user_model:not_a_module_model", "returned a Tensor, not a torch.nn.Module"),
+    ("tests.test_user_model:scalar_batch_model", "must return (inputs, target), two tensors"),
 ])
 def test_bad_model_is_refused_before_any_world(spec, says):
     from conformance.errors import UsageError
