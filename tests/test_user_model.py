@@ -242,3 +242,37 @@ def test_global_batch_must_split_over_every_world_size():
     from conformance.options import parse_model
     with pytest.raises(UsageError, match="does not split evenly over world size 5"):
         parse_model(SPEC, [2, 5])
+
+
+class _Session:
+    """Stands in for conformance.evaluate.Session: every replica's trajectory is the
+    single-device reference's with ``delta`` added to every parameter after step 0."""
+
+    def __init__(self, delta):
+        self.delta, self.runs = delta, 0
+
+    def trajectories(self, runtime, n, spec):
+        from conformance.cases.train.reference import reference_run
+        self.runs += 1
+        ref = reference_run(spec, n, runtime)
+        params = ref["params"].copy()
+        params[1:] += self.delta
+        return [dict(ref, params=params, buffers=ref["buffers"][:, r]) for r in range(n)]
+
+
+@pytest.mark.parametrize("delta", [0.0, 3e-6])
+def test_the_bound_is_ten_times_the_measured_noise(delta):
+    from conformance.cases.train.measured import EPS32, NOISE_SEEDS, measured_tolerance, user_run
+    from conformance.options import parse_model
+    from conformance.tolerances import MIN_SIDE_FACTOR
+    parse_model(SPEC, [2])
+    session = _Session(delta)
+    spec = user_run("torch", SPEC)
+    tol = measured_tolerance(session, "cpu", 2, spec)
+    assert session.runs == NOISE_SEEDS
+    if delta:  # noise above the eps floor: the bound follows it
+        assert tol.atol == pytest.approx(MIN_SIDE_FACTOR * delta, rel=1e-2)  # delta is added in float32
+    else:  # a bit-exact model: the floor, one float32 ulp of its largest parameter, x 10
+        assert 0 < tol.atol < MIN_SIDE_FACTOR * EPS32 * 10
+    assert f"atol {tol.atol:.3g}" in tol.note and f"W=2" in tol.note
+    assert measured_tolerance(session, "cpu", 2, spec) is tol and session.runs == NOISE_SEEDS  # cached

@@ -173,6 +173,9 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
             if shared:
                 print(shared.text())
             print(verdict_table(verdicts))
+            measured = getattr(session, "_measured_tolerances", {})  # --model: each bound, said once
+            for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items()):
+                print(f"{user_model} on {rt_} W={w_}: {note}")
             repros = list(dict.fromkeys(repro(v) for v in verdicts if v.status in BAD))
             if repros:
                 print("\nreproduce one failing case:")
