@@ -8,7 +8,7 @@ the single-device reference, as a verdict would. The bound is the kit's safety-f
 applied to that noise (:data:`conformance.tolerances.MIN_SIDE_FACTOR`, the factor
 ``calibrate`` asks of every table row)::
 
-    atol      = MIN_SIDE_FACTOR * max(noise on parameters (and compared buffers), eps * max |theta|)
+    atol      = MIN_SIDE_FACTOR * max(noise on parameters (and compared buffers), eps * max |theta| (and buffers))
     loss_atol = MIN_SIDE_FACTOR * max(noise on the averaged loss,              eps * max |loss|)
 
 ``eps`` is float32's machine epsilon (the kit compares float32 trajectories): a floor for a
@@ -97,12 +97,14 @@ def measured_tolerance(session, runtime: str, w: int, spec: RunSpec) -> Toleranc
                 noise = max(noise, _max_abs(r["buffers"], ref["buffers"][:, i]))
         loss_noise = max(loss_noise, _max_abs(np.mean([r["losses"] for r in reps], axis=0), ref["losses"]))
         scale = max(scale, float(np.max(np.abs(ref["params"]))) if ref["params"].size else 0.0)
+        if buffers and ref["buffers"].size:  # compared at the same atol: their ulp counts too
+            scale = max(scale, float(np.max(np.abs(ref["buffers"]))))
         loss_scale = max(loss_scale, float(np.max(np.abs(ref["losses"]))))
         moved = min(moved, movement(ref))
     atol = MIN_SIDE_FACTOR * max(noise, EPS32 * scale)
     loss_atol = MIN_SIDE_FACTOR * max(loss_noise, EPS32 * loss_scale)
     note = (f"bound measured on the model: atol {atol:.3g} = {MIN_SIDE_FACTOR:g} x max(noise {noise:.3g}, "
-            f"eps32 x max|param| {EPS32 * scale:.3g}), loss_atol {loss_atol:.3g} = {MIN_SIDE_FACTOR:g} x "
+            f"eps32 x max|{'param, buffer' if buffers else 'param'}| {EPS32 * scale:.3g}), loss_atol {loss_atol:.3g} = {MIN_SIDE_FACTOR:g} x "
             f"max(noise {loss_noise:.3g}, eps32 x max|loss| {EPS32 * loss_scale:.3g}); noise = the largest "
             f"deviation of the reference DDP ({NOISE_IMPL}) from one device over seeds {seeds[0]}..{seeds[-1]} "
             f"at W={w}; vacuity guard: parameters move >= {VACUITY_FACTOR:g} x atol (measured "
