@@ -5,7 +5,7 @@ Run the kit::
 
     python -m conformance.absltest --runtime=pjrt --ddp=mypkg:MyDDP [--world_size=2,4]
         [--only=parity,no_sync] [--skip=property] [--profile=ci] [--expected_failures=FILE]
-        [--backend=gloo|mypkg.backend:register]
+        [--backend=gloo|mypkg.backend:register] [--model=mypkg.models:factory]
 
 or subclass it in your own test file and run that file::
 
@@ -25,7 +25,9 @@ pytest plugin. A fail or vacuous verdict fails the subtest with every verdict's
 summary and the replicas' diagnosis; unsupported / skip verdicts skip it with the
 reason; an expected failure (``--expected_failures``) is a skip whose reason starts with
 ``expected failure`` (the mapping of every face: :mod:`conformance.outcome`).
-Bad flag values print one ``error:`` line and exit with code 2.
+Bad flag values print one ``error:`` line and exit with code 2. With ``--model`` (a
+``conformance.UserModel``) the methods of the model's cases (``test_parity_user_model``, ...)
+run and the table's skip.
 """
 from __future__ import annotations
 
@@ -35,11 +37,13 @@ import sys
 from absl import flags
 from absl.testing import absltest, parameterized
 
+from conformance.cases.row import select_rows
 from conformance.cases.table import CASES, select
+from conformance.cases.train.usercases import USER_CASES
 from conformance.errors import UsageError, split_list
 from conformance.cases.properties.run import profile_examples
 from conformance.evaluate import evaluate
-from conformance.options import parse_matrix
+from conformance.options import parse_matrix, parse_model
 from conformance.outcome import outcome
 from conformance.settings import Settings, use_hypothesis_cache
 from conformance.worlds.runtimes.cpu import resolve_backend
@@ -57,10 +61,13 @@ flags.DEFINE_string("profile", None, "example budget of property cases: dev, ci,
 flags.DEFINE_string("expected_failures", None, "file of verdict ids whose failure is expected")
 flags.DEFINE_string("backend", None, "torch.distributed backend of the CPU worlds: a name (default gloo) or "
                     "module:function registering one (env CONFORMANCE_BACKEND)")
+flags.DEFINE_string("model", None, "package.module:factory of your own model (a conformance.UserModel): "
+                    "its parity and agreement cases run instead of the table's, at a bound measured on it")
 flags.DEFINE_float("replica_timeout", None, "seconds one task may take on a world (default 120; "
                    "env CONFORMANCE_TIMEOUT)")
 
 _SESSION = None
+_MODEL_CASES: dict = {}  # --model: the model's cases by name (built by validate_flags)
 
 
 def _session():
@@ -93,8 +100,13 @@ class ConformanceTestCase(parameterized.TestCase):
                             cases=[case] if case is not None else None)
 
     def _run_case(self, name: str):
-        case = CASES[name]
-        if case not in select(split_list(FLAGS.only), split_list(FLAGS.skip)):
+        if FLAGS.model and name not in _MODEL_CASES:
+            self.skipTest(f"--model runs the model's cases, not {name}")
+        if not FLAGS.model and name not in CASES:
+            self.skipTest(f"{name} runs on your model: give --model")
+        case = _MODEL_CASES[name] if FLAGS.model else CASES[name]
+        rows = list(_MODEL_CASES.values()) if FLAGS.model else CASES.values()
+        if case not in select_rows(rows, split_list(FLAGS.only), split_list(FLAGS.skip)):
             self.skipTest(f"{name} not selected by --only/--skip")
         expected = read_expected_failures(FLAGS.expected_failures) if FLAGS.expected_failures else ExpectedFailures()
         for runtime, w, impls in self._targets(case):
@@ -110,11 +122,12 @@ class ConformanceTestCase(parameterized.TestCase):
 
 
 def _add_methods(cls):
-    for name, case in CASES.items():
+    rows = [(name, case.description) for name, case in CASES.items()] + [(n, d) for n, d, _ in USER_CASES]
+    for name, description in rows:
         def test(self, _name=name):
             self._run_case(_name)
         test.__name__ = _method_name(name)
-        test.__doc__ = f"{name}: {case.description}"
+        test.__doc__ = f"{name}: {description}"
         setattr(cls, test.__name__, test)
 
 
@@ -133,7 +146,15 @@ def validate_flags(argv: list[str]) -> list[str]:
         rest = FLAGS(argv, known_only=False)
     except flags.Error as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
-    select(split_list(FLAGS.only), split_list(FLAGS.skip))
+    if FLAGS.model:
+        targets = parse_matrix(FLAGS.runtime, FLAGS.world_size, FLAGS.ddp or _default_ddp())
+        cases, notes = parse_model(FLAGS.model, sorted({w for _, w, _ in targets}))
+        _MODEL_CASES.update((c.name, c) for c in cases)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        select_rows(cases, split_list(FLAGS.only), split_list(FLAGS.skip))
+    else:
+        select(split_list(FLAGS.only), split_list(FLAGS.skip))
     if settings().backend != "gloo":
         resolve_backend(settings().backend)
     profile_examples(FLAGS.profile)

@@ -3,6 +3,7 @@ runtimes, world sizes, implementations. Bad input raises
 :class:`~conformance.errors.UsageError` with the one line to print."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -147,3 +148,37 @@ def folder_on_path(folder: str) -> None:
     here = os.path.realpath(folder)
     if not any(os.path.realpath(p or os.getcwd()) == here for p in sys.path):
         sys.path.insert(0, here)
+
+
+def check_model_spec(spec: str, flag: str = "--model") -> None:
+    """What can be checked of a user model spec without torch: its form and that its top-level
+    package exists (the rest: :func:`parse_model`).
+
+    Raises:
+        UsageError: not ``package.module:factory``, or no such top-level module.
+    """
+    mod_name, colon, attr = spec.partition(":")
+    if not (colon and mod_name and attr):
+        raise UsageError(f"{flag} {spec!r}: give package.module:factory (a conformance.UserModel or a "
+                         "zero-argument factory of one)")
+    top = mod_name.split(".")[0]
+    if importlib.util.find_spec(top) is None:
+        raise UsageError(f"{flag} {spec!r}: cannot import {mod_name!r}: ModuleNotFoundError: No module named {top!r}")
+
+
+def parse_model(spec: str, world_sizes, flag: str = "--model") -> tuple[list, list[str]]:
+    """``(cases, notes)`` of user model ``spec`` (``package.module:factory``, every face's
+    ``--model``): the cases run on it (:mod:`conformance.cases.train.usercases`) after the
+    model is checked on one CPU device; ``notes`` are lines worth printing.
+
+    Raises:
+        UsageError: the one line of the first problem (module not importable, not a
+            ``conformance.UserModel``, a build or forward that fails, ...).
+    """
+    check_model_spec(spec, flag)
+    from conformance.cases.train.usercases import check_model, model_cases  # imports torch
+    try:
+        notes = check_model(spec, list(world_sizes))
+    except UsageError as exc:
+        raise UsageError(str(exc).replace("--model ", f"{flag} ", 1)) from None
+    return model_cases(spec), notes

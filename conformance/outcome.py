@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from conformance.settings import Settings
 from conformance.verdict import BAD, Verdict
+from conformance.cases.usermodel import is_model_spec
 
 OUTCOMES = ("pass", "fail", "xfail", "skip")
 
@@ -42,6 +43,8 @@ def repro_command(v: Verdict, settings: Settings | None = None) -> str:
     profile where they differ from the defaults (a hang reproduced at its bound)."""
     args = ["python", "-m", "conformance", "run", "--ddp", v.impl, "--runtime", v.runtime,
             "--world-size", str(v.world_size), "--only", v.case]
+    if is_model_spec(v.model):  # a case of the user's model (--model)
+        args += ["--model", v.model]
     if settings is not None:
         default = Settings()
         if settings.replica_timeout != default.replica_timeout:

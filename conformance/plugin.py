@@ -21,6 +21,8 @@ Options (defaults in brackets):
     --conformance-backend          torch.distributed backend of the CPU worlds: name or module:function
                                    registering one [env CONFORMANCE_BACKEND, else gloo]
     --conformance-json PATH        write the run's JSON report (xdist-safe)
+    --conformance-model MOD:FACTORY   run the parity and agreement cases on your own model (a
+                                   conformance.UserModel) instead of the table; no kill matrix
 
 Test ids read ``test_case[<case>-<impl>-<runtime>-w<W>]`` (also in JUnit XML).
 """
@@ -32,11 +34,12 @@ _KILLS = pytest.StashKey[list]()
 _VERDICTS = pytest.StashKey[list]()
 _EXPECTED = pytest.StashKey[set]()
 _SETTINGS = pytest.StashKey[object]()
+_MODEL_CASES = pytest.StashKey[list]()
 
 # Tests at this world size or above carry the `slow` marker.
 SLOW_WORLD_SIZE = 8
 OPTIONS = ("ddp", "runtime", "world-size", "only", "skip", "profile", "expected-failures", "timeout", "json",
-           "backend")
+           "backend", "model")
 
 
 def pytest_addoption(parser):
@@ -61,6 +64,9 @@ def pytest_addoption(parser):
                 help="seconds one task may take on a world (default 120)")
     g.addoption("--conformance-json", default=None, metavar="PATH",
                 help="write the verdicts and the kill matrix as the run JSON report")
+    g.addoption("--conformance-model", default=None, metavar="MOD:FACTORY",
+                help="run the parity and agreement cases on your own model: package.module:factory naming a "
+                "conformance.UserModel (or a zero-argument factory of one); the bound is measured on it")
 
 
 def _opt(config, name):
@@ -91,9 +97,15 @@ def pytest_configure(config):
         _invocation_dir_on_path(config)
         for rt in rts or ["cpu"]:
             _usage(parse_impl_names, _opt(config, "ddp"), rt)
+    if _opt(config, "model"):  # the user's model: checked on one device now, its cases replace the table's
+        from conformance.options import parse_model
+        from conformance.settings import default_world_sizes
+        _invocation_dir_on_path(config)
+        every = sizes or sorted({w for rt in rts or ["cpu"] for w in default_world_sizes(rt)})
+        cases, _ = _usage(parse_model, _opt(config, "model"), every, "--conformance-model")
+        config.stash[_MODEL_CASES] = cases
     if _opt(config, "only") or _opt(config, "skip"):
-        from conformance.cases.table import select
-        _usage(select, split_list(_opt(config, "only")), split_list(_opt(config, "skip")))
+        _usage(selected_cases, config)
     _usage(profile_examples, _opt(config, "profile"))
     if _opt(config, "expected-failures"):
         from conformance.report.expected import read_expected_failures
@@ -150,9 +162,12 @@ def impls_for(config, runtime):
 
 
 def selected_cases(config):
-    from conformance.cases.table import select
+    from conformance.cases.row import select_rows
+    from conformance.cases.table import CASES
     from conformance.errors import split_list
-    return select(split_list(_opt(config, "only")), split_list(_opt(config, "skip")))
+    stash = getattr(config, "stash", None)  # --conformance-model: the model's cases (pytest_configure)
+    rows = (stash.get(_MODEL_CASES, None) if stash is not None else None) or CASES.values()
+    return select_rows(rows, split_list(_opt(config, "only")), split_list(_opt(config, "skip")))
 
 
 @pytest.hookimpl(trylast=True)  # after @pytest.mark.parametrize: its ids come first
@@ -168,7 +183,7 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("conformance_case", params)
     elif "conformance_kill" in names:
         params = []
-        if not _opt(config, "ddp") or _opt(config, "mutants"):
+        if (not _opt(config, "ddp") or _opt(config, "mutants")) and not _opt(config, "model"):
             from conformance.impls.mutants.catalog import MUTANTS
             cases = selected_cases(config)
             params = [pytest.param((m, case, rt, w), marks=marks, id=f"{m}-{case.name}-{rt}-w{w}")

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 
 VACUITY_FACTOR = 100.0
 MIN_WORLD_SIZE = 2
+#: The safety factor between a bound and what it separates: ``atol >= MIN_SIDE_FACTOR x noise``
+#: (and, where the signal is known, ``<= signal / MIN_SIDE_FACTOR``); calibrate checks a row
+#: against it, and a user model's bound is derived with it (conformance.cases.train.measured).
+MIN_SIDE_FACTOR = 10.0
 
 
 @dataclass(frozen=True)

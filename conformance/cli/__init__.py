@@ -62,6 +62,10 @@ def build_parser():
                      "all (every row that runs on the runtime), mutant:<name>, package.module:Class (default: the runtime's)")
     run.add_argument("--world-size", default=None, help="comma list of world sizes >= 2 (default 2,3; "
                      "with --launcher env the launcher's WORLD_SIZE)")
+    run.add_argument("--model", dest="user_model", default=None, metavar="MOD:FACTORY",
+                     help="run the parity and agreement cases on your own model instead of the case table: "
+                     "package.module:factory naming a conformance.UserModel (or a zero-argument factory of "
+                     "one); the bound is measured on the model (docs/configuration.md)")
     run.add_argument("--only", default=None, help="comma list of tags: run only cases carrying one "
                      "(a family: parity, feature, property, invariant, scenario; a model; a feature "
                      "such as no_sync; a case name)")
@@ -153,9 +157,10 @@ def parse(argv=None) -> tuple[str, Settings, dict]:
     options = {k: values.pop(k, None) for k in SETTINGS_OPTIONS}
     command = args.command
     if command == "run" and values.get("repeat") is not None:  # run --repeat N: the repeat command
-        for flag in ("mutants", "exitfirst", "exitfirst_each", "junitxml", "require_supported"):
+        for flag in ("mutants", "exitfirst", "exitfirst_each", "junitxml", "require_supported", "user_model"):
             if values[flag]:
-                raise UsageError(f"--repeat reruns the correct implementations; drop --{flag.replace('_', '-')}"
+                raise UsageError("--repeat reruns the table's parity cases; drop --model" if flag == "user_model"
+                                 else f"--repeat reruns the correct implementations; drop --{flag.replace('_', '-')}"
                                  if flag != "junitxml" else "--junitxml: --repeat writes a sweep report, not "
                                  "verdicts; drop --junitxml")
         if values["launcher"] == "env":
@@ -181,7 +186,14 @@ def _check_early(values: dict) -> None:
         sizes = parse_world_sizes(values["world_size"])
         for rt in runtimes:
             check_world_size_range(sizes, rt)
-    for opt in ("only", "skip"):  # the case table imports torch: its tags are copied in names.py
+    if values.get("user_model"):
+        from conformance.options import check_model_spec
+        check_model_spec(values["user_model"])
+        if values.get("mutants"):
+            raise UsageError("--model runs its own cases (parity.user_model, parity.user_model_find_unused) on "
+                             "your model, which no mutant row names; drop --mutants")
+    for opt in ("only", "skip") if not values.get("user_model") else ():  # the case table imports torch: its
+        # tags are copied in names.py (the model's cases' tags are checked when they are built)
         unknown = [t for t in split_list(values.get(opt)) if t not in names.TAGS]
         if unknown:
             raise UsageError(unknown_tags(f"--{opt}", unknown))

@@ -57,11 +57,10 @@ import time
 from conformance.cli.parity import ParityRunner, parity_mutants
 from conformance.errors import split_list as _split, UsageError
 from conformance.report.text import document
-from conformance.tolerances import MIN_WORLD_SIZE, lookup
+from conformance.tolerances import MIN_SIDE_FACTOR, MIN_WORLD_SIZE, lookup
 from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
 from conformance.worlds.spawned import WorldPool
 
-MIN_SIDE_FACTOR = 10.0     # atol must be >= 10 x noise and <= signal / 10
 MIN_SIGNAL_TO_NOISE = 100.0
 SILENT_FACTOR = 2.0        # a mutant run within 2 x noise on every check did not trigger
 DEFAULT_SEEDS = 5

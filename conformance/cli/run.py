@@ -8,11 +8,12 @@ import sys
 import time
 
 from conformance.cases.scenarios.scenario import OPTIMIZER_REVEALS
+from conformance.cases.row import select_rows
 from conformance.cases.table import select
 from conformance.errors import UsageError, split_list
 from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.mutants.catalog import MUTANTS
-from conformance.options import case_runs_at, parse_matrix
+from conformance.options import case_runs_at, parse_matrix, parse_model
 from conformance.outcome import repro_command
 from conformance.cli import exitfirst_under_launcher
 from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
@@ -38,11 +39,13 @@ PROGRESS_SECONDS = 5.0
 def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: str | None,
             only: str | None, skip: str | None, mutants: bool, expected_failures: str | None,
             quiet: bool, exitfirst: bool, exitfirst_each: bool, json: str, launcher: str,
-            junitxml: str | None = None, require_supported: str | None = None) -> int:
+            junitxml: str | None = None, require_supported: str | None = None, user_model: str | None = None) -> int:
     """Run the selected cases; return the exit code (0 all good, 1 a fail/vacuous verdict or a
     surviving mutant, 130 / 143 interrupted by SIGINT / SIGTERM: the finished verdicts are
     written as a partial report marked ``"interrupted": true``). ``require_supported``: a comma
     list of keywords / method names (or ``all``) whose ``unsupported`` verdicts exit 1 too.
+    ``user_model``: ``package.module:factory`` of a :class:`conformance.UserModel`: run the
+    cases on that model (:mod:`conformance.cases.train.usercases`) instead of the table.
 
     Raises:
         UsageError: bad input (the CLI prints one ``error:`` line, exit 2).
@@ -51,12 +54,21 @@ def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: st
         return _run(settings, runtime=runtime, ddp=ddp, world_size=world_size, only=only, skip=skip,
                     mutants=mutants, expected_failures=expected_failures, quiet=quiet, exitfirst=exitfirst,
                     exitfirst_each=exitfirst_each, json=json, json_out=json_out, launcher=launcher,
-                    junitxml=junitxml, required=split_list(require_supported))
+                    junitxml=junitxml, required=split_list(require_supported), user_model=user_model)
 
 
 def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_failures, quiet, exitfirst,
-         exitfirst_each, json, json_out, launcher, junitxml, required) -> int:
-    cases = select(split_list(only), split_list(skip))
+         exitfirst_each, json, json_out, launcher, junitxml, required, user_model=None) -> int:
+    if user_model:  # the user's model: its own cases, checked on one device before any world starts
+        if mutants:
+            raise UsageError("--model runs its own cases on your model, which no mutant row names; drop --mutants")
+        sizes = sorted({w for _, w, _ in parse_matrix(runtime, world_size, ddp, launcher)})
+        cases, notes = parse_model(user_model, sizes)
+        cases = select_rows(cases, split_list(only), split_list(skip))
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    else:
+        cases = select(split_list(only), split_list(skip))
     for flag, on in (("--exitfirst", exitfirst), ("--exitfirst-each", exitfirst_each)):
         if on and launcher == "env":
             raise UsageError(exitfirst_under_launcher(flag))
@@ -85,7 +97,7 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
     saved = {"at": None, "cost": 0.0}
 
     def extra(complete: bool) -> dict:
-        out = {"cases": sorted({c.name for c in cases}), "profile": settings.profile,
+        out = {"cases": sorted({c.name for c in cases}), "profile": settings.profile, "model": user_model,
                "coverage": [c.to_json() for c in coverage(verdicts)],
                "require_supported": required,
                "optimizer_fault_kinds": OPTIMIZER_REVEALS, "complete": complete,
@@ -161,6 +173,9 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
             if shared:
                 print(shared.text())
             print(verdict_table(verdicts))
+            measured = getattr(session, "_measured_tolerances", {})  # --model: each bound, said once
+            for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items()):
+                print(f"{user_model} on {rt_} W={w_}: {note}")
             repros = list(dict.fromkeys(repro(v) for v in verdicts if v.status in BAD))
             if repros:
                 print("\nreproduce one failing case:")

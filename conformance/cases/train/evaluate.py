@@ -12,6 +12,7 @@ from fixtures.models import MODELS
 from conformance.cases.checks import AGREEMENT, CHECKS, judge, judge_agreement
 from conformance.cases.kinds import Kind
 from conformance.cases.train.loop import RunSpec, rank_seed
+from conformance.cases.train.measured import measured_tolerance, stated, user_run
 from conformance.cases.train.setups import SETUPS, replica_groups
 from conformance.cases.train.reference import reference_run
 from conformance.tolerances import MIN_WORLD_SIZE, lookup
@@ -34,7 +35,15 @@ def evaluate_train(case, impl, runtime, w, session, overrides):
     where = f"{runtime}:{row.topology[runtime]}" if row.topology.get(runtime) else runtime
     if MODELS[case.model].unsupported.get(where):  # the runtime cannot train it, whatever the DDP
         raise Unsupported(f"runtime {where}: {MODELS[case.model].unsupported[where]}")
-    spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.train, **overrides))
+    user = MODELS[case.model].user is not None  # --model: the run is the user's, its bound measured
+    if user:
+        spec = user_run(impl, case.model, **dict(case.train, **overrides))
+        tol = measured_tolerance(session, runtime, w, spec)
+        if tol is None:  # non-root process of a launcher-built world
+            return None
+    else:
+        spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.train, **overrides))
+        tol = lookup(runtime, case.model, case.tolerance)
     world_runtime, n = world_for(runtime, row.topology.get(runtime), w)
     reps = session.trajectories(world_runtime, n, spec)
     if reps is None:
@@ -42,7 +51,6 @@ def evaluate_train(case, impl, runtime, w, session, overrides):
     groups = replica_groups(spec.setups, w)
     # One reference per data-parallel job: its first rank's seed, its own size.
     refs = [reference_run(replace(spec, seed=rank_seed(spec.seed, g[0])), len(g), world_runtime) for g in groups]
-    tol = lookup(runtime, case.model, case.tolerance)
     out = []
     for name in case.checks:
         if name == AGREEMENT and not row.holds_copies:
@@ -61,6 +69,8 @@ def evaluate_train(case, impl, runtime, w, session, overrides):
             else:
                 v = judge(CHECKS[name], mine, ref, tol, case=case.name, impl=impl, runtime=runtime,
                           model=case.model, world_size=w)
+                if user:
+                    v = stated(v, tol)
             per_group.append(v if len(groups) == 1 else in_group(v, g, w))
         out.append(worst(per_group))
     return out

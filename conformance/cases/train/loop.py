@@ -19,7 +19,7 @@ from conformance.cases.train.setups import SETUPS, replica_groups
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
 from fixtures import build_model, global_batch, shard
-from fixtures.models import MODELS, prediction
+from fixtures.models import MODELS, training_loss
 
 # Rank r != 0 builds its model from seed + RANK_SEED_STRIDE * r and adds
 # r * RANK_BUFFER_OFFSET to its buffers before the DDP is constructed (every kind
@@ -269,11 +269,11 @@ def train_replica(ctx, spec: dict) -> dict:
             for s in loop.setups:
                 stack.enter_context(s.forward_context(loop, step))
             if loop.impl.forward_backward is not None:  # one compiled forward+loss+backward
-                loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: mse(prediction(run.model, out), ys))
+                loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: training_loss(run.model, out, ys))
             else:
                 out = loop.ddp(xs, **MODELS[run.model].forward_kwargs)
         if loop.impl.forward_backward is None:
-            loss = mse(prediction(run.model, out), ys)
+            loss = training_loss(run.model, out, ys)
             ctx.note(phase="backward")  # DDP's gradient all-reduces run here
             loss.backward()
         if loop.impl.after_backward is not None:

@@ -15,12 +15,12 @@ import functools
 
 import numpy as np
 
-from conformance.cases.train.loop import RunSpec, build_optimizer, mse, rank_buffer_offset
+from conformance.cases.train.loop import RunSpec, build_optimizer, rank_buffer_offset
 from conformance.cases.train.readback import flat_buffers, flat_optimizer_state, flat_params
 import contextlib
 from conformance.cases.train.setups import SETUPS
 from fixtures import build_model, global_batch, shard
-from fixtures.models import MODELS, prediction
+from fixtures.models import MODELS, training_loss
 
 # Runtime quirks the reference can reproduce (a runtime adapter lists its own in
 # ``Runtime.reference_quirks``): measured differences of the runtime's *ops*
@@ -80,7 +80,7 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
         ctx = (torch.autocast(device_type="cpu", dtype=getattr(torch, autocast)) if autocast
                else contextlib.nullcontext())
         with ctx:
-            return prediction(model, net(inp, **MODELS[model].forward_kwargs))
+            return net(inp, **MODELS[model].forward_kwargs)
     slots = [(m, n) for m in net.modules() for n, b in m._buffers.items() if b is not None]
 
     def bufs():
@@ -106,13 +106,13 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
         x, y = global_batch(model, seed, step, global_batch_size)
         opt.zero_grad(set_to_none=True)
         if not coupled:
-            loss = mse(fwd(x), y)
+            loss = training_loss(model, fwd(x), y)
             after = [[b.clone() for b in bufs()] for _ in range(world_size)]
         else:
             loss, after = 0.0, []
             for r in range(world_size):
                 set_bufs(rank_bufs[0] if broadcast_buffers else rank_bufs[r])
-                loss = loss + mse(fwd(shard(x, r, world_size)), shard(y, r, world_size)) / world_size
+                loss = loss + training_loss(model, fwd(shard(x, r, world_size)), shard(y, r, world_size)) / world_size
                 after.append([b.clone() for b in bufs()])
         loss.backward()
         opt.step()

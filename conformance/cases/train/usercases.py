@@ -1,0 +1,143 @@
+"""The cases run on a user's model (``--model package.module:factory``) and the checks of the
+model itself on one device before any world starts.
+
+The cases are ``train`` rows like the table's parity rows, built for the model's spec (the
+model column is the spec; :data:`fixtures.models.MODELS` loads it on first use):
+
+* ``parity.user_model`` - default DDP keywords: parameters, the replica-averaged loss,
+  buffers (when ``batch_coupled``) against the single-device reference, replica agreement;
+* ``parity.user_model_find_unused`` - the same with ``find_unused_parameters=True``, which
+  makes the DDP walk whatever the forward returns (dataclass, dict, tuple) to find the graph
+  (torch/nn/parallel/distributed.py, ``_find_tensors`` / ``prepare_for_backward``).
+
+Their bound is measured on the model (:mod:`conformance.cases.train.measured`).
+"""
+from __future__ import annotations
+
+import torch
+
+from conformance.cases.row import Case
+from conformance.cases.train.evaluate import train_checks
+from conformance.cases.train.loop import RANK_SEED_STRIDE
+from conformance.errors import UsageError
+from conformance.cases.usermodel import UserModelError
+from fixtures import build_model, global_batch, shard
+from fixtures.models import MODELS, training_loss
+
+#: (case name, description, run overrides) of the cases on a user model.
+USER_CASES = (
+    ("parity.user_model", "training the user's model with the DDP equals training it on one device with the "
+     "global batch, step by step, within the bound measured on the model; replicas agree bit for bit", {}),
+    ("parity.user_model_find_unused", "the same with find_unused_parameters=True: the DDP walks the model's "
+     "output to find the used parameters", {"ddp_kwargs": (("find_unused_parameters", True),),
+                                             "requires": ("find_unused_parameters",)}),
+)
+#: Relative difference allowed between the full batch's loss and the mean of its halves' losses
+#: (a per-sample mean; float32 summation order differs between the two).
+MEAN_LOSS_RTOL = 1e-4
+
+
+def model_cases(spec: str) -> list[Case]:
+    """The cases of :data:`USER_CASES` on user model ``spec`` (load it first: :func:`check_model`)."""
+    out = []
+    for name, description, run in USER_CASES:
+        c = Case(name, "parity", description, "train", spec, train=run, tags=("user_model",),
+                 must_kill=("no_grad_sync", "sum_not_mean"))
+        object.__setattr__(c, "checks", train_checks(spec, c.train))  # as the table's validation does
+        out.append(c)
+    return out
+
+
+def _first_difference(a: torch.nn.Module, b: torch.nn.Module) -> str | None:
+    sa, sb = dict(a.named_parameters()), dict(b.named_parameters())
+    sa.update(dict(a.named_buffers()))
+    sb.update(dict(b.named_buffers()))
+    if list(sa) != list(sb):
+        return "the two modules have different parameter/buffer names"
+    for n, t in sa.items():
+        if t.shape != sb[n].shape or not torch.equal(t, sb[n]):
+            return repr(n)
+    return None
+
+
+def check_model(spec: str, world_sizes) -> list[str]:
+    """Load user model ``spec`` and check it on one CPU device: ``build`` returns an
+    ``nn.Module`` and is deterministic in its seed, ``batch`` gives tensors of the global batch
+    size (dim 0) deterministically, the forward and the loss run, the loss is a scalar that
+    reaches some parameter, is a per-sample mean (when samples do not interact), and a model
+    that is not ``batch_coupled`` keeps its buffers in a training forward. Returns notes worth
+    printing (e.g. every seed builds the same parameters).
+
+    Raises:
+        UsageError: the first problem, one line naming the model and what to fix.
+    """
+    where = f"--model {spec!r}"
+    try:
+        user = MODELS[spec].user
+    except UserModelError as exc:
+        raise UsageError(str(exc)) from None
+    bad = [w for w in world_sizes if user.global_batch % w]
+    if bad:
+        raise UsageError(f"{where}: global_batch {user.global_batch} does not split evenly over world size "
+                         f"{bad[0]}; give UserModel(global_batch=...) a multiple of {', '.join(map(str, world_sizes))}")
+    seed = user.seed
+
+    def call(what, fn, *args):
+        try:
+            return fn(*args)
+        except UserModelError as exc:
+            raise UsageError(str(exc)) from None
+        except Exception as exc:  # the user's code failing is bad input
+            raise UsageError(f"{where}: {what} raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    m = call(f"build({seed})", build_model, spec, seed)
+    diff = _first_difference(m, call(f"build({seed})", build_model, spec, seed))
+    if diff:
+        raise UsageError(f"{where}: build({seed}) is not deterministic: two builds differ in {diff}; "
+                         "initialise from the seed (torch.Generator().manual_seed(seed)), not the global RNG")
+    notes = []
+    if not any(True for _ in m.parameters() if _.requires_grad):
+        raise UsageError(f"{where}: build({seed}) has no parameter that requires grad: nothing to train")
+    other = call(f"build({seed + RANK_SEED_STRIDE})", build_model, spec, seed + RANK_SEED_STRIDE)
+    if not _first_difference(m, other):
+        notes.append(f"{where}: build(seed) gives the same parameters for every seed, so a DDP that does not "
+                     "broadcast rank 0's state at construction cannot be told apart")
+    batch = call(f"batch({seed}, 0, {user.global_batch})", global_batch, spec, seed, 0, user.global_batch)
+    if not (isinstance(batch, tuple) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
+        raise UsageError(f"{where}: batch(seed, step, size) must return (inputs, target), two tensors; got "
+                         f"{type(batch).__name__}")
+    x, y = batch
+    if len(x) != user.global_batch or len(y) != user.global_batch:
+        raise UsageError(f"{where}: batch(seed, step, {user.global_batch}) returned inputs of {len(x)} and a "
+                         f"target of {len(y)} rows; both need {user.global_batch} (dim 0 is the sample)")
+    x2, y2 = global_batch(spec, seed, 0, user.global_batch)
+    if not (torch.equal(x, x2) and torch.equal(y, y2)):
+        raise UsageError(f"{where}: batch(seed, step, size) is not deterministic: two calls differ; draw from a "
+                         "torch.Generator seeded with (seed, step)")
+    before = {n: b.clone() for n, b in m.named_buffers()}
+    m.train()
+    out = call("the forward on one CPU device", lambda: m(x, **user.forward_kwargs))
+    changed = [n for n, b in m.named_buffers() if n in before and not torch.equal(b, before[n])]
+    if changed and not user.batch_coupled:
+        raise UsageError(f"{where}: a training forward changes buffer {changed[0]!r}; set "
+                         "UserModel(batch_coupled=True) so the reference follows each replica's buffers")
+    loss = call("the loss", training_loss, spec, out, y)
+    if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point()):
+        raise UsageError(f"{where}: the loss must be a floating scalar tensor, got "
+                         f"{type(loss).__name__}{list(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
+    if not loss.requires_grad:
+        raise UsageError(f"{where}: the loss does not depend on any parameter (no grad_fn)")
+    call("the backward", loss.backward)
+    if not any(p.grad is not None for p in m.parameters()):
+        raise UsageError(f"{where}: the backward gave no parameter a gradient")
+    if not user.batch_coupled:  # a per-sample mean: the full batch's loss is the mean of its halves'
+        fresh = build_model(spec, seed)
+        fresh.train()
+        with torch.no_grad():
+            def part(i):
+                return float(training_loss(spec, fresh(shard(x, i, 2), **user.forward_kwargs), shard(y, i, 2)))
+            full = float(training_loss(spec, fresh(x, **user.forward_kwargs), y))
+            halves = (part(0) + part(1)) / 2
+        if abs(full - halves) > MEAN_LOSS_RTOL * max(1.0, abs(full)):
+            raise UsageError(f"{where}: the loss is not a mean over the samples (full batch {full:.6g}, mean of "
+                             f"its halves {halves:.6g}): DDP averages gradients, so use reduction='mean'")
+    return notes
