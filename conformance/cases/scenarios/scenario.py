@@ -117,7 +117,7 @@ MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
 @dataclass
 class ScenarioOutput:
     """The scenario model's output with ``module["output"] == "dataclass"``: ``pred`` ``[n,
-    OUT_FEATURES]`` (what the loss reads), ``hidden`` ``[n, HIDDEN]`` detached, ``calls`` an int."""
+    OUT_FEATURES]`` (what the loss reads), ``hidden`` ``[n, HIDDEN]`` detached, ``calls`` an int (forwards so far)."""
     pred: object
     hidden: object
     calls: int
@@ -568,6 +568,7 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
             self.register_buffer("ema", torch.zeros(HIDDEN), persistent=md["buffers"] == "persistent")
             self.register_buffer("count", torch.zeros((), dtype=torch.int64))
             self.rebind = rebind
+            self.calls = 0
 
         def _branch(self, b, h):
             graph = wl["graph"]
@@ -610,7 +611,8 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
             if md["output"] == "dict":
                 return {"pred": out, "hidden": h.detach(), "note": "scenario"}
             if md["output"] == "dataclass":
-                return ScenarioOutput(pred=out, hidden=h.detach(), calls=int(self.count))
+                self.calls += 1  # a host int (reading ``count`` would run the graph on XLA)
+                return ScenarioOutput(pred=out, hidden=h.detach(), calls=self.calls)
             return out
 
     net = ScenarioNet()
