@@ -85,13 +85,19 @@ def _wrap_xla_recipe(module, ctx, kwargs):
     broadcast_buffers = kwargs.get("broadcast_buffers", True)
     _xla_broadcast(list(module.parameters()) + (list(module.buffers()) if broadcast_buffers else []))
     if broadcast_buffers and any(True for _ in module.buffers()):
-        # Upstream DDP's buffer semantics (rank 0's buffers before every synced
-        # forward); the bare recipe broadcasts buffers only at the start, and
-        # fails buffer_parity from step 2 (measured: batchnorm, W=2, max dev 0.076).
+        # Upstream DDP's buffer semantics: rank 0's buffers before a forward that follows a
+        # grad-enabled one, or the first (DistributedDataParallel._post_forward:
+        # require_forward_param_sync; the recipe has no no_sync). The bare recipe broadcasts
+        # buffers only at the start, and fails buffer_parity from step 2 (measured: batchnorm,
+        # W=2, max dev 0.076); broadcasting before every grad-enabled forward instead fails
+        # scenario.loop after a train-mode no_grad forward (measured: 0.116).
+        follows_synced = [True]
+
         def sync_buffers(mod, args):
             import torch
-            if torch.is_grad_enabled():
+            if follows_synced[0]:
                 _xla_broadcast(list(mod.buffers()))
+            follows_synced[0] = torch.is_grad_enabled()
         module.register_forward_pre_hook(sync_buffers)
     return module
 
