@@ -72,17 +72,47 @@ def param_layout(module) -> list:
     (``view_as_real``). A parameter in a workload corner (:func:`corner`) is
     ``(name, shape, corner)``. Verdicts name tensors with it."""
     sparse = _sparse_grad_params(module)
+    held = _held_in(module)
     out = []
     for n, p in module.named_parameters():
-        c = corner(p, id(p) in sparse)
+        c = ", ".join(x for x in (corner(p, id(p) in sparse), held.get(n, "")) if x)
         shape = tuple(p.shape) + ((2,) if p.is_complex() else ())
         out.append((n, shape, c) if c else (n, shape))
     return out
 
 
+def _held_in(module) -> dict:
+    """``{parameter name: what holds it}`` for the module dimensions a verdict names: a parameter
+    of an ``nn.ParameterList`` / ``nn.ParameterDict``, a parametrization's original tensor."""
+    from torch import nn
+    out = {}
+    for mn, m in module.named_modules():
+        kind = ("in an nn.ParameterList" if isinstance(m, nn.ParameterList) else
+                "in an nn.ParameterDict" if isinstance(m, nn.ParameterDict) else "")
+        for pn, _ in m.named_parameters(recurse=False):
+            name = f"{mn}.{pn}" if mn else pn
+            if kind:
+                out[name] = kind
+            elif ".parametrizations." in f".{name}" and pn == "original":
+                out[name] = "a parametrization's original"
+    return out
+
+
 def buffer_layout(module) -> list:
-    """``[(name, shape), ...]`` of :func:`flat_buffers`' tensors, in its order."""
-    return [(n, tuple(b.shape)) for n, b in module.named_buffers()]
+    """``[(name, shape), ...]`` of :func:`flat_buffers`' tensors, in its order; a buffer
+    registered ``persistent=False`` (absent from ``state_dict()``) or not float32 is
+    ``(name, shape, "non-persistent buffer, int64")``: verdicts name it so."""
+    out, seen = [], set()
+    for mn, m in module.named_modules():
+        for bn, b in m.named_buffers(recurse=False):
+            if b is None or id(b) in seen:  # named_buffers() lists a shared buffer once
+                continue
+            seen.add(id(b))
+            parts = (["non-persistent buffer"] if bn in m._non_persistent_buffers_set else []) + (
+                [str(b.dtype).replace("torch.", "")] if str(b.dtype) != "torch.float32" else [])
+            name = f"{mn}.{bn}" if mn else bn
+            out.append((name, tuple(b.shape), ", ".join(parts)) if parts else (name, tuple(b.shape)))
+    return out
 
 
 def flat_buffers(module) -> np.ndarray:
