@@ -1,0 +1,388 @@
+"""Generation: the Hypothesis strategies of scenarios (a :class:`Space`), the explicit scenarios every
+run includes, and the tolerance and shrinking helpers of the case runner."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+import copy
+
+from conformance.cases.scenarios.format import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOPS, MODULES, PLAIN_LOOP,
+                                                PLAIN_MODULE, PLAIN_WORKLOAD, SHORT_RUN_DTYPES,
+                                                SPARSE_OPTIMIZERS, Scenario, WORKLOADS, XLA_UNSUPPORTED,
+                                                XLA_UNSUPPORTED_LOOP, xla_unsupported)
+from conformance.cases.train.loop import ALL_OPTIMIZERS, OPTIMIZERS
+from conformance.tolerances import lookup
+
+# --------------------------------------------------------------------------
+# generation (Hypothesis) and the case runner
+# --------------------------------------------------------------------------
+
+#: Learning rates per optimizer: large enough that one step moves parameters by
+#: >= 100 x atol (the vacuity guard), small enough to stay stable for 120 steps.
+LRS = {"sgd": (0.05, 0.1, 0.2), "sgd_momentum": (0.02, 0.05), "adam": (0.005, 0.01), "adamw": (0.005, 0.01),
+       "sgd_wd": (0.1, 0.2)}
+
+
+@dataclass(frozen=True)
+class Space:
+    """What a scenario case draws from (a row's ``args["space"]``)."""
+
+    optimizers: tuple = OPTIMIZERS
+    ddp_extra: tuple = ()        # ("buckets",) and/or ("comm_hook",)
+    max_steps: int = 120
+    budget: float = 1.0          # fraction of the profile's example budget (conformance.cases.search)
+    rank_uniform: bool = False   # equal local batches and plans on every replica (XLA runtimes)
+    few_shapes: bool = False     # local batches from FEW_BATCHES (each distinct graph a compilation)
+    workload: bool = False       # draw the workload (WORKLOADS) too; else the plain one
+    xla_corners: bool = False    # draw only the corners XLA runtimes train (not XLA_UNSUPPORTED)
+    loop: bool = False           # draw the loop program (LOOPS, forwards without backward, synced
+    #                              backwards), and the default optimizers include sgd_wd (ALL_OPTIMIZERS)
+    max_pattern: int = 4         # the most distinct steps a run repeats (a loop case: the profile's loop_depth)
+
+
+#: Local batch sizes of generated scenarios where each distinct graph is compiled (XLA):
+#: few, so graphs repeat across examples; 1 and more than 1 as in the full draw (1..6).
+FEW_BATCHES = (1, 4)
+
+#: Plans of generated scenarios where each distinct graph is compiled (XLA), first the plain one:
+#: registration order and its reverse (hook order), and with ``find_unused_parameters`` a
+#: branch left out, two, and all three (unused parameters) - each kind of the full draw, few graphs.
+FEW_PLANS = (("a", "b", "c"), ("c", "b", "a"))
+FEW_UNUSED_PLANS = (("a", "b"), ("c",), ())
+
+#: ``Space.ddp_extra`` values -> the DDP keywords / methods their scenarios require.
+DDP_EXTRAS = {"buckets": ("bucket_cap_mb", "gradient_as_bucket_view"), "comm_hook": ("register_comm_hook",),
+              "static_graph": ("static_graph",)}
+
+
+def space_problem(space: dict) -> str | None:
+    """Why ``space`` (a scenario row's ``args["space"]``) is not a :class:`Space` the
+    scenarios can be drawn from, or None."""
+    known = [f.name for f in fields(Space)]
+    unknown = sorted(set(space) - set(known))
+    if unknown:
+        return f"unknown key(s) {unknown}; known: {known}"
+    sp = Space(**space)
+    if set(sp.ddp_extra) - set(DDP_EXTRAS):
+        return f"unknown ddp_extra {sorted(set(sp.ddp_extra) - set(DDP_EXTRAS))}; known: {sorted(DDP_EXTRAS)}"
+    if not sp.optimizers or set(sp.optimizers) - set(ALL_OPTIMIZERS):
+        return f"optimizers {sp.optimizers}: a non-empty subset of {ALL_OPTIMIZERS}"
+    if not 1 <= sp.max_pattern <= 16:
+        return f"max_pattern {sp.max_pattern}: 1..16 distinct steps"
+    if sp.max_steps < 41:
+        return f"max_steps {sp.max_steps}: at least 41 (long runs are drawn from 41..max_steps)"
+    if not sp.budget > 0:
+        return f"budget {sp.budget}: a positive fraction of the profile's example budget"
+    return None
+
+
+def space_requires(space: dict) -> tuple:
+    """The DDP keywords / methods the scenarios of ``space`` require (an implementation
+    ignoring or lacking one is ``unsupported`` for the case)."""
+    return tuple(k for extra in Space(**space).ddp_extra for k in DDP_EXTRAS[extra])
+
+
+def scenarios(world_size: int, space: Space):
+    """Hypothesis strategy of :class:`Scenario` for ``world_size`` replicas.
+
+    A run is a pattern of 1..4 distinct optimizer steps repeated cyclically to its
+    length (1..8, or one run in ten 41..``max_steps``: faults that start late), so
+    long runs stay cheap to draw and shrink. Everything shrinks towards the plain case: one step,
+    one micro-step, equal batches of 1, every branch in the same order, SGD.
+    """
+    from hypothesis import strategies as st
+
+    def plan(find_unused):
+        if space.few_shapes:
+            return st.sampled_from(FEW_PLANS + (FEW_UNUSED_PLANS if find_unused else ())).map(list)
+        perm = st.permutations(BRANCHES)
+        if not find_unused:
+            return perm.map(list)
+        return st.tuples(perm, st.integers(0, len(BRANCHES))).map(lambda t: list(t[0][:t[1]]))
+
+    @st.composite
+    def build(draw):
+        workload = draw(workloads(space)) if space.workload else dict(PLAIN_WORKLOAD)
+        sparse = workload["grad"] != "dense"
+        optimizers = ALL_OPTIMIZERS if space.loop and space.optimizers == OPTIMIZERS else space.optimizers
+        optimizer = draw(st.sampled_from([o for o in optimizers if not sparse or o in SPARSE_OPTIMIZERS]
+                                         or list(optimizers)))
+        find_unused = draw(st.booleans())
+        ddp = {"find_unused_parameters": find_unused, "broadcast_buffers": not draw(st.booleans())}
+        if "buckets" in space.ddp_extra:
+            ddp["bucket_cap_mb"] = draw(st.sampled_from([25.0, 0.0005, 0.002]))
+            ddp["gradient_as_bucket_view"] = draw(st.booleans())
+        if "comm_hook" in space.ddp_extra:
+            ddp["comm_hook"] = "allreduce"
+        static = False
+        if "static_graph" in space.ddp_extra:  # upstream needs it for a reentrant checkpoint
+            static = workload["graph"] == "checkpoint_reentrant" or draw(st.booleans())
+            ddp["static_graph"] = static
+        # static_graph: one graph for the run, so one plan everywhere (all branches unless
+        # find_unused_parameters)
+        fixed = (draw(plan(find_unused)) if find_unused else draw(st.permutations(BRANCHES).map(list))) \
+            if static else None
+        pattern = []
+        for _ in range(draw(st.integers(1, space.max_pattern))):
+            # static_graph with a no_sync window crashes torch's DDP (UPSTREAM_DEFECTS): not drawn
+            k = 1 if static else draw(st.integers(1, 3))
+            micro = []
+            for _ in range(k):
+                if space.few_shapes:
+                    batch = [draw(st.sampled_from(FEW_BATCHES))] * world_size
+                    plans = [draw(plan(find_unused))] * world_size
+                elif space.rank_uniform:
+                    batch = [draw(st.integers(1, 6))] * world_size
+                    plans = [draw(plan(find_unused))] * world_size
+                else:
+                    batch = [draw(st.integers(1, 6)) for _ in range(world_size)]
+                    plans = [draw(plan(find_unused)) for _ in range(world_size)]
+                if fixed is not None:
+                    plans = [list(fixed) for _ in range(world_size)]
+                micro.append({"batch": batch, "plan": plans})
+            step = {"micro": micro}
+            if space.loop:  # the loop program: synced backwards and forwards without backward
+                for m in micro[:-1]:
+                    if not static and draw(st.booleans()):
+                        m["sync"] = True
+                evals = draw(st.lists(eval_forward(len(micro)), max_size=2))
+                if evals:
+                    step["eval"] = evals
+            pattern.append(step)
+        # One run in ten is long (faults that start late); the explicit scenarios hold one too.
+        # (not with a bfloat16 part: its 1-ulp rounding flips compound over long runs, above any
+        # bound a short run's movement clears)
+        long_run = draw(st.integers(0, 9)) == 9 and workload["dtype"] not in SHORT_RUN_DTYPES
+        n = draw(st.integers(41, space.max_steps) if long_run else st.integers(1, 8))
+        steps = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(n)]
+        ckpt = draw(st.one_of(st.none(), st.integers(0, max(0, n - 2)))) if n > 1 else None
+        sc = Scenario(seed=draw(st.integers(0, 2 ** 20)), lr=draw(st.sampled_from(LRS[optimizer])),
+                      optimizer=optimizer, ddp=ddp, rebind_buffers=draw(st.booleans()),
+                      loss_scale_log2=draw(st.sampled_from([0, 8, 20])), checkpoint_at=ckpt, steps=steps,
+                      workload=workload)
+        if space.loop:
+            sc.module = {k: draw(st.sampled_from(v)) for k, v in MODULES.items()}
+            sc.loop = dict({k: draw(st.sampled_from(v)) for k, v in LOOPS.items()},
+                           lr_drop_at=draw(st.one_of(st.none(), st.integers(1, n - 1))) if n > 1 else None)
+            if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
+                for step in sc.steps:
+                    for f in step.get("eval", ()):
+                        if f["mode"] == "train":
+                            f["grad"] = "no_grad"
+        return sc
+
+    def eval_forward(k):
+        if space.few_shapes:
+            batch = st.sampled_from(FEW_BATCHES).map(lambda n: [n] * world_size)
+        elif space.rank_uniform:
+            batch = st.integers(1, 6).map(lambda n: [n] * world_size)
+        else:
+            batch = st.lists(st.integers(1, 6), min_size=world_size, max_size=world_size)
+        grads = [g for g in EVAL_GRAD if not (space.xla_corners and ("eval", g) in XLA_UNSUPPORTED_LOOP)]
+        return st.fixed_dictionaries({"at": st.integers(0, k), "grad": st.sampled_from(grads),
+                                      "mode": st.sampled_from(EVAL_MODE), "batch": batch})
+    return build()
+
+
+def workloads(space: Space):
+    """Hypothesis strategy of workloads (:data:`WORKLOADS`): each dimension drawn apart,
+    shrinking towards the plain workload; with ``space.xla_corners`` only the corners XLA
+    runtimes train, and without the ``static_graph`` DDP extra no reentrant checkpoint
+    (upstream needs ``static_graph`` for it)."""
+    from hypothesis import strategies as st
+
+    def allowed(k):
+        vals = [v for v in WORKLOADS[k] if not (space.xla_corners and (k, v) in XLA_UNSUPPORTED)]
+        if "static_graph" not in space.ddp_extra:
+            vals = [v for v in vals if v != "checkpoint_reentrant"]
+        return st.sampled_from(vals)
+    return st.fixed_dictionaries({k: allowed(k) for k in WORKLOADS})
+
+
+def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
+    """Scenarios every run of a case includes (before the generated ones): one per
+    dimension a fault hides in, so the default budget always covers them."""
+    if space.workload:
+        return explicit_workload_scenarios(world_size, space)
+    if space.loop:
+        return explicit_loop_scenarios(world_size, space)
+    w = world_size
+    all_b = list(BRANCHES)
+    extra = {}
+    if "buckets" in space.ddp_extra:
+        extra = {"bucket_cap_mb": 0.0005, "gradient_as_bucket_view": True}
+    if "comm_hook" in space.ddp_extra:
+        extra = {"comm_hook": "allreduce"}
+
+    def sc(steps, optimizer="sgd", find_unused=False, **kw):
+        base = dict(seed=11, lr=LRS[optimizer][-1] if optimizer == "sgd" else LRS[optimizer][0],
+                    optimizer=optimizer, ddp=dict({"find_unused_parameters": find_unused,
+                                                   "broadcast_buffers": True}, **extra),
+                    rebind_buffers=False, loss_scale_log2=0, checkpoint_at=None, steps=steps)
+        base.update(kw)
+        return Scenario(**base)
+
+    def step(batches, plans):
+        return {"micro": [{"batch": b, "plan": p} for b, p in zip(batches, plans)]}
+    rev = [all_b if r % 2 == 0 else all_b[::-1] for r in range(w)]
+    uneven = [3 + 2 * (r % 2) + (r // 2) for r in range(w)]
+    out = [
+        # long run (faults that start late), plain SGD
+        sc([step([[2] * w], [[all_b] * w]) for _ in range(60)]),
+        # uneven local batches, rank-dependent hook order, buffers rebound in forward
+        sc([step([uneven], [rev]) for _ in range(4)], rebind_buffers=True),
+        # accumulation window: branch c used only in the no_sync micro-steps
+        sc([step([[2] * w, [2] * w], [[all_b] * w, [["a", "b"]] * w]) for _ in range(3)], find_unused=True),
+        # locally unused branch (replica 0 skips b), momentum, checkpoint reload, large loss scale
+        sc([step([[2] * w], [[["a", "c"]] + [all_b] * (w - 1)]) for _ in range(5)], optimizer="sgd_momentum",
+           find_unused=True, checkpoint_at=2, loss_scale_log2=20),
+    ]
+    return _finished(out, space)
+
+
+def _finished(out: list, space: Space) -> list:
+    """Explicit scenarios ``out``, validated; with ``space.rank_uniform`` every replica takes
+    replica 0's batch size and plan."""
+    for e in out:
+        if space.rank_uniform:
+            for step in e.steps:
+                for m in step["micro"]:
+                    m["batch"] = [m["batch"][0]] * e.world_size
+                    m["plan"] = [list(m["plan"][0]) for _ in range(e.world_size)]
+                for f in step.get("eval", ()):  # one graph per forward on every replica
+                    f["batch"] = [f["batch"][0]] * e.world_size
+        e.validate()
+    return out
+
+
+def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]:
+    """The workload case's scenarios every run includes: together they cover every corner of
+    :data:`WORKLOADS` (only :data:`XLA_UNSUPPORTED`-free ones with ``space.xla_corners``), each
+    with small buckets that split the model, uneven local batches (equal with
+    ``space.rank_uniform``) and, but with static_graph (:data:`UPSTREAM_DEFECTS`), an accumulation
+    window; 2 optimizer steps (a static-graph fault shows from the second)."""
+    w = world_size
+    all_b = list(BRANCHES)
+    uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
+
+    def sc(workload, optimizer="sgd", static=False, bucket_view=False, find_unused=False, plans=None, **kw):
+        plans = plans or [[all_b] * w, [all_b] * w]
+        steps = [{"micro": [{"batch": list(uneven), "plan": [list(p) for p in pl]} for pl in plans]} for _ in range(2)]
+        base = dict(seed=23, lr=LRS[optimizer][-1] if optimizer == "sgd" else LRS[optimizer][0], optimizer=optimizer,
+                    ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True, "bucket_cap_mb": 0.002,
+                         "gradient_as_bucket_view": bucket_view, "static_graph": static},
+                    rebind_buffers=False, loss_scale_log2=0, checkpoint_at=None, steps=steps,
+                    workload=dict(PLAIN_WORKLOAD, **workload))
+        base.update(kw)
+        return Scenario(**base)
+    rev = [all_b if r % 2 == 0 else all_b[::-1] for r in range(w)]
+    skip_b = [["a", "c"]] + [all_b] * (w - 1)
+    out = [
+        # float64 (tight bound), a channels_last conv weight, reentrant checkpoints (static_graph)
+        sc({"dtype": "float64", "layout": "channels_last", "graph": "checkpoint_reentrant"}, static=True,
+           plans=[[all_b] * w]),  # one micro-step: UPSTREAM_DEFECTS
+        # complex64 branch, a transposed head weight, a weight shared by two branches; momentum
+        # state (complex), a checkpoint reload
+        sc({"dtype": "complex64", "layout": "transposed", "graph": "shared"}, optimizer="sgd_momentum",
+           plans=[rev, rev], checkpoint_at=0),
+        # sparse Embedding gradients accumulated under no_sync, non-reentrant checkpoints, a branch
+        # one replica skips (find_unused_parameters), momentum
+        sc({"grad": "sparse", "graph": "checkpoint_nonreentrant"}, optimizer="sgd_momentum",
+           find_unused=True, plans=[skip_b, skip_b]),
+        # a bfloat16 branch between float32 layers, sparse EmbeddingBag gradients, each branch
+        # applied twice, gradient_as_bucket_view, rank-dependent hook order, loss scale 2^20
+        sc({"dtype": "bfloat16", "grad": "sparse_bag", "graph": "applied_twice"}, bucket_view=True,
+           plans=[rev, rev], loss_scale_log2=20),
+    ]
+    if space.xla_corners:
+        out = [e for e in out if not xla_unsupported(e.workload)]
+    return _finished(out, space)
+
+
+def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
+    """The loop case's scenarios every run includes: together they hold every value of
+    :data:`LOOPS`, ``sgd_wd``, a learning-rate drop, forwards without backward of each grad mode
+    and module mode (before, inside and after an accumulation window) and several synced
+    backwards in one step, each where a fault it reveals shows (see the comments)."""
+    w = world_size
+    all_b = list(BRANCHES)
+    uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
+
+    def sc(steps, optimizer="sgd", find_unused=True, module=None, checkpoint_at=None, **loop):
+        return Scenario(seed=31, lr=LRS[optimizer][-1] if optimizer.startswith("sgd") else LRS[optimizer][0],
+                        optimizer=optimizer, ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True},
+                        rebind_buffers=False, loss_scale_log2=0, checkpoint_at=checkpoint_at, steps=steps,
+                        loop=dict(PLAIN_LOOP, **loop), module=dict(PLAIN_MODULE, **(module or {})))
+
+    def micro(plan, sync=None, batch=None):
+        m = {"batch": list(batch or uneven), "plan": [list(plan)] * w}
+        if sync is not None:
+            m["sync"] = sync
+        return m
+
+    def ev(at, grad, mode):
+        return {"at": at, "grad": grad, "mode": mode, "batch": list(uneven)}
+    out = [
+        # zero gradients, not None: branch c used at steps 1 and 3 only; at steps 2 and 4 its zero
+        # gradient must stay zero (weight decay still moves it; a DDP setting it None skips it); an
+        # eval-mode validation forward before each step (DDP broadcasts the buffers there, so the
+        # next training forward need not); a learning-rate drop. The module returns a dataclass
+        # (find_unused_parameters must walk it) and keeps 'ema' out of its state dict, across a
+        # checkpoint reload
+        sc([{"micro": [micro(all_b if s % 2 == 0 else ["a", "b"])], "eval": [ev(0, "no_grad", "eval")]}
+            for s in range(4)], optimizer="sgd_wd", zero_grad="zeros", lr_drop_at=2, checkpoint_at=1,
+           module={"output": "dataclass", "buffers": "non_persistent"}),
+        # None gradients: branch c never used keeps None under AdamW's decoupled weight decay; two synced
+        # backwards per step (branch a reached only by the first: its averaged gradient must stay);
+        # gradient clipping on the synced gradients
+        # (a dict output, a forward pre-hook on the wrapped module)
+        sc([{"micro": [micro(["a", "b"], sync=True), micro(["b"])]} for _ in range(3)], optimizer="adamw",
+           clip="norm", module={"output": "dict", "hook": "pre_hook"}),
+        # training forwards and backwards in eval mode (gradients still averaged); a no_grad forward in
+        # train mode inside an accumulation window (it updates the buffers, and the next forward, not
+        # following a synced one, does not broadcast them); an inference_mode forward after the last
+        # backward
+        sc([{"micro": [micro(all_b), micro(all_b)], "eval": [ev(1, "no_grad", "train"), ev(2, "inference_mode", "eval")]}
+            for _ in range(3)], find_unused=False, module_mode="eval"),
+        # clipping where it binds, a train-mode no_grad forward before each step, momentum
+        sc([{"micro": [micro(all_b)], "eval": [ev(0, "no_grad", "train")]} for _ in range(4)],
+           optimizer="sgd_momentum", find_unused=False, clip="norm"),
+    ]
+    if space.xla_corners:  # no inference_mode there (XLA_UNSUPPORTED_LOOP): no_grad in its place
+        for e in out:
+            for st in e.steps:
+                for f in st.get("eval", ()):
+                    f["grad"] = "no_grad"
+    return _finished(out, space)
+
+
+def scenario_tolerance(runtime: str, sc: Scenario):
+    """The tolerance row of ``sc``'s workload dtype (``conformance.tolerances``: model
+    ``scenario``; complex64 is float32 precision)."""
+    return lookup(runtime, "scenario", WORKLOAD_TOLERANCE.get(sc.workload["dtype"], "float32"))
+
+
+#: Workload dtypes with their own tolerance row (the others: ``float32``).
+WORKLOAD_TOLERANCE = {"float64": "float64", "bfloat16": "bf16-mixed"}
+
+
+def judged_on(sc, vs: list, first_sc, first_vs: list, worst: dict, examples: int) -> list:
+    """``[(verdict, scenario it was judged on or None)]`` for a failing scenario case.
+    Shrinking keeps what fails, not what trains: a sibling check ``vacuous`` on the minimal
+    failing scenario ``sc`` takes its verdict over the passing scenarios (``worst``; scenario
+    None), else its verdict on the first, unshrunk failing scenario when that one is not
+    vacuous; only when neither could judge it does it stay vacuous."""
+    out = []
+    for v in vs:
+        if v.status == "vacuous" and v.check in worst:
+            w = worst[v.check]
+            w.reason = (f"{examples} scenario(s) judged; the minimal failing scenario moved too "
+                        "little to judge this check")
+            out.append((w, None))
+            continue
+        if v.status == "vacuous":
+            first = next(u for u in first_vs if u.check == v.check)
+            if first.status != "vacuous":
+                out.append((first, first_sc))
+                continue
+        out.append((v, sc))
+    return out

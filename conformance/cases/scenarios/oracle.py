@@ -1,0 +1,177 @@
+"""The single-device oracle of DDP's semantics for a scenario, and the judge comparing replicas with it."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, judge, judge_agreement
+from conformance.cases.scenarios.format import BRANCHES, CLIP_NORM, EVAL_DATA, Scenario, prediction_of
+from conformance.cases.scenarios.model import build_scenario_model, scenario_batch, scenario_indices
+from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset
+from conformance.cases.train.readback import flat_optimizer_state, flat_params
+
+# --------------------------------------------------------------------------
+# the oracle
+# --------------------------------------------------------------------------
+
+def scenario_reference(sc: Scenario) -> dict:
+    """DDP's semantics for ``sc`` on one CPU device, each parameter in its own dtype (the
+    workload's; the loss float64 for a float64 model); a sparse gradient's replica mean is
+    dense (the same SGD update as upstream's sparse all-reduce).
+
+    Each replica's gradients are kept apart; its backwards accumulate into them (autograd's
+    ``AccumulateGrad``). A synced backward (the last of an accumulation window, or any with
+    ``"sync": true``) replaces every replica's gradient by the replicas' mean (zeros where a
+    replica holds ``None``), except a parameter no replica's backward reached since the last
+    synced one with ``find_unused_parameters``: torch's reducer leaves its gradient as it is
+    (``None``, a zero tensor after ``zero_grad(set_to_none=False)``, or an earlier synced
+    backward's mean). Buffers: a forward through the DDP starts from rank 0's buffers when
+    ``broadcast_buffers`` and the previous forward was a synced one with grad enabled, or there
+    was none since construction (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
+    ``_post_forward``: ``require_forward_param_sync``, whatever the module's mode).
+
+    Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica
+    must hold after each step), ``optim`` (final optimizer state).
+    """
+    import torch
+
+    w = sc.world_size
+    net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
+    sparse = sc.workload["grad"] != "dense"
+    lp = sc.loop
+    training = lp["module_mode"] == "train"
+    opt = build_optimizer(sc.optimizer, net.parameters(), sc.lr)
+    scale = 2.0 ** sc.loss_scale_log2
+    params = list(net.parameters())
+    find_unused = bool(sc.ddp.get("find_unused_parameters"))
+    bcast = sc.ddp.get("broadcast_buffers", True)
+    # Construction broadcasts buffers only with broadcast_buffers (as upstream).
+    rank_bufs = [[t.detach().clone() + (0 if bcast or not t.is_floating_point() else rank_buffer_offset(r))
+                  for t in net.buffers()] for r in range(w)]
+    names = [n for n, _ in net.named_buffers()]
+    grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
+    reached = [False] * len(params)  # some replica's backward reached it since the last synced one
+    for i, q in enumerate(params):
+        q.register_post_accumulate_grad_hook(lambda _, i=i: reached.__setitem__(i, True))
+
+    def set_bufs(vals):
+        for n, v in zip(names, vals):
+            setattr(net, n, v.clone())
+
+    def get_bufs():
+        return [t.detach().clone() for t in net.buffers()]
+
+    def flat_bufs():
+        return np.stack([np.concatenate([t.double().reshape(-1).numpy() for t in rb]) for rb in rank_bufs])
+
+    state = {"sync_next": True}  # require_forward_param_sync: construction counts as a synced forward
+
+    def forward(r, s, j, n, plan, mode):
+        """Replica ``r``'s forward on micro-batch ``(s, j)`` through the DDP's buffer semantics."""
+        x, y = scenario_batch(sc.seed, s, j, r, n)
+        extra = {"idx": scenario_indices(sc.seed, s, j, r, n)} if sparse else {}
+        set_bufs(rank_bufs[r])
+        net.train(mode)
+        out = net(x, plan=plan, **extra)
+        rank_bufs[r] = get_bufs()
+        return out, y
+
+    def begin_forwards():
+        if bcast and state["sync_next"]:
+            for r in range(1, w):
+                rank_bufs[r] = [t.clone() for t in rank_bufs[0]]
+
+    out_p = [flat_params(net)]
+    out_b = [flat_bufs()]
+    for s, step in enumerate(sc.steps):
+        micro = step["micro"]
+        for r in range(w):  # optimizer.zero_grad
+            grads[r] = [None if g is None or lp["zero_grad"] == "set_to_none" else torch.zeros_like(g)
+                        for g in grads[r]]
+        for g in opt.param_groups:
+            g["lr"] = sc.lr_at(s)
+
+        def evaluate(at):
+            for e, f in sc.evals(s, at):
+                begin_forwards()
+                for r in range(w):
+                    with torch.no_grad():
+                        forward(r, s, EVAL_DATA + e, f["batch"][r], BRANCHES, f["mode"] == "train")
+                state["sync_next"] = False
+        for j, m in enumerate(micro):
+            evaluate(j)
+            synced = sc.synced(s, j)
+            begin_forwards()
+            for r in range(w):
+                out, y = forward(r, s, j, m["batch"][r], tuple(m["plan"][r]), training)
+                for i, q in enumerate(params):  # a copy: AccumulateGrad may add in place
+                    q.grad = None if grads[r][i] is None else grads[r][i].clone()
+                (mse(prediction_of(out), y) * scale).backward()
+                # a sparse gradient's replica mean is taken dense
+                grads[r] = [None if q.grad is None else q.grad.to_dense() if q.grad.is_sparse else q.grad
+                            for q in params]
+            state["sync_next"] = synced
+            if not synced:
+                continue
+            for i in range(len(params)):
+                if find_unused and not reached[i]:
+                    continue  # no replica reached it since the last synced backward: untouched
+                total = None
+                for r in range(w):  # the replicas' gradients, zeros where None, in rank order
+                    g = grads[r][i] if grads[r][i] is not None else torch.zeros_like(params[i])
+                    total = g.clone() if total is None else total + g
+                for r in range(w):
+                    grads[r][i] = total / w
+            reached[:] = [False] * len(params)
+        evaluate(len(micro))
+        with torch.no_grad():
+            for i, q in enumerate(params):
+                q.grad = None if grads[0][i] is None else grads[0][i] / scale
+        if lp["clip"] == "norm":
+            torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+        opt.step()
+        for r in range(w):  # the step's gradients, unscaled (and clipped), as on every replica
+            grads[r] = [None if q.grad is None else q.grad.clone() for q in params]
+        out_p.append(flat_params(net))
+        out_b.append(flat_bufs())
+        if sc.checkpoint_at == s:
+            state["sync_next"] = True  # a new DDP: its first forward broadcasts
+            grads = [[None] * len(params) for _ in range(w)]  # a state dict holds no gradients
+            if sc.module["buffers"] == "non_persistent":  # not in the state dict: the new module's own
+                ema = names.index("ema")               # (construction broadcasts rank 0's if bcast)
+                for r in range(w):
+                    fresh = torch.zeros_like(rank_bufs[r][ema]) + rank_buffer_offset(0 if bcast else r, 1)
+                    rank_bufs[r][ema] = fresh
+    return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(opt)}
+
+
+# --------------------------------------------------------------------------
+# the judge
+# --------------------------------------------------------------------------
+
+def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 0.0) -> list[dict]:
+    """Compare every replica with the oracle: parameters and buffers after every step,
+    final optimizer state, and replica agreement (parameters and optimizer state
+    bit-identical to replica 0's after every step). Returns one
+    :class:`~conformance.verdict.Verdict` per check of
+    :data:`~conformance.cases.checks.SCENARIO_CHECKS` (case and implementation fields left
+    for the caller)."""
+    ref = scenario_reference(sc)
+    out = []
+    for name, row in SCENARIO_CHECKS.items():
+        if name == AGREEMENT:
+            out.append(judge_agreement(results, case="", impl="", runtime="", model="scenario", atol=agreement_atol))
+            continue
+        v = judge(replace(CHECKS[row], name=name), results, ref, tol, case="", impl="", runtime="", model="scenario")
+        if name == "optimizer_state":
+            if v.status == "vacuous" and not ref["optim"].size:
+                v.status, v.reason = "pass", "the optimizer keeps no state (plain SGD): nothing to compare"
+        out.append(v)
+    for v in out:  # the dimensions in play at the failing step first (the table shows the first sentence)
+        if v.status == "fail" and v.first_bad_step:
+            s = min(v.first_bad_step, len(sc.steps)) - 1
+            dims = sc.describe_step(s, config=False)
+            v.reason = (f"step {s + 1} of {len(sc.steps)}{f' ({dims})' if dims else ''}: {v.reason} "
+                        f"The scenario runs optimizer {sc.optimizer}, DDP keywords {sc.ddp}.")
+    return out
