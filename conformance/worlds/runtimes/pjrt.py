@@ -95,8 +95,11 @@ class _ReplicaThread:
         C = torch_xla._XLAC
         C._xla_set_default_device(self.device)
         # For the thread's life (it runs only this replica's tasks): torch_xla's per-host
-        # queries answer as host h of an H-host pod (pjrt_hosts).
-        layout = pjrt_hosts.HostLayout.of(C._xla_get_default_device_ordinal(), self.world_size, self.hosts)
+        # queries answer as host h of an H-host pod (pjrt_hosts); registered by device too,
+        # since autograd runs this replica's hooks and callbacks on a thread of its own.
+        ordinal = C._xla_get_default_device_ordinal()
+        layout = pjrt_hosts.HostLayout.of(ordinal, self.world_size, self.hosts)
+        pjrt_hosts.register(ordinal, layout)
         pjrt_hosts.bind(layout)
         bindings = xla.pjrt_bindings()
         if bindings.world_size != self.world_size:
@@ -243,3 +246,4 @@ class PjrtRuntime(Runtime):
             t.inbox.put(_STOP)
         for t in getattr(self, "_threads", []):
             t.thread.join(5.0)
+        pjrt_hosts.clear()
