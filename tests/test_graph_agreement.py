@@ -70,3 +70,28 @@ def test_a_rank_dependent_python_constant_fails_graph_agreement_with_right_arith
     parity = evaluate(CASES["parity.batchnorm"], f"{XLA_DDPS}:XlaPythonMaskBroadcastDDP", "pjrt", 2,
                       conformance_session)
     assert [v.status for v in parity] == ["pass"] * len(parity), [(v.check, v.status, v.reason) for v in parity]
+
+
+def test_own_graphs_are_worded_as_the_cause():
+    from conformance.worlds.runtimes.pjrt_graphs import describe
+    assert describe([{"rank": 0}, {"rank": 1}]) == ""
+    g = {"task": 3, "count": 2, "at": "ddp.py:80 in _on_grad", "step": 1, "phase": "backward",
+         "collective": "xla::cross_replica_sum"}
+    text = describe([{"rank": 0, "own_graphs": g}, {"rank": 1}])
+    assert text.startswith("replicas compiled different graphs: replica 0 cut 2 graph(s) itself, the first at "
+                           "ddp.py:80 in _on_grad (step 1, phase backward), first op that must meet the others: "
+                           "xla::cross_replica_sum"), text
+    assert "replica 1" not in text
+
+
+@pytest.mark.pjrt
+def test_a_sync_inside_backward_dies_with_replicas_compiled_different_graphs(conformance_session):
+    """torch_xla.sync() in a gradient hook: each replica compiles its own graph, XLA aborts the host
+    in the all-reduce; the verdict leads with the cause, where it was called and the collective."""
+    _pjrt(2)
+    verdicts = evaluate(CASES["parity.linear"], f"{XLA_DDPS}:XlaSyncInBackwardDDP", "pjrt", 2, conformance_session)
+    v = verdicts[0]
+    assert v.status == "fail", (v.status, v.reason)
+    assert v.reason.startswith("replicas compiled different graphs: replica 0 cut "), v.reason
+    assert "xla_graphs.py:" in v.reason and "in _on_grad (step 1, phase backward)" in v.reason, v.reason
+    assert "xla::cross_replica_sum" in v.reason and "died" in v.reason, v.reason

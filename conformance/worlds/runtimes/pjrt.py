@@ -51,7 +51,7 @@ import time
 import traceback
 
 from conformance.settings import MAX_WORLD_SIZES, emulated_hosts
-from conformance.worlds.runtimes import pjrt_hosts
+from conformance.worlds.runtimes import pjrt_graphs, pjrt_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable, run_task
 
 # XLA:CPU's collective termination timeout in torch_xla 2.9 (fixed; measured,
@@ -113,6 +113,7 @@ class _ReplicaThread:
             mark_step=lambda: xla.mark_step(dev),
             extra={"host": layout.host, "thread": threading.current_thread().name,
                    "thread_ident": threading.get_ident(), "torch_xla_version": torch_xla.__version__})
+        pjrt_graphs.register(ordinal, self.ctx)  # a DDP's own step syncs, noted for a death
 
     def _main(self):
         try:
@@ -198,6 +199,7 @@ class PjrtRuntime(Runtime):
         xm.set_replication(torch_xla.device(), devices)
         xla.value_independent_graphs()  # rank-dependent values must not change graphs
         pjrt_hosts.install()
+        pjrt_graphs.install()
         hosts = emulated_hosts(self.settings, world_size, self.name)
         threads = [_ReplicaThread(d, world_size, hosts) for d in devices]
         self._threads = threads
@@ -247,3 +249,4 @@ class PjrtRuntime(Runtime):
         for t in getattr(self, "_threads", []):
             t.thread.join(5.0)
         pjrt_hosts.clear()
+        pjrt_graphs.clear()
