@@ -27,6 +27,9 @@ from __future__ import annotations
 import threading
 import time
 
+from conformance.cases.features import _batch, _build
+from conformance.cases.train.loop import wrap
+from conformance.impls.builtin import resolve_impl
 from conformance.verdict import Verdict
 
 GRAPH_AGREEMENT = "graph_agreement"
@@ -134,9 +137,6 @@ def task_graph_agreement(ctx, impl, model: str = GRAPH_MODEL, steps: int = GRAPH
     import torch
     import torch.nn.functional as F
     import torch_xla
-    from conformance.cases.features import _batch, _build
-    from conformance.cases.train.loop import wrap
-    from conformance.impls.builtin import resolve_impl
     C = torch_xla._XLAC
     ctx.extra["graph_runs"] = run = ctx.extra.get("graph_runs", 0) + 1
     _barrier(ctx.world_size, "rules").wait(BARRIER_S)  # nobody builds a graph before the rules switch

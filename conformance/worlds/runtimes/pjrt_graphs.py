@@ -75,13 +75,13 @@ def install() -> None:
     """Wrap ``torch_xla._XLAC._xla_step_marker`` (process-wide, idempotent); the kit's own
     step sync passes through unnoted."""
     import torch_xla
-    from ddp_impl.runtime import xla
     with _LOCK:
         if _ORIGINAL:
             return
         C = torch_xla._XLAC
         original = _ORIGINAL["step_marker"] = C._xla_step_marker
-        kit_sync = xla.mark_step.__code__
+        # the PJRT host imported it before (setup_host); looked up, not imported: it pulls torch
+        kit_sync = sys.modules["ddp_impl.runtime.xla"].mark_step.__code__
 
         def step_marker(device, *args, **kwargs):
             caller = sys._getframe(1)
