@@ -21,10 +21,10 @@ TAGS = (
     'feature.checkpoint_ddp', 'feature.checkpoint_module', 'feature.checkpoint_resume',
     'feature.comm_hook', 'feature.comm_hook_bf16', 'feature.comm_hook_fp16',
     'feature.comm_hook_out_of_place', 'feature.comm_hook_powersgd', 'feature.frozen_params',
-    'feature.join', 'feature.mixed_precision', 'feature.no_sync', 'feature.state_sync',
+    'feature.graph_agreement', 'feature.join', 'feature.mixed_precision', 'feature.no_sync', 'feature.state_sync',
     'feature.static_graph', 'feature.subgroups', 'feature.sync_batchnorm',
     'feature.tied_weights', 'feature.unused_parameters', 'float64', 'frozen', 'frozen_params',
-    'full_batch_grad', 'gather', 'graph_shape', 'hooks_containers', 'hooks_parametrizations',
+    'full_batch_grad', 'gather', 'graph_agreement', 'graph_shape', 'hooks_containers', 'hooks_parametrizations',
     'invariant', 'invariant.ranks', 'join', 'layout', 'linear', 'loop', 'mixed_dtype',
     'mixed_precision', 'mlp', 'module', 'no_sync', 'no_sync_accumulation', 'output_structure',
     'param_containers', 'parity', 'parity.batchnorm', 'parity.buffer_kinds',
@@ -39,7 +39,7 @@ TAGS = (
     'scenario', 'scenario.buckets', 'scenario.comm_hook', 'scenario.core', 'scenario.loop', 'scenario.workload',
     'send_recv', 'shared_branches', 'sparse', 'sparse_embedding', 'state_sync', 'static_graph',
     'structured_output', 'structured_output_unused', 'subgroup', 'subgroups', 'sync_batchnorm',
-    'tied', 'tied_weights', 'unused', 'unused_parameters', 'workload',
+    'tied', 'tied_weights', 'unused', 'unused_parameters', 'workload', 'xla',
 )
 # conformance.impls.builtin.IMPLS, in its order (error messages list them).
 IMPLS = (

@@ -8,6 +8,7 @@ means are in :mod:`conformance.cases.row`, the validation in :mod:`conformance.c
 from __future__ import annotations
 
 from conformance.cases import features as F
+from conformance.cases import graphs as G
 from conformance.cases.collectives.ops import OPS
 from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.row import Case, select_rows, tags_of
@@ -200,6 +201,12 @@ def _build() -> dict[str, Case]:
                       "replicas agree bit for bit and the loss falls by at least half exact DDP's fall "
                       "(parity is not judged: PowerSGD is lossy)", "linear", F.task_powersgd,
                       F.judge_powersgd, ("agreement", "loss_decrease"), (), tags=("comm_hook",)),
+        _feature_task("graph_agreement", "XLA: every replica builds the same step graph at construction "
+                      "and at every step under torch_xla's default graph rules (a rank-dependent Python "
+                      "constant is inlined, so on a pod the replicas recompile or wait in a collective), "
+                      "even when the arithmetic is right; skipped where replicas build no XLA graphs",
+                      G.GRAPH_MODEL, G.task_graph_agreement, G.judge_graph_agreement, (G.GRAPH_AGREEMENT,), (),
+                      tags=("xla",)),
         Case("invariant.ranks", "invariant", "every replica's rank bindings satisfy the invariants "
              "(global ordinals 0..W-1, process indices 0..P-1, local ordinals per host, "
              "torch.distributed rank = process index)", "invariant", tolerance="exact",

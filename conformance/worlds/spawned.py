@@ -67,7 +67,7 @@ from conformance.worlds import blame as blame_mod, diagnosis as dg, procmem
 import faulthandler
 import gc
 import sys
-from conformance.worlds.runtimes import get_runtime
+from conformance.worlds.runtimes import get_runtime, pjrt_graphs
 
 # After the first replica raised (or a host died), how long the parent waits
 # for other replicas' simultaneous reports before it tears the world down.
@@ -584,6 +584,8 @@ class World:
             d = dg.blank(rank) | {"host": host, "pid": proc.pid, "task": task, "culprit": False}
             for k in ("step", "phase", "last_collective", "collectives", "in_collective"):
                 d[k] = b.get(k)
+            if b.get("own_graphs"):  # PJRT: a step sync of the DDP's own (runtimes.pjrt_graphs)
+                d["own_graphs"] = b["own_graphs"]
             since = b.get("since") if b.get("in_collective") else b.get("seen_since")
             if since:
                 d["waited_s"] = round(now - since, 1)
@@ -713,8 +715,11 @@ class World:
                 parts.append("; ".join(f"replica {d['rank']} is the suspect: outside any collective "
                                         f"({dg.where(d) or 'no progress noted'}) while its peers waited in one"
                                         for d in suspects))
+            graphs = pjrt_graphs.describe(diag)
+            if graphs:  # the cause a user must fix, before where they died
+                parts.insert(0, graphs)
             # the culprit's words lead: the suspect or the mismatch when named, else the dead
-            return (_lead(parts[-1:] if other or suspects else parts)
+            return (_lead(parts[:1] if graphs else parts[-1:] if other or suspects else parts)
                     + f"{head}: {len(died)} replica(s) died: " + "; ".join(parts)
                     + (f" [{'; '.join(doing)}]" if doing else "")), ReplicaDied
         if any(d["status"] == "raised" for d in culprits):

@@ -51,7 +51,7 @@ import time
 import traceback
 
 from conformance.settings import MAX_WORLD_SIZES, emulated_hosts
-from conformance.worlds.runtimes import pjrt_hosts
+from conformance.worlds.runtimes import pjrt_graphs, pjrt_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable, run_task
 
 # XLA:CPU's collective termination timeout in torch_xla 2.9 (fixed; measured,
@@ -95,8 +95,11 @@ class _ReplicaThread:
         C = torch_xla._XLAC
         C._xla_set_default_device(self.device)
         # For the thread's life (it runs only this replica's tasks): torch_xla's per-host
-        # queries answer as host h of an H-host pod (pjrt_hosts).
-        layout = pjrt_hosts.HostLayout.of(C._xla_get_default_device_ordinal(), self.world_size, self.hosts)
+        # queries answer as host h of an H-host pod (pjrt_hosts); registered by device too,
+        # since autograd runs this replica's hooks and callbacks on a thread of its own.
+        ordinal = C._xla_get_default_device_ordinal()
+        layout = pjrt_hosts.HostLayout.of(ordinal, self.world_size, self.hosts)
+        pjrt_hosts.register(ordinal, layout)
         pjrt_hosts.bind(layout)
         bindings = xla.pjrt_bindings()
         if bindings.world_size != self.world_size:
@@ -110,6 +113,7 @@ class _ReplicaThread:
             mark_step=lambda: xla.mark_step(dev),
             extra={"host": layout.host, "thread": threading.current_thread().name,
                    "thread_ident": threading.get_ident(), "torch_xla_version": torch_xla.__version__})
+        pjrt_graphs.register(ordinal, self.ctx)  # a DDP's own step syncs, noted for a death
 
     def _main(self):
         try:
@@ -195,6 +199,7 @@ class PjrtRuntime(Runtime):
         xm.set_replication(torch_xla.device(), devices)
         xla.value_independent_graphs()  # rank-dependent values must not change graphs
         pjrt_hosts.install()
+        pjrt_graphs.install()
         hosts = emulated_hosts(self.settings, world_size, self.name)
         threads = [_ReplicaThread(d, world_size, hosts) for d in devices]
         self._threads = threads
@@ -243,3 +248,5 @@ class PjrtRuntime(Runtime):
             t.inbox.put(_STOP)
         for t in getattr(self, "_threads", []):
             t.thread.join(5.0)
+        pjrt_hosts.clear()
+        pjrt_graphs.clear()

@@ -5,9 +5,9 @@ are addressable devices of one process), so a DDP that divides by
 ``xr.addressable_device_count()`` or shards by ``xm.get_local_ordinal()`` is exact there
 and wrong on a pod (pytorch/xla PR #4965 fixed one such divisor). XLA:CPU has no
 cross-process collectives (pytorch/xla#9089), so the host boundary is emulated in the
-queries: each replica thread carries a :class:`HostLayout` (thread-local), and torch_xla
-2.9's public per-host queries (:data:`QUERIES`) answer from it while a layout is bound
-on the calling thread, as a pod of H hosts x W/H devices, one process per host, would:
+queries: each replica's device carries a :class:`HostLayout`, and torch_xla 2.9's public
+per-host queries (:data:`QUERIES`) answer from the layout of the device the calling thread
+works on, as a pod of H hosts x W/H devices, one process per host, would:
 
 * ``xr.process_index()`` / ``xr.host_index()`` = host h; ``xr.process_count()`` = H;
 * ``xr.addressable_device_count()``, ``xr.local_device_count()``,
@@ -30,9 +30,20 @@ construction; docs/multi-host.md):
 * device identity: thread i's device is ``xla:i`` (on a pod it is the process's
   ``xla:l``), and ``torch_xla.devices()`` / ``xm.get_xla_supported_devices()`` list all
   W devices - the devices are real and the collectives need them;
+* the host's main thread (it drives the replicas and works for none of them);
 * names bound with ``from torch_xla.runtime import ...`` in a module imported into the
   host before :func:`install` keep the original function (the patch replaces module
   attributes); a user's module is first imported there by a task, after it.
+
+Keyed by device, not by thread (:func:`register`): a replica's work also runs on threads it
+does not own. Measured on 2.9 (W=2): a backward on ``xla:i`` runs its tensor hooks,
+post-accumulate-grad hooks and ``Variable._execution_engine.queue_callback`` callbacks on
+the autograd engine's device thread for ``xla:i`` (a ``Dummy-N`` thread, not the replica's;
+torch/csrc/autograd/engine.cpp, one worker per non-CPU device), whose current device the
+device guard has set to ``xla:i``. With the layout bound to the replica's thread those
+callbacks got the real one-process answers (``addressable_device_count()`` 2 on the 2 x 1
+world). A thread that never chose a device works on torch_xla's default ``xla:0`` and
+answers as that replica's host.
 """
 from __future__ import annotations
 
@@ -44,6 +55,8 @@ import threading
 _thread = threading.local()
 _INSTALL_LOCK = threading.Lock()
 _ORIGINALS: dict = {}
+# Device ordinal -> HostLayout of the replica on it (process-wide: every thread reads it).
+_BY_DEVICE: dict = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,14 +132,48 @@ TRUE_CALLERS = frozenset(site for site, (answer, _) in CALLERS.items() if answer
 
 
 def bind(layout: HostLayout | None) -> None:
-    """Pin ``layout`` for the calling replica thread (``None``: the real answers again)."""
+    """Pin ``layout`` for the calling replica thread (``None``: unpinned, so it answers as the
+    device it works on, see :func:`register`)."""
     _thread.layout = layout
+
+
+def register(device_ordinal: int, layout: HostLayout | None) -> None:
+    """Make ``layout`` the answer of every thread working on XLA device ``device_ordinal``
+    (autograd's device threads included; ``None`` forgets it)."""
+    if layout is None:
+        _BY_DEVICE.pop(device_ordinal, None)
+    else:
+        _BY_DEVICE[device_ordinal] = layout
+
+
+def clear() -> None:
+    """Forget every registered device layout (a world's teardown)."""
+    _BY_DEVICE.clear()
+
+
+def _device_layout() -> HostLayout | None:
+    """The layout of the device the calling thread works on, or ``None`` (the host's main
+    thread, or no world registered)."""
+    if not _BY_DEVICE or threading.current_thread() is threading.main_thread():
+        return None
+    import torch_xla
+    # Private, torch_xla 2.9 (pinned): the thread's current device, which autograd's device
+    # guard sets on its worker threads.
+    return _BY_DEVICE.get(torch_xla._XLAC._xla_get_default_device_ordinal())
+
+
+def current_layout() -> HostLayout | None:
+    """The layout the calling thread answers with: its pinned one, else its device's."""
+    layout = getattr(_thread, "layout", None)
+    return layout if layout is not None else _device_layout()
 
 
 def _query(original, field):
     def emulated(*args, **kwargs):
-        layout = getattr(_thread, "layout", None)
-        if layout is None or getattr(_thread, "real", False):
+        if getattr(_thread, "real", False):
+            return original(*args, **kwargs)
+        layout = current_layout()
+        if layout is None:
             return original(*args, **kwargs)
         caller = sys._getframe(1)  # not kept: a live frame would keep lazy tensors alive
         site = (caller.f_globals.get("__name__"), caller.f_code.co_name)
@@ -147,8 +194,8 @@ def _query(original, field):
 def install() -> None:
     """Replace the :data:`QUERIES` functions with layout-aware ones (process-wide, idempotent).
 
-    A thread without a bound layout (the host's main thread, any thread outside a world)
-    gets the original answers.
+    A thread with neither a pinned layout nor a registered device (the host's main thread,
+    any thread outside a world) gets the original answers.
     """
     with _INSTALL_LOCK:
         for key, field in QUERIES.items():
