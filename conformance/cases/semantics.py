@@ -16,8 +16,15 @@ CHECK_SEMANTICS = {
                       "buffers (module states are broadcast at construction only with it); with "
                       "broadcast_buffers=False each replica keeps its own",
                       "DistributedDataParallel.__init__ (_sync_module_states) and forward (_sync_buffers)"),
-    "buffers": ("a buffer rank 0 holds is on every replica after the next training forward "
-                "(broadcast_buffers=True)", "DistributedDataParallel.forward -> _sync_buffers"),
+    "buffers": ("with broadcast_buffers=True a forward that follows a synced, grad-enabled one (or "
+                "construction) starts from rank 0's buffers, whatever the module's mode; a forward under "
+                "no_grad or no_sync clears that, so the next forward keeps each replica's own",
+                "DistributedDataParallel._pre_forward / _post_forward (require_forward_param_sync, _sync_buffers)"),
+    "graph_agreement": ("on an XLA runtime every replica builds the same step graph (same ops, shapes and "
+                        "inlined constants) at every step: SPMD collectives meet only between identical "
+                        "programs, so a rank-dependent Python value in the graph recompiles per replica or "
+                        "deadlocks on a real deployment", "torch_xla: one HLO per step (xm.mark_step / "
+                        "torch_xla.sync), XLA collectives rendezvous on matching programs"),
     "agreement": ("every replica holds the same parameters bit for bit after construction and "
                   "after every step (one broadcast, then identical reduced gradients)",
                   "DistributedDataParallel.__init__ (_sync_module_states, src=0)"),
