@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from conformance.cases.collectives.ops import DTYPES, OPS, REDUCTIONS, SIZES, reduce_host, splits, sum_bound
-from conformance.cases.collectives.run import HOWS, compare, judge, plan
+from conformance.cases.collectives.ops import (DTYPES, LAYOUT_OPS, OPS, REDUCTIONS, SIZES, lay_out, reduce_host,
+                                               splits, sum_bound)
+from conformance.cases.collectives.run import HOWS, LAYOUT_DTYPES, compare, judge, members, plan, plan_layout
 from conformance.cases.table import CASES
 
 
@@ -94,9 +95,47 @@ def test_the_draws_cover_every_pair_size_mode_and_group():
         else:
             assert {d["dtype"] for d in draws} == set(DTYPES)
         assert {d["size"] for d in draws} == set(SIZES), op
-        assert {d["how"] for d in draws} == set(HOWS) and {d["group"] for d in draws} == {"world", "sub"}
-    assert {d["group"] for d in plan("all_reduce", 2)} == {"world"}
+        groups = {"world", "sub", "evens"} | (set() if o.p2p else {"single"})
+        assert {d["how"] for d in draws} == set(HOWS) and {d["group"] for d in draws} == groups, op
+    assert {d["group"] for d in plan("all_reduce", 2)} == {"world", "single"}
+    assert {d["group"] for d in plan("send_recv", 2)} == {"world"}  # a ring of one rank sends to itself
+    assert members("evens", 4) == [0, 2] and members("single", 3) == [2] and members("sub", 3) == [1, 2]
     assert plan("all_reduce", 3) == plan("all_reduce", 3)  # deterministic: a failure reruns
+
+
+def test_the_layout_draws_cover_every_op_and_dtype_of_their_layout():
+    for layout, ops in LAYOUT_OPS.items():
+        draws = plan_layout(layout, 3)
+        assert {(d["op"], d["dtype"]) for d in draws} == {(op, t) for op in ops for t in LAYOUT_DTYPES}, layout
+        assert {d["layout"] for d in draws} == {layout} and {d["how"] for d in draws} == set(HOWS)
+        assert "send_recv" not in ops  # gloo refuses a non-dense send on the sender only: a hang
+
+
+def test_a_layout_keeps_the_values_and_changes_the_memory():
+    import torch
+    x = torch.arange(30.0)
+    strided = lay_out(x, "noncontiguous")
+    assert not strided.is_contiguous() and strided.stride() == (2,) and torch.equal(strided, x)
+    assert (strided.as_strided((60,), (1,))[1::2] != 0).all()  # the gaps differ: a dense read is wrong
+    cl = lay_out(x, "channels_last_input")
+    assert not cl.is_contiguous() and cl.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(cl.reshape(-1), x)
+    assert lay_out(x, "aliased_output") is x and lay_out(x, None) is x
+
+
+def test_a_layout_verdict_names_the_wrong_ops_first():
+    case = CASES["collective.noncontiguous"]
+    draws = [{"op": "all_reduce", "layout": "noncontiguous", "dtype": "float32", "red": "SUM", "size": 7,
+              "how": "sync", "group": "evens"},
+             {"op": "all_gather", "layout": "noncontiguous", "dtype": "float32", "red": "-", "size": 7,
+              "how": "sync", "group": "world"}]
+    bad = {"element": 3, "got": 1.0, "expected": 2.0, "bound": 1e-6, "ratio": 1e6}
+    results = [[_entry([bad], ratio=1e6), _entry()], [None, _entry()], [_entry(ratio=0.5, digest="x"), _entry()]]
+    result, agreement, coverage = judge(case, draws, results, 3)
+    assert result.status == "fail" and result.replica == 0
+    assert result.reason.startswith("wrong in all_reduce: all_reduce SUM float32 [7] noncontiguous "
+                                    "(group [0, 2] of 3, sync): rank 0 element 3 = 1"), result.reason
+    assert agreement.status == "fail" and coverage.status == "pass"
 
 
 # --- the judge (synthetic rank results) -------------------------------------------------
@@ -218,7 +257,11 @@ def test_a_collective_row_is_validated():
         with pytest.raises(ValueError, match=needle):
             _validate([Case("collective.x", "collective", "-", "collective", tolerance="exact", args=args,
                             checks=checks)], mutants={})
-    assert {c.args["op"] for c in CASES.values() if c.family == "collective"} == set(OPS)
+    assert {c.args.get("op") for c in CASES.values() if c.family == "collective"} == set(OPS) | {None}
+    assert {c.args["layout"] for c in CASES.values() if "layout" in c.args} == set(LAYOUT_OPS)
+    with pytest.raises(ValueError, match="unknown collective layout 'sideways'"):
+        _validate([Case("collective.x", "collective", "-", "collective", tolerance="exact",
+                        args={"layout": "sideways"}, checks=("result", "agreement", "coverage"))], mutants={})
 
 
 @pytest.mark.cpu

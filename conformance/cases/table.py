@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from conformance.cases import features as F
 from conformance.cases import graphs as G
-from conformance.cases.collectives.ops import OPS
+from conformance.cases.collectives.ops import LAYOUT_OPS, OPS
 from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.row import Case, select_rows, tags_of
 from conformance.cases.validation import _validate
@@ -52,6 +52,18 @@ def _collective(op):
                 checks=("result", "agreement", "coverage") if o.agree else ("result", "coverage"),
                 tags=("backend",), timeout=COLLECTIVE_TIMEOUT_S)
 
+
+def _collective_layout(layout):
+    return Case(f"collective.{layout}", "collective", f"the collectives of {', '.join(LAYOUT_OPS[layout])} with "
+                f"{LAYOUT_TEXT[layout]} equal their float64 host oracle on every rank (the same checks as each op's "
+                "own case)", "collective", tolerance="exact", args={"layout": layout},
+                checks=("result", "agreement", "coverage"), tags=("backend",), timeout=COLLECTIVE_TIMEOUT_S)
+
+
+#: What a layout case's inputs are, in its description.
+LAYOUT_TEXT = {"noncontiguous": "inputs that are stride-2 views (not contiguous)",
+               "channels_last_input": "4-D inputs in channels_last memory format",
+               "aliased_output": "outputs that alias the input (the in-place forms)"}
 
 #: Bound on one op's draws (a correct gloo world takes < 1 s for the largest op).
 COLLECTIVE_TIMEOUT_S = 60.0
@@ -259,7 +271,7 @@ def _build() -> dict[str, Case]:
                 "nn.ParameterList and an nn.ParameterDict: parity and agreement",
                 tags=("module", "hooks_parametrizations", "param_containers")),
     ]
-    rows += [_collective(op) for op in OPS]
+    rows += [_collective(op) for op in OPS] + [_collective_layout(layout) for layout in LAYOUT_OPS]
     return _validate(rows)
 
 

@@ -87,6 +87,39 @@ def sum_bound(xs: list, red: str, dtype: str) -> np.ndarray:
     return rel * mag / (n if red == "AVG" else 1) + 2 * (n + 1) * SMALLEST_NORMAL[dtype]
 
 
+#: Memory layouts of a rank's input, each with the ops it applies to (the logical values are the
+#: same; the oracle and the comparison read them in logical order). ``noncontiguous``: a stride-2 view
+#: of a buffer twice as long (pytorch/pytorch#24836, #192920: gloo read such views as dense);
+#: ``channels_last_input``: a ``(2, 3, h, 1)`` tensor in channels_last memory format, as DDP's
+#: gradients of a channels_last module are; ``aliased_output``: the output buffer holds the input (the
+#: in-place forms of ``all_gather_into_tensor`` and ``reduce_scatter_tensor``). Not ``send_recv``:
+#: gloo refuses a non-dense ``send`` on the sender only, and its receiver then waits forever.
+LAYOUT_OPS = {
+    "noncontiguous": ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter"),
+    "channels_last_input": ("all_reduce", "broadcast", "reduce", "all_gather", "gather"),
+    "aliased_output": ("all_gather_into_tensor", "reduce_scatter_tensor"),
+}
+
+
+def lay_out(x, layout: str | None):
+    """``x`` (1-D) in ``layout`` (:data:`LAYOUT_OPS`), same logical values; ``None`` / ``aliased_output``:
+    ``x`` itself (aliasing is made by the op's replica call). ``channels_last_input`` needs
+    ``x.numel()`` a multiple of 6 with ``x.numel() >= 12`` (else it would be contiguous too)."""
+    import torch
+    if layout == "noncontiguous":
+        buf = torch.zeros(2 * x.numel(), dtype=x.dtype)
+        buf[1::2] = 1 if x.dtype != torch.bool else True  # the gaps differ from the data: a dense read shows
+        view = buf[::2]
+        view.copy_(x)
+        return view
+    if layout == "channels_last_input":
+        h = x.numel() // 6
+        assert h * 6 == x.numel() and h >= 2, x.numel()
+        return x.reshape(2, 3, h, 1).contiguous(memory_format=torch.channels_last)
+    return x
+
+
 # --- replica side -------------------------------------------------------------------
 
 def _wait(work, how):
@@ -132,6 +165,9 @@ def r_all_gather(x, g, ctx):
 def r_all_gather_into_tensor(x, g, ctx):
     import torch
     out = torch.empty(x.numel() * ctx["n"], dtype=x.dtype)
+    if ctx.get("layout") == "aliased_output":  # the input is this rank's slice of the output (in-place form)
+        k = x.numel()
+        x = out[ctx["grank"] * k:(ctx["grank"] + 1) * k].copy_(x)
     d = ctx["dist"]  # torch >= 2.10 deprecates all_gather_into_tensor for all_gather_single
     _call(getattr(d, "all_gather_single", None) or d.all_gather_into_tensor, ctx["how"], out, x, group=g)
     return out
@@ -147,7 +183,10 @@ def r_reduce_scatter(x, g, ctx):
 
 def r_reduce_scatter_tensor(x, g, ctx):
     import torch
-    out = torch.empty(x.numel() // ctx["n"], dtype=x.dtype)
+    k = x.numel() // ctx["n"]
+    # aliased: the output is this rank's chunk of the input (torch's in-place form)
+    aliased = ctx.get("layout") == "aliased_output"
+    out = x[ctx["grank"] * k:(ctx["grank"] + 1) * k] if aliased else torch.empty(k, dtype=x.dtype)
     d = ctx["dist"]  # torch >= 2.10 deprecates reduce_scatter_tensor for reduce_scatter_single
     _call(getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor, ctx["how"], out, x,
           op=_red(ctx["red"]), group=g)

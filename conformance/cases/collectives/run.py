@@ -23,8 +23,8 @@ import hashlib
 
 import numpy as np
 
-from conformance.cases.collectives.ops import (DTYPES, FLOATS, INTS, OPS, REDUCTIONS, SIZES, UNIT_ROUNDOFF,
-                                               sum_bound)
+from conformance.cases.collectives.ops import (DTYPES, FLOATS, INTS, LAYOUT_OPS, OPS, REDUCTIONS, SIZES,
+                                               UNIT_ROUNDOFF, lay_out, sum_bound)
 from conformance.cases.kinds import Kind
 from conformance.verdict import Verdict
 
@@ -43,17 +43,33 @@ MAX_FINDINGS = 3
 MAX_DIAGNOSIS_LINES = 40
 
 
+#: Groups drawn, cycled over the draws, by world size: the world; ranks 1..W-1 (group ranks
+#: differ from global ranks); the even ranks (a group with a hole, created from its ranks in
+#: descending order: ``new_group`` sorts them); and a singleton group of the last rank.
+GROUPS = {2: ("world", "world", "world", "single"), 3: ("world", "sub", "evens", "single")}
+#: Draws of a layout case (:data:`~conformance.cases.collectives.ops.LAYOUT_OPS`): dtypes and
+#: per-chunk sizes (channels_last: multiples of 6 of at least 12, see ``lay_out``).
+LAYOUT_DTYPES = ("float32", "bfloat16", "int64")
+LAYOUT_SIZES = {"noncontiguous": (1, 7, 33, 1025), "channels_last_input": (12, 30, 1026),
+                "aliased_output": (1, 7, 33, 1025)}
+
+
+def _groups(world_size: int, p2p: bool = False) -> tuple:
+    gs = GROUPS[min(world_size, 3)] if world_size >= 2 else ("world",)
+    return tuple(g for g in gs if not (p2p and g == "single")) or ("world",)
+
+
 def plan(op: str, world_size: int, profile: str = "dev") -> list[dict]:
     """The draws of ``op`` at ``world_size``: ``[{dtype, red, size, how, group}, ...]``.
 
-    ``red`` is a ``torch.distributed.ReduceOp`` name or ``"-"``; ``group`` is ``"world"`` or
-    ``"sub"`` (global ranks 1..W-1, only at W >= 3). Every size of
+    ``red`` is a ``torch.distributed.ReduceOp`` name or ``"-"``; ``group`` a name of
+    :data:`GROUPS` (:func:`members` gives its global ranks). Every size of
     :data:`~conformance.cases.collectives.ops.SIZES` appears at least once for every op.
     """
     o = OPS[op]
     combos = [(d, r) for d in DTYPES for r in (REDUCTIONS[d] if o.reduces else ("-",))]
     combos *= -(-len(SIZES) // len(combos))  # at least one draw per size
-    groups = ("world", "sub") if world_size >= 3 else ("world",)
+    groups = _groups(world_size, o.p2p)
     out = []
     for k in range(len(combos) * REPEATS.get(profile, 1)):
         d, r = combos[k % len(combos)]
@@ -65,9 +81,31 @@ def plan(op: str, world_size: int, profile: str = "dev") -> list[dict]:
     return out
 
 
+def plan_layout(layout: str, world_size: int, profile: str = "dev") -> list[dict]:
+    """The draws of the ``layout`` case: every op of ``LAYOUT_OPS[layout]`` with every dtype of
+    :data:`LAYOUT_DTYPES` (reductions, sizes, completion modes and groups cycled); each draw
+    names its ``op`` and ``layout``."""
+    out, k = [], 0
+    sizes = LAYOUT_SIZES[layout]
+    for _ in range(REPEATS.get(profile, 1)):
+        for op in LAYOUT_OPS[layout]:
+            o = OPS[op]
+            if o.p2p and world_size < 2:
+                continue
+            groups = _groups(world_size, o.p2p)
+            for d in LAYOUT_DTYPES:
+                reds = REDUCTIONS[d] if o.reduces else ("-",)
+                out.append({"op": op, "layout": layout, "dtype": d, "red": reds[k % len(reds)],
+                            "size": sizes[k % len(sizes)], "how": HOWS[k % len(HOWS)],
+                            "group": groups[(k // len(HOWS)) % len(groups)]})
+                k += 1
+    return out
+
+
 def members(group: str, world_size: int) -> list[int]:
     """Global ranks of a drawn group, in group-rank order (``new_group`` sorts them)."""
-    return list(range(world_size)) if group == "world" else list(range(1, world_size))
+    return {"world": list(range(world_size)), "sub": list(range(1, world_size)),
+            "evens": list(range(0, world_size, 2)), "single": [world_size - 1]}[group]
 
 
 def make_input(op: str, index: int, grank: int, n: int, draw: dict):
@@ -128,7 +166,7 @@ def to_host(t) -> np.ndarray:
 def digest(t) -> str:
     """Digest of a result's bytes (replica agreement compares these)."""
     import torch
-    flat = t.detach().contiguous().reshape(-1)
+    flat = torch.empty(t.numel(), dtype=t.dtype).copy_(t.detach().reshape(-1))  # dense whatever the strides
     return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"").hexdigest()[:16]
 
 
@@ -187,11 +225,15 @@ def worst_ratio(got: np.ndarray, want: np.ndarray, bound: np.ndarray) -> tuple[f
     return float(dev[i]), float(bound[i]), float(ratio[i])
 
 
-def label(op: str, draw: dict, n: int) -> str:
-    """``all_reduce SUM bfloat16 [1023] (world of 3, future)``: what a finding names."""
+def label(op: str, draw: dict, world_size: int) -> str:
+    """``all_reduce SUM bfloat16 [1023] (world of 3, future)``, ``all_gather float32 [7] noncontiguous
+    (group [0, 2] of 3, sync)``: what a finding names."""
+    op = draw.get("op", op)
     red = f" {draw['red']}" if draw["red"] != "-" else ""
-    group = f"world of {n}" if draw["group"] == "world" else f"group ranks 1..{n} of {n + 1}"
-    return f"{op}{red} {draw['dtype']} [{draw['size']}] ({group}, {draw['how']})"
+    layout = f" {draw['layout']}" if draw.get("layout") else ""
+    group = (f"world of {world_size}" if draw["group"] == "world"
+             else f"group {members(draw['group'], world_size)} of {world_size}")
+    return f"{op}{red} {draw['dtype']} [{draw['size']}]{layout} ({group}, {draw['how']})"
 
 
 # --- replica side ---------------------------------------------------------------------
@@ -214,7 +256,7 @@ def _group(dist, name: str, world_size: int):
     key = (name, world_size, id(dist.group.WORLD))  # a new default group: new subgroups
     if key not in _GROUPS:
         try:
-            _GROUPS[key] = dist.new_group(members(name, world_size))
+            _GROUPS[key] = dist.new_group(sorted(members(name, world_size), reverse=True))
         except REFUSALS as exc:
             _GROUPS[key] = exc  # a backend without subgroups: its draws are rejected, once
     if isinstance(_GROUPS[key], Exception):
@@ -229,9 +271,10 @@ def task_collective(ctx, op: str, draws: list) -> list:
     where the op defines no result on this rank; ``dev``/``bound``/``ratio`` at the worst
     element of a bounded result, else None)."""
     import torch.distributed as dist
-    o = OPS[op]
     out = []
     for i, d in enumerate(draws):
+        op_i = d.get("op", op)
+        o = OPS[op_i]
         ranks = members(d["group"], ctx.world_size)
         try:
             g = _group(dist, d["group"], ctx.world_size)  # before the membership test: every rank creates it
@@ -242,11 +285,12 @@ def task_collective(ctx, op: str, draws: list) -> list:
             out.append(None)
             continue
         n, me = len(ranks), ranks.index(ctx.rank)
-        xs = [make_input(op, i, j, n, d) for j in range(n)]
-        ctx.note(phase=label(op, d, n))
-        c = {"dist": dist, "how": d["how"], "red": d["red"], "grank": me, "n": n, "size": d["size"]}
+        xs = [make_input(op_i, i, j, n, d) for j in range(n)]
+        ctx.note(phase=label(op, d, ctx.world_size))
+        c = {"dist": dist, "how": d["how"], "red": d["red"], "grank": me, "n": n, "size": d["size"],
+             "layout": d.get("layout")}
         try:
-            res = o.replica(xs[me].clone(), g, c)
+            res = o.replica(lay_out(xs[me].clone(), d.get("layout")), g, c)
         except REFUSALS as exc:  # the backend's refusal: on every rank before any traffic (gloo checks locally)
             out.append({"raised": _refusal(exc)})
             continue
@@ -255,6 +299,7 @@ def task_collective(ctx, op: str, draws: list) -> list:
         if res is None or want is None:
             out.append({"digest": None, "findings": [], "dev": None, "bound": None, "ratio": None})
             continue
+        res = res.reshape(-1)  # logical order, whatever the layout
         bound = _bound(o, host, d, want, me)
         got = to_host(res)
         entry = {"digest": digest(res), "findings": compare(got, want, bound, d["dtype"]),
@@ -285,7 +330,7 @@ def _bound(o, host, d, want, me):
 def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
     """Verdicts of one op's ``draws`` from every rank's :func:`task_collective` list (by global
     rank), one per ``case.checks`` entry, in that order."""
-    op = case.args["op"]
+    op = case.args.get("op")  # None in a layout case: each draw names its op
     fails, disagree, rejected, ran, ran_ok = [], [], {}, 0, set()
     worst = (0.0, 0.0, 0.0, None)  # dev, bound, ratio, rank
     for i, d in enumerate(draws):
@@ -298,26 +343,27 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
                 rejected.setdefault(next(iter(raised.values())), []).append(d)
                 continue
             said = "; ".join(f"rank {r} raised {m}" for r, m in raised.items())
-            fails.append((float("inf"), f"{label(op, d, n)}: {said}; ranks {sorted(set(ranks) - set(raised))} "
+            fails.append((float("inf"), f"{label(op, d, world_size)}: {said}; ranks {sorted(set(ranks) - set(raised))} "
                           "did not", None, None))
             continue
         ran += 1
-        ran_ok.add((d["red"], d["dtype"]))
+        ran_ok.add(_pair(d))
         for r, e in entries.items():
             for f in e["findings"]:
-                fails.append((f["ratio"], f"{label(op, d, n)}: rank {r} element {f['element']} = {_fmt(f['got'])}, "
+                fails.append((f["ratio"], f"{label(op, d, world_size)}: rank {r} element {f['element']} = {_fmt(f['got'])}, "
                               f"expected {_fmt(f['expected'])}" + (f" ± {f['bound']:.3g}" if f["bound"] is not None
                                                                    else " (bitwise)"), _dev(f), r))
             if e["ratio"] is not None and e["ratio"] > worst[2]:
                 worst = (e["dev"], e["bound"], e["ratio"], r)
-        if OPS[op].agree:
+        if OPS[d.get("op", op)].agree:
             digests = {r: e["digest"] for r, e in entries.items()}
             if len(set(digests.values())) > 1:
                 ref = digests[ranks[0]]
-                disagree.append(f"{label(op, d, n)}: rank(s) {[r for r, h in digests.items() if h != ref]} hold "
+                disagree.append(f"{label(op, d, world_size)}: rank(s) {[r for r, h in digests.items() if h != ref]} hold "
                                 f"other bits than rank {ranks[0]}")
     # worst first (a bitwise mismatch or a one-sided refusal counts as infinitely far): the reason
     # names the finding the verdict's max dev / bound are taken at when it is a bounded one
+    wrong_ops = {x[1].split(" ", 1)[0] for x in fails}
     fails.sort(key=lambda x: -x[0])
     top = fails[0] if fails else None
     fails = [x[1] for x in fails]
@@ -331,6 +377,8 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
                 v.status, v.reason = "vacuous", "no draw ran"
             elif fails:
                 v.status, v.reason = "fail", _first(fails)
+                if wrong_ops and op is None:  # a layout case: which ops, then the worst finding
+                    v.reason = f"wrong in {', '.join(sorted(wrong_ops))}: {v.reason}"
             else:
                 v.reason = f"{ran} draw(s) equal to the host oracle"
             if top is not None and top[2] is not None:  # the named finding: its deviation and bound
@@ -377,6 +425,11 @@ def _first(lines):
     return lines[0] + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "")
 
 
+def _pair(d) -> tuple:
+    """What a rejection names: ``(reduction, dtype)``, prefixed with the op in a layout case."""
+    return ((d["op"] + " " + d["red"]) if d.get("op") and d["red"] != "-" else d.get("op", d["red"]), d["dtype"])
+
+
 def _rejections(rejected: dict, ran_ok: set = frozenset()) -> str:
     """``AVG float16, float32 ...: RuntimeError: ...; ...`` from ``{message: [draws]}``; a
     (reduction, dtype) that ran in another completion mode is named with the refused mode(s)."""
@@ -384,7 +437,7 @@ def _rejections(rejected: dict, ran_ok: set = frozenset()) -> str:
     for msg, ds in rejected.items():
         what = {}
         for d in ds:
-            key = (d["red"], d["dtype"])
+            key = _pair(d)
             what.setdefault(key, set()).add(d["how"])
         names = sorted((f"{r} " if r != "-" else "") + t + (f" via {'/'.join(sorted(hows))}" if (r, t) in ran_ok
                                                            else "") for (r, t), hows in what.items())
@@ -402,8 +455,9 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
     profile = session.settings.profile
     key = ("collective", case.name, runtime, w, profile)
     if key not in session._cache:
-        draws = plan(case.args["op"], w, profile)
-        results = session.run(runtime, w, task_collective, timeout=case.timeout, op=case.args["op"], draws=draws)
+        op = case.args.get("op")
+        draws = plan(op, w, profile) if op else plan_layout(case.args["layout"], w, profile)
+        results = session.run(runtime, w, task_collective, timeout=case.timeout, op=op, draws=draws)
         if results is None:
             return None
         session._cache[key] = judge(case, draws, results, w) if draws else [
@@ -412,7 +466,14 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
 
 
 def _collective_problem(case) -> str | None:
-    """A row names an op of :data:`OPS` and reports that op's checks."""
+    """A row names an op of :data:`OPS` and reports that op's checks, or a layout of
+    :data:`~conformance.cases.collectives.ops.LAYOUT_OPS` and the three checks."""
+    if "layout" in case.args:
+        if case.args["layout"] not in LAYOUT_OPS:
+            return f"unknown collective layout {case.args['layout']!r}; known: {', '.join(LAYOUT_OPS)}"
+        if tuple(case.checks) != ("result", "agreement", "coverage"):
+            return "a collective layout row reports the checks ('result', 'agreement', 'coverage')"
+        return None
     op = case.args.get("op")
     if op not in OPS:
         return f"unknown collective op {op!r}; known: {', '.join(OPS)}"
