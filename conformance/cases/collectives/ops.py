@@ -7,9 +7,9 @@ copy, a permutation, an integer reduction, MAX/MIN or a PRODUCT of powers of two
 judged bit for bit; otherwise (floating SUM/AVG) within :func:`sum_bound`. ``agree``: every
 group rank holds the same result (all-reduce, broadcast, all-gather), compared bitwise.
 
-Not in the table: ``all_to_all`` with lists (gloo requires equal chunk sizes: uneven splits
-raise on some ranks only) and ``batch_isend_irecv`` (a two-rank ring of isend/irecv hung in
-``Work.wait`` on gloo, torch 2.13).
+``all_to_all`` (lists) sends equal chunks (gloo requires equal chunk sizes: uneven splits raise
+on some ranks only); ``all_to_all_single`` carries the uneven splits. ``batch_isend_irecv`` is
+a ring (each group rank sends to the next and receives from the previous, one batch).
 
 Semantics mirrored: ``torch.distributed`` (torch 2.13 ``distributed_c10d``): ``reduce`` and
 ``gather`` define the result on the destination only, ``scatter`` reads the source's list,
@@ -202,6 +202,25 @@ def r_all_to_all_single(x, g, ctx):
     return out
 
 
+def r_all_to_all(x, g, ctx):
+    import torch
+    n = ctx["n"]
+    outs = [torch.empty(x.numel() // n, dtype=x.dtype) for _ in range(n)]
+    _call(ctx["dist"].all_to_all, ctx["how"], outs, list(x.chunk(n)) if x.numel() else [x[:0]] * n, group=g)
+    return torch.cat(outs)
+
+
+def r_batch_isend_irecv(x, g, ctx):
+    import torch
+    d, n, me = ctx["dist"], ctx["n"], ctx["grank"]
+    out = torch.empty_like(x)
+    works = d.batch_isend_irecv([d.P2POp(d.isend, x, group=g, group_peer=(me + 1) % n),
+                                 d.P2POp(d.irecv, out, group=g, group_peer=(me - 1) % n)])
+    for w in works:  # Work.wait in every mode: gloo's p2p Work has no future, and a refusal after
+        w.wait()     # the isend would leave its message for the next draw's irecv
+    return out
+
+
 def r_gather(x, g, ctx):
     import torch
     outs = [torch.empty_like(x) for _ in range(ctx["n"])] if ctx["grank"] == 0 else None
@@ -280,8 +299,11 @@ OPS = {o.name: o for o in (
        lambda xs, me, red, size: _chunk(reduce_host(xs, red, ""), len(xs), me),
        length=lambda size, n, me: size * n, reduces=True),
     Op("all_to_all_single", r_all_to_all_single, _a2a_oracle, length=lambda size, n, me: sum(splits(size, n, me))),
+    Op("all_to_all", r_all_to_all, lambda xs, me, red, size: _cat([_chunk(x, len(xs), me) for x in xs]),
+       length=lambda size, n, me: size * n),
     Op("gather", r_gather, lambda xs, me, red, size: _cat(xs) if me == 0 else None),
     Op("scatter", r_scatter, lambda xs, me, red, size: _chunk(xs[0], len(xs), me), length=lambda size, n, me: size * n),
     Op("barrier", r_barrier, lambda xs, me, red, size: xs[me]),
     Op("send_recv", r_send_recv, lambda xs, me, red, size: xs[(me - 1) % len(xs)], p2p=True),
+    Op("batch_isend_irecv", r_batch_isend_irecv, lambda xs, me, red, size: xs[(me - 1) % len(xs)], p2p=True),
 )}
