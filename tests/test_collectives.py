@@ -279,3 +279,43 @@ def test_a_backend_that_hangs_is_a_failure_within_the_bound():
         assert took < 60, took
     finally:
         s.close()
+
+
+# --- collective.search: the draw itself searched and shrunk ---------------------------------
+
+@pytest.mark.cpu
+def test_search_finds_a_size_band_fault_shrinks_it_and_the_draw_replays():
+    """A backend wrong only for outputs of 70000-250000 elements: the search fails with a
+    shrunk draw in that band, and the draw (the replay file's content) fails again on that
+    backend and passes on gloo."""
+    from conformance.cases.collectives.search import evaluate_draw, load_draw
+    from conformance.evaluate import Session, evaluate
+    from tests.outside.backends.size_band import HIGH
+    s = _session("size_band")
+    try:
+        vs = evaluate(CASES["collective.search"], "torch", "cpu", 2, s)
+        result = next(v for v in vs if v.check == "result")
+        assert result.status == "fail" and result.reason.startswith("shrunk counterexample"), result.summary()
+        draw, w = load_draw({"scenario": result.example})
+        assert w == 2 and draw["size"] <= HIGH and "replay" in result.diagnosis
+        again = evaluate_draw(CASES["collective.search"], "torch", "cpu", 2, s, draw)
+        assert next(v for v in again if v.check == "result").status == "fail"
+    finally:
+        s.close()
+    g = Session()
+    try:
+        assert all(v.status == "pass" for v in evaluate_draw(CASES["collective.search"], "torch", "cpu", 2, g, draw))
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("doc,needle", [
+    ({"collective": {"op": "nope", "dtype": "float32", "red": "-"}, "world_size": 2}, "unknown op"),
+    ({"collective": {"op": "all_reduce", "dtype": "float32", "red": "BAND"}, "world_size": 2}, "reduction"),
+    ({"collective": {"op": "all_reduce", "dtype": "float32", "red": "SUM"}, "world_size": 1}, "world_size"),
+])
+def test_a_bad_replay_draw_is_refused(doc, needle):
+    from conformance.cases.collectives.search import load_draw
+    with pytest.raises(ValueError, match=needle):
+        load_draw(doc)
+    assert load_draw({"steps": []}) is None  # a scenario: not a draw

@@ -33,6 +33,7 @@ def finding_names(text: str) -> tuple[set, set]:
 
 def problems(lines, findings_md: str) -> list[str]:
     """Every reason a line of an expected-failures file is dead or unexplained."""
+    from conformance.cases.kinds import REGISTRY
     from conformance.cases.table import CASES
     from conformance.impls.builtin import IMPLS
     from conformance.worlds.runtimes import RUNTIMES
@@ -52,7 +53,10 @@ def problems(lines, findings_md: str) -> list[str]:
         elif m["check"] not in case.checks:
             out.append(f"line {n}: case {case.name} reports no check {m['check']!r} "
                        f"({', '.join(case.checks)})")
-        if m["impl"] not in IMPLS:
+        if m["impl"] == "*":  # any DDP: only where the verdict does not depend on it (a backend's)
+            if case is not None and REGISTRY[case.kind].needs_impl:
+                out.append(f"line {n}: implementation '*' on case {case.name}, whose verdicts depend on the DDP")
+        elif m["impl"] not in IMPLS:
             out.append(f"line {n}: no implementation row {m['impl']!r}")
         if m["runtime"] not in RUNTIMES:
             out.append(f"line {n}: no runtime {m['runtime']!r}")
@@ -92,6 +96,7 @@ FINDINGS_MD = "## 3. replicate() never broadcasts buffers\n\n* **Comm hooks unde
     ("parity.batchnorm:buffer_parity[replicate]  # finding 3", "is not a verdict id"),
     ("parity.batchnorm:buffer_parity[replicate-cpu-w2]  # finding 9", "names no finding"),
     ("parity.batchnorm:buffer_parity[replicate-cpu-w2]", "names no finding"),
+    ("parity.batchnorm:buffer_parity[*-cpu-w2]  # finding 3", "whose verdicts depend on the DDP"),
 ])
 def test_checker_rejects_a_dead_or_unexplained_line(line, needle):
     got = problems([line], FINDINGS_MD)
@@ -101,6 +106,7 @@ def test_checker_rejects_a_dead_or_unexplained_line(line, needle):
 @pytest.mark.parametrize("line", [
     "parity.batchnorm:buffer_parity[replicate-cpu-w2]  # finding 3: buffers",
     "feature.comm_hook:param_parity[torch_compiled_autograd-cpu-w2]  # Comm hooks under compiled DDP",
+    "collective.all_reduce:result[*-cpu-w2]  # finding 3: a backend's verdict, for every DDP",
     "# a comment line",
     "",
 ])

@@ -272,6 +272,11 @@ def _build() -> dict[str, Case]:
                 tags=("module", "hooks_parametrizations", "param_containers")),
     ]
     rows += [_collective(op) for op in OPS] + [_collective_layout(layout) for layout in LAYOUT_OPS]
+    rows.append(Case("collective.search", "collective", "collective draws searched by Hypothesis (op, dtype, "
+                     "reduction, any size up to 300000, completion mode, group, layout) equal their float64 host "
+                     "oracle on every rank; a failure is shrunk to its simplest draw", "collective",
+                     tolerance="exact", args={"search": True}, checks=("result", "agreement"),
+                     tags=("backend",), timeout=COLLECTIVE_TIMEOUT_S))
     return _validate(rows)
 
 

@@ -120,7 +120,8 @@ def build_parser():
                        help="also write the reports to this JSON file ('-': to stdout, the table to stderr)")
     ranks.set_defaults(command="ranks")
     replay = sub.add_parser("replay", help="rerun one scenario JSON (e.g. the minimal failing one a "
-                            "scenario case wrote) against implementations")
+                            "scenario case wrote) against implementations, or one collective draw "
+                            "(the shrunk one collective.search wrote) on --backend")
     replay.add_argument("scenario", help="scenario JSON file")
     replay.add_argument("--ddp", default=None, help="comma list of implementations (default: the runtime's)")
     replay.add_argument("--runtime", default="cpu", help="cpu or pjrt (default cpu)")

@@ -1,5 +1,6 @@
 """``python -m conformance replay SCENARIO.json``: rerun one generated scenario (the
-minimal failing one a scenario case wrote, or a hand-made one) against implementations."""
+minimal failing one a scenario case wrote, or a hand-made one) against implementations, or one
+collective draw (the shrunk one ``collective.search`` wrote) on the run's backend."""
 from __future__ import annotations
 
 import shlex
@@ -19,6 +20,9 @@ from conformance.settings import Settings
 def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None, json: str) -> int:
     """Rerun one scenario (a file written by a failing scenario case, or hand-made); write the
     same JSON report and failures file as ``run`` (``json``; ``-``: the JSON on stdout)."""
+    draw = _collective_draw(scenario)
+    if draw is not None:
+        return _replay_draw(settings, scenario, *draw, runtime=runtime, ddp=ddp, json=json)
     try:
         sc = load_scenario(scenario)
     except ScenarioError as exc:
@@ -37,6 +41,43 @@ def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None,
         out = RunOutput(verdicts, extra={"replay": scenario, "profile": settings.profile},
                         repro=lambda v: f"python -m conformance replay {shlex.quote(scenario)} "
                         f"--ddp {shlex.quote(v.impl)} --runtime {v.runtime}")
+        for line in write_all(out, {"json": json_out or json, "failures": json}):
+            print(line)
+        print(f"JSON report: {'stdout' if json_out else json}")
+    return exit_code(verdicts)
+
+
+def _collective_draw(path: str):
+    """``(draw, W)`` when ``path`` holds a collective draw, else ``None`` (a scenario, or a file
+    :func:`load_scenario` reports on)."""
+    import json as _json
+
+    from conformance.cases.collectives.search import load_draw
+    try:
+        with open(path) as f:
+            doc = _json.load(f)
+    except (OSError, ValueError):
+        return None
+    try:
+        return load_draw(doc)
+    except ValueError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def _replay_draw(settings, path, draw, w, *, runtime, ddp, json) -> int:
+    from conformance.cases.collectives.search import evaluate_draw
+    case = replace(CASES["collective.search"], name="collective.replay", description=f"replay of {path}")
+    session = Session(settings=settings)
+    try:
+        impl = (ddp or "torch").split(",")[0]  # the verdicts do not depend on the DDP
+        verdicts = evaluate_draw(case, impl, runtime, w, session, draw) or []
+    finally:
+        session.close()
+    with stdout_for_json(json) as json_out:
+        print(f"collective draw {path}: world size {w}")
+        print(verdict_table(verdicts))
+        out = RunOutput(verdicts, extra={"replay": path, "profile": settings.profile},
+                        repro=lambda v: f"python -m conformance replay {shlex.quote(path)} --runtime {v.runtime}")
         for line in write_all(out, {"json": json_out or json, "failures": json}):
             print(line)
         print(f"JSON report: {'stdout' if json_out else json}")

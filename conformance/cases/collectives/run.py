@@ -455,6 +455,13 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
     profile = session.settings.profile
     key = ("collective", case.name, runtime, w, profile)
     if key not in session._cache:
+        if case.args.get("search"):
+            from conformance.cases.collectives.search import evaluate_search  # it imports this module
+            found = evaluate_search(case, impl, runtime, w, session)
+            if found is None:
+                return None
+            session._cache[key] = found
+            return [copy.copy(v) for v in found]
         op = case.args.get("op")
         draws = plan(op, w, profile) if op else plan_layout(case.args["layout"], w, profile)
         results = session.run(runtime, w, task_collective, timeout=case.timeout, op=op, draws=draws)
@@ -468,6 +475,10 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
 def _collective_problem(case) -> str | None:
     """A row names an op of :data:`OPS` and reports that op's checks, or a layout of
     :data:`~conformance.cases.collectives.ops.LAYOUT_OPS` and the three checks."""
+    if case.args.get("search"):
+        if tuple(case.checks) != ("result", "agreement"):
+            return "the collective search row reports the checks ('result', 'agreement')"
+        return None
     if "layout" in case.args:
         if case.args["layout"] not in LAYOUT_OPS:
             return f"unknown collective layout {case.args['layout']!r}; known: {', '.join(LAYOUT_OPS)}"

@@ -1,8 +1,11 @@
 """A correct backend: every collective delegated to a gloo group it owns.
 
 Subclasses override :meth:`Wrapper.fix`, called on each op's outputs once gloo has finished,
-to inject one fault. Every op completes before it returns: the ``Work`` handed back is done,
-and its ``get_future()`` (what torch's DDP waits on) holds the op's outputs.
+to inject one fault. Every collective completes before it returns: the ``Work`` handed back is
+done, and its ``get_future()`` (what torch's DDP waits on) holds the op's outputs. A send or a
+receive returns at once (its ``Work`` waits for gloo's): a send that blocked until its peer
+posted the receive would deadlock a ring in which every rank sends first
+(``batch_isend_irecv``), which gloo itself does not.
 """
 from __future__ import annotations
 
@@ -30,6 +33,27 @@ class DoneWork(dist._Work):
 
     def get_future(self):
         return self._future
+
+
+class PendingWork(dist._Work):
+    """A point-to-point op in flight: ``wait()`` waits for gloo's ``Work``, then runs ``fix``."""
+
+    def __init__(self, inner, finish):
+        super().__init__()
+        self._inner, self._finish, self._done = inner, finish, False
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._inner.wait()
+            self._finish()
+            self._done = True
+        return True
+
+    def is_completed(self):
+        return self._done
+
+    def is_success(self):
+        return self._done
 
 
 class Wrapper(dist.ProcessGroup):
@@ -107,14 +131,17 @@ class Wrapper(dist.ProcessGroup):
     def barrier(self, opts):
         return self._run("barrier", self.gloo.barrier(opts), [], opts)
 
+    def _pending(self, op, work, outputs):
+        return PendingWork(work, lambda: self.fix(op, outputs, None))
+
     def send(self, tensors, dst, tag):
-        return self._run("send", self.gloo.send(tensors, dst, tag), tensors)
+        return self._pending("send", self.gloo.send(tensors, dst, tag), tensors)
 
     def recv(self, tensors, src, tag):
-        return self._run("recv", self.gloo.recv(tensors, src, tag), tensors)
+        return self._pending("recv", self.gloo.recv(tensors, src, tag), tensors)
 
     def recv_anysource(self, tensors, tag):
-        return self._run("recv", self.gloo.recv_anysource(tensors, tag), tensors)
+        return self._pending("recv", self.gloo.recv_anysource(tensors, tag), tensors)
 
 
 def registrar(cls):
