@@ -1,4 +1,6 @@
 """conformance.report.causes: failures sharing one cause are named once (issue 26 item 2)."""
+import pytest
+
 from conformance.report.causes import replica_cause, shared_cause
 from conformance.verdict import Verdict
 
@@ -54,3 +56,25 @@ def test_a_single_failure_or_none_is_not_a_shared_cause():
     assert shared_cause([_fail("parity.a", _replicas())]) is None
     assert shared_cause([]) is None
     assert shared_cause([_fail(f"p.{i}", []) for i in range(3)]) is None
+
+
+@pytest.mark.cpu
+@pytest.mark.long
+def test_the_main_command_names_the_shared_cause_first(tmp_path):
+    """The raising DDP (issue 26 item 2) through the CLI: every case still fails on its own, and
+    the summary names the one cause before the verdict table."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "conformance", "run", "--ddp", "tests.outside.raising_everywhere:Class",
+                        "--world-size", "2", "--only", "parity.linear,parity.mlp,parity.batchnorm", "--quiet",
+                        "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=600, cwd=root)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    first = next(i for i, ln in enumerate(lines) if "share one cause" in ln)
+    table = next(i for i, ln in enumerate(lines) if ln.startswith("case "))
+    assert first < table, r.stdout[:2000]
+    assert lines[first].startswith("all 3 failing case runs share one cause: ValueError: replica 1 refuses "
+                                   "to run forward"), lines[first]
+    assert "raising_everywhere.py" in lines[first] and "_refuse" in lines[first], lines[first]
