@@ -319,3 +319,22 @@ def test_a_bad_replay_draw_is_refused(doc, needle):
     with pytest.raises(ValueError, match=needle):
         load_draw(doc)
     assert load_draw({"steps": []}) is None  # a scenario: not a draw
+
+
+@pytest.mark.cpu
+def test_a_backend_that_caches_by_address_fails_reused_input_and_torch_ddp_over_it_fails_parity():
+    """``stale_cache`` reduces the copy it staged at the first call on a storage: each op's own
+    case passes (one call per tensor), ``collective.reused_input`` fails naming all_reduce, and
+    torch's DDP (which reduces the same bucket storage every step) fails parameter parity."""
+    from conformance.evaluate import evaluate
+    s = _session("stale_cache")
+    try:
+        vs = _verdicts(s, ["all_reduce", "reused_input"], w=2)
+        fails = [v for v in vs if v.status == "fail"]
+        assert fails and {v.case for v in fails} == {"collective.reused_input"}, [v.summary() for v in vs]
+        result = next(v for v in fails if v.check == "result")
+        assert result.reason.startswith("wrong in all_reduce: all_reduce ") and "reused_input" in result.reason
+        ddp = evaluate(CASES["parity.linear"], "torch", "cpu", 2, s)
+        assert any(v.check == "param_parity" and v.status == "fail" for v in ddp), [v.summary() for v in ddp]
+    finally:
+        s.close()

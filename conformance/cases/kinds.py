@@ -97,7 +97,7 @@ REGISTRY = {
     "property": Registration("conformance.cases.properties.run"),
     "invariant": Registration("conformance.cases.ranks", needs_impl=False),
     "scenario": Registration("conformance.cases.scenarios.scenario"),
-    "collective": Registration("conformance.cases.collectives.run", needs_impl=False),
+    "collective": Registration("conformance.cases.collectives.kind", needs_impl=False),
 }
 #: Every kind's name, registry order.
 KINDS = tuple(REGISTRY)

@@ -63,7 +63,8 @@ def _collective_layout(layout):
 #: What a layout case's inputs are, in its description.
 LAYOUT_TEXT = {"noncontiguous": "inputs that are stride-2 views (not contiguous)",
                "channels_last_input": "4-D inputs in channels_last memory format",
-               "aliased_output": "outputs that alias the input (the in-place forms)"}
+               "aliased_output": "outputs that alias the input (the in-place forms)",
+               "reused_input": "one input tensor passed twice, with new values the second time"}
 
 #: Bound on one op's draws (a correct gloo world takes < 1 s for the largest op).
 COLLECTIVE_TIMEOUT_S = 60.0

@@ -3,9 +3,11 @@ minimal failing one a scenario case wrote, or a hand-made one) against implement
 collective draw (the shrunk one ``collective.search`` wrote) on the run's backend."""
 from __future__ import annotations
 
+import json as _json
 import shlex
 from dataclasses import replace
 
+from conformance.cases.collectives.search import evaluate_draw, load_draw
 from conformance.cases.scenarios.scenario import ScenarioError, load_scenario
 from conformance.cases.table import CASES
 from conformance.errors import UsageError
@@ -50,9 +52,6 @@ def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None,
 def _collective_draw(path: str):
     """``(draw, W)`` when ``path`` holds a collective draw, else ``None`` (a scenario, or a file
     :func:`load_scenario` reports on)."""
-    import json as _json
-
-    from conformance.cases.collectives.search import load_draw
     try:
         with open(path) as f:
             doc = _json.load(f)
@@ -65,7 +64,6 @@ def _collective_draw(path: str):
 
 
 def _replay_draw(settings, path, draw, w, *, runtime, ddp, json) -> int:
-    from conformance.cases.collectives.search import evaluate_draw
     case = replace(CASES["collective.search"], name="collective.replay", description=f"replay of {path}")
     session = Session(settings=settings)
     try:

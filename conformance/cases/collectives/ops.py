@@ -92,13 +92,18 @@ def sum_bound(xs: list, red: str, dtype: str) -> np.ndarray:
 #: of a buffer twice as long (pytorch/pytorch#24836, #192920: gloo read such views as dense);
 #: ``channels_last_input``: a ``(2, 3, h, 1)`` tensor in channels_last memory format, as DDP's
 #: gradients of a channels_last module are; ``aliased_output``: the output buffer holds the input (the
-#: in-place forms of ``all_gather_into_tensor`` and ``reduce_scatter_tensor``). Not ``send_recv``:
+#: in-place forms of ``all_gather_into_tensor`` and ``reduce_scatter_tensor``); ``reused_input``: the
+#: same tensor object passes through the op twice, with other values the first time (DDP reduces the
+#: same bucket storage every step: a backend that caches what it sent by the tensor's address
+#: would send the old values). Not ``send_recv``:
 #: gloo refuses a non-dense ``send`` on the sender only, and its receiver then waits forever.
 LAYOUT_OPS = {
     "noncontiguous": ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                 "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter"),
     "channels_last_input": ("all_reduce", "broadcast", "reduce", "all_gather", "gather"),
     "aliased_output": ("all_gather_into_tensor", "reduce_scatter_tensor"),
+    "reused_input": ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                     "all_to_all_single"),
 }
 
 

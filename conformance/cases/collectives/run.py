@@ -25,7 +25,6 @@ import numpy as np
 
 from conformance.cases.collectives.ops import (DTYPES, FLOATS, INTS, LAYOUT_OPS, OPS, REDUCTIONS, SIZES,
                                                UNIT_ROUNDOFF, lay_out, sum_bound)
-from conformance.cases.kinds import Kind
 from conformance.verdict import Verdict
 
 #: Completion modes drawn: blocking call, ``async_op=True`` + ``Work.wait()``, + ``get_future().wait()``.
@@ -51,7 +50,9 @@ GROUPS = {2: ("world", "world", "world", "single"), 3: ("world", "sub", "evens",
 #: per-chunk sizes (channels_last: multiples of 6 of at least 12, see ``lay_out``).
 LAYOUT_DTYPES = ("float32", "bfloat16", "int64")
 LAYOUT_SIZES = {"noncontiguous": (1, 7, 33, 1025), "channels_last_input": (12, 30, 1026),
-                "aliased_output": (1, 7, 33, 1025)}
+                "aliased_output": (1, 7, 33, 1025), "reused_input": (1, 7, 33, 1025, 65537)}
+#: A ``reused_input`` draw's first pass takes the inputs of this draw index + the offset.
+REUSE_OFFSET = 100_003
 
 
 def _groups(world_size: int, p2p: bool = False) -> tuple:
@@ -290,7 +291,12 @@ def task_collective(ctx, op: str, draws: list) -> list:
         c = {"dist": dist, "how": d["how"], "red": d["red"], "grank": me, "n": n, "size": d["size"],
              "layout": d.get("layout")}
         try:
-            res = o.replica(lay_out(xs[me].clone(), d.get("layout")), g, c)
+            t = lay_out(xs[me].clone(), d.get("layout"))
+            if d.get("layout") == "reused_input":  # the same tensor object, other values, first
+                t.copy_(make_input(op_i, i + REUSE_OFFSET, me, n, d))
+                o.replica(t, g, c)
+                t.copy_(xs[me])
+            res = o.replica(t, g, c)
         except REFUSALS as exc:  # the backend's refusal: on every rank before any traffic (gloo checks locally)
             out.append({"raised": _refusal(exc)})
             continue
@@ -455,13 +461,6 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
     profile = session.settings.profile
     key = ("collective", case.name, runtime, w, profile)
     if key not in session._cache:
-        if case.args.get("search"):
-            from conformance.cases.collectives.search import evaluate_search  # it imports this module
-            found = evaluate_search(case, impl, runtime, w, session)
-            if found is None:
-                return None
-            session._cache[key] = found
-            return [copy.copy(v) for v in found]
         op = case.args.get("op")
         draws = plan(op, w, profile) if op else plan_layout(case.args["layout"], w, profile)
         results = session.run(runtime, w, task_collective, timeout=case.timeout, op=op, draws=draws)
@@ -475,10 +474,6 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
 def _collective_problem(case) -> str | None:
     """A row names an op of :data:`OPS` and reports that op's checks, or a layout of
     :data:`~conformance.cases.collectives.ops.LAYOUT_OPS` and the three checks."""
-    if case.args.get("search"):
-        if tuple(case.checks) != ("result", "agreement"):
-            return "the collective search row reports the checks ('result', 'agreement')"
-        return None
     if "layout" in case.args:
         if case.args["layout"] not in LAYOUT_OPS:
             return f"unknown collective layout {case.args['layout']!r}; known: {', '.join(LAYOUT_OPS)}"
@@ -492,6 +487,3 @@ def _collective_problem(case) -> str | None:
     if tuple(case.checks) != want:
         return f"a collective row of {op} reports the checks {want}"
     return None
-
-
-KIND = Kind("collective", evaluate_collective, validate=_collective_problem)

@@ -28,7 +28,7 @@ MAX_SIZE = 300_000
 #: world task: 10-200 ms).
 EXAMPLES_FRACTION = 1.0
 #: Layouts drawn, and the ops each applies to (``None``: contiguous, every op).
-SEARCH_LAYOUTS = (None, "channels_last_input", "aliased_output")
+SEARCH_LAYOUTS = (None, "channels_last_input", "aliased_output", "reused_input")
 SEARCH_OPS = tuple(op for op in OPS if op != "barrier")
 
 

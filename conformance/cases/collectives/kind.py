@@ -1,0 +1,47 @@
+"""The ``collective`` kind's declaration: the op and layout cases
+(:mod:`conformance.cases.collectives.run`, a deterministic cover) and the search row
+(:mod:`conformance.cases.collectives.search`, Hypothesis over the draw), one evaluator.
+
+The verdicts do not depend on the DDP under test: each (case, runtime, world size, profile)
+is computed once per session and repeated for every implementation.
+"""
+from __future__ import annotations
+
+import copy
+
+from conformance.cases.collectives.run import _collective_problem, evaluate_collective
+from conformance.cases.collectives.search import evaluate_search
+from conformance.cases.kinds import Kind
+from conformance.verdict import Verdict
+
+#: Why the search row does not run on a runtime other than CPU.
+SEARCH_ELSEWHERE = ("the collective search runs on the CPU runtime: on XLA every drawn shape and dtype "
+                    "would compile a new graph; the op cases are the deterministic cover there")
+
+
+def evaluate(case, impl, runtime, w, session, overrides):
+    """Verdicts of a ``collective`` row (:class:`conformance.cases.kinds.Kind` ``evaluate``)."""
+    if not case.args.get("search"):
+        return evaluate_collective(case, impl, runtime, w, session, overrides)
+    if runtime != "cpu":
+        return [Verdict(case.name, c, impl, runtime, "-", w, "skip", reason=SEARCH_ELSEWHERE) for c in case.checks]
+    key = ("collective", case.name, runtime, w, session.settings.profile)
+    if key not in session._cache:
+        found = evaluate_search(case, impl, runtime, w, session)
+        if found is None:
+            return None
+        session._cache[key] = found
+    return [copy.copy(v) for v in session._cache[key]]
+
+
+def validate(case) -> str | None:
+    """The search row reports result and agreement; the others as
+    :func:`~conformance.cases.collectives.run._collective_problem` says."""
+    if case.args.get("search"):
+        if tuple(case.checks) != ("result", "agreement"):
+            return "the collective search row reports the checks ('result', 'agreement')"
+        return None
+    return _collective_problem(case)
+
+
+KIND = Kind("collective", evaluate, validate=validate)
