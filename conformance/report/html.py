@@ -29,6 +29,9 @@ Output in ``--out DIR``:
 
 Matplotlib (Agg backend) is needed: ``pip install -e '.[report]' (from a clone)``.
 Exit 0 when written, 2 on bad input (one ``error:`` line).
+
+Long because it is a single template renderer: one self-contained page built section by
+section from the run JSON, with its CSS, colours and escaping shared by every section.
 """
 from __future__ import annotations
 
