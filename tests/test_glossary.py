@@ -9,7 +9,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GLOSSARY = (ROOT / "docs" / "glossary.md").read_text()
-CODE_DIRS = ("conformance", "ddp_impl", "fixtures")
+CODE_DIRS = ("conformance", "ddp_impl", "fixtures", "benchmarks")
 
 
 def _code_files():
