@@ -10,7 +10,7 @@ numbers. Variants:
   ``xla_recipe`` when the table has it, ``package.module:Class``), built with
   ``ddp_kwargs`` only (each implementation's defaults otherwise, not the
   model table's test settings such as ``bucket_cap_mb=1``): the same
-  loop as the parity harness - ``zero_grad``, forward, MSE loss, backward,
+  loop as the train cases (conformance.cases.train.loop) - ``zero_grad``, forward, MSE loss, backward,
   the implementation's ``after_backward`` hook if any, ``SGD.step``,
   ``ctx.mark_step()``;
 * ``floor:local``: that loop on the bare module (no DDP, no gradient sync);
@@ -157,7 +157,7 @@ def bench_task(ctx, variant: str, model: str, global_batch: int, warmup: int, st
                 return {"unsupported": why}
             wrapped = impl.wrap(net, rctx, dict(ddp_kwargs))
             after_backward = impl.after_backward
-            ctx.mark_step()  # run the construction's broadcasts on their own (as the harness does)
+            ctx.mark_step()  # run the construction's broadcasts on their own (as the train loop does)
         opt = torch.optim.SGD(wrapped.parameters(), lr=lr)
 
         def step(i):

@@ -45,7 +45,7 @@ from conformance.cases.properties.run import profile_examples
 from conformance.evaluate import evaluate
 from conformance.options import parse_matrix, parse_model
 from conformance.outcome import outcome
-from conformance.settings import Settings, use_hypothesis_cache
+from conformance.settings import Settings, default_help, use_hypothesis_cache
 from conformance.worlds.runtimes.cpu import resolve_backend
 from conformance.report.expected import ExpectedFailures, mark_expected_failures, read_expected_failures
 
@@ -63,8 +63,8 @@ flags.DEFINE_string("backend", None, "torch.distributed backend of the CPU world
                     "module:function registering one (env CONFORMANCE_BACKEND)")
 flags.DEFINE_string("model", None, "package.module:factory of your own model (a conformance.UserModel): "
                     "its parity and agreement cases run instead of the table's, at a bound measured on it")
-flags.DEFINE_float("replica_timeout", None, "seconds one task may take on a world (default 120; "
-                   "env CONFORMANCE_TIMEOUT)")
+flags.DEFINE_float("replica_timeout", None, "seconds one task may take on a world "
+                   f"({default_help('replica_timeout')})")
 
 _SESSION = None
 _MODEL_CASES: dict = {}  # --model: the model's cases by name (built by validate_flags)

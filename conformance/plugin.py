@@ -17,7 +17,8 @@ Options (defaults in brackets):
     --conformance-expected-failures FILE   listed verdicts that fail or are vacuous are xfail
                                    (cases, case:check, ids, * patterns: conformance.report.expected)
     --conformance-mutants          also run the kill matrix when --conformance-ddp is given
-    --conformance-timeout          seconds one task may take on a world [120]
+    --conformance-timeout          seconds one task may take on a world [env CONFORMANCE_TIMEOUT, else
+                                   Settings.replica_timeout's default]
     --conformance-backend          torch.distributed backend of the CPU worlds: name or module:function
                                    registering one [env CONFORMANCE_BACKEND, else gloo]
     --conformance-json PATH        write the run's JSON report (xdist-safe)
@@ -43,6 +44,7 @@ OPTIONS = ("ddp", "runtime", "world-size", "only", "skip", "profile", "expected-
 
 
 def pytest_addoption(parser):
+    from conformance.settings import default_help
     g = parser.getgroup("conformance", "DDP conformance kit (ddp-conformance)")
     g.addoption("--conformance-ddp", default=None, help="comma list of DDP implementations under test: "
                 "torch, ref, mutant:<name>, package.module:Class")
@@ -61,7 +63,7 @@ def pytest_addoption(parser):
     g.addoption("--conformance-mutants", action="store_true",
                 help="run the mutant kill matrix also when --conformance-ddp names implementations")
     g.addoption("--conformance-timeout", type=float, default=None,
-                help="seconds one task may take on a world (default 120)")
+                help=f"seconds one task may take on a world ({default_help('replica_timeout')})")
     g.addoption("--conformance-json", default=None, metavar="PATH",
                 help="write the verdicts and the kill matrix as the run JSON report")
     g.addoption("--conformance-model", default=None, metavar="MOD:FACTORY",

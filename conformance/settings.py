@@ -191,3 +191,10 @@ def use_hypothesis_cache() -> str:
             folder = os.path.join(tempfile.gettempdir(), f"ddp-conformance-hypothesis-{os.getuid()}")
         os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = folder
     return os.environ["HYPOTHESIS_STORAGE_DIRECTORY"]
+
+
+def default_help(name: str) -> str:
+    """``default <value>; env <VARIABLE>`` of the :class:`Settings` field ``name``, for a face's
+    help text (so no face restates a default)."""
+    env, default = ENVIRONMENT[name]
+    return f"default {default:g}; env {env}" if isinstance(default, float) else f"default {default}; env {env}"

@@ -29,6 +29,21 @@ MIN_SIDE_FACTOR = 10.0
 
 @dataclass(frozen=True)
 class Tolerance:
+    """One row of the tolerance table: the bounds of a parity check *and* the training setup they
+    were measured on, for one (runtime, model, dtype). A bound holds only for the setup it was
+    calibrated with, so the row carries both; the ``train`` cases run that setup.
+
+    Attributes:
+        runtime, model, dtype: what the row applies to (``runtime`` ``"*"``: any).
+        lr, steps, global_batch, seed: the training setup (learning rate, optimizer steps,
+            samples per step over the world, the seed of model and data).
+        atol, rtol: the bound on parameters and buffers (``atol + rtol * |reference|``).
+        loss_atol: the bound on the replica-averaged loss.
+        note: why the numbers are what they are.
+
+    The field names are the keys of the JSON report's ``tolerances`` rows.
+    """
+
     runtime: str
     model: str
     dtype: str

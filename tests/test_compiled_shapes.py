@@ -50,8 +50,8 @@ def test_scenarios_on_compiled_runtimes_use_the_few_shapes(monkeypatch):
     """evaluate_scenario turns the few-shapes draw on exactly where graphs are compiled."""
     seen = {}
 
-    def fake_run(space, target, *a, **k):
-        seen[target.runtime] = space
+    def fake_run(space, runner, *a, **k):
+        seen[runner.runtime] = space
         return []
     monkeypatch.setattr(S, "run_scenario_case", fake_run)
     from conformance.cases import CASES

@@ -1,4 +1,4 @@
-"""docs/findings/expected-failures.txt (the known failures of the target rows that
+"""docs/findings/expected-failures.txt (the known failures of the shipped paths that
 `tox -e cpu` passes to ``python -m conformance run --expected-failures``) cannot rot
 silently: every line names a verdict id that exists - a case of the table, a check
 that case reports, an implementation row, a runtime, a world size >= 2 - and a
@@ -114,7 +114,7 @@ def test_checker_accepts_a_live_explained_line(line):
     assert problems([line], FINDINGS_MD) == []
 
 
-def test_tox_cpu_runs_every_target_row_with_this_file():
+def test_tox_cpu_runs_every_shipped_path_with_this_file():
     """`tox -e cpu` passes every row of conformance.impls.torch_paths (a new row is not left out of CI)
     and this file to the CLI."""
     import configparser

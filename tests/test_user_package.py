@@ -120,7 +120,7 @@ def test_conformance_json_under_xdist(scratch):
     assert {(v["case"], v["check"], v["status"]) for v in doc["verdicts"]} == {
         ("parity.linear", c, "pass") for c in ("param_parity", "loss_parity", "agreement")}
     (row,) = doc["kill_matrix"]
-    assert row["mutant"] == "no_grad_sync" and row["result"] == "KILL"
+    assert row["mutant"] == "no_grad_sync" and row["result"] == "killed"
     assert all(v["per_step"] for v in row["verdicts"] if v["check"] != "agreement")
 
 

@@ -64,7 +64,7 @@ def _buffers(reps, ref):
 
 
 def named(key: str) -> Callable:
-    """``layout`` of a check on the replicas' ``layout[key]`` (see ``harness.train_replica``)."""
+    """``layout`` of a check on the replicas' ``layout[key]`` (see ``conformance.cases.train.loop.train_replica``)."""
     return lambda reps: ((reps[0].get("layout") or {}).get(key)
                          if reps and isinstance(reps[0], dict) else None)
 

@@ -37,7 +37,7 @@ def _build(ctx, model, rank_seeded=True):
 
 
 def _wrap(ctx, impl, module, requires=(), **kwargs):
-    """Wrap with the implementation ``impl``; raises Unsupported (see harness.wrap)."""
+    """Wrap with the implementation ``impl``; raises Unsupported (see conformance.cases.train.loop.wrap)."""
     ddp = wrap(resolve_impl(impl), module, ctx, kwargs, requires)
     ctx.mark_step()  # XLA: run the construction's collectives before any read-back
     return ddp

@@ -1,5 +1,5 @@
 """Hypothesis machinery shared by the search kinds (properties, scenarios): the example
-budgets per profile, the settings of every kit search, and the target a search runs on.
+budgets per profile, the settings of every kit search, and the runner that ships a search's examples to a world.
 
 Hypothesis settings are applied per run (never through global profiles), so the kit
 changes nothing in other projects' Hypothesis configuration. Budgets: :data:`PROFILES`,
@@ -101,8 +101,10 @@ def kit_settings(max_examples: int, shrink: bool = True):
                     suppress_health_check=list(HealthCheck))
 
 
-class SearchWorld:
-    """One (runtime, world size, implementation) a search runs against.
+class SearchRunner:
+    """Runs a search's examples on one (runtime, world size, implementation): not a world
+    itself, it holds the function that ships a task to the session's world and what the
+    search has seen there (``runs``, the first ``error``).
 
     ``run(task, **payload)`` ships one example to the world. The first replica
     failure or ``Unsupported`` is remembered and raised again at once for every

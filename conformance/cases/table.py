@@ -74,7 +74,7 @@ def _build() -> dict[str, Case]:
     P = ("no_grad_sync", "sum_not_mean", "wrong_count", "no_initial_broadcast", "last_param_unsynced",
          "scale_twice", "stale_gradient", "shard_mixup")
     # Faults of the shipped paths (conformance/impls/torch_paths.py): parity on a model without buffers
-    # is where every target row runs.
+    # is where every shipped path runs.
     T = ("fsdp2_no_divide", "fsdp2_wrong_mesh", "zero_no_param_sync", "torch_compile_eager")
     rows = [
         _parity("linear", P + T),

@@ -27,7 +27,7 @@ from conformance import names
 from conformance.cases.row import unknown_tags
 from conformance.errors import UsageError, split_list
 from conformance.options import check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes
-from conformance.settings import Settings, use_hypothesis_cache
+from conformance.settings import PROFILES, Settings, default_help, use_hypothesis_cache
 
 # Options that shape the Settings rather than one command.
 SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend")
@@ -81,9 +81,9 @@ def build_parser():
                      "'all': an unsupported verdict whose cause names one exits 1 (a DDP must "
                      "implement them to pass)")
     run.add_argument("--profile", default=None, help="example budget of the property and scenario "
-                     "cases: dev (default), ci, ci-pjrt, thorough (env CONFORMANCE_PROFILE)")
+                     f"cases: {', '.join(PROFILES)} ({default_help('profile')})")
     run.add_argument("--replica-timeout", type=float, default=None, metavar="S",
-                     help="seconds one task may take on a world (default 120; env CONFORMANCE_TIMEOUT)")
+                     help=f"seconds one task may take on a world ({default_help('replica_timeout')})")
     run.add_argument("--backend", default=None, metavar="NAME|MOD:FUNC",
                      help="torch.distributed backend of the CPU worlds: a registered name (default gloo) or "
                      "module:function registering one with Backend.register_backend (env CONFORMANCE_BACKEND); "

@@ -2,7 +2,7 @@
 the noise of correct runs and the signal of the mutant catalog.
 
 For one (runtime, world size, model, correct implementation) it runs, with the
-same harness as ``run`` (:func:`conformance.evaluate.evaluate` on the ``parity.<model>`` case, a
+same evaluation as ``run`` (:func:`conformance.evaluate.evaluate` on the ``parity.<model>`` case, a
 :class:`~conformance.cases.train.loop.RunSpec` whose ``seed`` is overridden):
 
 * the correct implementation over ``N`` seeds (``table seed + k``, k < N), and

@@ -203,7 +203,7 @@ def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_fa
             ks = kill_summary(kills)
             print(", ".join(f"{n} {s}" for s, n in c.items() if n or s in ("pass", "fail"))
                   + (f"; mutants: {sum(r == 'killed' for r in ks.values())} killed, "
-                     f"{sum(r == 'SURVIVED' for r in ks.values())} survived, "
+                     f"{sum(r == 'survived' for r in ks.values())} survived, "
                      f"{sum(r == 'unsupported' for r in ks.values())} unsupported" if kills else ""))
             for cov in coverage(verdicts):
                 print(cov.text())

@@ -64,7 +64,7 @@ def _ref_sync_bn(module, ctx):
 # --- torch_xla's own data-parallel recipe (PJRT only) ------------------------
 # No wrapper module: the model itself is returned. A keyword the recipe has no
 # counterpart for is refused with TypeError (the constructor contract), which the
-# harness reports as unsupported.
+# kit's wrap reports as unsupported.
 XLA_RECIPE_KWARGS = frozenset({"broadcast_buffers"})
 
 
@@ -72,7 +72,7 @@ def _xla_broadcast(tensors):
     """``xm.collective_broadcast`` from replica 0 - the body of
     ``xm.broadcast_master_param`` without its trailing ``torch_xla.sync()``,
     which can deadlock with replica threads (docs/runtimes/pjrt.md, cause 3); the
-    harness runs ``ctx.mark_step()`` after construction instead. It multiplies
+    kit runs ``ctx.mark_step()`` after construction instead. It multiplies
     by a 1/0 *device* scalar and all-reduces (layout pinned, as
     ``xm.reduce_gradients``), so every replica's graph is the same."""
     import torch_xla.core.xla_model as xm

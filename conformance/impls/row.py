@@ -188,7 +188,7 @@ class Strategy:
 
 def refuse_keywords(row: str, kwargs: dict, accepted) -> None:
     """The constructor contract for rows without DDP's full signature: a keyword
-    outside ``accepted`` raises ``TypeError`` (the harness reports the case unsupported)."""
+    outside ``accepted`` raises ``TypeError`` (``conformance.cases.train.loop.wrap`` reports the case unsupported)."""
     other = sorted(k for k in kwargs if k not in accepted)
     if other:
         raise TypeError(f"{row} has no counterpart for keyword(s) {', '.join(other)}")

@@ -29,6 +29,9 @@ Output in ``--out DIR``:
 
 Matplotlib (Agg backend) is needed: ``pip install -e '.[report]' (from a clone)``.
 Exit 0 when written, 2 on bad input (one ``error:`` line).
+
+Long because it is a single template renderer: one self-contained page built section by
+section from the run JSON, with its CSS, colours and escaping shared by every section.
 """
 from __future__ import annotations
 
@@ -42,13 +45,13 @@ import re
 from conformance.verdict import BAD, Verdict
 from conformance.report.coverage import UNTESTED, coverage
 from conformance.errors import UsageError
-from conformance.report.text import fmt, kill_summary, KillRow
+from conformance.report.text import KILLED, SKIP, SURVIVED, UNSUPPORTED, KillRow, fmt, kill_summary
 
 ZERO_FLOOR = 1e-10   # a deviation of exactly 0 is drawn here on the log axis
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ef9a9a", "vacuous": "#ffcc80",
                   "unsupported": "#e0e0e0", "skip": "#bbdefb", "xfail": "#f8bbd0"}
-# Kill-matrix results (conformance.report.KillRow.result): survived is the red one.
-KILL_COLOURS = {"KILL": "#c8e6c9", "survived": "#ef9a9a", "unsupported": "#e0e0e0", "skip": "#bbdefb"}
+# Kill results (conformance.report.text.KILL_RESULTS, of a cell and of a mutant): survived is the red one.
+KILL_COLOURS = {KILLED: "#c8e6c9", SURVIVED: "#ef9a9a", UNSUPPORTED: "#e0e0e0", SKIP: "#bbdefb"}
 
 
 def _load(path: str) -> dict:
@@ -484,7 +487,7 @@ def failures_section(verdicts: list[dict], kill_rows: list[dict]) -> str:
     bad = sorted((v for v in verdicts if v["status"] in BAD),
                  key=lambda v: (order[v["impl"]], BAD.index(v["status"])))  # stable: table order
     krs = [KillRow.from_json(r) for r in kill_rows]
-    survived = [k for k, res in kill_summary(krs).items() if res == "SURVIVED"]
+    survived = [k for k, res in kill_summary(krs).items() if res == SURVIVED]
     if not bad and not survived:
         return ('<p id="no-failures">None: no verdict failed or was vacuous'
                 + (" and every mutant was killed" if kill_rows else "") + ".</p>")
@@ -511,7 +514,7 @@ def failures_section(verdicts: list[dict], kill_rows: list[dict]) -> str:
                    "<th>mutant</th><th>runtime</th><th>cases that did not kill it</th></tr></thead><tbody>")
         for m, rt, w in survived:
             cases = [r.case + ": " + r.reason() for r in krs
-                     if (r.mutant, r.runtime, r.world_size) == (m, rt, w) and r.result == "survived"]
+                     if (r.mutant, r.runtime, r.world_size) == (m, rt, w) and r.result == SURVIVED]
             out.append(f'<tr class="survivor-row"><td>{_e(m)}</td><td>{_e(rt)}-w{w}</td>'
                        f"<td><small>{'<br>'.join(_e(c) for c in cases)}</small></td></tr>")
         out.append("</tbody></table>")
@@ -568,7 +571,7 @@ def kill_table(rows: list[dict]) -> str:
            '<th>result</th><th>mutant verdict</th><th>reason</th></tr></thead><tbody>']
     for r in krs:
         res, verdict = r.result, summ[(r.mutant, r.runtime, r.world_size)]
-        colour = {"killed": "#c8e6c9", "SURVIVED": "#ef9a9a"}.get(verdict, "#e0e0e0")
+        colour = KILL_COLOURS.get(verdict, KILL_COLOURS[UNSUPPORTED])
         out.append(f'<tr class="kill-row"><td>{html.escape(r.mutant)}</td>'
                    f"<td>{html.escape(r.runtime)}-w{r.world_size}</td><td>{html.escape(r.case)}</td>"
                    f'<td style="background:{KILL_COLOURS[res]}">{html.escape(res)}</td>'
@@ -634,8 +637,8 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
         paths["calibration"] = os.path.join(out_dir, "calibration.png")
         plot_calibrations(cals, paths["calibration"])
     summ = kill_summary([KillRow.from_json(r) for r in run["kill_matrix"]])
-    killed = sum(v == "killed" for v in summ.values())
-    survived = sum(v == "SURVIVED" for v in summ.values())
+    killed = sum(v == KILLED for v in summ.values())
+    survived = sum(v == SURVIVED for v in summ.values())
     per_impl = impl_counts(run["verdicts"])
     n_bad = sum(c[s] for c in per_impl.values() for s in BAD)
     bad_impls = [i for i, c in per_impl.items() if any(c[s] for s in BAD)]
@@ -644,7 +647,7 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
                f"implementation(s) ({', '.join(bad_impls) or 'none'})" if n_bad else
                f"PASS: no verdict of the {len(per_impl)} implementation(s) failed or was vacuous")
     if run["kill_matrix"]:
-        overall += f"; {killed}/{len(summ)} mutants killed" + (f", {survived} SURVIVED" if survived else "")
+        overall += f"; {killed}/{len(summ)} mutants killed" + (f", {survived} {SURVIVED}" if survived else "")
     env = run["environments"][0] if run["environments"] else {}
     meta = _e(", ".join(f"{k} {v}" for k, v in env.items() if v)) + "<br>" + \
         _e("inputs: " + ", ".join(os.path.basename(s) for s in sources))
@@ -676,10 +679,10 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
                                        for s, c in STATUS_COLOURS.items()) + "</p>",
         *[impl_section(impl, run["verdicts"]) for impl in per_impl],
         "<h2>Mutant kill matrix</h2>",
-        "<p>Every catalog mutant through every case that must kill it. KILL: a verdict of the case "
+        "<p>Every catalog mutant through every case that must kill it. killed: a verdict of the case "
         "failed; survived: it ran and nothing failed; unsupported/skip: it could not run (reason).</p>",
         (f'<details id="kill-section"><summary>{len(run["kill_matrix"])} cells: {killed}/{len(summ)} '
-         f"mutants killed{f', {survived} SURVIVED' if survived else ''}</summary>"
+         f"mutants killed{f', {survived} {SURVIVED}' if survived else ''}</summary>"
          + kill_table(run["kill_matrix"]) + "</details>") if run["kill_matrix"] else kill_table([]),
         "<h2>Sensitivity</h2>",
         "<p>Per-step deviation on a log axis, one panel per model and runtime-world size (each "

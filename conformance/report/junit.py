@@ -27,6 +27,7 @@ import socket
 import xml.etree.ElementTree as ET
 
 from conformance.outcome import repro_command
+from conformance.report.text import SKIP, SURVIVED, UNSUPPORTED
 from conformance.verdict import BAD
 
 # XML 1.0 forbids most control characters (tracebacks and log tails may hold them).
@@ -76,11 +77,11 @@ def verdict_testcase(v, seconds: float = 0.0, repro=repro_command) -> ET.Element
 def kill_testcase(row) -> ET.Element:
     tc = ET.Element("testcase", classname=f"mutant.{row.mutant}",
                     name=f"{row.case}[{row.runtime}-w{row.world_size}]", time="0.000")
-    if row.result == "survived":
-        f = ET.SubElement(tc, "failure", type="survived",
+    if row.result == SURVIVED:
+        f = ET.SubElement(tc, "failure", type=SURVIVED,
                           message=_clean(f"mutant {row.mutant} survived {row.case}, which must kill it"))
         f.text = _clean("\n".join(v.summary() for v in row.verdicts))
-    elif row.result in ("unsupported", "skip"):
+    elif row.result in (UNSUPPORTED, SKIP):
         ET.SubElement(tc, "skipped", type=row.result, message=_clean(row.reason()))
     return tc
 

@@ -76,6 +76,11 @@ def counts(verdicts: list[Verdict]) -> dict:
 
 # --- kill matrix ----------------------------------------------------------------
 
+#: The one spelling of a kill result, for a cell (:attr:`KillRow.result`) and for a mutant
+#: (:func:`kill_summary`) alike; every writer (text, JSON, JUnit, HTML) and face uses these.
+KILLED, SURVIVED, UNSUPPORTED, SKIP = "killed", "survived", "unsupported", "skip"
+KILL_RESULTS = (KILLED, SURVIVED, UNSUPPORTED, SKIP)
+
 @dataclass
 class KillRow:
     """One (mutant, case that must kill it) cell on one runtime and world size."""
@@ -88,18 +93,18 @@ class KillRow:
 
     @property
     def result(self) -> str:
-        """``KILL`` (a verdict failed), ``survived`` (it ran and nothing failed) or
-        ``unsupported``/``skip`` (it could not run: the reason is in the verdicts)."""
+        """:data:`KILLED` (a verdict failed), :data:`SURVIVED` (it ran and nothing failed) or
+        :data:`UNSUPPORTED`/:data:`SKIP` (it could not run: the reason is in the verdicts)."""
         st = {v.status for v in self.verdicts}
         if "fail" in st or "xfail" in st:
-            return "KILL"
+            return KILLED
         ran = st - {"unsupported", "skip"}
         if ran:
-            return "survived"
-        return "unsupported" if "unsupported" in st else "skip"
+            return SURVIVED
+        return UNSUPPORTED if "unsupported" in st else SKIP
 
     def reason(self) -> str:
-        if self.result in ("unsupported", "skip"):
+        if self.result in (UNSUPPORTED, SKIP):
             return next((v.reason for v in self.verdicts if v.reason), "")
         killers = [v.check for v in self.verdicts if v.status == "fail"]
         return ("killed by " + ", ".join(killers)) if killers else \
@@ -116,20 +121,20 @@ class KillRow:
 
 
 def kill_summary(rows: list[KillRow]) -> dict:
-    """Per (mutant, runtime, W): ``killed`` (every case that must kill it did),
-    ``SURVIVED`` (some case that ran did not), ``unsupported`` (nothing could run)."""
+    """Per (mutant, runtime, W): :data:`KILLED` (every case that must kill it did),
+    :data:`SURVIVED` (some case that ran did not), :data:`UNSUPPORTED` (nothing could run)."""
     out: dict = {}
     for r in rows:
         key = (r.mutant, r.runtime, r.world_size)
         out.setdefault(key, []).append(r.result)
     res = {}
     for key, results in out.items():
-        if "survived" in results:
-            res[key] = "SURVIVED"
-        elif "KILL" in results:
-            res[key] = "killed"
+        if SURVIVED in results:
+            res[key] = SURVIVED
+        elif KILLED in results:
+            res[key] = KILLED
         else:
-            res[key] = "unsupported"
+            res[key] = UNSUPPORTED
     return res
 
 
@@ -219,5 +224,5 @@ def _umask() -> int:
 def exit_code(verdicts: list[Verdict], kill_rows: list[KillRow] = ()) -> int:
     """0 unless a verdict is fail/vacuous or a mutant survived a case that must kill it."""
     bad = any(v.status in BAD for v in verdicts)
-    survived = any(r == "SURVIVED" for r in kill_summary(list(kill_rows)).values())
+    survived = any(r == SURVIVED for r in kill_summary(list(kill_rows)).values())
     return 1 if bad or survived else 0

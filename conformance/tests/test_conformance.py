@@ -5,7 +5,7 @@ import pytest
 
 from conformance.outcome import outcome
 from conformance.evaluate import evaluate
-from conformance.report.text import KillRow
+from conformance.report.text import KILLED, SKIP, UNSUPPORTED, KillRow
 from conformance.report.expected import mark_expected_failures
 
 
@@ -28,7 +28,7 @@ def test_mutant_killed(conformance_kill, conformance_session, conformance_log):
     row = KillRow(runtime, w, mutant, case.name, evaluate(case, f"mutant:{mutant}", runtime, w, conformance_session,
                                                               shrink=False))
     conformance_log[1].append(row)
-    if row.result in ("unsupported", "skip"):
+    if row.result in (UNSUPPORTED, SKIP):
         pytest.skip(f"{row.result}: {row.reason()}")
-    assert row.result == "KILL", (f"mutant {mutant} survived {case.name}, which must kill it:\n"
+    assert row.result == KILLED, (f"mutant {mutant} survived {case.name}, which must kill it:\n"
                                   + "\n".join(v.summary() for v in row.verdicts))

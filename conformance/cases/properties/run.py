@@ -1,12 +1,13 @@
 """Hypothesis properties of gradient sync as cases of the table.
 
-Each property is a factory ``prop(target, measure) -> hypothesis test``: examples
+Each property is a factory ``prop(runner, measure) -> hypothesis test``: examples
 are drawn in the evaluating process with the strategies of
-:mod:`conformance.cases.properties.gradsync`, shipped to every replica of the target's
+:mod:`conformance.cases.properties.gradsync`, shipped to every replica of the runner's
 persistent world, and judged by the oracles there. :func:`run_property` runs one
 property within an example budget and returns the fields of a verdict: the worst
 use of the bound over all examples (max deviation, bound, margin) on a pass, and
-the shrunk counterexample on a failure. Budgets, settings and the target:
+the shrunk counterexample on a failure. Budgets, settings and the runner
+(:class:`conformance.cases.search.SearchRunner`):
 :mod:`conformance.cases.search`.
 
 The properties:
@@ -28,7 +29,7 @@ The properties:
 from __future__ import annotations
 
 from conformance.cases.kinds import Kind
-from conformance.cases.search import SearchWorld, kit_settings, profile_examples
+from conformance.cases.search import SearchRunner, kit_settings, profile_examples
 from conformance.errors import Unsupported
 from conformance.worlds.runtimes import get_runtime
 from conformance.verdict import Verdict
@@ -46,7 +47,7 @@ def _props():
         return get_runtime(t.runtime).compiled_graphs
 
     def label(t):
-        note(f"target: {t.describe()}")
+        note(f"searched on: {t.describe()}")
         return t.describe()
 
     def allreduce_mean(t, m):
@@ -127,12 +128,12 @@ def _props():
 
 
 #: The property kind's registry (a property row's ``prop`` names one):
-#: ``factory(target, measure) -> Hypothesis test``.
+#: ``factory(runner, measure) -> Hypothesis test``.
 PROPERTIES = _props()
 
 
-def run_property(name: str, target: SearchWorld, max_examples: int, shrink: bool = True) -> dict:
-    """Run property ``name`` on ``target`` with ``max_examples`` examples (a failing
+def run_property(name: str, runner: SearchRunner, max_examples: int, shrink: bool = True) -> dict:
+    """Run property ``name`` on ``runner`` with ``max_examples`` examples (a failing
     example shrunk to a minimal counterexample unless ``shrink`` is false).
 
     Returns verdict fields: ``status`` (``pass``/``fail``/``vacuous``),
@@ -143,37 +144,37 @@ def run_property(name: str, target: SearchWorld, max_examples: int, shrink: bool
         Unsupported: the implementation cannot serve the property.
     """
     measure = Measure()
-    test = kit_settings(max_examples, shrink)(PROPERTIES[name](target, measure))
+    test = kit_settings(max_examples, shrink)(PROPERTIES[name](runner, measure))
     try:
         test()
     except Exception as exc:
-        if isinstance(target.error, Unsupported):
-            raise target.error from None
+        if isinstance(runner.error, Unsupported):
+            raise runner.error from None
         notes = "\n".join(getattr(exc, "__notes__", []))
         text = f"{notes}\n{type(exc).__name__}: {exc}".strip()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if target.error is not None:
+        if runner.error is not None:
             first = f"replica failure: {first}"
-        out = {"status": "fail", "reason": f"counterexample after {target.runs} example(s): {first[:300]}",
+        out = {"status": "fail", "reason": f"counterexample after {runner.runs} example(s): {first[:300]}",
                "diagnosis": text, "max_dev": float("nan"), "atol": float("nan"), "margin": float("nan")}
         f = measure.failed  # the counterexample's own figures (what the reason names)
-        if f is not None and target.error is None:
+        if f is not None and runner.error is None:
             out.update(max_dev=f["dev"], atol=f["bound"], replica=f["replica"],
                        margin=f["bound"] / f["dev"] if f["dev"] else float("inf"))
         return out
     out = {"status": "pass", "max_dev": measure.dev, "atol": measure.bound,
            "margin": (1 / measure.ratio) if measure.ratio else float("inf"),
-           "reason": f"{target.runs} example(s); worst use of the bound {measure.ratio:.3g}"}
-    if target.runs < max_examples:
-        out.update(status="vacuous", reason=f"ran {target.runs} example(s), the budget asks {max_examples}")
+           "reason": f"{runner.runs} example(s); worst use of the bound {measure.ratio:.3g}"}
+    if runner.runs < max_examples:
+        out.update(status="vacuous", reason=f"ran {runner.runs} example(s), the budget asks {max_examples}")
     return out
 
 
 def evaluate_property(case, impl, runtime, w, session, overrides):
     """Verdict of a ``property`` row: its property within the session profile's budget
     (``overrides["shrink"]``: shrink a failing example, default true)."""
-    target = SearchWorld(lambda fn, **p: session.run(runtime, w, fn, **p), runtime, w, impl)
-    fields = run_property(case.prop, target, profile_examples(session.profile), overrides.get("shrink", True))
+    runner = SearchRunner(lambda fn, **p: session.run(runtime, w, fn, **p), runtime, w, impl)
+    fields = run_property(case.prop, runner, profile_examples(session.profile), overrides.get("shrink", True))
     return [Verdict(case.name, "property", impl, runtime, case.model, w, **fields)]
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.kinds import Kind
-from conformance.cases.search import (SearchWorld, kit_settings, loop_depth, loop_examples, scenario_examples,
+from conformance.cases.search import (SearchRunner, kit_settings, loop_depth, loop_examples, scenario_examples,
                                       workload_examples)
 from conformance.cases.train.commhooks import register_hook
 from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, wrap
@@ -85,7 +85,7 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     Returns ``params`` float32 ``[S+1, P]``, ``buffers`` float64 ``[S+1, B]`` (after
     construction and after each optimizer step), ``optim_digests`` (SHA-1 per step),
     ``optim`` (final optimizer state, float64), ``layout`` (the tensors' names and
-    shapes, as ``harness.train_replica`` gives them).
+    shapes, as :func:`conformance.cases.train.loop.train_replica` gives them).
 
     Raises:
         Unsupported: the implementation refuses a keyword or lacks no_sync /
@@ -208,10 +208,10 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
             "optim": flat_optimizer_state(opt), "layout": layout}
 
 
-def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_examples: int,
+def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_examples: int,
                       shrink: bool = True) -> list:
-    """Run the explicit scenarios, then ``max_examples`` generated ones, on ``target``
-    (a :class:`conformance.cases.search.SearchWorld`), each judged with ``tol(scenario)`` (its
+    """Run the explicit scenarios, then ``max_examples`` generated ones, on ``runner``
+    (a :class:`conformance.cases.search.SearchRunner`), each judged with ``tol(scenario)`` (its
     workload's tolerance row); Hypothesis shrinks a failing scenario to a minimal one (unless
     ``shrink`` is false: the first failing one).
 
@@ -230,15 +230,15 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
 
     def check(sc: Scenario):
         try:
-            results = target.run(scenario_task, scenario=sc.to_json())
+            results = runner.run(scenario_task, scenario=sc.to_json())
         except Unsupported as exc:
             # The implementation lacks a corner, a keyword or a method this example needs: this
-            # example is unsupported, the others still run (SearchWorld would re-raise it for all).
-            target.error = None
+            # example is unsupported, the others still run (SearchRunner would re-raise it for all).
+            runner.error = None
             state["unsupported"].setdefault(str(exc), sc.describe_workload() or "plain workload")
             return
         except Exception:
-            # the first scenario a replica failed on: the target re-raises its failure for every later
+            # the first scenario a replica failed on: the runner re-raises its failure for every later
             # example, so Hypothesis's "minimal" example of a crash is not one that crashes
             state.setdefault("crashed", sc)
             raise
@@ -260,30 +260,30 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
     # Generated scenarios first (a failure is shrunk to a minimal scenario), then the
     # explicit ones (deterministic coverage of every dimension; reported as they are).
     # max_examples 0: the explicit scenarios only (Hypothesis refuses a zero budget)
-    test = kit_settings(max_examples, shrink)(given(sc=scenarios(target.world_size, space))(check)) \
+    test = kit_settings(max_examples, shrink)(given(sc=scenarios(runner.world_size, space))(check)) \
         if max_examples > 0 else None
 
     def explicit():
-        for e in explicit_scenarios(target.world_size, space):
+        for e in explicit_scenarios(runner.world_size, space):
             check(e)
     try:
         if test is not None:
             test()
         explicit()
     except Exception as exc:
-        if isinstance(target.error, Unsupported):
-            raise target.error from None
-        if state["failing"] is None:  # a replica failure (cached in the target) or a kit error
+        if isinstance(runner.error, Unsupported):
+            raise runner.error from None
+        if state["failing"] is None:  # a replica failure (cached in the runner) or a kit error
             crashed = state.get("crashed")
             text = ("\n".join(getattr(exc, "__notes__", [])) + f"\n{type(exc).__name__}: {exc}" if crashed is None else
                     f"the scenario a replica failed on ({len(crashed.steps)} step(s), world size "
                     f"{crashed.world_size}; not shrunk: a replica failure is re-raised for later examples):\n"
                     f"{json.dumps(crashed.to_json())}\nreproduce: python -m conformance replay SCENARIO.json "
-                    f"--ddp {target.impl} --runtime {target.runtime}\n{type(exc).__name__}: {exc}")
+                    f"--ddp {runner.impl} --runtime {runner.runtime}\n{type(exc).__name__}: {exc}")
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             corners = crashed.describe_workload() if crashed is not None else ""
             dims = f" ({corners})" if corners else ""
-            return [Verdict("", c, "", "", "scenario", target.world_size, "fail",
+            return [Verdict("", c, "", "", "scenario", runner.world_size, "fail",
                             reason=f"replica failure on a scenario{dims}: {first}", diagnosis=text.strip(),
                             example=None if crashed is None else crashed.to_json())
                     for c in SCENARIO_CHECKS]
@@ -299,7 +299,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
             v.example = on.to_json()
             v.diagnosis = (f"{what} scenario ({len(on.steps)} step(s), world size {on.world_size}):\n"
                            f"{json.dumps(on.to_json())}\nreproduce: python -m conformance replay SCENARIO.json --ddp "
-                           f"{target.impl} --runtime {target.runtime}" + (f"\n{v.diagnosis}" if v.diagnosis else ""))
+                           f"{runner.impl} --runtime {runner.runtime}" + (f"\n{v.diagnosis}" if v.diagnosis else ""))
             out.append(v)
         return out
     n = state["examples"]
@@ -308,7 +308,7 @@ def run_scenario_case(space: Space, target, tol, agreement_atol: float, max_exam
         raise Unsupported("every scenario: " + "; ".join(f"{why} ({wl})" for why, wl in unsup.items()))
     out = []
     for c in SCENARIO_CHECKS:
-        v = worst.get(c) or Verdict("", c, "", "", "scenario", target.world_size, "pass")
+        v = worst.get(c) or Verdict("", c, "", "", "scenario", runner.world_size, "pass")
         v.reason = f"{n} scenario(s)" + (f", {state['vacuous']} vacuous (discarded)" if state["vacuous"] else "")
         if unsup:  # the corners this implementation lacks, said where the pass is reported
             v.reason += ("; unsupported corner(s) skipped: "
@@ -329,7 +329,7 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
         results = session.run(runtime, w, scenario_task, timeout=case.timeout, impl=impl, scenario=sc.to_json())
         return None if results is None else judge_scenario(sc, results, scenario_tolerance(runtime, sc),
                                                            agreement_atol=agree)
-    target = SearchWorld(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
+    runner = SearchRunner(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
     space = Space(**case.args.get("space", {}))
     rt = get_runtime(runtime)
     # Where each distinct graph is compiled: few shapes, XLA's corners (docs/runtimes/pjrt.md).
@@ -343,7 +343,7 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
     examples = (workload_examples(session.profile, rt.compiled_graphs) if space.workload
                 else loop_examples(session.profile, space.budget) if space.loop and rt.compiled_graphs
                 else scenario_examples(session.profile, space.budget))
-    return run_scenario_case(space, target, lambda sc: scenario_tolerance(runtime, sc), agree, examples,
+    return run_scenario_case(space, runner, lambda sc: scenario_tolerance(runtime, sc), agree, examples,
                              overrides.get("shrink", True))
 
 

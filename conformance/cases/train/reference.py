@@ -92,7 +92,7 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
             m._buffers[n] = v.clone()
 
     # Without broadcast_buffers nothing aligns the buffers: rank r keeps the
-    # offset the harness gave it (upstream's construction sync skips buffers too).
+    # offset the train loop gave it (rank_buffer_offset; upstream's construction sync skips buffers too).
     rank_bufs = [[b.clone() + (0 if broadcast_buffers or not b.is_floating_point()
                                else rank_buffer_offset(r)) for b in bufs()]
                  for r in range(world_size)]

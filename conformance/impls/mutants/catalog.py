@@ -8,6 +8,9 @@ Operators follow real data-parallel bugs (cf. DeepCrime's catalogue of DL
 faults). Which cases must kill a mutant is stated in one place
 only: the ``must_kill`` column of the case table (``conformance/cases/table.py``),
 which checks at import that every mutant here is named by some case.
+
+Long because it is a data table: one short class per mutant (a single fault each) and its row
+of :data:`MUTANTS`, kept together so the catalog reads (and is checked) as one list.
 """
 from __future__ import annotations
 

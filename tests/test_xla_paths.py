@@ -1,4 +1,4 @@
-"""The torch_xla target rows (conformance.impls.xla_paths) and the SPMD topology
+"""The torch_xla shipped paths (conformance.impls.xla_paths) and the SPMD topology
 (conformance.worlds.runtimes.pjrt_spmd). Unit tests need no torch_xla; tests marked
 ``pjrt`` skip with the runtime's reason where torch_xla 2.9 cannot run."""
 from __future__ import annotations
