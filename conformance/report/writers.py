@@ -210,7 +210,7 @@ class JUnitXml(Writer):
 
     @classmethod
     def run_target(cls, json, json_out=None, options=None):
-        return getattr(options, "junitxml", None)  # --junitxml FILE
+        return getattr(options, "junitxml", None) or None  # --junitxml FILE
 
     @classmethod
     def report_target(cls, folder):
