@@ -8,6 +8,8 @@ import os
 from conformance.errors import UsageError
 from conformance.report.html import _load, merge_runs
 from conformance.report.text import KillRow
+from conformance.report.writers import (DEFAULT_REPORT_FORMAT, WRITERS, RunOutput, report_formats,
+                                        report_formats_help, write_all)
 from conformance.verdict import Verdict
 
 
@@ -22,7 +24,6 @@ def command(settings, *, json: list[str], calibration: list[str], out: str, form
         UsageError: a file that is no run / calibration JSON, calibration JSON for a format that
             shows none, or what the writer lacks (matplotlib for HTML).
     """
-    from conformance.report.writers import WRITERS, RunOutput, write_all  # not at import: see add_parser
     writer = WRITERS[format]
     runs = [_load(p) for p in json]
     for p, d in zip(json, runs):
@@ -57,7 +58,5 @@ def add_parser(sub):
     p.add_argument("--calibration", nargs="+", default=[], metavar="CAL.json",
                    help="calibration JSON file(s) from python -m conformance calibrate --json")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
-    # the writers module imports conformance.cli.output: imported here, not above (a cycle)
-    from conformance.report.writers import DEFAULT_REPORT_FORMAT, report_formats, report_formats_help
     p.add_argument("--format", choices=report_formats(), default=DEFAULT_REPORT_FORMAT, help=report_formats_help())
     return p

@@ -18,12 +18,19 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from conformance.cases.semantics import expected_behaviour
-from conformance.cli.output import side_file
 from conformance.errors import UsageError
 from conformance.outcome import repro_command
 from conformance.report.html import write_report
 from conformance.report.junit import write_junit
 from conformance.report.text import build_json, write_json_doc
+
+
+def side_file(json_path: str, suffix: str) -> str | None:
+    """``<json stem><suffix>`` next to the report, or ``None`` with ``--json -`` (the JSON on
+    stdout holds everything: failure texts in ``diagnosis``, scenarios in ``example``)."""
+    if json_path == "-":  # conformance.cli.output.STDOUT
+        return None
+    return os.path.splitext(json_path)[0] + suffix
 
 
 @dataclass
