@@ -242,9 +242,9 @@ def pytest_sessionfinish(session, exitstatus):
     path = _opt(config, "json")
     if not path:
         return
-    from conformance.report.text import write_json
-    write_json(path, verdicts, kills, {"source": "pytest", "pytest": {
-        "exitstatus": int(exitstatus), "args": list(config.invocation_params.args)}})
+    from conformance.report.writers import RunOutput, write_all  # the writers of run and report
+    write_all(RunOutput(verdicts, kills, {"source": "pytest", "pytest": {
+        "exitstatus": int(exitstatus), "args": list(config.invocation_params.args)}}), {"json": path})
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -278,6 +278,7 @@ LIGHT = (
     "conformance.report.html",
     "conformance.report.junit",
     "conformance.report.text",
+    "conformance.report.writers",
     "conformance.settings",
     "conformance.tolerances",
     "conformance.verdict",

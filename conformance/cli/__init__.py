@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version as dist_version
 
 from conformance.cli.calibrate import add_parser as add_calibrate
@@ -31,6 +32,39 @@ from conformance.settings import PROFILES, Settings, default_help, use_hypothesi
 
 # Options that shape the Settings rather than one command.
 SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of ``python -m conformance run``, one value (built once from the parsed
+    command line by :func:`main`, handed to :func:`conformance.cli.run.command`); the fields
+    are the flags' values (``--help`` says what each means)."""
+
+    runtime: str = "cpu"
+    ddp: str | None = None
+    world_size: str | None = None
+    only: str | None = None
+    skip: str | None = None
+    mutants: bool = False
+    expected_failures: str | None = None
+    quiet: bool = False
+    exitfirst: bool = False
+    exitfirst_each: bool = False
+    json: str = "conformance-report.json"
+    launcher: str = "spawn"
+    junitxml: str | None = None
+    require_supported: str | None = None
+    user_model: str | None = None
+
+    @property
+    def required(self) -> list[str]:
+        """``--require-supported`` as a list (empty: none)."""
+        return split_list(self.require_supported)
+
+    @property
+    def env_launch(self) -> bool:
+        """This process is one replica of a world an env:// launcher started."""
+        return self.launcher == "env"
 
 
 class _ErrorParser(argparse.ArgumentParser):
@@ -256,6 +290,8 @@ def main(argv=None) -> int:
             resolve_backend(settings.backend)
         with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C
             module = importlib.import_module(f"conformance.cli.{command}")  # imports torch
+            if command == "run":  # run's options: one value
+                return module.command(settings, RunOptions(**values))
             return module.command(settings, **values)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

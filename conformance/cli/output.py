@@ -284,11 +284,3 @@ def stdout_for_json(json_path: str | None):
             out.close()
         except OSError:
             pass
-
-
-def side_file(json_path: str, suffix: str) -> str | None:
-    """``<json stem><suffix>`` next to the report, or ``None`` with ``--json -`` (the JSON on
-    stdout holds everything: failure texts in ``diagnosis``, scenarios in ``example``)."""
-    if json_path == STDOUT:
-        return None
-    return os.path.splitext(json_path)[0] + suffix

@@ -15,7 +15,7 @@ from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import case_runs_at, parse_matrix, parse_model
 from conformance.outcome import repro_command
-from conformance.cli import exitfirst_under_launcher
+from conformance.cli import RunOptions, exitfirst_under_launcher
 from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
 from conformance.report.coverage import coverage, unmet_requirements
@@ -23,7 +23,7 @@ from conformance.report.expected import (ExpectedFailures, expected_failure_warn
                                          read_expected_failures)
 from conformance.report.text import (build_json, counts, exit_code, kill_matrix_text, kill_summary,
                                      verdict_table, write_json_doc)
-from conformance.report.writers import RunOutput, write_all
+from conformance.report.writers import RunOutput, run_targets, write_all
 from conformance.settings import Settings
 from conformance.verdict import BAD
 from conformance.worlds.launched import ExternalPool, root_decides
@@ -36,196 +36,247 @@ REPRO_LINES = 5
 PROGRESS_SECONDS = 5.0
 
 
-def command(settings: Settings, *, runtime: str, ddp: str | None, world_size: str | None,
-            only: str | None, skip: str | None, mutants: bool, expected_failures: str | None,
-            quiet: bool, exitfirst: bool, exitfirst_each: bool, json: str, launcher: str,
-            junitxml: str | None = None, require_supported: str | None = None, user_model: str | None = None) -> int:
+def command(settings: Settings, options: RunOptions) -> int:
     """Run the selected cases; return the exit code (0 all good, 1 a fail/vacuous verdict or a
     surviving mutant, 130 / 143 interrupted by SIGINT / SIGTERM: the finished verdicts are
-    written as a partial report marked ``"interrupted": true``). ``require_supported``: a comma
-    list of keywords / method names (or ``all``) whose ``unsupported`` verdicts exit 1 too.
-    ``user_model``: ``package.module:factory`` of a :class:`conformance.UserModel`: run the
-    cases on that model (:mod:`conformance.cases.train.usercases`) instead of the table.
+    written as a partial report marked ``"interrupted": true``). ``options``: the run's flags
+    (:class:`conformance.cli.RunOptions`); ``require_supported``: a comma list of keywords /
+    method names (or ``all``) whose ``unsupported`` verdicts exit 1 too; ``user_model``:
+    ``package.module:factory`` of a :class:`conformance.UserModel`: run the cases on that model
+    (:mod:`conformance.cases.train.usercases`) instead of the table.
 
     Raises:
         UsageError: bad input (the CLI prints one ``error:`` line, exit 2).
     """
-    with stdout_for_json(json) as json_out:
-        return _run(settings, runtime=runtime, ddp=ddp, world_size=world_size, only=only, skip=skip,
-                    mutants=mutants, expected_failures=expected_failures, quiet=quiet, exitfirst=exitfirst,
-                    exitfirst_each=exitfirst_each, json=json, json_out=json_out, launcher=launcher,
-                    junitxml=junitxml, required=split_list(require_supported), user_model=user_model)
+    with stdout_for_json(options.json) as json_out:
+        return _run(settings, options, json_out)
 
 
-def _run(settings, *, runtime, ddp, world_size, only, skip, mutants, expected_failures, quiet, exitfirst,
-         exitfirst_each, json, json_out, launcher, junitxml, required, user_model=None) -> int:
-    if user_model:  # the user's model: its own cases, checked on one device before any world starts
-        if mutants:
+def _run(settings: Settings, options: RunOptions, json_out) -> int:
+    """The run in its steps: select the cases and worlds, evaluate them (:meth:`_Run.evaluate_all`),
+    report (:meth:`_Run.report`); ``json_out``: the stream of ``--json -``, else ``None``."""
+    cases, targets = _select(options)
+    return _Run(settings, options, json_out, cases, targets).go()
+
+
+def _select(o: RunOptions) -> tuple[list, list]:
+    """The cases to run (the table's, or ``--model``'s own, checked on one device before any
+    world starts) and the ``(runtime, W, impls)`` targets."""
+    if o.user_model:
+        if o.mutants:
             raise UsageError("--model runs its own cases on your model, which no mutant row names; drop --mutants")
-        sizes = sorted({w for _, w, _ in parse_matrix(runtime, world_size, ddp, launcher)})
-        cases, notes = parse_model(user_model, sizes)
-        cases = select_rows(cases, split_list(only), split_list(skip))
+        sizes = sorted({w for _, w, _ in parse_matrix(o.runtime, o.world_size, o.ddp, o.launcher)})
+        cases, notes = parse_model(o.user_model, sizes)
+        cases = select_rows(cases, split_list(o.only), split_list(o.skip))
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
     else:
-        cases = select(split_list(only), split_list(skip))
-    for flag, on in (("--exitfirst", exitfirst), ("--exitfirst-each", exitfirst_each)):
-        if on and launcher == "env":
+        cases = select(split_list(o.only), split_list(o.skip))
+    for flag, on in (("--exitfirst", o.exitfirst), ("--exitfirst-each", o.exitfirst_each)):
+        if on and o.env_launch:
             raise UsageError(exitfirst_under_launcher(flag))
-    if exitfirst and exitfirst_each:
+    if o.exitfirst and o.exitfirst_each:
         raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
-    targets = parse_matrix(runtime, world_size, ddp, launcher, cases=cases)
+    return cases, parse_matrix(o.runtime, o.world_size, o.ddp, o.launcher, cases=cases)
 
-    def cases_at(rt, w):  # a case runs at its own default world sizes (Case.world_sizes), unless
-        # the world size is given: --world-size, or the launcher's world (--launcher env)
-        return [c for c in cases if case_runs_at(c, rt, w, world_size or launcher == "env")]
-    expected = read_expected_failures(expected_failures) if expected_failures else ExpectedFailures()
-    env_launch = launcher == "env"
-    pool = ExternalPool(targets[0][0], settings) if env_launch else WorldPool(settings)
-    session = Session(pool, settings=settings)
-    verdicts, kills = [], []
-    seconds = {}  # (case, impl, runtime, W) -> seconds its evaluation took (JUnit times)
-    stopped = None  # --exitfirst: the verdict that stopped the run
-    stopped_each = {}  # --exitfirst-each: implementation -> the verdict that stopped it
-    interrupted = None  # the signal number that stopped the run
-    total = sum(len(impls) * len(cases_at(rt, w))
-                + (sum(1 for m in MUTANTS for c in cases_at(rt, w) if m in c.must_kill) if mutants else 0)
-                for rt, w, impls in targets)
-    done = [0]
-    bar = progress_bar(total, quiet or env_launch, settings.progress_every, counts=lambda: counts(verdicts))
-    root = getattr(pool, "is_root", True)
-    saved = {"at": None, "cost": 0.0}
 
-    def extra(complete: bool) -> dict:
-        out = {"cases": sorted({c.name for c in cases}), "profile": settings.profile, "model": user_model,
-               "coverage": [c.to_json() for c in coverage(verdicts)],
-               "require_supported": required,
+class _Run:
+    """One run: its world pool and session, what it has found so far (verdicts, kill rows,
+    seconds per case run, where ``--exitfirst``/``--exitfirst-each`` stopped it, the signal
+    that interrupted it) and its steps: :meth:`evaluate_all`, :meth:`report`."""
+
+    def __init__(self, settings: Settings, options: RunOptions, json_out, cases: list, targets: list):
+        self.settings, self.o, self.json_out, self.cases, self.targets = settings, options, json_out, cases, targets
+        o = options
+        self.expected = read_expected_failures(o.expected_failures) if o.expected_failures else ExpectedFailures()
+        self.pool = ExternalPool(targets[0][0], settings) if o.env_launch else WorldPool(settings)
+        self.session = Session(self.pool, settings=settings)
+        self.verdicts, self.kills = [], []
+        self.seconds = {}  # (case, impl, runtime, W) -> seconds its evaluation took (JUnit times)
+        self.stopped = None  # --exitfirst: the verdict that stopped the run
+        self.stopped_each = {}  # --exitfirst-each: implementation -> the verdict that stopped it
+        self.interrupted = None  # the signal number that stopped the run
+        self.total = sum(len(impls) * len(self.cases_at(rt, w))
+                         + (sum(1 for m in MUTANTS for c in self.cases_at(rt, w) if m in c.must_kill)
+                            if o.mutants else 0)
+                         for rt, w, impls in targets)
+        self.done = 0
+        self.bar = progress_bar(self.total, o.quiet or o.env_launch, settings.progress_every,
+                                counts=lambda: counts(self.verdicts))
+        self.root = getattr(self.pool, "is_root", True)
+        self.saved_at, self.save_cost = None, 0.0
+
+    def cases_at(self, rt, w) -> list:
+        """A case runs at its own default world sizes (Case.world_sizes), unless the world size
+        is given: --world-size, or the launcher's world (--launcher env)."""
+        return [c for c in self.cases if case_runs_at(c, rt, w, self.o.world_size or self.o.env_launch)]
+
+    def go(self) -> int:
+        """Evaluate, then report (a partial report when a signal interrupted the run); the exit code."""
+        try:
+            try:
+                self.evaluate_all()
+            except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (conformance.cli.output.Interrupted)
+                self.interrupted = signal_of(exc)
+            if self.bar:
+                self.bar.close()
+            if self.interrupted:  # no broadcast: the other processes of a launched world may be gone
+                with signals_held():  # a second signal must not lose the partial report
+                    if self.root:
+                        self.report()
+                    self.session.close()
+                print(f"interrupted by {_signame(self.interrupted)} after {self.done} of {self.total} case runs: "
+                      f"partial report {'on stdout' if self.json_out else self.o.json} (\"interrupted\": true)",
+                      file=sys.stderr)
+                return 128 + self.interrupted
+            return root_decides(self.pool, self.report)  # the same exit code on every launched process
+        finally:
+            if self.bar:
+                self.bar.close()
+            self.session.close()
+
+    # --- evaluate -------------------------------------------------------------------------
+
+    def evaluate_all(self) -> None:
+        """Every case of every target world and implementation, then the kill matrix
+        (``--mutants``); the next world starts while the first case of this one runs."""
+        for t, (rt, w, impls) in enumerate(self.targets):
+            later = [(rt2, w2, impls2) for rt2, w2, impls2 in self.targets[t + 1:] if self.cases_at(rt2, w2)][:1]
+            prestarted = False
+            for impl in impls:
+                for case in self.cases_at(rt, w):
+                    if self.stopped or impl in self.stopped_each:
+                        break
+                    if self.bar:
+                        self.bar.set_description(f"{case.name} {impl} {rt} W={w}")
+                    t0 = time.monotonic()
+                    got = evaluate(case, impl, rt, w, self.session)
+                    self.seconds[(case.name, impl, rt, w)] = time.monotonic() - t0
+                    if later and not prestarted:  # this world is up: the next one starts meanwhile
+                        self.session.prestart(*later[0])
+                        prestarted = True
+                    self.record(got, impl)
+            if self.o.mutants and not self.stopped:
+                for m in MUTANTS:  # one mutant at a time: an interrupt keeps the finished rows
+                    self.kills += kill_rows(rt, w, self.session, mutants=[m], cases=self.cases_at(rt, w),
+                                            progress=self.tick)
+                    self.save_progress()
+
+    def record(self, got: list, impl: str) -> None:
+        """The verdicts of one case run: expected failures marked, kept, counted; where
+        ``--exitfirst`` / ``--exitfirst-each`` stop; the report so far saved."""
+        mark_expected_failures(got, self.expected)
+        self.verdicts += got
+        self.tick()
+        bad = next((v for v in got if v.status in BAD), None)
+        if self.o.exitfirst:
+            self.stopped = bad
+        elif self.o.exitfirst_each and bad:
+            self.stopped_each[impl] = bad
+        self.save_progress()
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.bar:
+            self.bar.update(1)
+
+    def extra(self, complete: bool) -> dict:
+        """The JSON report's run keys (docs/report-format.md)."""
+        out = {"cases": sorted({c.name for c in self.cases}), "profile": self.settings.profile,
+               "model": self.o.user_model, "coverage": [c.to_json() for c in coverage(self.verdicts)],
+               "require_supported": self.o.required,
                "optimizer_fault_kinds": OPTIMIZER_REVEALS, "complete": complete,
-               "interrupted": bool(interrupted), "finished": {"case_runs": done[0], "of": total}}
-        if interrupted:
-            out["interrupted_by"] = _signame(interrupted)
-        if stopped:
-            out["stopped_at"] = stopped.id
-        if stopped_each:
-            out["stopped_at_each"] = {impl: v.id for impl, v in stopped_each.items()}
-        if env_launch and pool.world is not None:
-            out["launch"] = pool.world.launch_info()
+               "interrupted": bool(self.interrupted), "finished": {"case_runs": self.done, "of": self.total}}
+        if self.interrupted:
+            out["interrupted_by"] = _signame(self.interrupted)
+        if self.stopped:
+            out["stopped_at"] = self.stopped.id
+        if self.stopped_each:
+            out["stopped_at_each"] = {impl: v.id for impl, v in self.stopped_each.items()}
+        if self.o.env_launch and self.pool.world is not None:
+            out["launch"] = self.pool.world.launch_info()
         return out
 
-    def save_progress():
+    def save_progress(self) -> None:
         """The report so far, ``"complete": false`` (after the first case run, then at most every
         PROGRESS_SECONDS and never more than ~10% of the run's time): a run killed by SIGKILL
         leaves its finished verdicts too, and a reader can follow the run."""
         now = time.monotonic()
-        if json_out or not root or (saved["at"] is not None
-                                    and now - saved["at"] < max(PROGRESS_SECONDS, 10 * saved["cost"])):
+        if self.json_out or not self.root or (self.saved_at is not None and now - self.saved_at
+                                              < max(PROGRESS_SECONDS, 10 * self.save_cost)):
             return
-        write_json_doc(json, build_json(verdicts, kills, extra(complete=False)))
-        saved["at"] = time.monotonic()
-        saved["cost"] = saved["at"] - now
+        write_json_doc(self.o.json, build_json(self.verdicts, self.kills, self.extra(complete=False)))
+        self.saved_at = time.monotonic()
+        self.save_cost = self.saved_at - now
 
-    def tick():
-        done[0] += 1
-        if bar:
-            bar.update(1)
-    try:
-        try:
-            for t, (rt, w, impls) in enumerate(targets):
-                later = [(rt2, w2, impls2) for rt2, w2, impls2 in targets[t + 1:] if cases_at(rt2, w2)][:1]
-                prestarted = False
-                for impl in impls:
-                    for case in cases_at(rt, w):
-                        if stopped or impl in stopped_each:
-                            break
-                        if bar:
-                            bar.set_description(f"{case.name} {impl} {rt} W={w}")
-                        t0 = time.monotonic()
-                        got = evaluate(case, impl, rt, w, session)
-                        seconds[(case.name, impl, rt, w)] = time.monotonic() - t0
-                        if later and not prestarted:  # this world is up: the next one starts meanwhile
-                            session.prestart(*later[0])
-                            prestarted = True
-                        mark_expected_failures(got, expected)
-                        verdicts += got
-                        tick()
-                        bad = next((v for v in got if v.status in BAD), None)
-                        if exitfirst:
-                            stopped = bad
-                        elif exitfirst_each and bad:
-                            stopped_each[impl] = bad
-                        save_progress()
-                if mutants and not stopped:
-                    for m in MUTANTS:  # one mutant at a time: an interrupt keeps the finished rows
-                        kills += kill_rows(rt, w, session, mutants=[m], cases=cases_at(rt, w), progress=tick)
-                        save_progress()
-        except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (conformance.cli.output.Interrupted)
-            interrupted = signal_of(exc)
-        if bar:
-            bar.close()
+    # --- report ---------------------------------------------------------------------------
 
-        def repro(v):
-            return repro_command(v, settings)
+    def repro(self, v) -> str:
+        return repro_command(v, self.settings)
 
-        def report():
-            warnings = [w_ for w_ in expected_failure_warnings(verdicts, expected)  # not run is no news
-                        if not (interrupted and w_.endswith("matches no verdict of this run"))]
-            shared = shared_cause(verdicts)  # one fault behind most failures: said first
-            if shared:
-                print(shared.text())
-            print(verdict_table(verdicts))
-            measured = getattr(session, "_measured_tolerances", {})  # --model: each bound, said once
-            for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items()):
-                print(f"{user_model} on {rt_} W={w_}: {note}")
-            repros = list(dict.fromkeys(repro(v) for v in verdicts if v.status in BAD))
-            if repros:
-                print("\nreproduce one failing case:")
-                print("\n".join(f"  {c}" for c in repros[:REPRO_LINES]))
-                if len(repros) > REPRO_LINES:
-                    print(f"  ... {len(repros) - REPRO_LINES} more in the failures file")
-            if kills:
-                print("\nmutant kill matrix (every catalog mutant x every case that must kill it)")
-                print(kill_matrix_text(kills))
-            if stopped:
-                print(f"\nstopped at the first failure (--exitfirst): {stopped.id}; later cases not run")
-            for impl, v in stopped_each.items():
-                print(f"\n{impl}: stopped at its first failure (--exitfirst-each): {v.id}")
-            out = RunOutput(verdicts, kills, extra(complete=not interrupted), seconds,
-                            _signame(interrupted) if interrupted else None, repro)
-            targets = {"scenarios": json, "json": json_out or json, "failures": json}
-            if junitxml:
-                targets["junit"] = junitxml
-            for line in write_all(out, targets):
-                print(line)
-            for w_ in warnings:
-                print(f"warning: {w_}", file=sys.stderr)
-            print(f"\nJSON report: {'stdout' if json_out else json}" + (f"; JUnit XML: {junitxml}" if junitxml else ""))
-            c = counts(verdicts)
-            ks = kill_summary(kills)
-            print(", ".join(f"{n} {s}" for s, n in c.items() if n or s in ("pass", "fail"))
-                  + (f"; mutants: {sum(r == 'killed' for r in ks.values())} killed, "
-                     f"{sum(r == 'survived' for r in ks.values())} survived, "
-                     f"{sum(r == 'unsupported' for r in ks.values())} unsupported" if kills else ""))
-            for cov in coverage(verdicts):
-                print(cov.text())
-            unmet = unmet_requirements(verdicts, required)
-            if unmet:
-                print(f"--require-supported {','.join(required)}: {len(unmet)} verdict(s) unsupported, "
-                      f"e.g. {unmet[0].id}: {unmet[0].reason.splitlines()[0] if unmet[0].reason else ''}")
-            sys.stdout.flush()
-            return max(exit_code(verdicts, kills), 1 if unmet else 0)
-        if interrupted:  # no broadcast: the other processes of a launched world may be gone
-            with signals_held():  # a second signal must not lose the partial report
-                if root:
-                    report()
-                session.close()
-            print(f"interrupted by {_signame(interrupted)} after {done[0]} of {total} case runs: partial "
-                  f"report {'on stdout' if json_out else json} (\"interrupted\": true)", file=sys.stderr)
-            return 128 + interrupted
-        return root_decides(pool, report)  # the same exit code on every launched process
-    finally:
-        if bar:
-            bar.close()
-        session.close()
+    def report(self) -> int:
+        """Print the verdict table, write every report (:mod:`conformance.report.writers`), print
+        the summary; the exit code."""
+        warnings = [w_ for w_ in expected_failure_warnings(self.verdicts, self.expected)  # not run is no news
+                    if not (self.interrupted and w_.endswith("matches no verdict of this run"))]
+        self.print_verdicts()
+        self.write_reports(warnings)
+        return self.print_summary()
+
+    def print_verdicts(self) -> None:
+        """The shared cause, the verdict table, ``--model``'s bounds, reproduce commands, the
+        kill matrix and where the run stopped."""
+        shared = shared_cause(self.verdicts)  # one fault behind most failures: said first
+        if shared:
+            print(shared.text())
+        print(verdict_table(self.verdicts))
+        measured = getattr(self.session, "_measured_tolerances", {})  # --model: each bound, said once
+        for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items()):
+            print(f"{self.o.user_model} on {rt_} W={w_}: {note}")
+        repros = list(dict.fromkeys(self.repro(v) for v in self.verdicts if v.status in BAD))
+        if repros:
+            print("\nreproduce one failing case:")
+            print("\n".join(f"  {c}" for c in repros[:REPRO_LINES]))
+            if len(repros) > REPRO_LINES:
+                print(f"  ... {len(repros) - REPRO_LINES} more in the failures file")
+        if self.kills:
+            print("\nmutant kill matrix (every catalog mutant x every case that must kill it)")
+            print(kill_matrix_text(self.kills))
+        if self.stopped:
+            print(f"\nstopped at the first failure (--exitfirst): {self.stopped.id}; later cases not run")
+        for impl, v in self.stopped_each.items():
+            print(f"\n{impl}: stopped at its first failure (--exitfirst-each): {v.id}")
+
+    def write_reports(self, warnings: list[str]) -> None:
+        """Every writer a run writes (:func:`conformance.report.writers.run_targets`), then the
+        expected-failure warnings and where the reports are."""
+        o = self.o
+        out = RunOutput(self.verdicts, self.kills, self.extra(complete=not self.interrupted), self.seconds,
+                        _signame(self.interrupted) if self.interrupted else None, self.repro)
+        for line in write_all(out, run_targets(o.json, self.json_out, o)):
+            print(line)
+        for w_ in warnings:
+            print(f"warning: {w_}", file=sys.stderr)
+        print(f"\nJSON report: {'stdout' if self.json_out else o.json}"
+              + (f"; JUnit XML: {o.junitxml}" if o.junitxml else ""))
+
+    def print_summary(self) -> int:
+        """The counts line, the coverage lines, unmet ``--require-supported``; the exit code."""
+        c = counts(self.verdicts)
+        ks = kill_summary(self.kills)
+        print(", ".join(f"{n} {s}" for s, n in c.items() if n or s in ("pass", "fail"))
+              + (f"; mutants: {sum(r == 'killed' for r in ks.values())} killed, "
+                 f"{sum(r == 'survived' for r in ks.values())} survived, "
+                 f"{sum(r == 'unsupported' for r in ks.values())} unsupported" if self.kills else ""))
+        for cov in coverage(self.verdicts):
+            print(cov.text())
+        required = self.o.required
+        unmet = unmet_requirements(self.verdicts, required)
+        if unmet:
+            print(f"--require-supported {','.join(required)}: {len(unmet)} verdict(s) unsupported, "
+                  f"e.g. {unmet[0].id}: {unmet[0].reason.splitlines()[0] if unmet[0].reason else ''}")
+        sys.stdout.flush()
+        return max(exit_code(self.verdicts, self.kills), 1 if unmet else 0)
 
 
 def _signame(signum: int) -> str:

@@ -1,10 +1,14 @@
 """Report writers behind one interface: what a run produced (:class:`RunOutput`) goes to each
-selected :class:`Writer` in :data:`ORDER`; the ``run`` command, ``replay`` and ``python -m
-conformance report`` share them. A new format is one class here and one entry of
-:data:`WRITERS`.
+selected :class:`Writer` in registration order (:data:`WRITERS`); the ``run`` command,
+``replay``, the pytest face (``--conformance-json``) and ``python -m conformance report`` share
+them. A new format is its :class:`Writer` subclass and one registration
+(:func:`register`, or a line of :data:`WRITERS`): the class declares its name, its file suffix,
+whether a run writes it (beside its JSON report) and whether ``report --format`` offers it; the
+run's targets and ``report``'s ``--format`` choices, help and files derive from that.
 
-Order matters: replay files are written first (the diagnoses then name them, in the JSON and in
-the failures text), and the JSON document's ``created`` stamp is the JUnit suites' timestamp.
+Order matters: scenario files are written first (the diagnoses then name them, in the JSON and
+in the failures text), and the JSON document's ``created`` stamp is the JUnit suites' timestamp.
+This module imports no torch (the CLI builds ``report --format`` from it before torch loads).
 """
 from __future__ import annotations
 
@@ -14,12 +18,19 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from conformance.cases.semantics import expected_behaviour
-from conformance.cases.table import CASES
-from conformance.cli.output import side_file
+from conformance.errors import UsageError
 from conformance.outcome import repro_command
 from conformance.report.html import write_report
 from conformance.report.junit import write_junit
 from conformance.report.text import build_json, write_json_doc
+
+
+def side_file(json_path: str, suffix: str) -> str | None:
+    """``<json stem><suffix>`` next to the report, or ``None`` with ``--json -`` (the JSON on
+    stdout holds everything: failure texts in ``diagnosis``, scenarios in ``example``)."""
+    if json_path == "-":  # conformance.cli.output.STDOUT
+        return None
+    return os.path.splitext(json_path)[0] + suffix
 
 
 @dataclass
@@ -36,19 +47,59 @@ class RunOutput:
     repro: Callable = repro_command
     #: filled by the JSON writer: the document written (its ``created`` stamps JUnit)
     doc: dict | None = None
+    #: ``python -m conformance report``: the run JSON documents as read (HTML shows them
+    #: unmerged), the calibration documents and the input paths
+    runs: list | None = None
+    calibrations: list = field(default_factory=list)
+    sources: list = field(default_factory=list)
 
 
 class Writer:
     """One report format. ``write(out)`` writes it and returns the lines to print (a path
-    written, a reproduce command); ``target`` is the path (``-`` or a stream: stdout)."""
+    written, a reproduce command); ``target`` is the path (``-`` or a stream: stdout).
+
+    What a subclass declares (the run and ``report`` read nothing else):
+
+    * ``name``: its key in :data:`WRITERS` and its ``report --format`` choice;
+    * ``suffix``: the file it writes after a report's stem: beside a run's ``--json PATH``
+      (``<stem><suffix>``) and as ``report<suffix>`` in ``report --out DIR``;
+    * ``run``: a run (``python -m conformance run``) writes it; ``report``: ``python -m
+      conformance report --format NAME`` offers it; ``says``: its few words in that help;
+    * ``calibration``: it shows calibration JSON (``report --calibration``).
+
+    :meth:`run_target` and :meth:`report_target` turn those into its target; a writer whose
+    target is not its own file (the JSON's path, a folder, a flag) overrides them.
+    """
 
     name = ""
+    suffix = ""
+    run = False
+    report = True
+    says = ""
+    calibration = False
 
     def __init__(self, target):
         self.target = target
 
     def write(self, out: RunOutput) -> list[str]:
         raise NotImplementedError
+
+    @classmethod
+    def run_target(cls, json: str, json_out=None, options=None):
+        """Its target in a run whose JSON report is ``json`` (``-``: the stream ``json_out``)
+        with options ``options`` (:class:`conformance.cli.RunOptions`, or ``None``); ``None``:
+        not written. By default ``<json stem><suffix>``, and nothing with ``--json -``."""
+        return side_file(json, cls.suffix)
+
+    @classmethod
+    def report_target(cls, folder: str):
+        """Its target for ``python -m conformance report --out folder``."""
+        return os.path.join(folder, "report" + cls.suffix)
+
+    @classmethod
+    def check(cls) -> None:
+        """Raise :class:`conformance.errors.UsageError` when it cannot write here (before any
+        input beyond the run JSON is read)."""
 
 
 class ScenarioFiles(Writer):
@@ -57,6 +108,12 @@ class ScenarioFiles(Writer):
     diagnosis of the case names its file instead of the ``SCENARIO.json`` placeholder."""
 
     name = "scenarios"
+    suffix = ".<case>-<impl>-<runtime>-w<W>.json"  # one file per failing scenario
+    run, report = True, False
+
+    @classmethod
+    def run_target(cls, json, json_out=None, options=None):
+        return json  # the JSON's path: the files go beside it (none with --json -)
 
     def write(self, out: RunOutput) -> list[str]:
         if side_file(self.target, "") is None:
@@ -91,6 +148,13 @@ class JsonReport(Writer):
     a stream (``--json -``)."""
 
     name = "json"
+    suffix = ".json"
+    run = report = True
+    says = "the runs merged"
+
+    @classmethod
+    def run_target(cls, json, json_out=None, options=None):
+        return json_out or json
 
     def write(self, out: RunOutput) -> list[str]:
         out.doc = build_json(out.verdicts, out.kills, out.extra)
@@ -105,8 +169,20 @@ class FailuresText(Writer):
     with ``--json -``; a stale file from an earlier run is removed when nothing failed."""
 
     name = "failures"
+    suffix = ".failures.txt"
+    run = report = True
+    says = "text"
+
+    @classmethod
+    def run_target(cls, json, json_out=None, options=None):
+        return json  # the JSON's path: it writes <stem>.failures.txt beside it
+
+    @classmethod
+    def report_target(cls, folder):
+        return os.path.join(folder, "report.json")
 
     def write(self, out: RunOutput) -> list[str]:
+        from conformance.cases.table import CASES  # the case table imports torch
         verdicts = list(out.verdicts) + [v for k in out.kills for v in k.verdicts]
         failing = [v for v in verdicts if v.status in ("fail", "xfail", "vacuous")]
         path = side_file(self.target, ".failures.txt")
@@ -135,6 +211,17 @@ class JUnitXml(Writer):
     """JUnit XML: one testcase per verdict and kill-matrix cell (:mod:`conformance.report.junit`)."""
 
     name = "junit"
+    suffix = ".xml"
+    run = report = True
+    says = "XML"
+
+    @classmethod
+    def run_target(cls, json, json_out=None, options=None):
+        return getattr(options, "junitxml", None) or None  # --junitxml FILE
+
+    @classmethod
+    def report_target(cls, folder):
+        return os.path.join(folder, "junit.xml")
 
     def write(self, out: RunOutput) -> list[str]:
         write_junit(self.target, out.verdicts, out.kills, seconds=out.seconds,
@@ -147,26 +234,70 @@ class HtmlReport(Writer):
     ``target`` (:func:`conformance.report.html.write_report`; needs matplotlib)."""
 
     name = "html"
+    suffix = ""  # a folder: report.html and its figures
+    run, report = False, True
+    says = "tables, coverage, sensitivity plot"
+    calibration = True
+
+    @classmethod
+    def report_target(cls, folder):
+        return folder
+
+    @classmethod
+    def check(cls):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("report needs matplotlib: pip install -e '.[report]' (from a clone)") from None
 
     def write(self, out: RunOutput) -> list[str]:
-        doc = out.doc or build_json(out.verdicts, out.kills, out.extra)
-        paths = write_report([doc], [], self.target, sources=[])
+        runs = out.runs if out.runs is not None else [out.doc or build_json(out.verdicts, out.kills, out.extra)]
+        paths = write_report(runs, out.calibrations, self.target, sources=out.sources)
         return [f"{k}: {p}" for k, p in paths.items()]
 
 
-#: name -> writer class; ORDER is the order a run writes them in (see the module docstring).
+#: name -> writer class, in the order a run writes them (see the module docstring). A new format:
+#: one more class in this tuple, or ``register(MyWriter)``.
 WRITERS = {w.name: w for w in (ScenarioFiles, JsonReport, FailuresText, JUnitXml, HtmlReport)}
-ORDER = ("scenarios", "json", "failures", "junit", "html")
+#: the ``report --format`` default
+DEFAULT_REPORT_FORMAT = "html"
+
+
+def register(writer: type[Writer]) -> type[Writer]:
+    """Add ``writer`` to :data:`WRITERS` (after the built-in ones; usable as a decorator)."""
+    if not writer.name or writer.name in WRITERS:
+        raise ValueError(f"report writer name {writer.name!r}: empty or taken ({', '.join(WRITERS)})")
+    WRITERS[writer.name] = writer
+    return writer
+
+
+def report_formats() -> tuple[str, ...]:
+    """``report --format`` choices: the default first, then every other report-time writer."""
+    return (DEFAULT_REPORT_FORMAT,) + tuple(n for n, w in WRITERS.items()
+                                            if w.report and n != DEFAULT_REPORT_FORMAT)
+
+
+def report_formats_help() -> str:
+    """``report --format``'s help, from each writer's ``says``."""
+    said = [f"{n} ({'default: ' if n == DEFAULT_REPORT_FORMAT else ''}{WRITERS[n].says})" for n in report_formats()]
+    listed = ", ".join(said[:-1]) + f" or {said[-1]}" if len(said) > 1 else said[0]
+    return f"{listed}, written by the same writers as run"
+
+
+def run_targets(json: str, json_out=None, options=None) -> dict:
+    """``{name: target}`` of every writer a run writes (:meth:`Writer.run_target`)."""
+    targets = {n: w.run_target(json, json_out, options) for n, w in WRITERS.items() if w.run}
+    return {n: t for n, t in targets.items() if t is not None}
 
 
 def write_all(out: RunOutput, targets: dict) -> list[str]:
     """Write ``out`` with every writer named in ``targets`` (``{name: target}``), in
-    :data:`ORDER`; the lines to print, in that order."""
+    :data:`WRITERS`' order; the lines to print, in that order."""
     unknown = sorted(set(targets) - set(WRITERS))
     if unknown:
-        raise ValueError(f"unknown report writer(s) {unknown}; known: {', '.join(ORDER)}")
+        raise ValueError(f"unknown report writer(s) {unknown}; known: {', '.join(WRITERS)}")
     lines = []
-    for name in ORDER:
+    for name, writer in WRITERS.items():
         if name in targets:
-            lines += WRITERS[name](targets[name]).write(out)
+            lines += writer(targets[name]).write(out)
     return lines
