@@ -7,9 +7,6 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LIMIT = 500
 MARKER = "Long because"
-#: Modules over the limit whose split is under way on another branch (issue 28 item 4); each
-#: entry must still be over the limit (remove it when the split lands).
-SPLIT_PENDING = {"conformance/worlds/spawned.py", "conformance/cases/properties/gradsync.py"}
 
 
 def long_modules() -> dict[str, int]:
@@ -27,13 +24,15 @@ def unexplained(paths) -> list[str]:
 
 
 def test_every_long_module_says_why():
-    assert unexplained(set(long_modules()) - SPLIT_PENDING) == []
+    assert unexplained(long_modules()) == []
 
 
-def test_the_split_pending_allowance_is_not_stale():
-    """An allowed module that is now short (or says why it is long) leaves the allowance."""
+def test_the_split_modules_are_short():
+    """The modules issue 28 split along their banners stay split."""
     long = long_modules()
-    assert sorted(p for p in SPLIT_PENDING if p not in long or not unexplained([p])) == []
+    assert "conformance/cases/properties/gradsync.py" not in long
+    for p in ("conformance/worlds/host.py", "conformance/worlds/stacks.py", "conformance/worlds/failure.py"):
+        assert p not in long, p
 
 
 def test_the_reasons_given_today():

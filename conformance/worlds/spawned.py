@@ -3,7 +3,10 @@
 A :class:`World` starts its host processes once (one per replica on the CPU
 runtime; one per host with a thread per replica on PJRT), then runs many tasks
 on them. Every wait is bounded, and every failure is classified and diagnosed
-per replica (:attr:`ReplicaError.diagnosis`):
+per replica (:attr:`ReplicaError.diagnosis`). Long because the controller is one state
+machine over its hosts (start, run a task, keep or replace the world after a failure, close);
+the host loop, the stack helpers and the failure messages live in ``host``, ``stacks`` and
+``failure``:
 
 * a replica that raises reports its exception to the parent at once (the
   host sends it before the other replicas finish); the parent waits
