@@ -3,9 +3,9 @@ not when its data is there. The backend reduces into a staging copy and copies t
 the caller's tensors in ``Work.wait()``; the future it hands out was completed at launch with the
 caller's tensors, which still hold the input. A blocking call and ``async_op=True`` followed by
 ``Work.wait()`` are right; ``async_op=True`` followed by ``get_future().wait()`` (or ``.then``),
-which is how torch's DDP waits for its gradient buckets, reads the input. A backend that marks
-its future done at enqueue (as a device backend's stream-ordered future is) while the copy-out
-happens on ``wait()``, fails like this."""
+which is how torch's DDP waits for its gradient buckets, reads the input. A CPU port of a device
+backend, whose futures may be marked done once the work is enqueued on a stream, with the
+copy-out left to ``wait()``, fails like this."""
 from __future__ import annotations
 
 import torch
