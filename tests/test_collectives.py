@@ -232,6 +232,13 @@ def test_correct_wrapper_backend_passes_the_family_and_runs_torch_ddp():
     ("gather_order", "all_gather", "all_gather_into_tensor", "all_gather "),
     ("reduce_scatter_rank", "reduce_scatter_tensor", "all_reduce", "rank 2 element"),
     ("large_allreduce", "all_reduce", "reduce", "element "),
+    ("avg_as_sum", "all_reduce", "reduce", "all_reduce AVG bfloat16 "),
+    ("early_future", "all_reduce", "broadcast", ", future): "),
+    # a layout case, which gloo fails too (finding 13): the reason's list of wrong ops names the op
+    ("noncontig_dense", "noncontiguous", "reduce_scatter_tensor", "reduce_scatter_tensor"),
+    # not caught: every rooted op is drawn with root 0 only, which this fault maps right
+    pytest.param("subgroup_global_ranks", "broadcast", "all_reduce", "group [1, 2] of 3",
+                 marks=pytest.mark.xfail(strict=True, reason="the collective cases draw root 0 only")),
 ])
 def test_each_faulty_backend_fails_with_a_verdict_naming_the_op(backend, broken, intact, needle):
     s = _session(backend)
@@ -240,11 +247,53 @@ def test_each_faulty_backend_fails_with_a_verdict_naming_the_op(backend, broken,
         fails = [v for v in vs if v.status == "fail"]
         assert fails and {v.case for v in fails} == {f"collective.{broken}"}, [v.summary() for v in vs]
         result = next(v for v in fails if v.check == "result")
-        assert result.reason.startswith(broken + " ") and needle in result.reason, result.reason
+        prefix = "wrong in " if broken in ("noncontiguous", "channels_last_input") else broken + " "
+        assert result.reason.startswith(prefix) and needle in result.reason, result.reason
         if backend == "large_allreduce":  # wrong only above its limit: the named size is above it
             import re
             from tests.outside.backends.large_allreduce import LIMIT
             assert int(re.search(r"\[(\d+)\]", result.reason).group(1)) > LIMIT
+    finally:
+        s.close()
+
+
+def test_subgroup_global_ranks_backend_is_wrong_on_a_nonzero_root():
+    """The fault the family misses is real: on the group of global ranks [1, 2], a broadcast
+    from group rank 1 sends group rank 0's tensor (three gloo ranks in threads, no world)."""
+    import datetime
+    import threading
+    import torch
+    import torch.distributed as dist
+    from tests.outside.backends.subgroup_global_ranks import SubgroupGlobalRanks
+    store, got = dist.HashStore(), {}
+
+    def rank(r):
+        pg = SubgroupGlobalRanks(store, r, 2, datetime.timedelta(seconds=30), [1, 2])
+        t = torch.full((3,), float(r))
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 1
+        pg.broadcast([t], opts).wait()
+        got[r] = t.tolist()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == {0: [0.0] * 3, 1: [0.0] * 3}, got  # a correct backend gives 1.0 on both
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("backend", ["early_future"])
+def test_torch_ddp_fails_parity_over_a_backend_that_breaks_it(backend):
+    """DDP waits for its buckets on ``get_future()``: over a future completed at launch each
+    replica steps with its own gradient, so parity and agreement fail."""
+    from conformance.evaluate import evaluate
+    s = _session(backend)
+    try:
+        vs = evaluate(CASES["parity.linear"], "torch", "cpu", 2, s)
+        failed = {v.check for v in vs if v.status == "fail"}
+        assert {"param_parity", "agreement"} <= failed, [v.summary() for v in vs]
     finally:
         s.close()
 
