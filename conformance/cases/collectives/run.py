@@ -104,9 +104,17 @@ def plan_layout(layout: str, world_size: int, profile: str = "dev") -> list[dict
 
 
 def members(group: str, world_size: int) -> list[int]:
-    """Global ranks of a drawn group, in group-rank order (``new_group`` sorts them)."""
-    return {"world": list(range(world_size)), "sub": list(range(1, world_size)),
+    """Global ranks of a drawn group, in group-rank order (``new_group`` sorts them); ``pairs``
+    (PJRT: XLA replica groups ``[[0, 1], [2, 3], ...]``): every rank, see :func:`subgroups`."""
+    return {"pairs": list(range(world_size)), "world": list(range(world_size)), "sub": list(range(1, world_size)),
             "evens": list(range(0, world_size, 2)), "single": [world_size - 1]}[group]
+
+
+def subgroups(group: str, world_size: int) -> list[list[int]]:
+    """The groups a draw runs in, each judged on its own: one, or the pairs on PJRT."""
+    if group == "pairs":
+        return [[r, r + 1] for r in range(0, world_size - 1, 2)]
+    return [members(group, world_size)]
 
 
 def make_input(op: str, index: int, grank: int, n: int, draw: dict):
@@ -233,6 +241,7 @@ def label(op: str, draw: dict, world_size: int) -> str:
     red = f" {draw['red']}" if draw["red"] != "-" else ""
     layout = f" {draw['layout']}" if draw.get("layout") else ""
     group = (f"world of {world_size}" if draw["group"] == "world"
+             else f"groups {subgroups('pairs', world_size)} of {world_size}" if draw["group"] == "pairs"
              else f"group {members(draw['group'], world_size)} of {world_size}")
     return f"{op}{red} {draw['dtype']} [{draw['size']}]{layout} ({group}, {draw['how']})"
 
@@ -333,40 +342,30 @@ def _bound(o, host, d, want, me):
 
 # --- judge ------------------------------------------------------------------------------
 
-def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
+def judge(case, draws: list, results: list, world_size: int, runtime: str = "cpu") -> list[Verdict]:
     """Verdicts of one op's ``draws`` from every rank's :func:`task_collective` list (by global
-    rank), one per ``case.checks`` entry, in that order."""
+    rank), one per ``case.checks`` entry, in that order. A draw over several groups (``pairs``)
+    judges each group on its own."""
     op = case.args.get("op")  # None in a layout case: each draw names its op
     fails, disagree, rejected, ran, ran_ok = [], [], {}, 0, set()
-    worst = (0.0, 0.0, 0.0, None)  # dev, bound, ratio, rank
+    worst = [0.0, 0.0, 0.0, None]  # dev, bound, ratio, rank
     for i, d in enumerate(draws):
-        ranks = members(d["group"], world_size)
-        n = len(ranks)
-        entries = {r: results[r][i] for r in ranks}
+        all_ranks = members(d["group"], world_size)
+        entries = {r: results[r][i] for r in all_ranks}
         raised = {r: e["raised"] for r, e in entries.items() if "raised" in e}
         if raised:
-            if len(raised) == n and len(set(raised.values())) == 1:
+            if len(raised) == len(all_ranks) and len(set(raised.values())) == 1:
                 rejected.setdefault(next(iter(raised.values())), []).append(d)
                 continue
             said = "; ".join(f"rank {r} raised {m}" for r, m in raised.items())
-            fails.append((float("inf"), f"{label(op, d, world_size)}: {said}; ranks {sorted(set(ranks) - set(raised))} "
+            fails.append((float("inf"), f"{label(op, d, world_size)}: {said}; ranks {sorted(set(all_ranks) - set(raised))} "
                           "did not", None, None))
             continue
         ran += 1
         ran_ok.add(_pair(d))
-        for r, e in entries.items():
-            for f in e["findings"]:
-                fails.append((f["ratio"], f"{label(op, d, world_size)}: rank {r} element {f['element']} = {_fmt(f['got'])}, "
-                              f"expected {_fmt(f['expected'])}" + (f" ± {f['bound']:.3g}" if f["bound"] is not None
-                                                                   else " (bitwise)"), _dev(f), r))
-            if e["ratio"] is not None and e["ratio"] > worst[2]:
-                worst = (e["dev"], e["bound"], e["ratio"], r)
-        if OPS[d.get("op", op)].agree:
-            digests = {r: e["digest"] for r, e in entries.items()}
-            if len(set(digests.values())) > 1:
-                ref = digests[ranks[0]]
-                disagree.append(f"{label(op, d, world_size)}: rank(s) {[r for r, h in digests.items() if h != ref]} hold "
-                                f"other bits than rank {ranks[0]}")
+        for ranks in subgroups(d["group"], world_size):
+            _judge_group(op, d, world_size, ranks, {r: entries[r] for r in ranks}, fails, disagree, worst)
+    worst = tuple(worst)
     # worst first (a bitwise mismatch or a one-sided refusal counts as infinitely far): the reason
     # names the finding the verdict's max dev / bound are taken at when it is a bounded one
     wrong_ops = {x[1].split(" ", 1)[0] for x in fails}
@@ -375,7 +374,7 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
     fails = [x[1] for x in fails]
     out = []
     for check in case.checks:
-        v = Verdict(case.name, check, "", "cpu", "-", world_size, "pass")
+        v = Verdict(case.name, check, "", runtime, "-", world_size, "pass")
         if check == "result":
             if ran == 0 and rejected and not fails:
                 v.status, v.reason = "unsupported", "the backend rejected every draw: " + _rejections(rejected, ran_ok)
@@ -410,6 +409,24 @@ def judge(case, draws: list, results: list, world_size: int) -> list[Verdict]:
                 v.reason = f"the backend ran all {len(draws)} draw(s)"
         out.append(v)
     return out
+
+
+def _judge_group(op, d, world_size, ranks, entries, fails, disagree, worst):
+    """One group's findings of draw ``d`` into ``fails`` / ``disagree``; ``worst`` (a list)
+    updated in place."""
+    for r, e in entries.items():
+        for f in e["findings"]:
+            fails.append((f["ratio"], f"{label(op, d, world_size)}: rank {r} element {f['element']} = {_fmt(f['got'])}, "
+                          f"expected {_fmt(f['expected'])}" + (f" ± {f['bound']:.3g}" if f["bound"] is not None
+                                                               else " (bitwise)"), _dev(f), r))
+        if e["ratio"] is not None and e["ratio"] > worst[2]:
+            worst[:] = [e["dev"], e["bound"], e["ratio"], r]
+    if OPS[d.get("op", op)].agree:
+        digests = {r: e["digest"] for r, e in entries.items()}
+        if len(set(digests.values())) > 1:
+            ref = digests[ranks[0]]
+            disagree.append(f"{label(op, d, world_size)}: rank(s) {[r for r, h in digests.items() if h != ref]} hold "
+                            f"other bits than rank {ranks[0]}")
 
 
 def _dev(f) -> tuple | None:
@@ -454,10 +471,12 @@ def _rejections(rejected: dict, ran_ok: set = frozenset()) -> str:
 def evaluate_collective(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``collective`` row (the implementation is not involved: the verdicts of one
     (runtime, W) are computed once per session and repeated for every implementation)."""
+    if runtime == "pjrt":
+        return _evaluate_pjrt(case, impl, w, session)
     if runtime != "cpu":
         return [Verdict(case.name, c, impl, runtime, "-", w, "skip",
-                        reason=f"the collective family runs on the CPU runtime (torch.distributed); "
-                        f"{runtime}'s collectives are not judged op by op yet") for c in case.checks]
+                        reason=f"the collective family runs on the CPU runtime (torch.distributed) and on "
+                        f"PJRT (torch_xla); {runtime}'s collectives are not judged op by op yet") for c in case.checks]
     profile = session.settings.profile
     key = ("collective", case.name, runtime, w, profile)
     if key not in session._cache:
@@ -468,6 +487,29 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
             return None
         session._cache[key] = judge(case, draws, results, w) if draws else [
             Verdict(case.name, c, impl, runtime, "-", w, "vacuous", reason="no draws") for c in case.checks]
+    return [copy.copy(v) for v in session._cache[key]]
+
+
+def _evaluate_pjrt(case, impl, w, session):
+    """A ``collective`` row on PJRT: torch_xla's call of the op
+    (:mod:`conformance.cases.collectives.xla`), judged as on the CPU runtime; an op without a
+    torch_xla equivalent is ``unsupported`` with the reason, a layout case or the search ``skip``."""
+    from conformance.cases.collectives import xla
+    op = case.args.get("op")
+    what = "search" if case.args.get("search") else case.args.get("layout")
+    if what:
+        return [Verdict(case.name, c, impl, "pjrt", "-", w, "skip", reason=xla.NOT_ON_PJRT[what])
+                for c in case.checks]
+    if op in xla.NO_EQUIVALENT:
+        return [Verdict(case.name, c, impl, "pjrt", "-", w, "unsupported", reason=xla.NO_EQUIVALENT[op])
+                for c in case.checks]
+    key = ("collective", case.name, "pjrt", w, session.settings.profile)
+    if key not in session._cache:
+        draws = xla.plan_pjrt(op, w, session.settings.profile)
+        results = session.run("pjrt", w, xla.task_collective_pjrt, timeout=case.timeout, op=op, draws=draws)
+        if results is None:
+            return None
+        session._cache[key] = judge(case, draws, results, w, "pjrt")
     return [copy.copy(v) for v in session._cache[key]]
 
 
