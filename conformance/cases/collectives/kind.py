@@ -1,6 +1,7 @@
 """The ``collective`` kind's declaration: the op and layout cases
-(:mod:`conformance.cases.collectives.run`, a deterministic cover) and the search row
-(:mod:`conformance.cases.collectives.search`, Hypothesis over the draw), one evaluator.
+(:mod:`conformance.cases.collectives.run`, a deterministic cover), the search row
+(:mod:`conformance.cases.collectives.search`, Hypothesis over the draw) and the same cases over
+torch_xla on PJRT (:mod:`conformance.cases.collectives.xla`), one evaluator.
 
 The verdicts do not depend on the DDP under test: each (case, runtime, world size, profile)
 is computed once per session and repeated for every implementation.
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import copy
 
-from conformance.cases.collectives.run import _collective_problem, evaluate_collective
+from conformance.cases.collectives.ops import LAYOUT_OPS, OPS
+from conformance.cases.collectives.run import evaluate_collective
 from conformance.cases.collectives.search import evaluate_search
+from conformance.cases.collectives.xla import evaluate_pjrt
 from conformance.cases.kinds import Kind
 from conformance.verdict import Verdict
 
@@ -21,6 +24,8 @@ SEARCH_ELSEWHERE = ("the collective search runs on the CPU runtime: on XLA every
 
 def evaluate(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``collective`` row (:class:`conformance.cases.kinds.Kind` ``evaluate``)."""
+    if runtime == "pjrt":  # torch_xla's collectives (xla.py)
+        return evaluate_pjrt(case, impl, w, session)
     if not case.args.get("search"):
         return evaluate_collective(case, impl, runtime, w, session, overrides)
     if runtime != "cpu":
@@ -36,12 +41,30 @@ def evaluate(case, impl, runtime, w, session, overrides):
 
 def validate(case) -> str | None:
     """The search row reports result and agreement; the others as
-    :func:`~conformance.cases.collectives.run._collective_problem` says."""
+    :func:`_collective_problem` says."""
     if case.args.get("search"):
         if tuple(case.checks) != ("result", "agreement"):
             return "the collective search row reports the checks ('result', 'agreement')"
         return None
     return _collective_problem(case)
+
+
+def _collective_problem(case) -> str | None:
+    """A row names an op of :data:`OPS` and reports that op's checks, or a layout of
+    :data:`~conformance.cases.collectives.ops.LAYOUT_OPS` and the three checks."""
+    if "layout" in case.args:
+        if case.args["layout"] not in LAYOUT_OPS:
+            return f"unknown collective layout {case.args['layout']!r}; known: {', '.join(LAYOUT_OPS)}"
+        if tuple(case.checks) != ("result", "agreement", "coverage"):
+            return "a collective layout row reports the checks ('result', 'agreement', 'coverage')"
+        return None
+    op = case.args.get("op")
+    if op not in OPS:
+        return f"unknown collective op {op!r}; known: {', '.join(OPS)}"
+    want = ("result", "agreement", "coverage") if OPS[op].agree else ("result", "coverage")
+    if tuple(case.checks) != want:
+        return f"a collective row of {op} reports the checks {want}"
+    return None
 
 
 KIND = Kind("collective", evaluate, validate=validate)

@@ -471,8 +471,6 @@ def _rejections(rejected: dict, ran_ok: set = frozenset()) -> str:
 def evaluate_collective(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``collective`` row (the implementation is not involved: the verdicts of one
     (runtime, W) are computed once per session and repeated for every implementation)."""
-    if runtime == "pjrt":
-        return _evaluate_pjrt(case, impl, w, session)
     if runtime != "cpu":
         return [Verdict(case.name, c, impl, runtime, "-", w, "skip",
                         reason=f"the collective family runs on the CPU runtime (torch.distributed) and on "
@@ -488,44 +486,3 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
         session._cache[key] = judge(case, draws, results, w) if draws else [
             Verdict(case.name, c, impl, runtime, "-", w, "vacuous", reason="no draws") for c in case.checks]
     return [copy.copy(v) for v in session._cache[key]]
-
-
-def _evaluate_pjrt(case, impl, w, session):
-    """A ``collective`` row on PJRT: torch_xla's call of the op
-    (:mod:`conformance.cases.collectives.xla`), judged as on the CPU runtime; an op without a
-    torch_xla equivalent is ``unsupported`` with the reason, a layout case or the search ``skip``."""
-    from conformance.cases.collectives import xla
-    op = case.args.get("op")
-    what = "search" if case.args.get("search") else case.args.get("layout")
-    if what:
-        return [Verdict(case.name, c, impl, "pjrt", "-", w, "skip", reason=xla.NOT_ON_PJRT[what])
-                for c in case.checks]
-    if op in xla.NO_EQUIVALENT:
-        return [Verdict(case.name, c, impl, "pjrt", "-", w, "unsupported", reason=xla.NO_EQUIVALENT[op])
-                for c in case.checks]
-    key = ("collective", case.name, "pjrt", w, session.settings.profile)
-    if key not in session._cache:
-        draws = xla.plan_pjrt(op, w, session.settings.profile)
-        results = session.run("pjrt", w, xla.task_collective_pjrt, timeout=case.timeout, op=op, draws=draws)
-        if results is None:
-            return None
-        session._cache[key] = judge(case, draws, results, w, "pjrt")
-    return [copy.copy(v) for v in session._cache[key]]
-
-
-def _collective_problem(case) -> str | None:
-    """A row names an op of :data:`OPS` and reports that op's checks, or a layout of
-    :data:`~conformance.cases.collectives.ops.LAYOUT_OPS` and the three checks."""
-    if "layout" in case.args:
-        if case.args["layout"] not in LAYOUT_OPS:
-            return f"unknown collective layout {case.args['layout']!r}; known: {', '.join(LAYOUT_OPS)}"
-        if tuple(case.checks) != ("result", "agreement", "coverage"):
-            return "a collective layout row reports the checks ('result', 'agreement', 'coverage')"
-        return None
-    op = case.args.get("op")
-    if op not in OPS:
-        return f"unknown collective op {op!r}; known: {', '.join(OPS)}"
-    want = ("result", "agreement", "coverage") if OPS[op].agree else ("result", "coverage")
-    if tuple(case.checks) != want:
-        return f"a collective row of {op} reports the checks {want}"
-    return None

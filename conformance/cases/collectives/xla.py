@@ -34,7 +34,12 @@ reduction, pinning) is one XLA compilation.
 """
 from __future__ import annotations
 
+import copy
+
+from conformance.cases.collectives import run
 from conformance.cases.collectives.ops import OPS, REDUCTIONS
+from conformance.cases.collectives.run import REPEATS, judge
+from conformance.verdict import Verdict
 
 #: dtypes and per-chunk sizes drawn on PJRT (each distinct shape compiles once per op).
 PJRT_DTYPES = ("float32", "bfloat16", "int32")
@@ -64,6 +69,8 @@ NOT_ON_PJRT = {
                      "cases do not apply",
     "channels_last_input": "XLA tensors have no memory format, so the layout cases do not apply",
     "aliased_output": "XLA tensors have no storage to alias, so the layout cases do not apply",
+    "reused_input": "an XLA collective returns a new value and the input is an immutable graph node: "
+                    "there is no storage a backend could cache by address",
     "search": "the Hypothesis search runs on the CPU runtime (every new draw is an XLA "
               "compilation on PJRT)",
 }
@@ -92,7 +99,6 @@ def plan_pjrt(op: str, world_size: int, profile: str = "dev") -> list[dict]:
     pinnings cycled (``thorough``: every pinning of every pair), each size of :data:`PJRT_SIZES`
     at least once, the groups cycled. ``[]`` for an
     op of :data:`NO_EQUIVALENT`."""
-    from conformance.cases.collectives.run import REPEATS
     if op in NO_EQUIVALENT:
         return []
     o = OPS[op]
@@ -202,7 +208,6 @@ def _reset_token(device) -> None:
 def task_collective_pjrt(ctx, op: str, draws: list) -> list:
     """World task on a PJRT replica thread: :func:`~conformance.cases.collectives.run.task_collective`'s
     entries for torch_xla's call of ``op`` (:data:`XLA_OPS`)."""
-    from conformance.cases.collectives import run
     fn = XLA_OPS[op]
     out = []
     for i, d in enumerate(draws):
@@ -238,3 +243,25 @@ def task_collective_pjrt(ctx, op: str, draws: list) -> list:
             entry["dev"], entry["bound"], entry["ratio"] = run.worst_ratio(got, want, bound)
         out.append(entry)
     return out
+
+
+def evaluate_pjrt(case, impl, w, session):
+    """A ``collective`` row on PJRT: torch_xla's call of the op
+    (:mod:`conformance.cases.collectives.xla`), judged as on the CPU runtime; an op without a
+    torch_xla equivalent is ``unsupported`` with the reason, a layout case or the search ``skip``."""
+    op = case.args.get("op")
+    what = "search" if case.args.get("search") else case.args.get("layout")
+    if what:
+        return [Verdict(case.name, c, impl, "pjrt", "-", w, "skip", reason=NOT_ON_PJRT[what])
+                for c in case.checks]
+    if op in NO_EQUIVALENT:
+        return [Verdict(case.name, c, impl, "pjrt", "-", w, "unsupported", reason=NO_EQUIVALENT[op])
+                for c in case.checks]
+    key = ("collective", case.name, "pjrt", w, session.settings.profile)
+    if key not in session._cache:
+        draws = plan_pjrt(op, w, session.settings.profile)
+        results = session.run("pjrt", w, task_collective_pjrt, timeout=case.timeout, op=op, draws=draws)
+        if results is None:
+            return None
+        session._cache[key] = judge(case, draws, results, w, "pjrt")
+    return [copy.copy(v) for v in session._cache[key]]
