@@ -154,12 +154,14 @@ def _build() -> dict[str, Case]:
                   "inference_mode, eval / train mode) before, inside and after accumulation windows, "
                   "several synced backwards per step, zero_grad(set_to_none=False), SGD with weight decay, "
                   "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
-                  "semantics on one device; the module drawn too (dict / dataclass output, a non-persistent "
-                  "buffer, a forward pre-hook)", {"loop": True, "budget": 0.25},
+                  "semantics on one device; the module drawn too (dict / dataclass / namedtuple output, forward "
+                  "keywords, a non-persistent and an int64 buffer, a forward pre-hook, parametrizations, "
+                  "ParameterList / ParameterDict parameters)", {"loop": True, "budget": 0.25},
                   ("no_grad_sync", "unused_zero_filled", "reduce_only_in_training", "eval_forward_skips_buffer_sync",
                    "buffer_sync_ignores_grad_mode", "synced_forward_zeroes_grads",
                    "unused_by_this_backward_dropped", "mean_at_optimizer_step", "output_walk_bare_tensor",
-                   "state_dict_buffers_only", "forward_hooks_skipped"), tags=("loop", "module")),
+                   "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped",
+                   "float_buffers_only"), tags=("loop", "module")),
         _scenario("buckets", "the same with small gradient buckets and gradient_as_bucket_view",
                   {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket",), tags=("buckets",)),
         _scenario("comm_hook", "the same with torch's all-reduce comm hook registered",
