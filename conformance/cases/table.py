@@ -249,7 +249,7 @@ def _build() -> dict[str, Case]:
                 "a bfloat16 layer between float32 layers: one bucket per dtype, each reduced in its "
                 "own dtype", tags=("dtype",)),
         # The module axis (docs/scenarios.md, "The module axis"): what users' modules do.
-        _parity("structured_output", ("no_grad_sync", "sum_not_mean"),
+        _parity("structured_output", ("no_grad_sync", "sum_not_mean", "forward_kwargs_dropped"),
                 "forward(x, *, scale) returns a dataclass holding a namedtuple (the prediction and a "
                 "float), a dict (a tensor needing no grad, a str) and an int; the loss reads the "
                 "prediction; default find_unused_parameters=False: parity and agreement",
