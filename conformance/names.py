@@ -68,7 +68,7 @@ MUTANTS = (
     'group_sum_global_divide', 'broadcast_global_rank0', 'sparse_grad_unsynced',
     'strided_unpack', 'complex_real_bucket', 'fp32_fusion_buffer', 'output_walk_bare_tensor',
     'state_dict_buffers_only', 'forward_hooks_skipped', 'container_params_unsynced',
-    'parametrized_layer_sync',
+    'parametrized_layer_sync', 'forward_kwargs_dropped', 'float_buffers_only',
 )
 
 

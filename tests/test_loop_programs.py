@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from conformance.cases.scenarios.scenario import (BRANCHES, PLAIN_LOOP, Scenario, ScenarioError, Space,
-                                                  explicit_loop_scenarios, scenario_reference, scenarios)
+from conformance.cases.scenarios.scenario import (BRANCHES, MODULES, PLAIN_LOOP, PLAIN_MODULE, Scenario,
+                                                  ScenarioError, Space, explicit_loop_scenarios,
+                                                  scenario_reference, scenarios)
 
 pytestmark = pytest.mark.cpu
 
@@ -153,6 +154,7 @@ def test_generated_programs_are_valid_and_enter_every_loop_dimension():
         seen.update(f"{k}={v}" for k, v in sc.loop.items() if k != "lr_drop_at")
         seen.add(f"lr_drop={sc.loop['lr_drop_at'] is not None}")
         seen.add(f"optimizer={sc.optimizer}")
+        seen.update(f"module.{k}={v}" for k, v in sc.module.items())
         for s in range(len(sc.steps)):
             for _, f in enumerate(sc.steps[s].get("eval", ())):
                 seen.add(f"eval={f['grad']},{f['mode']}")
@@ -161,6 +163,7 @@ def test_generated_programs_are_valid_and_enter_every_loop_dimension():
     draw()
     want = {"zero_grad=zeros", "module_mode=eval", "clip=norm", "lr_drop=True", "optimizer=sgd_wd",
             "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "synced_backwards>1"}
+    want |= {f"module.{k}={v}" for k, vals in MODULES.items() for v in vals}
     assert want <= seen, sorted(want - seen)
 
 
@@ -173,3 +176,89 @@ def test_a_checkpoint_reload_starts_without_gradients():
     kept = scenario_reference(program(steps, optimizer="sgd_momentum", zero_grad="zeros"))
     assert np.array_equal(c_weight(reload, 2), c_weight(reload, 1))
     assert not np.array_equal(c_weight(kept, 2), c_weight(kept, 1))
+
+
+# --------------------------------------------------------------------------
+# the module axis drawn with the programs (docs/scenarios.md, "The module axis")
+# --------------------------------------------------------------------------
+
+def module_program(steps, bcast=True, **module):
+    sc = program(steps, find_unused=False)
+    sc.ddp["broadcast_buffers"] = bcast
+    sc.module = dict(PLAIN_MODULE, **module)
+    sc.validate()
+    return sc
+
+
+def one_sgd_step(module, batch=(2, 3), kwargs=True):
+    """DDP's first SGD step computed by hand on one device: every replica's local-mean gradient
+    on its own batch (with the module's forward keywords unless ``kwargs`` is false), their
+    equal average, ``p - lr * mean`` (flat parameters, the oracle's order)."""
+    import torch
+
+    from conformance.cases.scenarios.scenario import (build_scenario_model, forward_kwargs, prediction_of,
+                                                      scenario_batch)
+    net = build_scenario_model(5, False, module=module)
+    grads = []
+    for r, n in enumerate(batch):
+        net.zero_grad(set_to_none=True)
+        x, y = scenario_batch(5, 0, 0, r, n)
+        kw = forward_kwargs(module, 5, 0, 0, r, n) if kwargs else {}
+        torch.nn.functional.mse_loss(prediction_of(net(x, **kw)), y).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in net.parameters()]))
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    return (flat - 0.2 * torch.stack(grads).mean(0)).double().numpy()
+
+
+@pytest.mark.parametrize("dims", [{"kwargs": "scale"}, {"kwargs": "mask"}, {"params": "containers"},
+                                  {"parametrize": "symmetric"}, {"parametrize": "weight_norm"},
+                                  {"output": "namedtuple"}])
+def test_a_module_dimension_trains_as_ddp_on_one_device(dims):
+    """Each module value against a hand-computed first step: forward keywords reach the module
+    (``DistributedDataParallel.forward`` calls ``module(*inputs, **kwargs)``), a parametrized weight
+    trains its ``original`` tensor(s), container-held parameters are averaged as any other, the loss
+    reads a namedtuple's ``pred``. Able to fail: a module run without its keywords steps elsewhere."""
+    module = dict(PLAIN_MODULE, **dims)
+    ref = scenario_reference(module_program([step(BRANCHES)], **dims))
+    np.testing.assert_allclose(ref["params"][1], one_sgd_step(module), atol=1e-6)
+    if dims.get("kwargs", "none") != "none":
+        assert np.abs(ref["params"][1] - one_sgd_step(module, kwargs=False)).max() > 1e-3
+
+
+def test_module_dimensions_name_their_tensors():
+    from conformance.cases.scenarios.scenario import build_scenario_model
+    from conformance.cases.train.readback import buffer_layout, param_layout
+    names = {n for n, *_ in param_layout(build_scenario_model(5, False, module={
+        "params": "containers", "parametrize": "symmetric"}))}
+    assert {"gains.0", "gains.1", "offsets.h", "offsets.out", "branch.a.parametrizations.weight.original"} <= names
+    names = {n for n, *_ in param_layout(build_scenario_model(5, False, module={"parametrize": "weight_norm"}))}
+    assert {"head.parametrizations.weight.original0", "head.parametrizations.weight.original1"} <= names
+    layout = buffer_layout(build_scenario_model(5, False, module={"int_buffer": "samples"}))
+    assert ("seen", (), "int64") in [tuple(e) for e in layout]
+
+
+@pytest.mark.parametrize("rebind", [False, True])
+def test_an_int_buffer_follows_rank_0_at_each_synced_forward(rebind):
+    """The int64 ``seen`` (``+= n`` per training forward) with local batches 2 and 3: DDP
+    broadcasts every buffer, integer ones too, at construction and before each training forward
+    after a synced one (``torch/distributed/utils.py`` ``_sync_module_states``,
+    ``DistributedDataParallel._sync_buffers``), so replica r holds rank 0's count plus its own
+    batch: 0 -> [2, 3] -> [4, 5]. Without ``broadcast_buffers`` each keeps its own start (0 and
+    ``seen_start(0.5)`` = 5) and count: [2, 8] -> [4, 11]."""
+    from conformance.cases.scenarios.scenario import seen_start
+    from conformance.cases.train.loop import rank_buffer_offset
+    for bcast, want in ((True, [[0, 0], [2, 3], [4, 5]]), (False, [[0, 5], [2, 8], [4, 11]])):
+        sc = module_program([step(BRANCHES), step(BRANCHES)], bcast=bcast, int_buffer="samples")
+        sc.rebind_buffers = rebind
+        assert seen_start(rank_buffer_offset(1)) == 5
+        got = scenario_reference(sc)["buffers"][:, :, -1]
+        assert got.tolist() == want, (bcast, got.tolist())
+
+
+def test_a_file_from_before_the_new_module_dimensions_parses():
+    d = module_program([step(BRANCHES)], output="dict").to_json()
+    d["module"] = {"output": "dict", "buffers": "persistent", "hook": "none"}
+    assert Scenario.from_json(d).module == dict(PLAIN_MODULE, output="dict")
+    d["module"]["parametrize"] = "spectral"
+    with pytest.raises(ScenarioError, match="module parametrize"):
+        Scenario.from_json(d)

@@ -155,12 +155,14 @@ def _build() -> dict[str, Case]:
                   "inference_mode, eval / train mode) before, inside and after accumulation windows, "
                   "several synced backwards per step, zero_grad(set_to_none=False), SGD with weight decay, "
                   "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
-                  "semantics on one device; the module drawn too (dict / dataclass output, a non-persistent "
-                  "buffer, a forward pre-hook)", {"loop": True, "budget": 0.25},
+                  "semantics on one device; the module drawn too (dict / dataclass / namedtuple output, forward "
+                  "keywords, a non-persistent and an int64 buffer, a forward pre-hook, parametrizations, "
+                  "ParameterList / ParameterDict parameters)", {"loop": True, "budget": 0.25},
                   ("no_grad_sync", "unused_zero_filled", "reduce_only_in_training", "eval_forward_skips_buffer_sync",
                    "buffer_sync_ignores_grad_mode", "synced_forward_zeroes_grads",
                    "unused_by_this_backward_dropped", "mean_at_optimizer_step", "output_walk_bare_tensor",
-                   "state_dict_buffers_only", "forward_hooks_skipped"), tags=("loop", "module")),
+                   "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped",
+                   "float_buffers_only"), tags=("loop", "module")),
         _scenario("buckets", "the same with small gradient buckets and gradient_as_bucket_view",
                   {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket",), tags=("buckets",)),
         _scenario("comm_hook", "the same with torch's all-reduce comm hook registered",
@@ -248,7 +250,7 @@ def _build() -> dict[str, Case]:
                 "a bfloat16 layer between float32 layers: one bucket per dtype, each reduced in its "
                 "own dtype", tags=("dtype",)),
         # The module axis (docs/scenarios.md, "The module axis"): what users' modules do.
-        _parity("structured_output", ("no_grad_sync", "sum_not_mean"),
+        _parity("structured_output", ("no_grad_sync", "sum_not_mean", "forward_kwargs_dropped"),
                 "forward(x, *, scale) returns a dataclass holding a namedtuple (the prediction and a "
                 "float), a dict (a tensor needing no grad, a str) and an int; the loss reads the "
                 "prediction; default find_unused_parameters=False: parity and agreement",

@@ -3,6 +3,7 @@
 See :mod:`conformance.cases.scenarios.scenario` for what a scenario is and how it is judged."""
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import asdict, dataclass, field
 import json
 import math
@@ -54,20 +55,49 @@ PLAIN_LOOP = dict({k: v[0] for k, v in LOOPS.items()}, lr_drop_at=None)
 CLIP_NORM, LR_DROP = 0.25, 0.5
 #: The module dimension drawn with the loop programs (issue 25; docs/scenarios.md): what the user's
 #: module looks like to the DDP. First values: the plain module.
-#:   output:  forward returns the prediction tensor, a dict ``{"pred", "hidden" (detached), "note" (a
-#:            str)}`` or a :class:`ScenarioOutput` dataclass (``pred``, ``hidden``, ``calls``: an int);
-#:            the loss reads ``pred`` (``find_unused_parameters`` must walk the structure);
-#:   buffers: ``ema`` registered ``persistent`` or ``non_persistent`` (absent from ``state_dict()``:
-#:            a checkpoint reload leaves the new module's own, as construction made it);
-#:   hook:    ``none`` or ``pre_hook``: a forward pre-hook on the wrapped module halves the input
-#:            (it runs only when the wrapper calls ``module(...)``).
-MODULES = {"output": ("tensor", "dict", "dataclass"), "buffers": ("persistent", "non_persistent"),
-           "hook": ("none", "pre_hook")}
+#:   output:      forward returns the prediction tensor, a dict ``{"pred", "hidden" (detached), "note" (a
+#:                str)}``, a :class:`ScenarioOutput` dataclass (``pred``, ``hidden``, ``calls``: an int) or a
+#:                :data:`ScenarioPair` namedtuple (``pred``, ``hidden``: a tensor that needs no grad, ``tag``:
+#:                a str); the loss reads ``pred`` (``find_unused_parameters`` must walk the structure);
+#:   buffers:     ``ema`` registered ``persistent`` or ``non_persistent`` (absent from ``state_dict()``:
+#:                a checkpoint reload leaves the new module's own, as construction made it);
+#:   hook:        ``none`` or ``pre_hook``: a forward pre-hook on the wrapped module halves the input
+#:                (it runs only when the wrapper calls ``module(...)``);
+#:   kwargs:      forward keywords the module uses: ``none``, ``scale`` (``scale=KW_SCALE``, a float
+#:                multiplying the stem's activation) or ``mask`` (``mask=``, a float 0/1 tensor ``[n]``
+#:                from the data zeroing some samples' hidden activation, :func:`~.model.scenario_mask`);
+#:                a DDP must pass them on (``DistributedDataParallel.forward(*inputs, **kwargs)``);
+#:   int_buffer:  ``none`` or ``samples``: an int64 buffer ``seen`` counting the samples of the training
+#:                forwards (``+= n``, the local batch: rank-dependent with uneven batches), starting
+#:                rank-dependent (:func:`~.model.seen_start`); DDP broadcasts it with the float buffers;
+#:   parametrize: ``none``, ``symmetric`` (``torch.nn.utils.parametrize.register_parametrization`` on
+#:                ``branch.a``'s weight: trained tensor ``branch.a.parametrizations.weight.original``)
+#:                or ``weight_norm`` (``torch.nn.utils.parametrizations.weight_norm`` on the head:
+#:                ``head.parametrizations.weight.original0`` (g) and ``original1`` (v));
+#:   params:      ``modules`` or ``containers``: also parameters held in an ``nn.ParameterList``
+#:                (``gains.0``, ``gains.1``: per-feature gains) and an ``nn.ParameterDict``
+#:                (``offsets.h``, ``offsets.out``: offsets added to the hidden layer and the output).
+#: Float buffers rebound in forward are the scenario's ``rebind_buffers`` (every scenario case draws it;
+#: with ``int_buffer`` ``samples`` the int64 ``seen`` is rebound too).
+MODULES = {"output": ("tensor", "dict", "dataclass", "namedtuple"), "buffers": ("persistent", "non_persistent"),
+           "hook": ("none", "pre_hook"), "kwargs": ("none", "scale", "mask"), "int_buffer": ("none", "samples"),
+           "parametrize": ("none", "symmetric", "weight_norm"), "params": ("modules", "containers")}
 PLAIN_MODULE = {k: v[0] for k, v in MODULES.items()}
+#: The ``scale=`` keyword's value (``module["kwargs"] == "scale"``).
+KW_SCALE = 0.5
 MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
                   "dataclass": "forward returns a dataclass (the loss reads field 'pred')",
+                  "namedtuple": "forward returns a namedtuple (the loss reads 'pred'; a str and a tensor "
+                                "needing no grad beside it)",
                   "non_persistent": "buffer 'ema' registered persistent=False (not in state_dict())",
-                  "pre_hook": "a forward pre-hook on the wrapped module"}
+                  "pre_hook": "a forward pre-hook on the wrapped module",
+                  "scale": f"forward keyword scale={KW_SCALE} (the module multiplies by it)",
+                  "mask": "forward keyword mask= (a per-sample 0/1 tensor the module applies)",
+                  "samples": "int64 buffer 'seen' counting the local samples (+= n in forward)",
+                  "symmetric": "branch.a.weight parametrized (torch.nn.utils.parametrize, symmetric)",
+                  "weight_norm": "head.weight parametrized (torch.nn.utils.parametrizations.weight_norm)",
+                  "containers": "parameters held in an nn.ParameterList ('gains') and an nn.ParameterDict "
+                                "('offsets')"}
 
 
 @dataclass
@@ -79,9 +109,16 @@ class ScenarioOutput:
     calls: int
 
 
+#: The scenario model's output with ``module["output"] == "namedtuple"``: ``pred`` (what the loss
+#: reads), ``hidden`` ``[n, HIDDEN]`` detached (a tensor that needs no grad), ``tag`` a str.
+ScenarioPair = namedtuple("ScenarioPair", ["pred", "hidden", "tag"])
+
+
 def prediction_of(out):
     """The tensor the loss reads from a scenario model's output (:data:`MODULES` ``output``)."""
-    return out.pred if isinstance(out, ScenarioOutput) else out["pred"] if isinstance(out, dict) else out
+    if isinstance(out, (ScenarioOutput, ScenarioPair)):
+        return out.pred
+    return out["pred"] if isinstance(out, dict) else out
 
 
 #: A forward without backward (``step["eval"]``): ``{"at": j, "grad": ..., "mode": ..., "batch": [n
@@ -255,6 +292,8 @@ class Scenario:
         missing = sorted(SCENARIO_KEYS - OPTIONAL_KEYS - set(d))
         if missing:
             raise ScenarioError(f"missing scenario key(s) {missing}")
+        if isinstance(d.get("module"), dict):  # a file from before a module dimension: its plain value
+            d = dict(d, module=dict({k: v for k, v in PLAIN_MODULE.items() if k not in d["module"]}, **d["module"]))
         s = cls(**d)
         s.validate()
         return s
@@ -307,6 +346,11 @@ class Scenario:
         for k, vals in MODULES.items():
             if md[k] not in vals:
                 raise ScenarioError(f"module {k} {md[k]!r}: one of {vals}")
+        if md["parametrize"] != "none" and (self.workload["graph"] == "shared"
+                                            or self.workload["layout"] == "transposed"):
+            raise ScenarioError(f"module parametrize {md['parametrize']!r} with workload "
+                                f"{workload_corners(self.workload)}: a parametrized weight that is shared "
+                                "or a transposed view is not drawn (the parametrization would rebuild it)")
         lp = self.loop
         if not isinstance(lp, dict) or set(lp) != set(PLAIN_LOOP):
             raise ScenarioError(f"loop: an object with keys {sorted(PLAIN_LOOP)}")

@@ -161,6 +161,8 @@ def scenarios(world_size: int, space: Space):
                       workload=workload)
         if space.loop:
             sc.module = {k: draw(st.sampled_from(v)) for k, v in MODULES.items()}
+            if workload["graph"] == "shared" or workload["layout"] == "transposed":  # validate says why
+                sc.module["parametrize"] = "none"
             sc.loop = dict({k: draw(st.sampled_from(v)) for k, v in LOOPS.items()},
                            lr_drop_at=draw(st.one_of(st.none(), st.integers(1, n - 1))) if n > 1 else None)
             if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
@@ -300,7 +302,7 @@ def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]
 
 def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
     """The loop case's scenarios every run includes: together they hold every value of
-    :data:`LOOPS`, ``sgd_wd``, a learning-rate drop, forwards without backward of each grad mode
+    :data:`LOOPS` and of :data:`MODULES`, ``sgd_wd``, a learning-rate drop, forwards without backward of each grad mode
     and module mode (before, inside and after an accumulation window) and several synced
     backwards in one step, each where a fault it reveals shows (see the comments)."""
     w = world_size
@@ -327,25 +329,32 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
         # eval-mode validation forward before each step (DDP broadcasts the buffers there, so the
         # next training forward need not); a learning-rate drop. The module returns a dataclass
         # (find_unused_parameters must walk it) and keeps 'ema' out of its state dict, across a
-        # checkpoint reload
+        # checkpoint reload; an int64 buffer counting the (uneven) local samples, starting
+        # rank-dependent (DDP broadcasts integer buffers too); a mask= forward keyword; parameters in
+        # an nn.ParameterList and an nn.ParameterDict
         sc([{"micro": [micro(all_b if s % 2 == 0 else ["a", "b"])], "eval": [ev(0, "no_grad", "eval")]}
             for s in range(4)], optimizer="sgd_wd", zero_grad="zeros", lr_drop_at=2, checkpoint_at=1,
-           module={"output": "dataclass", "buffers": "non_persistent"}),
+           module={"output": "dataclass", "buffers": "non_persistent", "int_buffer": "samples", "kwargs": "mask",
+                   "params": "containers"}),
         # None gradients: branch c never used keeps None under AdamW's decoupled weight decay; two synced
         # backwards per step (branch a reached only by the first: its averaged gradient must stay);
         # gradient clipping on the synced gradients
-        # (a dict output, a forward pre-hook on the wrapped module)
+        # (a dict output, a forward pre-hook on the wrapped module, a scale= forward keyword,
+        # branch a's weight parametrized symmetric)
         sc([{"micro": [micro(["a", "b"], sync=True), micro(["b"])]} for _ in range(3)], optimizer="adamw",
-           clip="norm", module={"output": "dict", "hook": "pre_hook"}),
+           clip="norm", module={"output": "dict", "hook": "pre_hook", "kwargs": "scale", "parametrize": "symmetric"}),
         # training forwards and backwards in eval mode (gradients still averaged); a no_grad forward in
         # train mode inside an accumulation window (it updates the buffers, and the next forward, not
         # following a synced one, does not broadcast them); an inference_mode forward after the last
-        # backward
+        # backward (a namedtuple output with a str and a tensor needing no grad; the head under
+        # parametrizations.weight_norm)
         sc([{"micro": [micro(all_b), micro(all_b)], "eval": [ev(1, "no_grad", "train"), ev(2, "inference_mode", "eval")]}
-            for _ in range(3)], find_unused=False, module_mode="eval"),
-        # clipping where it binds, a train-mode no_grad forward before each step, momentum
+            for _ in range(3)], find_unused=False, module_mode="eval",
+           module={"output": "namedtuple", "parametrize": "weight_norm"}),
+        # clipping where it binds, a train-mode no_grad forward before each step, momentum (the int64
+        # sample counter again: updated by the no_grad forward, broadcast at the training forward)
         sc([{"micro": [micro(all_b)], "eval": [ev(0, "no_grad", "train")]} for _ in range(4)],
-           optimizer="sgd_momentum", find_unused=False, clip="norm"),
+           optimizer="sgd_momentum", find_unused=False, clip="norm", module={"int_buffer": "samples"}),
     ]
     if space.xla_corners:  # no inference_mode there (XLA_UNSUPPORTED_LOOP): no_grad in its place
         for e in out:

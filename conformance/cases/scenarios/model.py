@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math
 
-from conformance.cases.scenarios.format import (BRANCHES, HIDDEN, INDICES_PER_SAMPLE, IN_FEATURES,
+from conformance.cases.scenarios.format import (BRANCHES, HIDDEN, INDICES_PER_SAMPLE, IN_FEATURES, KW_SCALE,
                                                 OUT_FEATURES, PLAIN_MODULE, PLAIN_WORKLOAD, ScenarioOutput,
-                                                VOCAB)
+                                                ScenarioPair, VOCAB)
 
 # --------------------------------------------------------------------------
 # the model and the data (built identically in replicas and in the oracle)
@@ -25,7 +25,13 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
     kind and the graph; inputs ``x`` float32 ``[n, IN_FEATURES]`` and, for a sparse
     workload, ``idx`` int64 ``[n, INDICES_PER_SAMPLE]``; output ``[n, OUT_FEATURES]``
     (float64 for the float64 workload, else float32). ``module`` (:data:`MODULES`; default plain):
-    the output's structure, ``ema``'s persistence, a forward pre-hook.
+    the output's structure, ``ema``'s persistence, a forward pre-hook, forward keywords ``scale`` /
+    ``mask`` (:func:`forward_kwargs`), an int64 buffer ``seen`` (``+= n`` at each training forward;
+    starts at :func:`seen_start` of ``buffer_offset``), a parametrized weight (registered after
+    initialisation: ``symmetric`` reads ``branch.a``'s ``original`` through ``triu(X) + triu(X, 1)^T``;
+    ``weight_norm`` splits the head's weight into ``original0`` (g, the row norms) and ``original1``
+    (v)), parameters held in containers (``gains`` ``nn.ParameterList`` of two ``[HIDDEN]``,
+    ``offsets`` ``nn.ParameterDict`` ``{"h": [HIDDEN], "out": [OUT_FEATURES]}``, drawn from ``seed``).
     """
     import torch
     import torch.nn.functional as F
@@ -88,6 +94,12 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
                 self.emb = nn.EmbeddingBag(VOCAB, HIDDEN, mode="mean", sparse=True)
             self.register_buffer("ema", torch.zeros(HIDDEN), persistent=md["buffers"] == "persistent")
             self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+            if md["int_buffer"] == "samples":
+                self.register_buffer("seen", torch.full((), seen_start(buffer_offset), dtype=torch.int64))
+            if md["params"] == "containers":
+                self.gains = nn.ParameterList([nn.Parameter(torch.ones(HIDDEN)) for _ in range(2)])
+                self.offsets = nn.ParameterDict({"h": nn.Parameter(torch.zeros(HIDDEN)),
+                                                 "out": nn.Parameter(torch.zeros(OUT_FEATURES))})
             self.rebind = rebind
             self.calls = 0
 
@@ -110,25 +122,39 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
                 h = h + ckpt(fn, h, use_reentrant=reentrant)
             return h
 
-        def forward(self, x, plan=BRANCHES, idx=None):
+        def forward(self, x, plan=BRANCHES, idx=None, *, scale=1.0, mask=None):
             x = x.to(self.head.weight.dtype)
             pre = self.stem(x)
             if idx is not None:
                 e = self.emb(idx)
                 pre = pre + (e.mean(1) if e.dim() == 3 else e)
-            h = torch.tanh(pre)
+            if md["params"] == "containers":
+                pre = pre * self.gains[0] + self.offsets["h"]
+            h = torch.tanh(pre) * scale
+            if mask is not None:
+                h = h * mask.to(h.dtype).unsqueeze(1)
             if self.training:
                 with torch.no_grad():
                     new = 0.9 * self.ema + 0.1 * h.detach().mean(0)
                     if self.rebind:  # a new object each forward: a cached buffer list goes stale
                         self.ema = new
                         self.count = self.count + 1
+                        if md["int_buffer"] == "samples":
+                            self.seen = self.seen + x.shape[0]
                     else:
                         self.ema.copy_(new)
                         self.count.add_(1)
+                        if md["int_buffer"] == "samples":
+                            self.seen.add_(x.shape[0])
             for b in plan:
                 h = self._branch(b, h)
+            if md["params"] == "containers":
+                h = h * self.gains[1]
             out = self.head(h)
+            if md["params"] == "containers":
+                out = out + self.offsets["out"]
+            if md["output"] == "namedtuple":
+                return ScenarioPair(pred=out, hidden=h.detach(), tag="scenario")
             if md["output"] == "dict":
                 return {"pred": out, "hidden": h.detach(), "note": "scenario"}
             if md["output"] == "dataclass":
@@ -151,10 +177,54 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
                     real = torch.view_as_real(p) if p.is_complex() else p
                     bound = 1.0 / math.sqrt(p[0].numel() if p.dim() > 1 else p.numel())
                     real.copy_(torch.empty(real.shape, dtype=torch.float64).uniform_(-bound, bound, generator=gen))
+        if md["params"] == "containers":  # gains 1 + U(-0.25, 0.25), offsets U(-0.25, 0.25)
+            for p in net.gains:
+                p.add_(torch.empty(p.shape).uniform_(-0.25, 0.25, generator=gen).to(p.dtype))
+            for p in net.offsets.values():
+                p.copy_(torch.empty(p.shape).uniform_(-0.25, 0.25, generator=gen).to(p.dtype))
         if wl["dtype"] == "float64":
             net.double()  # parameters and ema; strides kept
         net.ema.add_(buffer_offset)
+    if md["parametrize"] == "symmetric":
+        from torch.nn.utils import parametrize
+
+        class Symmetric(nn.Module):
+            """Parametrization ``W = triu(X) + triu(X, 1)^T`` (square ``X``)."""
+
+            def forward(self, X):
+                return X.triu() + X.triu(1).transpose(0, 1)
+        parametrize.register_parametrization(net.branch["a"], "weight", Symmetric())
+    elif md["parametrize"] == "weight_norm":
+        from torch.nn.utils.parametrizations import weight_norm
+        weight_norm(net.head)
     return net
+
+
+def seen_start(buffer_offset: float) -> int:
+    """Where the int64 buffer ``seen`` starts for a replica built with ``buffer_offset``
+    (rank-dependent: only a DDP that broadcasts integer buffers at construction aligns it)."""
+    return int(round(10 * buffer_offset))
+
+
+def scenario_mask(seed: int, step: int, micro: int, rank: int, n: int):
+    """The ``mask=`` keyword (``module["kwargs"] == "mask"``): float32 ``[n]`` of 0/1, sample 0
+    always kept, from (seed, step, micro, rank) apart from :func:`scenario_batch`'s draw."""
+    import torch
+    gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 101 + micro) * 257 + rank + 13)
+    m = (torch.rand(n, generator=gen) < 0.7).float()
+    m[0] = 1.0
+    return m
+
+
+def forward_kwargs(module: dict, seed: int, step: int, micro: int, rank: int, n: int) -> dict:
+    """The keywords of a forward on micro-batch ``(step, micro)`` of replica ``rank`` (``n``
+    samples) for ``module["kwargs"]``: ``{}``, ``{"scale": KW_SCALE}`` or ``{"mask": ...}``."""
+    kind = module.get("kwargs", "none")
+    if kind == "scale":
+        return {"scale": KW_SCALE}
+    if kind == "mask":
+        return {"mask": scenario_mask(seed, step, micro, rank, n)}
+    return {}
 
 
 def scenario_batch(seed: int, step: int, micro: int, rank: int, n: int):

@@ -7,7 +7,8 @@ import numpy as np
 
 from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, judge, judge_agreement
 from conformance.cases.scenarios.format import BRANCHES, CLIP_NORM, EVAL_DATA, Scenario, prediction_of
-from conformance.cases.scenarios.model import build_scenario_model, scenario_batch, scenario_indices
+from conformance.cases.scenarios.model import (build_scenario_model, forward_kwargs, scenario_batch, scenario_indices,
+                                               seen_start)
 from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset
 from conformance.cases.train.readback import flat_optimizer_state, flat_params
 
@@ -31,6 +32,18 @@ def scenario_reference(sc: Scenario) -> dict:
     was none since construction (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
     ``_post_forward``: ``require_forward_param_sync``, whatever the module's mode).
 
+    The module axis (:data:`~.format.MODULES`): every buffer is broadcast, integer ones too (an int64
+    ``seen``): torch's construction sync (``torch/distributed/utils.py`` ``_sync_module_states``: every
+    ``module.named_buffers()`` tensor when ``broadcast_buffers``) and the pre-forward one
+    (``torch/nn/parallel/distributed.py`` ``_sync_buffers`` over ``_assign_modules_buffers``'
+    ``named_buffers()``, re-read each time) take every buffer whatever its dtype; without
+    ``broadcast_buffers`` each replica keeps its own start (:func:`~.model.seen_start`). Forward keywords
+    reach the module unchanged (``DistributedDataParallel.forward(*inputs, **kwargs)`` calls
+    ``self.module(*inputs, **kwargs)``; the oracle passes the same ones). A parametrized weight
+    (``torch.nn.utils.parametrize``, ``parametrizations.weight_norm``) is trained through its
+    ``original`` tensors, which are the module's parameters DDP reduces and broadcasts; parameters in an
+    ``nn.ParameterList`` / ``nn.ParameterDict`` are ``module.parameters()`` like any other.
+
     Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica
     must hold after each step), ``optim`` (final optimizer state).
     """
@@ -47,9 +60,14 @@ def scenario_reference(sc: Scenario) -> dict:
     find_unused = bool(sc.ddp.get("find_unused_parameters"))
     bcast = sc.ddp.get("broadcast_buffers", True)
     # Construction broadcasts buffers only with broadcast_buffers (as upstream).
-    rank_bufs = [[t.detach().clone() + (0 if bcast or not t.is_floating_point() else rank_buffer_offset(r))
-                  for t in net.buffers()] for r in range(w)]
     names = [n for n, _ in net.named_buffers()]
+
+    def start(n, t, r):  # what replica r's own construction gave buffer n (build_scenario_model)
+        if bcast:
+            return 0
+        return (rank_buffer_offset(r) if t.is_floating_point() else
+                seen_start(rank_buffer_offset(r)) if n == "seen" else 0)
+    rank_bufs = [[t.detach().clone() + start(n, t, r) for n, t in net.named_buffers()] for r in range(w)]
     grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
     reached = [False] * len(params)  # some replica's backward reached it since the last synced one
     for i, q in enumerate(params):
@@ -71,6 +89,7 @@ def scenario_reference(sc: Scenario) -> dict:
         """Replica ``r``'s forward on micro-batch ``(s, j)`` through the DDP's buffer semantics."""
         x, y = scenario_batch(sc.seed, s, j, r, n)
         extra = {"idx": scenario_indices(sc.seed, s, j, r, n)} if sparse else {}
+        extra.update(forward_kwargs(sc.module, sc.seed, s, j, r, n))
         set_bufs(rank_bufs[r])
         net.train(mode)
         out = net(x, plan=plan, **extra)

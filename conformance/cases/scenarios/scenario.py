@@ -66,7 +66,7 @@ from conformance.cases.scenarios.format import (  # noqa: F401 (re-exported)
     XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP, load_scenario, prediction_of, workload_corners,
     xla_unsupported)
 from conformance.cases.scenarios.model import (  # noqa: F401 (re-exported)
-    build_scenario_model, scenario_batch, scenario_indices)
+    build_scenario_model, forward_kwargs, scenario_batch, scenario_indices, scenario_mask, seen_start)
 from conformance.cases.scenarios.oracle import (  # noqa: F401 (re-exported)
     judge_scenario, scenario_reference)
 from conformance.cases.scenarios.generate import (  # noqa: F401 (re-exported)
@@ -149,11 +149,16 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
             x, _ = scenario_batch(sc.seed, s, EVAL_DATA + e, which, f["batch"][which])
             extra = ({"idx": scenario_indices(sc.seed, s, EVAL_DATA + e, which, f["batch"][which]).to(ctx.device)}
                      if sparse else {})
+            extra.update(module_kwargs(s, EVAL_DATA + e, f["batch"][which]))
             set_mode(f["mode"] == "train")
             with torch.no_grad() if f["grad"] == "no_grad" else torch.inference_mode():
                 ddp(x.to(ctx.device), **extra)
             set_mode(training)
             ctx.mark_step()
+
+    def module_kwargs(s, j, n):  # the module's forward keywords (MODULES "kwargs"), on the device
+        return {k: v.to(ctx.device) if isinstance(v, torch.Tensor) else v
+                for k, v in forward_kwargs(sc.module, sc.seed, s, j, which, n).items()}
 
     def set_mode(train):  # as a user does: on the wrapper (which sets the module's mode)
         (ddp if callable(getattr(ddp, "train", None)) else model).train(train)
@@ -171,6 +176,7 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
             x, y = scenario_batch(sc.seed, s, j, which, m["batch"][which])
             plan = tuple(m["plan"][which])
             extra = {"idx": scenario_indices(sc.seed, s, j, which, m["batch"][which]).to(ctx.device)} if sparse else {}
+            extra.update(module_kwargs(s, j, m["batch"][which]))
             ctxm = contextlib.nullcontext() if sc.synced(s, j) else ddp.no_sync()
             with ctxm:
                 out = ddp(x.to(ctx.device), plan=plan, **extra)

@@ -612,6 +612,35 @@ class ParametrizedLayerSync(RefDDP):
             self.collectives.broadcast_(t.data, src=0)
 
 
+class ForwardKwargsDropped(RefDDP):
+    """Calls ``module(*args)`` only: the forward's keyword arguments (``scale=``, ``mask=``, ...)
+    never reach the module, which runs with its defaults (a wrapper written as ``def forward(self,
+    *inputs)``)."""
+
+    def forward(self, *args, **kwargs):
+        return super().forward(*args)  # bug: kwargs dropped
+
+
+class FloatBuffersOnly(RefDDP):
+    """Broadcasts only floating-point buffers (at construction and before each forward): an
+    integer buffer (an int64 step or sample counter) stays per-replica (a coalesced broadcast
+    built in one float dtype, integer buffers filtered out)."""
+
+    @torch.no_grad()
+    def _sync_module_states(self):
+        states = list(self.module.parameters())
+        if self.broadcast_buffers:
+            states += [b for b in self.module.buffers() if b.is_floating_point() or b.is_complex()]
+        for t in states:
+            self.collectives.broadcast_(t.data, src=0)
+
+    @torch.no_grad()
+    def _sync_buffers(self):
+        for b in self.module.buffers():
+            if b.is_floating_point() or b.is_complex():  # bug: integer buffers skipped
+                self.collectives.broadcast_(b, src=0)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One catalog row. ``ddp_class`` is a class, or a zero-argument factory
@@ -711,4 +740,6 @@ MUTANTS = {m.name: m for m in [
     Mutant("forward_hooks_skipped", ForwardHooksSkipped.__doc__, ForwardHooksSkipped),
     Mutant("container_params_unsynced", ContainerParamsUnsynced.__doc__, ContainerParamsUnsynced),
     Mutant("parametrized_layer_sync", ParametrizedLayerSync.__doc__, ParametrizedLayerSync),
+    Mutant("forward_kwargs_dropped", ForwardKwargsDropped.__doc__, ForwardKwargsDropped),
+    Mutant("float_buffers_only", FloatBuffersOnly.__doc__, FloatBuffersOnly),
 ]}
