@@ -53,11 +53,14 @@ def _collective(op):
                 tags=("backend",), timeout=COLLECTIVE_TIMEOUT_S)
 
 
-def _collective_layout(layout):
-    return Case(f"collective.{layout}", "collective", f"the collectives of {', '.join(LAYOUT_OPS[layout])} with "
-                f"{LAYOUT_TEXT[layout]} equal their float64 host oracle on every rank (the same checks as each op's "
-                "own case)", "collective", tolerance="exact", args={"layout": layout},
-                checks=("result", "agreement", "coverage"), tags=("backend",), timeout=COLLECTIVE_TIMEOUT_S)
+def _collective_layout(layout, op):
+    """One op with one input layout: a case of its own, so a backend's known defect in one op
+    (an expected failure) never hides a new one in another."""
+    return Case(f"collective.{layout}.{op}", "collective", f"{op} with {LAYOUT_TEXT[layout]} equals its float64 "
+                "host oracle on every rank (the same checks as the op's own case)", "collective", tolerance="exact",
+                args={"layout": layout, "op": op},
+                checks=("result", "agreement", "coverage") if OPS[op].agree else ("result", "coverage"),
+                tags=("backend", f"collective.{layout}", layout), timeout=COLLECTIVE_TIMEOUT_S)
 
 
 #: What a layout case's inputs are, in its description.
@@ -274,7 +277,7 @@ def _build() -> dict[str, Case]:
                 "nn.ParameterList and an nn.ParameterDict: parity and agreement",
                 tags=("module", "hooks_parametrizations", "param_containers")),
     ]
-    rows += [_collective(op) for op in OPS] + [_collective_layout(layout) for layout in LAYOUT_OPS]
+    rows += [_collective(op) for op in OPS] + [_collective_layout(layout, op) for layout, ops in LAYOUT_OPS.items() for op in ops]
     rows.append(Case("collective.search", "collective", "collective draws searched by Hypothesis (op, dtype, "
                      "reduction, any size up to 300000, completion mode, group, layout) equal their float64 host "
                      "oracle on every rank; a failure is shrunk to its simplest draw", "collective",

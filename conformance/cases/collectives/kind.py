@@ -50,17 +50,17 @@ def validate(case) -> str | None:
 
 
 def _collective_problem(case) -> str | None:
-    """A row names an op of :data:`OPS` and reports that op's checks, or a layout of
-    :data:`~conformance.cases.collectives.ops.LAYOUT_OPS` and the three checks."""
-    if "layout" in case.args:
-        if case.args["layout"] not in LAYOUT_OPS:
-            return f"unknown collective layout {case.args['layout']!r}; known: {', '.join(LAYOUT_OPS)}"
-        if tuple(case.checks) != ("result", "agreement", "coverage"):
-            return "a collective layout row reports the checks ('result', 'agreement', 'coverage')"
-        return None
-    op = case.args.get("op")
+    """A row names an op of :data:`OPS` (and maybe a layout of
+    :data:`~conformance.cases.collectives.ops.LAYOUT_OPS` that applies to the op) and reports that
+    op's checks."""
+    op, layout = case.args.get("op"), case.args.get("layout")
     if op not in OPS:
         return f"unknown collective op {op!r}; known: {', '.join(OPS)}"
+    if layout is not None:
+        if layout not in LAYOUT_OPS:
+            return f"unknown collective layout {layout!r}; known: {', '.join(LAYOUT_OPS)}"
+        if op not in LAYOUT_OPS[layout]:
+            return f"the layout {layout} is not drawn for {op}; it is for {', '.join(LAYOUT_OPS[layout])}"
     want = ("result", "agreement", "coverage") if OPS[op].agree else ("result", "coverage")
     if tuple(case.checks) != want:
         return f"a collective row of {op} reports the checks {want}"

@@ -152,12 +152,15 @@ def splits(size: int, n: int, src: int) -> list:
 
 
 def r_all_reduce(x, g, ctx): _call(ctx["dist"].all_reduce, ctx["how"], x, op=_red(ctx["red"]), group=g); return x
-def r_broadcast(x, g, ctx): _call(ctx["dist"].broadcast, ctx["how"], x, group_src=0, group=g); return x
+def r_broadcast(x, g, ctx):
+    _call(ctx["dist"].broadcast, ctx["how"], x, group_src=ctx.get("root", 0), group=g)
+    return x
 
 
 def r_reduce(x, g, ctx):
-    _call(ctx["dist"].reduce, ctx["how"], x, group_dst=0, op=_red(ctx["red"]), group=g)
-    return x if ctx["grank"] == 0 else None
+    root = ctx.get("root", 0)
+    _call(ctx["dist"].reduce, ctx["how"], x, group_dst=root, op=_red(ctx["red"]), group=g)
+    return x if ctx["grank"] == root else None
 
 
 def r_all_gather(x, g, ctx):
@@ -228,8 +231,9 @@ def r_batch_isend_irecv(x, g, ctx):
 
 def r_gather(x, g, ctx):
     import torch
-    outs = [torch.empty_like(x) for _ in range(ctx["n"])] if ctx["grank"] == 0 else None
-    _call(ctx["dist"].gather, ctx["how"], x, outs, group_dst=0, group=g)
+    root = ctx.get("root", 0)
+    outs = [torch.empty_like(x) for _ in range(ctx["n"])] if ctx["grank"] == root else None
+    _call(ctx["dist"].gather, ctx["how"], x, outs, group_dst=root, group=g)
     return torch.cat(outs) if outs is not None else None
 
 
@@ -237,7 +241,8 @@ def r_scatter(x, g, ctx):
     import torch
     out = torch.empty(x.numel() // ctx["n"], dtype=x.dtype)
     ins = list(x.chunk(ctx["n"])) if x.numel() else [x[:0]] * ctx["n"]
-    _call(ctx["dist"].scatter, ctx["how"], out, ins if ctx["grank"] == 0 else None, group_src=0, group=g)
+    root = ctx.get("root", 0)
+    _call(ctx["dist"].scatter, ctx["how"], out, ins if ctx["grank"] == root else None, group_src=root, group=g)
     return out
 
 
@@ -276,7 +281,9 @@ class Op:
     ``replica(x, group, ctx)`` -> the rank's result tensor (or None where undefined),
     ``oracle(xs, grank, red, size)`` -> expected float64/int64 array (or None),
     ``reduces``: takes a ReduceOp; ``exact``: bitwise unless a floating SUM/AVG;
-    ``agree``: every group rank holds the same bits; ``p2p``: needs >= 2 group ranks."""
+    ``agree``: every group rank holds the same bits; ``p2p``: needs >= 2 group ranks;
+    ``rooted``: the op has a source or destination rank (a draw's ``root``, a group rank; its
+    oracle takes ``root=``)."""
 
     name: str
     replica: Callable
@@ -285,6 +292,7 @@ class Op:
     reduces: bool = False
     agree: bool = False
     p2p: bool = False
+    rooted: bool = False
 
 
 def _a2a_oracle(xs, me, red, size):
@@ -294,8 +302,9 @@ def _a2a_oracle(xs, me, red, size):
 
 OPS = {o.name: o for o in (
     Op("all_reduce", r_all_reduce, lambda xs, me, red, size: reduce_host(xs, red, ""), reduces=True, agree=True),
-    Op("broadcast", r_broadcast, lambda xs, me, red, size: xs[0], agree=True),
-    Op("reduce", r_reduce, lambda xs, me, red, size: reduce_host(xs, red, "") if me == 0 else None, reduces=True),
+    Op("broadcast", r_broadcast, lambda xs, me, red, size, root=0: xs[root], agree=True, rooted=True),
+    Op("reduce", r_reduce, lambda xs, me, red, size, root=0: reduce_host(xs, red, "") if me == root else None,
+       reduces=True, rooted=True),
     Op("all_gather", r_all_gather, lambda xs, me, red, size: _cat(xs), agree=True),
     Op("all_gather_into_tensor", r_all_gather_into_tensor, lambda xs, me, red, size: _cat(xs), agree=True),
     Op("reduce_scatter", r_reduce_scatter, lambda xs, me, red, size: _chunk(reduce_host(xs, red, ""), len(xs), me),
@@ -306,8 +315,9 @@ OPS = {o.name: o for o in (
     Op("all_to_all_single", r_all_to_all_single, _a2a_oracle, length=lambda size, n, me: sum(splits(size, n, me))),
     Op("all_to_all", r_all_to_all, lambda xs, me, red, size: _cat([_chunk(x, len(xs), me) for x in xs]),
        length=lambda size, n, me: size * n),
-    Op("gather", r_gather, lambda xs, me, red, size: _cat(xs) if me == 0 else None),
-    Op("scatter", r_scatter, lambda xs, me, red, size: _chunk(xs[0], len(xs), me), length=lambda size, n, me: size * n),
+    Op("gather", r_gather, lambda xs, me, red, size, root=0: _cat(xs) if me == root else None, rooted=True),
+    Op("scatter", r_scatter, lambda xs, me, red, size, root=0: _chunk(xs[root], len(xs), me),
+       length=lambda size, n, me: size * n, rooted=True),
     Op("barrier", r_barrier, lambda xs, me, red, size: xs[me]),
     Op("send_recv", r_send_recv, lambda xs, me, red, size: xs[(me - 1) % len(xs)], p2p=True),
     Op("batch_isend_irecv", r_batch_isend_irecv, lambda xs, me, red, size: xs[(me - 1) % len(xs)], p2p=True),

@@ -75,17 +75,20 @@ def plan(op: str, world_size: int, profile: str = "dev") -> list[dict]:
     for k in range(len(combos) * REPEATS.get(profile, 1)):
         d, r = combos[k % len(combos)]
         # 7 is coprime to len(SIZES): consecutive draws walk every size
-        out.append({"dtype": d, "red": r, "size": SIZES[(7 * k + len(op)) % len(SIZES)],
-                    "how": HOWS[k % len(HOWS)], "group": groups[(k // len(HOWS)) % len(groups)]})
+        draw = {"dtype": d, "red": r, "size": SIZES[(7 * k + len(op)) % len(SIZES)],
+                "how": HOWS[k % len(HOWS)], "group": groups[(k // len(HOWS)) % len(groups)]}
+        if o.rooted:  # every group rank is the root in turn (a backend reading it as a global rank shows)
+            draw["root"] = (k // 2) % len(members(draw["group"], world_size))
+        out.append(draw)
     if o.p2p and world_size < 2:
         return []
     return out
 
 
-def plan_layout(layout: str, world_size: int, profile: str = "dev") -> list[dict]:
-    """The draws of the ``layout`` case: every op of ``LAYOUT_OPS[layout]`` with every dtype of
-    :data:`LAYOUT_DTYPES` (reductions, sizes, completion modes and groups cycled); each draw
-    names its ``op`` and ``layout``."""
+def plan_layout(layout: str, world_size: int, profile: str = "dev", only: str | None = None) -> list[dict]:
+    """The draws of ``layout``: every op of ``LAYOUT_OPS[layout]`` (``only``: that op's draws of
+    the same plan) with every dtype of :data:`LAYOUT_DTYPES` (reductions, sizes, completion modes
+    and groups cycled); each draw names its ``op`` and ``layout``."""
     out, k = [], 0
     sizes = LAYOUT_SIZES[layout]
     for _ in range(REPEATS.get(profile, 1)):
@@ -99,8 +102,10 @@ def plan_layout(layout: str, world_size: int, profile: str = "dev") -> list[dict
                 out.append({"op": op, "layout": layout, "dtype": d, "red": reds[k % len(reds)],
                             "size": sizes[k % len(sizes)], "how": HOWS[k % len(HOWS)],
                             "group": groups[(k // len(HOWS)) % len(groups)]})
+                if o.rooted:
+                    out[-1]["root"] = k % len(members(out[-1]["group"], world_size))
                 k += 1
-    return out
+    return [d for d in out if only is None or d["op"] == only]
 
 
 def members(group: str, world_size: int) -> list[int]:
@@ -240,6 +245,7 @@ def label(op: str, draw: dict, world_size: int) -> str:
     op = draw.get("op", op)
     red = f" {draw['red']}" if draw["red"] != "-" else ""
     layout = f" {draw['layout']}" if draw.get("layout") else ""
+    layout += f" root {draw['root']}" if draw.get("root") else ""
     group = (f"world of {world_size}" if draw["group"] == "world"
              else f"groups {subgroups('pairs', world_size)} of {world_size}" if draw["group"] == "pairs"
              else f"group {members(draw['group'], world_size)} of {world_size}")
@@ -298,7 +304,7 @@ def task_collective(ctx, op: str, draws: list) -> list:
         xs = [make_input(op_i, i, j, n, d) for j in range(n)]
         ctx.note(phase=label(op, d, ctx.world_size))
         c = {"dist": dist, "how": d["how"], "red": d["red"], "grank": me, "n": n, "size": d["size"],
-             "layout": d.get("layout")}
+             "layout": d.get("layout"), "root": d.get("root", 0)}
         try:
             t = lay_out(xs[me].clone(), d.get("layout"))
             if d.get("layout") == "reused_input":  # the same tensor object, other values, first
@@ -310,7 +316,8 @@ def task_collective(ctx, op: str, draws: list) -> list:
             out.append({"raised": _refusal(exc)})
             continue
         host = [to_host(x) for x in xs]
-        want = o.oracle(host, me, d["red"], d["size"])
+        want = o.oracle(host, me, d["red"], d["size"], root=d["root"]) if "root" in d else \
+            o.oracle(host, me, d["red"], d["size"])
         if res is None or want is None:
             out.append({"digest": None, "findings": [], "dev": None, "bound": None, "ratio": None})
             continue
@@ -478,8 +485,8 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
     profile = session.settings.profile
     key = ("collective", case.name, runtime, w, profile)
     if key not in session._cache:
-        op = case.args.get("op")
-        draws = plan(op, w, profile) if op else plan_layout(case.args["layout"], w, profile)
+        op, layout = case.args.get("op"), case.args.get("layout")
+        draws = plan_layout(layout, w, profile, op) if layout else plan(op, w, profile)
         results = session.run(runtime, w, task_collective, timeout=case.timeout, op=op, draws=draws)
         if results is None:
             return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 from conformance.cases.collectives.ops import DTYPES, LAYOUT_OPS, OPS, REDUCTIONS, SIZES
-from conformance.cases.collectives.run import HOWS, _groups, judge, task_collective
+from conformance.cases.collectives.run import HOWS, _groups, judge, members, task_collective
 from conformance.cases.search import PROFILES, kit_settings, profile_name
 from conformance.verdict import Verdict
 
@@ -52,6 +52,8 @@ def draws(world_size: int):
                                   st.integers(1, 18).map(lambda k: 2 ** k + 1)))
         d = {"op": op, "dtype": dtype, "red": red, "size": size, "how": draw(st.sampled_from(HOWS)),
              "group": draw(st.sampled_from(_groups(world_size, o.p2p)))}
+        if o.rooted:
+            d["root"] = draw(st.integers(0, len(members(d["group"], world_size)) - 1))
         if layout:
             d["layout"] = layout
         return d
