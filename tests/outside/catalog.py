@@ -266,6 +266,54 @@ CATALOG = [
           "forward (pre-)hooks never run",
           "module: forward pre-hooks / forward hooks on the wrapped module",
           "https://github.com/numenta/nupic.torch/pull/51", True),
+    # Issue 25 item 6, one faulty DDP per module / initial-state dimension, written from scratch
+    # on torch.distributed from the README alone (module_axis_correct.py, the control, and one
+    # subclass per fault overriding one small method). Measured 2026-12-03, the main command per
+    # entry (``run --ddp <spec> --expected-failures docs/findings/expected-failures-torch.txt``,
+    # default world sizes 2 and 3): the control exits 0 (266 pass, 90 unsupported: no join, comm
+    # hooks, buckets, static_graph), each faulty entry exits 1. int_buffers_skipped is caught only
+    # by its construction-time part (property.broadcast names '1.num_batches_tracked'); no
+    # training case has an integer buffer whose value differs between replicas (buffer_kinds'
+    # int64 counter is += 1 on every replica), so the per-forward skip alone is not exercised.
+    Entry("module_axis_correct", "module_axis_correct:Class", "", "",
+          "every check: must pass (graph-walk find_unused_parameters, per-dtype flat all-reduce)",
+          "https://pytorch.org/docs/stable/notes/ddp.html", None),
+    Entry("module_axis_forward_kwargs_dropped", "module_axis_forward_kwargs_dropped:Class",
+          "25.i6.1",
+          "forward(*args, **kwargs) calls the module with the positional arguments only: keyword "
+          "arguments (scale=) silently dropped, the module computes its default",
+          "module: a forward taking keyword arguments with defaults",
+          "https://github.com/KevinMusgrave/pytorch-metric-learning/issues/701", True),
+    Entry("module_axis_int_buffers_skipped", "module_axis_int_buffers_skipped:Class", "25.i6.2",
+          "buffer broadcasts (construction and before each training forward) send floating-point "
+          "buffers only: integer buffers (num_batches_tracked, step counters) stay per replica",
+          "module: integer buffers differing between replicas (caught at construction only)",
+          "https://github.com/pytorch/pytorch/issues/63916", True),
+    Entry("module_axis_parametrization_original_unsynced",
+          "module_axis_parametrization_original_unsynced:Class", "25.i6.3",
+          "construction broadcast over named_parameters() skipping names containing "
+          "'parametrizations': '<m>.parametrizations.weight.original' keeps each replica's seed",
+          "module: torch.nn.utils.parametrize x replicas built from different seeds",
+          "https://github.com/pytorch/pytorch/issues/61470", True),
+    Entry("module_axis_container_params_unsynced", "module_axis_container_params_unsynced:Class",
+          "25.i6.4",
+          "gradient hooks / reduction list built from each module's direct _parameters, skipping "
+          "nn.ParameterList / nn.ParameterDict: their gradients stay local",
+          "module: parameters held in nn.ParameterList / nn.ParameterDict",
+          "https://github.com/pytorch/pytorch/issues/36035", True),
+    Entry("module_axis_no_initial_broadcast", "module_axis_no_initial_broadcast:Class",
+          "25.i6.5",
+          "broadcast_buffers=False also skips the construction-time parameter broadcast: replicas "
+          "built from different seeds stay different",
+          "initial state: per-rank seeds x broadcast_buffers=False",
+          "https://github.com/pytorch/pytorch/issues/111138", True),
+    Entry("module_axis_namedtuple_output_unused", "module_axis_namedtuple_output_unused:Class",
+          "25.i6.6",
+          "find_unused_parameters (autograd-graph walk from the output tensors): outputs looked "
+          "for in Tensor / exact tuple or list / dict only, not namedtuple or dataclass: those "
+          "parameters count as unused, gradients never reduced",
+          "module: forward returns a namedtuple / dataclass, find_unused_parameters=True",
+          "https://github.com/pytorch/pytorch/issues/22436", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -317,4 +365,11 @@ CAUGHT_BY = {
     "structured_output_unused": "parity.structured_output_unused@2",
     "state_dict_buffers": "parity.buffer_kinds@2",
     "forward_bypasses_hooks": "parity.hooks_containers@2",
+    # issue 25 item 6: the first failing verdict of each main-command run (2026-12-03)
+    "module_axis_forward_kwargs_dropped": "feature.unused_parameters@2",
+    "module_axis_int_buffers_skipped": "property.broadcast@2",
+    "module_axis_parametrization_original_unsynced": "parity.hooks_containers@2",
+    "module_axis_container_params_unsynced": "parity.hooks_containers@2",
+    "module_axis_no_initial_broadcast": "feature.broadcast_buffers_off@2",
+    "module_axis_namedtuple_output_unused": "scenario.loop@2",
 }
