@@ -13,7 +13,8 @@ import pytest
 from conformance import options, plugin
 from conformance.cases.table import CASES, select
 from conformance.errors import UsageError
-from conformance.settings import DEFAULT_IMPLS, DEFAULT_WORLD_SIZES, ENVIRONMENT, Settings
+from conformance.settings import ENVIRONMENT, Settings, default_impls, default_world_sizes
+from conformance.worlds.runtimes import RUNTIMES
 
 from .procs import REPO, run_cli
 
@@ -43,13 +44,13 @@ def _pytest_matrix(runtime):
     return [(rt, w, tuple(plugin.impls_for(config, rt))) for rt, w, _ in plugin.runtime_worlds(config)]
 
 
-@pytest.mark.parametrize("runtime", sorted(DEFAULT_WORLD_SIZES))
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
 def test_every_face_runs_the_same_default_matrix(runtime):
     """CLI and absltest (``options.parse_matrix``) and the pytest plugin, given no options."""
     cases = select([], [])  # every row at the runtime's world sizes, or at its own (Case.world_sizes)
     sizes = sorted({w for c in cases for w in options.case_world_sizes(c, runtime)})
     assert set(options.parse_world_sizes(None, runtime)) <= set(sizes)
-    cli = [(runtime, w, tuple(DEFAULT_IMPLS[runtime])) for w in sizes]
+    cli = [(runtime, w, tuple(default_impls(runtime))) for w in sizes]
     assert _pytest_matrix(runtime) == cli
     if runtime == "cpu":  # the only runtime every machine can validate end to end
         got = [(rt, w, tuple(i)) for rt, w, i in options.parse_matrix("cpu", None, None, cases=cases)]
@@ -60,7 +61,7 @@ def test_a_case_runs_at_its_own_world_sizes_only_by_default():
     """feature.subgroups adds W=4 to the default CPU run for itself only; --world-size overrides."""
     sub, lin = CASES["feature.subgroups"], CASES["parity.linear"]
     assert options.case_world_sizes(sub, "cpu") == [3, 4]
-    assert options.case_world_sizes(lin, "cpu") == list(DEFAULT_WORLD_SIZES["cpu"])
+    assert options.case_world_sizes(lin, "cpu") == list(default_world_sizes("cpu"))
     assert options.case_runs_at(sub, "cpu", 4, None) and not options.case_runs_at(lin, "cpu", 4, None)
     assert not options.case_runs_at(sub, "cpu", 2, None) and options.case_runs_at(sub, "cpu", 2, "2")
 

@@ -13,7 +13,7 @@ import socket
 
 from conformance.errors import UsageError
 
-from conformance.settings import MAX_WORLD_SIZES, emulated_hosts
+from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
 
 # How far gloo's timeout stays above a World's task bound: the World's stack dump
@@ -99,7 +99,12 @@ def _cut_tcp_connections() -> None:
 
 class CpuRuntime(Runtime):
     name = "cpu"
-    max_world_size = MAX_WORLD_SIZES["cpu"]
+    max_world_size = 16
+    default_impls = ("torch", "ref")
+    # Emulated hosts (Settings.cpu_hosts; torchrun's LOCAL_*/GROUP_* variables per host).
+    hosts_field = "cpu_hosts"
+    launchable = True  # one replica per process: a launcher's processes are the world
+    collectives_judged = True  # torch.distributed's collectives, op by op (conformance.cases.collectives)
     # The World's collective bound is shorter than gloo's own timeout: a replica
     # left waiting in an all-reduce by a hung peer would otherwise raise gloo's
     # "Timed out waiting ... for recv" first, and the report would blame the

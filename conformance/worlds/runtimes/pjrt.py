@@ -50,7 +50,7 @@ import threading
 import time
 import traceback
 
-from conformance.settings import MAX_WORLD_SIZES, emulated_hosts
+from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes import pjrt_graphs, pjrt_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable, run_task
 
@@ -152,7 +152,12 @@ class PjrtRuntime(Runtime):
     """torch_xla PJRT on the CPU device: one host, W replicas as threads."""
 
     name = "pjrt"
-    max_world_size = MAX_WORLD_SIZES["pjrt"]  # measured up to 16 CPU replicas (docs/runtimes/pjrt.md)
+    max_world_size = 16  # measured up to 16 CPU replicas (docs/runtimes/pjrt.md)
+    default_impls = ("ref", "xla_recipe", "torch")
+    # Emulated hosts of the replica threads (Settings.pjrt_hosts; conformance.worlds.runtimes.pjrt_hosts).
+    hosts_field = "pjrt_hosts"
+    # spmd: one program over a W-device mesh, in its own host process (use_spmd() is global).
+    topologies = {"spmd": "conformance.worlds.runtimes.pjrt_spmd:PjrtSpmdRuntime"}
     # torch_xla 2.9 updates BatchNorm's running_var with the *biased* batch
     # variance (CPU PyTorch: unbiased); measured, pinned by
     # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.

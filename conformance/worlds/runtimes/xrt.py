@@ -144,6 +144,8 @@ class XrtRuntime(Runtime):
 
     name = "xrt"
     max_world_size = _x.DEFAULT_TPU_DEVICES
+    default_world_sizes = (_x.DEFAULT_TPU_DEVICES,)  # a whole v2-8/v3-8 host
+    default_impls = ("ref",)
     compiled_graphs = True  # TPU: every distinct graph is compiled
 
     def check(self, world_size):
