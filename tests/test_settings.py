@@ -116,3 +116,44 @@ def test_the_profile_names_are_the_budget_table_s():
     from conformance.cases.search import PROFILES as BUDGETS
     from conformance.settings import PROFILES
     assert tuple(BUDGETS) == PROFILES
+
+
+def test_a_registered_runtime_brings_its_defaults_to_every_face():
+    """A new runtime is its adapter and one registration: Settings, option parsing and the
+    pytest face read its facts (default world sizes and implementations, largest world,
+    emulated hosts, launcher support) from the adapter, with no other edit."""
+    import warnings
+
+    from conformance.settings import emulated_hosts, max_world_size
+    from conformance.worlds.launched import external_runtimes
+    from conformance.worlds.runtimes import Runtime, WorldKey, get_runtime, register, unregister
+
+    class ToyRuntime(Runtime):
+        name = "toy"
+        default_world_sizes = (4, 5)
+        default_impls = ("ref",)
+        max_world_size = 6
+        hosts_field = "cpu_hosts"  # borrows the CPU runtime's host layout
+
+    register("toy", ToyRuntime)
+    try:
+        assert default_world_sizes("toy") == (4, 5) and default_impls("toy") == ("ref",)
+        assert max_world_size("toy") == 6
+        assert options.parse_runtime_names("cpu,toy") == ["cpu", "toy"]
+        assert options.parse_world_sizes(None, "toy") == [4, 5]
+        assert options.parse_impl_names(None, "toy") == ["ref"]
+        assert options.parse_matrix("toy", None, None) == [("toy", 4, ["ref"]), ("toy", 5, ["ref"])]
+        with pytest.raises(UsageError, match=r"^--world-size 7: runtime toy runs world sizes 2\.\.6$"):
+            options.parse_matrix("toy", "7", None)
+        lin = CASES["parity.linear"]
+        assert options.case_world_sizes(lin, "toy") == [4, 5]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the pytest mark "toy" is not registered in this project
+            assert _pytest_matrix("toy") == [("toy", 4, ("ref",)), ("toy", 5, ("ref",))]
+        assert emulated_hosts(Settings(cpu_hosts=((4, 2),)), 4, "toy") == 2
+        assert "toy" not in external_runtimes()
+        assert isinstance(get_runtime("toy"), ToyRuntime) and WorldKey("toy", 4).world == "toy"
+    finally:
+        unregister("toy")
+    with pytest.raises(UsageError, match="unknown runtime 'toy'"):
+        options.parse_runtime_names("toy")

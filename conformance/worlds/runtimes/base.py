@@ -105,6 +105,10 @@ class Runtime:
     launchable = False
     # True where the collective family's cases judge this runtime's collectives op by op.
     collectives_judged = False
+    # ``make_process_group(ctx, groups)``: this replica's process group for ``groups`` (lists
+    # of global ranks; every rank calls it with the same groups), which a DDP takes as
+    # ``process_group`` (feature.subgroups); None: the runtime has no process groups.
+    make_process_group = None
     # Measured ways the runtime's own ops differ from CPU PyTorch, which the
     # single-device reference must reproduce (see conformance.cases.train.reference.QUIRKS).
     reference_quirks: frozenset = frozenset()

@@ -64,6 +64,19 @@ def topology_class(runtime: str, topology: str) -> type:
     return _load(known[topology])
 
 
+def adapter_named(name: str) -> type | None:
+    """The adapter class whose ``name`` is ``name`` (a replica context's ``ctx.runtime``: a
+    runtime, or a topology world such as ``pjrt_spmd``); ``None`` if none is registered."""
+    if name in RUNTIMES:
+        return runtime_class(name)
+    for runtime in RUNTIMES:
+        for topology in topologies(runtime):
+            cls = topology_class(runtime, topology)
+            if cls.name == name:
+                return cls
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class WorldKey:
     """A world's identity: ``size`` devices of ``runtime`` in ``topology`` (``None``: the
