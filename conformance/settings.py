@@ -30,6 +30,7 @@ import os
 from collections.abc import Mapping
 
 from conformance.errors import UsageError
+from conformance.worlds.registry import RUNTIMES, runtime_class
 
 # Emulated hosts of the CPU runtime's worlds (W -> H; any other W: one host). torchrun's
 # variables for H nodes x W/H replicas: LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
@@ -183,16 +184,14 @@ def max_world_size(runtime: str) -> int | None:
 
 
 def _runtime_class(runtime: str):
-    # The registry is a leaf module; the adapter modules import no torch at import.
-    from conformance.worlds.runtimes.registry import runtime_class
+    # The registry imports the adapter module on first use (no torch at import).
     return runtime_class(runtime)
 
 
 def _fact(runtime: str, name: str, default):
     """Attribute ``name`` of ``runtime``'s adapter class; ``default`` for a name the registry
     does not hold (a topology world, e.g. ``pjrt_spmd``)."""
-    from conformance.worlds.runtimes.registry import RUNTIMES
-    return getattr(_runtime_class(runtime), name) if runtime in RUNTIMES else default
+    return getattr(runtime_class(runtime), name) if runtime in RUNTIMES else default
 
 
 def use_hypothesis_cache() -> str:

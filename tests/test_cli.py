@@ -89,6 +89,8 @@ def test_world_size_bounds_are_the_adapters_and_say_the_range():
     for rt in RUNTIMES:
         assert get_runtime(rt).max_world_size == max_world_size(rt), rt
     assert max_world_size("tpu") is None
+    from ddp_impl.runtime.xrt import DEFAULT_TPU_DEVICES
+    assert max_world_size("xrt") == DEFAULT_TPU_DEVICES
     with pytest.raises(RuntimeUnavailable, match=r"^world size 99 is above 16, the largest runtime cpu runs$"):
         get_runtime("cpu").check(99)
 

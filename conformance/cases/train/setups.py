@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from conformance.cases.train.commhooks import register_hook
 from conformance.errors import Unsupported
+from conformance.worlds.registry import adapter_named
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,6 @@ class ProcessGroupsSetup(Setup):
             if ctx.world_size < SUBGROUPS_MIN_WORLD_SIZE:
                 raise Unsupported(f"process subgroups need world size >= {SUBGROUPS_MIN_WORLD_SIZE} "
                                   f"(W={ctx.world_size} holds one group of {SUBGROUP_SIZE}: no subgroups)")
-            from conformance.worlds.runtimes.registry import adapter_named
             adapter = adapter_named(ctx.runtime)  # the runtime adapter's make_process_group
             make = adapter.make_process_group if adapter is not None else None
             if make is None:

@@ -4,13 +4,13 @@ Each adapter says where replicas live (host processes x replicas per host), how 
 host initialises its runtime, and how a task runs on the host's replicas; its class
 attributes are the runtime's facts (default world sizes and implementations, largest
 world, emulated hosts, topologies, ...: :class:`~conformance.worlds.runtimes.base.Runtime`).
-The registry (:mod:`conformance.worlds.runtimes.registry`) names them; a world is
-identified by a :class:`~conformance.worlds.runtimes.registry.WorldKey`.
+The registry (:mod:`conformance.worlds.registry`) names them; a world is
+identified by a :class:`~conformance.worlds.registry.WorldKey`.
 """
 from __future__ import annotations
 
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable
-from conformance.worlds.runtimes.registry import (RUNTIMES, WorldKey, register, runtime_class, topologies,
+from conformance.worlds.registry import (RUNTIMES, WorldKey, register, runtime_class, topologies,
                                                   topology_class, unregister)
 
 

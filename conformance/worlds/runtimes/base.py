@@ -85,7 +85,7 @@ class Runtime:
 
     name = "?"
     # --- Facts the faces read before any world starts (by runtime name, through
-    # conformance.worlds.runtimes.registry; conformance.settings serves them) ---
+    # conformance.worlds.registry; conformance.settings serves them) ---
     # Largest world the runtime runs (the faces refuse a larger --world-size before torch loads).
     max_world_size = 64
     # World sizes a run covers unless told: 2, and 3 because divisor faults cancel at powers of

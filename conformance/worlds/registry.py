@@ -1,4 +1,5 @@
-"""The runtime registry and :class:`WorldKey`, a world's identity.
+"""The runtime registry and :class:`WorldKey`, a world's identity (the adapters themselves
+live in :mod:`conformance.worlds.runtimes`).
 
 A leaf module (it imports nothing of the kit): :mod:`conformance.settings` and the faces read
 a runtime's facts - default world sizes and implementations, largest world, emulated hosts,
