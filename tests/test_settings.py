@@ -157,3 +157,15 @@ def test_a_registered_runtime_brings_its_defaults_to_every_face():
         unregister("toy")
     with pytest.raises(UsageError, match="unknown runtime 'toy'"):
         options.parse_runtime_names("toy")
+
+
+def test_the_doc_lists_the_runtime_facts():
+    """docs/extending.md "A new runtime" names every fact of a runtime adapter, and only those."""
+    import re
+
+    from conformance.worlds.runtimes import Runtime
+    with open(f"{REPO}/docs/extending.md") as f:
+        text = f.read().split("## A new runtime", 1)[1]
+    doc = re.findall(r"^\| `(\w+)` \|", text, re.M)
+    assert doc == list(Runtime.FACTS)
+    assert all(hasattr(Runtime, fact) for fact in Runtime.FACTS)

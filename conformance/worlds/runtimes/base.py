@@ -84,6 +84,10 @@ class Runtime:
     """Adapter base class. Subclasses set :attr:`name` and override the hooks."""
 
     name = "?"
+    #: The runtime's facts (class attributes below; docs/extending.md "A new runtime" lists them).
+    FACTS = ("max_world_size", "default_world_sizes", "default_impls", "hosts_field", "topologies",
+             "launchable", "collectives_judged", "make_process_group", "reference_quirks", "uniform_graphs",
+             "compiled_graphs", "step_sync_runs_collectives", "collective_bound", "resettable")
     # --- Facts the faces read before any world starts (by runtime name, through
     # conformance.worlds.registry; conformance.settings serves them) ---
     # Largest world the runtime runs (the faces refuse a larger --world-size before torch loads).
