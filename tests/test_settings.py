@@ -169,3 +169,35 @@ def test_the_doc_lists_the_runtime_facts():
     doc = re.findall(r"^\| `(\w+)` \|", text, re.M)
     assert doc == list(Runtime.FACTS)
     assert all(hasattr(Runtime, fact) for fact in Runtime.FACTS)
+
+
+def test_a_pool_whose_results_reach_the_root_only_skips_the_searches():
+    """A launcher-built world's pool says so with ``sees_every_result = False`` (no class-name
+    test): a searching kind is skipped there with the reason, before any world is asked for."""
+    from conformance.evaluate import Session, evaluate
+    from conformance.worlds.launched import ExternalPool
+
+    class RootOnly:
+        sees_every_result = False
+
+        def get(self, runtime, world_size):
+            raise AssertionError("no world is needed to skip")
+
+        def close(self):
+            pass
+
+    assert ExternalPool.sees_every_result is False
+    verdicts = evaluate(CASES["property.allreduce_mean"], "ref", "cpu", 2, Session(pool=RootOnly()))
+    assert verdicts and {v.status for v in verdicts} == {"skip"}
+    assert all("need a world the kit spawns" in v.reason for v in verdicts)
+
+
+def test_the_collective_family_judges_the_runtimes_that_say_so():
+    from conformance.cases.collectives.run import evaluate_collective
+    from conformance.worlds.runtimes import runtime_class
+    assert [r for r in RUNTIMES if runtime_class(r).collectives_judged] == ["cpu"]
+    case = next(c for c in CASES.values() if c.kind == "collective")
+    verdicts = evaluate_collective(case, "ref", "pjrt", 2, session=None, overrides={})
+    assert {v.status for v in verdicts} == {"skip"} and {v.reason for v in verdicts} == {
+        "the collective family runs on the CPU runtime (torch.distributed); pjrt's collectives are not "
+        "judged op by op yet"}

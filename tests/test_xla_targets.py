@@ -33,6 +33,20 @@ def test_world_key_maps_spmd_rows_to_one_program():
         rt.check(2)
 
 
+def test_a_row_maps_only_a_runtime_with_topologies_to_one_of_them():
+    """The runtime adapters' ``topologies`` decide; the messages are the ones of the former
+    string test."""
+    from dataclasses import replace
+
+    from conformance.impls.builtin import strategy_problem
+    row = IMPLS["xla_spmd"]
+    assert strategy_problem(row) is None
+    assert strategy_problem(replace(row, topology={"cpu": "spmd"})) == (
+        "topology", "runtime 'cpu' has no topologies (only 'pjrt' does)")
+    assert strategy_problem(replace(row, topology={"pjrt": "ring"})) == (
+        "topology", "unknown topology 'ring'; known: spmd")
+
+
 @pytest.mark.parametrize("name", SPMD_ROWS)
 def test_spmd_rows_declare_their_semantics(name):
     row = IMPLS[name]
