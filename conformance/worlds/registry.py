@@ -108,7 +108,8 @@ class WorldKey:
 
     @classmethod
     def parse(cls, world: str, size: int | None = None) -> "WorldKey":
-        """The key of a world name (:attr:`world`); ``size`` for a runtime's own world.
+        """The key of a world name (:attr:`world`); ``size`` for a runtime's own world, whose
+        name does not carry it (0 when not given: :func:`get_runtime` needs none).
 
         Raises:
             KeyError: no registered runtime or topology has that name.
