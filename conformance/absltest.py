@@ -54,7 +54,7 @@ flags.DEFINE_string("runtime", "cpu", "comma list of runtimes: cpu, pjrt, xrt")
 flags.DEFINE_string("ddp", None, "comma list of DDP implementations (default: the class's DDP, "
                     "else the runtime's)")
 flags.DEFINE_string("world_size", None, "comma list of world sizes >= 2 (default: the runtime's, "
-                    "conformance.settings.DEFAULT_WORLD_SIZES)")
+                    "its adapter's default_world_sizes)")
 flags.DEFINE_string("only", None, "comma list of tags: run only cases carrying one")
 flags.DEFINE_string("skip", None, "comma list of tags: leave out cases carrying one")
 flags.DEFINE_string("profile", None, "example budget of property cases: dev, ci, ci-pjrt, thorough")

@@ -28,7 +28,7 @@ from conformance.cases.train.loop import train_replica
 from conformance.impls.builtin import resolve_impl
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.settings import Settings
-from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime, world_for
+from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime, world_key
 from conformance.worlds.spawned import ReplicaError
 
 _UNSUPPORTED = "__unsupported__"
@@ -127,7 +127,8 @@ class Session:
                 row = resolve_impl(impl)
                 if runtime in row.unsupported:  # no case of it starts a world there
                     continue
-                prestart(*world_for(runtime, row.topology.get(runtime), world_size))
+                world = world_key(runtime, row.topology.get(runtime), world_size)
+                prestart(world.world, world.replicas)
             except Exception:  # reported where evaluate() uses it
                 continue
 
@@ -174,7 +175,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         return [Verdict(case.name, c, impl, runtime, model, world_size, status, reason=reason,
                         diagnosis=diagnosis, family=case.family) for c in case.checks]
 
-    if kind.searches and type(session.pool).__name__ == "ExternalPool":
+    if kind.searches and not getattr(session.pool, "sees_every_result", True):
         return each("skip", f"{case.family} cases need a world the kit spawns: Hypothesis draws each example "
                     "from the result of the last one, which only the root process of a launcher-built world sees")
     try:

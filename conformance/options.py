@@ -8,14 +8,14 @@ import os
 import sys
 
 from conformance.errors import UsageError, split_list
-from conformance.settings import MAX_WORLD_SIZES, default_impls, default_world_sizes
+from conformance.settings import default_impls, default_world_sizes, max_world_size
 from conformance.tolerances import MIN_WORLD_SIZE
 from conformance.worlds.runtimes import get_runtime, RUNTIMES, RuntimeUnavailable
 
 
 def parse_world_sizes(value: str | None, runtime: str = "cpu") -> list[int]:
     """World sizes of ``value`` (a comma list), else the runtime's defaults
-    (:data:`conformance.settings.DEFAULT_WORLD_SIZES`)."""
+    (:func:`conformance.settings.default_world_sizes`, the adapter's)."""
     if not value:
         return list(default_world_sizes(runtime))
     try:
@@ -31,9 +31,9 @@ def check_world_size_range(sizes, runtime: str) -> None:
     """Refuse a world size above what ``runtime`` runs, naming the range the faces accept.
 
     Raises:
-        UsageError: a size above :data:`conformance.settings.MAX_WORLD_SIZES`.
+        UsageError: a size above the runtime's :func:`conformance.settings.max_world_size`.
     """
-    top = MAX_WORLD_SIZES.get(runtime)
+    top = max_world_size(runtime)
     big = [w for w in sizes if top is not None and w > top]
     if big:
         raise UsageError(f"--world-size {big[0]}: runtime {runtime} runs world sizes "
@@ -43,7 +43,7 @@ def check_world_size_range(sizes, runtime: str) -> None:
 def case_world_sizes(case, runtime: str) -> list[int]:
     """The world sizes ``case`` runs at by default on ``runtime``: its own
     (``Case.world_sizes``, e.g. ``feature.subgroups`` at W=3 and 4 on cpu), else
-    the runtime's (:data:`conformance.settings.DEFAULT_WORLD_SIZES`)."""
+    the runtime's (:func:`conformance.settings.default_world_sizes`)."""
     return list(case.world_sizes.get(runtime, default_world_sizes(runtime)))
 
 
@@ -113,7 +113,7 @@ def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
     """
     runtimes = split_list(runtime)
     if launcher == "env":
-        from conformance.worlds.launched import EXTERNAL_RUNTIMES, LauncherEnvError, launcher_world_size
+        from conformance.worlds.launched import LauncherEnvError, external_runtimes, launcher_world_size
         from conformance.worlds.runtimes import RUNTIMES
         try:
             launched = launcher_world_size()
@@ -125,9 +125,9 @@ def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
             raise UsageError(f"--launcher env: --world-size {world_size}: the launcher started "
                              f"{launched} processes (WORLD_SIZE={launched}); omit --world-size")
         for rt in runtimes:
-            if rt in RUNTIMES and rt not in EXTERNAL_RUNTIMES:
+            if rt in RUNTIMES and rt not in external_runtimes():
                 raise UsageError(f"--launcher env: runtime {rt} cannot run under an external launcher "
-                                 f"(only {', '.join(EXTERNAL_RUNTIMES)})")
+                                 f"(only {', '.join(external_runtimes())})")
     out = []
     for rt in parse_runtime_names(runtime):
         sizes = parse_world_sizes(world_size, rt)

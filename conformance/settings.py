@@ -17,9 +17,11 @@ field                                  environment variable        default
 ``backend`` (torch.distributed, CPU)   ``CONFORMANCE_BACKEND``            gloo
 =====================================  ==========================  ========
 
-The default world sizes and implementations per runtime are data of this module
-too (:data:`DEFAULT_WORLD_SIZES`, :data:`DEFAULT_IMPLS`); every face uses them,
-so the same (runtime, W, implementation) matrix runs whatever the face.
+The default world sizes and implementations per runtime are facts of the runtime
+adapters (class attributes of :class:`conformance.worlds.runtimes.base.Runtime`), read
+here by name from the runtime registry (:func:`default_world_sizes`, :func:`default_impls`,
+:func:`max_world_size`, :func:`emulated_hosts`); every face uses these, so the same
+(runtime, W, implementation) matrix runs whatever the face.
 """
 from __future__ import annotations
 
@@ -28,16 +30,8 @@ import os
 from collections.abc import Mapping
 
 from conformance.errors import UsageError
+from conformance.worlds.registry import RUNTIMES, runtime_class
 
-# World sizes a run covers unless told: 2, and 3 because divisor faults cancel at powers of
-# two (an FSDP-style pre/post divide by 2 and W // 2 is exact at W=2 and 4, 1.5x off at 3;
-# measured with tests/outside/sharded_predivide_int.py). XRT runs on a whole v2-8/v3-8 host.
-DEFAULT_WORLD_SIZES = {"cpu": (2, 3), "pjrt": (2, 3), "xrt": (8,)}
-# Largest world each runtime runs (its adapter's max_world_size), here so the CLI can refuse a
-# size before torch is imported; tests/test_cli.py compares it with the adapters.
-MAX_WORLD_SIZES = {"cpu": 16, "pjrt": 16, "xrt": 8}
-# Implementations a run covers unless --ddp says otherwise.
-DEFAULT_IMPLS = {"cpu": ("torch", "ref"), "pjrt": ("ref", "xla_recipe", "torch"), "xrt": ("ref",)}
 # Emulated hosts of the CPU runtime's worlds (W -> H; any other W: one host). torchrun's
 # variables for H nodes x W/H replicas: LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 # GROUP_WORLD_SIZE, ROLE_*. The two default worlds take the two extreme shapes: W=2 as 2
@@ -51,8 +45,6 @@ DEFAULT_CPU_HOSTS = {2: 2}
 # hosts are emulated in torch_xla's per-host queries (process_index, addressable_device_count,
 # local_ordinal, ...; conformance.worlds.runtimes.pjrt_hosts, docs/multi-host.md).
 DEFAULT_PJRT_HOSTS = {2: 2, 4: 2}
-# Which Settings field holds a runtime's emulated hosts (other runtimes: one host).
-HOSTS_FIELD = {"cpu": "cpu_hosts", "pjrt": "pjrt_hosts"}
 # Example budget profiles (their numbers live with the searches, conformance.cases.search).
 PROFILES = ("dev", "ci", "ci-pjrt", "thorough")
 DEFAULT_PROFILE = "dev"
@@ -161,7 +153,7 @@ def emulated_hosts(settings: "Settings", world_size: int, runtime: str = "cpu") 
     Raises:
         UsageError: the configured host count does not divide ``world_size``.
     """
-    field = HOSTS_FIELD.get(runtime)
+    field = _fact(runtime, "hosts_field", None)  # the Settings field of its hosts, if any
     hosts = dict(getattr(settings, field)).get(world_size, 1) if field else 1
     if world_size % hosts:
         raise UsageError(f"{hosts} emulated hosts cannot hold {world_size} replicas evenly")
@@ -169,11 +161,37 @@ def emulated_hosts(settings: "Settings", world_size: int, runtime: str = "cpu") 
 
 
 def default_world_sizes(runtime: str) -> tuple[int, ...]:
-    return DEFAULT_WORLD_SIZES[runtime]
+    """World sizes a run on ``runtime`` covers unless told (the adapter's ``default_world_sizes``).
+
+    Raises:
+        KeyError: unknown runtime.
+    """
+    return tuple(_runtime_class(runtime).default_world_sizes)
 
 
 def default_impls(runtime: str) -> tuple[str, ...]:
-    return DEFAULT_IMPLS[runtime]
+    """Implementations a run on ``runtime`` covers unless told (the adapter's ``default_impls``).
+
+    Raises:
+        KeyError: unknown runtime.
+    """
+    return tuple(_runtime_class(runtime).default_impls)
+
+
+def max_world_size(runtime: str) -> int | None:
+    """Largest world ``runtime`` runs (the adapter's ``max_world_size``); ``None``: unknown runtime."""
+    return _fact(runtime, "max_world_size", None)
+
+
+def _runtime_class(runtime: str):
+    # The registry imports the adapter module on first use (no torch at import).
+    return runtime_class(runtime)
+
+
+def _fact(runtime: str, name: str, default):
+    """Attribute ``name`` of ``runtime``'s adapter class; ``default`` for a name the registry
+    does not hold (a topology world, e.g. ``pjrt_spmd``)."""
+    return getattr(runtime_class(runtime), name) if runtime in RUNTIMES else default
 
 
 def use_hypothesis_cache() -> str:

@@ -81,13 +81,16 @@ def test_early_names_are_the_tables():
 
 
 def test_world_size_bounds_are_the_adapters_and_say_the_range():
-    """The early bound (settings.MAX_WORLD_SIZES) is each adapter's; an adapter's own refusal
-    names the size it runs, not a range that starts at 1 (issue 29 item 7b)."""
-    from conformance.settings import MAX_WORLD_SIZES
+    """The early bound (settings.max_world_size, read before torch loads) is each adapter's; an
+    adapter's own refusal names the size it runs, not a range that starts at 1 (issue 29 item 7b)."""
+    from conformance.settings import max_world_size
     from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
-    assert set(MAX_WORLD_SIZES) == set(RUNTIMES)
+    assert {rt: max_world_size(rt) for rt in RUNTIMES} == {"cpu": 16, "pjrt": 16, "xrt": 8}
     for rt in RUNTIMES:
-        assert get_runtime(rt).max_world_size == MAX_WORLD_SIZES[rt], rt
+        assert get_runtime(rt).max_world_size == max_world_size(rt), rt
+    assert max_world_size("tpu") is None
+    from ddp_impl.runtime.xrt import DEFAULT_TPU_DEVICES
+    assert max_world_size("xrt") == DEFAULT_TPU_DEVICES
     with pytest.raises(RuntimeUnavailable, match=r"^world size 99 is above 16, the largest runtime cpu runs$"):
         get_runtime("cpu").check(99)
 

@@ -287,11 +287,13 @@ LIGHT = (
     "conformance.worlds.diagnosis",
     "conformance.worlds.launched",
     "conformance.worlds.procmem",
+    "conformance.worlds.registry",
     "conformance.worlds.runtimes",
     "conformance.worlds.runtimes.base",
     "conformance.worlds.runtimes.cpu",
     "conformance.worlds.runtimes.pjrt",
     "conformance.worlds.runtimes.pjrt_spmd",
+    "conformance.worlds.runtimes.xrt",
     "conformance.worlds.spawned",
 )
 # Modules that defer every kit import, and why.

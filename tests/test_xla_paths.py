@@ -8,22 +8,43 @@ import pytest
 from conformance.cases.table import CASES
 from conformance.evaluate import Session, evaluate
 from conformance.impls.builtin import IMPLS
-from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime, world_for
+from conformance.worlds.runtimes import RuntimeUnavailable, WorldKey, get_runtime, world_key
 from conformance.settings import Settings
 from conformance.worlds.spawned import WorldPool
 
 SPMD_ROWS = ("xla_spmd", "xla_fsdpv2")
 
 
-def test_world_for_maps_spmd_rows_to_one_program():
-    assert world_for("pjrt", None, 4) == ("pjrt", 4)
-    assert world_for("pjrt", "spmd", 4) == ("pjrt_spmd:4", 1)
+def test_world_key_maps_spmd_rows_to_one_program():
+    own, spmd = world_key("pjrt", None, 4), world_key("pjrt", "spmd", 4)
+    assert (own.world, own.replicas, own.where) == ("pjrt", 4, "pjrt")
+    assert (spmd.world, spmd.replicas, spmd.where) == ("pjrt_spmd:4", 1, "pjrt:spmd")
+    assert WorldKey.parse("pjrt_spmd:4") == spmd == WorldKey("pjrt", 4, "spmd")
     with pytest.raises(KeyError, match="unknown topology"):
-        world_for("pjrt", "ring", 2)
+        world_key("pjrt", "ring", 2)
+    with pytest.raises(KeyError, match="unknown topology"):
+        world_key("cpu", "spmd", 2)  # a topology is its runtime's
+    with pytest.raises(KeyError, match="unknown runtime 'pjrt_ring:2'"):
+        get_runtime("pjrt_ring:2")
     rt = get_runtime("pjrt_spmd:4")
     assert (rt.name, rt.devices) == ("pjrt_spmd", 4)
+    assert get_runtime(spmd).devices == 4 and get_runtime(own).name == "pjrt"
     with pytest.raises(RuntimeUnavailable, match="world size 1"):
         rt.check(2)
+
+
+def test_a_row_maps_only_a_runtime_with_topologies_to_one_of_them():
+    """The runtime adapters' ``topologies`` decide; the messages are the ones of the former
+    string test."""
+    from dataclasses import replace
+
+    from conformance.impls.builtin import strategy_problem
+    row = IMPLS["xla_spmd"]
+    assert strategy_problem(row) is None
+    assert strategy_problem(replace(row, topology={"cpu": "spmd"})) == (
+        "topology", "runtime 'cpu' has no topologies (only 'pjrt' does)")
+    assert strategy_problem(replace(row, topology={"pjrt": "ring"})) == (
+        "topology", "unknown topology 'ring'; known: spmd")
 
 
 @pytest.mark.parametrize("name", SPMD_ROWS)

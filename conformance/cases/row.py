@@ -63,7 +63,7 @@ class Case:
         timeout: bound on one world task in seconds (``None``: the world's).
         world_sizes: ``{runtime: (W, ...)}``: the world sizes the case runs at when none
             are given (``--world-size`` absent), instead of the runtime's defaults
-            (``conformance.settings.DEFAULT_WORLD_SIZES``); e.g. two groups of two need W=4.
+            (the runtime adapter's ``default_world_sizes``); e.g. two groups of two need W=4.
     """
 
     name: str

@@ -19,7 +19,7 @@ from dataclasses import fields, replace
 
 from conformance.impls.row import (DDP_KEYWORDS, DDP_METHOD_NAMES, INTERNAL_FIELDS, STRATEGY_KINDS, ImplSpecError,
                                    Strategy, refuse_keywords, torch_sync_bn, wrap_torch_ddp)
-from conformance.worlds.runtimes import RUNTIMES, TOPOLOGIES
+from conformance.worlds.runtimes import RUNTIMES, topologies
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.names import unknown_impl, unknown_mutant
 from conformance.impls.torch_paths import shipped_rows
@@ -202,10 +202,12 @@ def strategy_problem(row: Strategy) -> tuple[str, str] | None:
     if not isinstance(row.topology, dict):
         return "topology", f"must be a dict {{runtime: topology}}, got {type(row.topology).__name__}"
     for runtime, topology in row.topology.items():
-        if runtime != "pjrt":
-            return "topology", f"runtime {runtime!r} has no topologies (only 'pjrt' does)"
-        if topology not in TOPOLOGIES:
-            return "topology", f"unknown topology {topology!r}; known: {', '.join(TOPOLOGIES)}"
+        known = topologies(runtime)  # the runtime adapter's (empty: an unknown runtime)
+        if not known:
+            having = ", ".join(repr(r) for r in RUNTIMES if topologies(r))
+            return "topology", f"runtime {runtime!r} has no topologies (only {having} does)"
+        if topology not in known:
+            return "topology", f"unknown topology {topology!r}; known: {', '.join(known)}"
     if row.mutant:
         return "mutant", "is internal (the catalog's mutants); leave it False"
     if row.shard_rank is not _DEFAULT_SHARD_RANK:

@@ -155,7 +155,7 @@ class Strategy:
         no_copies_reason: why, when :attr:`holds_copies` is ``False`` (one line).
         topology: ``{runtime: topology}``: how the strategy maps ``runtime`` onto devices;
             absent: one replica per device. ``{"pjrt": "spmd"}``: one program over a
-            W-device mesh (:data:`conformance.worlds.runtimes.TOPOLOGIES`), one context
+            W-device mesh (the runtime adapter's ``topologies``), one context
             training on the whole global batch; :attr:`wrap` must shard it (and should fail
             a step whose input stayed replicated, see ``conformance/impls/xla_paths.py``).
 

@@ -44,7 +44,7 @@ import traceback
 from conformance.settings import Settings
 from conformance.worlds.blame import collective_in
 from conformance.worlds.diagnosis import blank as blank_diagnosis, details as diagnosis_details
-from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime, runtime_class
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, _die_with_parent
 from conformance.worlds.runtimes.base import ReplicaContext
 from conformance.worlds.runtimes.cpu import process_group_timeout_s, resolve_backend
@@ -52,8 +52,12 @@ from conformance.worlds.runtimes.cpu import process_group_timeout_s, resolve_bac
 # What a launcher must set (torchrun does; so do `python -m torch.distributed.run`
 # and most cluster launchers that speak env://). MASTER_PORT defaults in gloo.
 REQUIRED_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
-# Runtimes an external launcher can drive (one replica per launched process).
-EXTERNAL_RUNTIMES = ("cpu",)
+
+
+def external_runtimes() -> tuple[str, ...]:
+    """Runtimes an external launcher can drive (one replica per launched process): those whose
+    adapter sets ``launchable``."""
+    return tuple(r for r in RUNTIMES if runtime_class(r).launchable)
 
 
 class LauncherEnvError(RuntimeError):
@@ -109,9 +113,9 @@ def check_external(runtime: str, world_size: int | None = None, environ=None) ->
         LauncherEnvError, WorldSizeMismatch, RuntimeUnavailable: one line each.
     """
     size = launcher_world_size(environ)
-    if runtime not in EXTERNAL_RUNTIMES:
+    if runtime not in external_runtimes():
         raise RuntimeUnavailable(f"runtime {runtime} cannot run under an external launcher "
-                                 f"(only {', '.join(EXTERNAL_RUNTIMES)}: one replica per launched process)")
+                                 f"(only {', '.join(external_runtimes())}: one replica per launched process)")
     if world_size is not None and world_size != size:
         raise WorldSizeMismatch(f"the launcher started {size} processes (WORLD_SIZE={size}), so the world "
                                 f"has {size} replicas, not {world_size}")
@@ -129,7 +133,7 @@ class ExternalWorld:
     (the launcher runs the same program everywhere, so it does).
 
     Args:
-        runtime: ``"cpu"`` (the only one, see :data:`EXTERNAL_RUNTIMES`).
+        runtime: ``"cpu"`` (the only one, see :func:`external_runtimes`).
         timeout: default bound in seconds on each task (default
             ``settings.replica_timeout``): a replica waits at most this long for
             the others at the result gather, and a replica still inside the
@@ -323,7 +327,12 @@ class ExternalPool:
     ``runtime`` and ``world_size`` match the launch; anything else raises
     :class:`WorldSizeMismatch` / ``RuntimeUnavailable`` - a launched world has
     exactly the launcher's processes. A broken world cannot be replaced.
+
+    ``sees_every_result`` is false: a task's results reach the root process only (a pool
+    without the attribute, e.g. ``WorldPool``, returns them to the one process that runs it).
     """
+
+    sees_every_result = False
 
     def __init__(self, runtime: str = "cpu", settings: Settings | None = None):
         check_external(runtime)

@@ -26,6 +26,7 @@ import numpy as np
 from conformance.cases.collectives.ops import (DTYPES, FLOATS, INTS, LAYOUT_OPS, OPS, REDUCTIONS, SIZES,
                                                UNIT_ROUNDOFF, lay_out, sum_bound)
 from conformance.verdict import Verdict
+from conformance.worlds.runtimes import RUNTIMES, runtime_class
 
 #: Completion modes drawn: blocking call, ``async_op=True`` + ``Work.wait()``, + ``get_future().wait()``.
 HOWS = ("sync", "wait", "future")
@@ -478,7 +479,7 @@ def _rejections(rejected: dict, ran_ok: set = frozenset()) -> str:
 def evaluate_collective(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``collective`` row (the implementation is not involved: the verdicts of one
     (runtime, W) are computed once per session and repeated for every implementation)."""
-    if runtime != "cpu":
+    if runtime not in RUNTIMES or not runtime_class(runtime).collectives_judged:
         return [Verdict(case.name, c, impl, runtime, "-", w, "skip",
                         reason=f"the collective family runs on the CPU runtime (torch.distributed) and on "
                         f"PJRT (torch_xla); {runtime}'s collectives are not judged op by op yet") for c in case.checks]

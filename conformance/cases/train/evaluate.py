@@ -19,7 +19,7 @@ from conformance.tolerances import MIN_WORLD_SIZE, lookup
 from conformance.errors import Unsupported
 from conformance.verdict import BAD, Verdict
 from conformance.impls.builtin import resolve_impl
-from conformance.worlds.runtimes import world_for
+from conformance.worlds.runtimes import world_key
 
 
 def train_checks(model: str, run: dict) -> tuple:
@@ -32,7 +32,8 @@ def train_checks(model: str, run: dict) -> tuple:
 def evaluate_train(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``train`` row (``overrides``: RunSpec fields, e.g. ``seed``, ``lr``, ``steps``)."""
     row = resolve_impl(impl)
-    where = f"{runtime}:{row.topology[runtime]}" if row.topology.get(runtime) else runtime
+    world = world_key(runtime, row.topology.get(runtime), w)
+    where = world.where  # "pjrt", or "pjrt:spmd" for a topology world
     if MODELS[case.model].unsupported.get(where):  # the runtime cannot train it, whatever the DDP
         raise Unsupported(f"runtime {where}: {MODELS[case.model].unsupported[where]}")
     user = MODELS[case.model].user is not None  # --model: the run is the user's, its bound measured
@@ -44,8 +45,8 @@ def evaluate_train(case, impl, runtime, w, session, overrides):
     else:
         spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.train, **overrides))
         tol = lookup(runtime, case.model, case.tolerance)
-    world_runtime, n = world_for(runtime, row.topology.get(runtime), w)
-    reps = session.trajectories(world_runtime, n, spec)
+    world_runtime = world.world
+    reps = session.trajectories(world_runtime, world.replicas, spec)
     if reps is None:
         return None
     groups = replica_groups(spec.setups, w)

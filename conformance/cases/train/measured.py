@@ -29,7 +29,7 @@ from conformance.cases.train.reference import reference_run
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
 from conformance.tolerances import MIN_SIDE_FACTOR, VACUITY_FACTOR, Tolerance
-from conformance.worlds.runtimes import world_for
+from conformance.worlds.runtimes import world_key
 from conformance.worlds.spawned import ReplicaError
 from fixtures.models import MODELS
 
@@ -73,7 +73,8 @@ def measured_tolerance(session, runtime: str, w: int, spec: RunSpec) -> Toleranc
     if row.unsupported.get(runtime):
         raise Unsupported(f"the bound is measured with the reference DDP, which runtime {runtime} cannot run: "
                           f"{row.unsupported[runtime]}")
-    world_runtime, n = world_for(runtime, row.topology.get(runtime), w)
+    world = world_key(runtime, row.topology.get(runtime), w)
+    world_runtime, n = world.world, world.replicas
     buffers = CHECKS["buffer_parity"].applies(MODELS[spec.model], spec)
     noise = loss_noise = scale = loss_scale = 0.0
     moved = float("inf")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from conformance.cases.train.commhooks import register_hook
 from conformance.errors import Unsupported
+from conformance.worlds.registry import adapter_named
 
 
 @dataclass(frozen=True)
@@ -247,41 +248,12 @@ class ProcessGroupsSetup(Setup):
             if ctx.world_size < SUBGROUPS_MIN_WORLD_SIZE:
                 raise Unsupported(f"process subgroups need world size >= {SUBGROUPS_MIN_WORLD_SIZE} "
                                   f"(W={ctx.world_size} holds one group of {SUBGROUP_SIZE}: no subgroups)")
-            make = _GROUP_MAKERS.get(ctx.runtime)
+            adapter = adapter_named(ctx.runtime)  # the runtime adapter's make_process_group
+            make = adapter.make_process_group if adapter is not None else None
             if make is None:
                 raise Unsupported(f"process subgroups: no process groups on the {ctx.runtime} runtime")
             loop.process_group = make(ctx, self.groups(ctx.world_size))
         return {"process_group": loop.process_group}
-
-
-def _torch_group(ctx, groups):
-    """This rank's ``torch.distributed.new_group``; every rank creates every group, in order."""
-    import torch.distributed as dist
-    if not dist.is_initialized() or dist.get_world_size() != ctx.world_size:
-        raise Unsupported(f"process subgroups are torch.distributed groups (new_group); the {ctx.runtime} "
-                          "world's replicas are not the ranks of one torch.distributed world")
-    mine = None
-    for ranks in groups:
-        g = dist.new_group(ranks)
-        if ctx.rank in ranks:
-            mine = g
-    return mine
-
-
-def _xla_group(ctx, groups):
-    """PJRT has no per-replica torch.distributed group (the replicas are threads of one
-    process): the group is the reference's collectives over XLA replica groups (``groups=`` of
-    ``xm.all_reduce`` / ``xm.all_gather``), which a DDP takes as ``process_group``."""
-    from ddp_impl.runtime.xla import XlaCollectives
-    if len({len(g) for g in groups}) > 1:
-        raise Unsupported(f"XLA replica groups must have equal sizes (torch_xla 2.9's xm.all_gather: "
-                          f"'Replica groups must have the same number of replicas'); W={ctx.world_size} "
-                          f"splits into {' + '.join(str(len(g)) for g in groups)}")
-    return XlaCollectives(ctx.device, ctx.bindings, groups=groups)
-
-
-#: How each runtime builds this replica's process group from the groups' global ranks.
-_GROUP_MAKERS = {"cpu": _torch_group, "pjrt": _xla_group}
 
 
 SETUPS = {s.name: s for s in [

@@ -84,7 +84,35 @@ class Runtime:
     """Adapter base class. Subclasses set :attr:`name` and override the hooks."""
 
     name = "?"
+    #: The runtime's facts (class attributes below; docs/extending.md "A new runtime" lists them).
+    FACTS = ("max_world_size", "default_world_sizes", "default_impls", "hosts_field", "topologies",
+             "launchable", "collectives_judged", "make_process_group", "reference_quirks", "uniform_graphs",
+             "compiled_graphs", "step_sync_runs_collectives", "collective_bound", "resettable")
+    # --- Facts the faces read before any world starts (by runtime name, through
+    # conformance.worlds.registry; conformance.settings serves them) ---
+    # Largest world the runtime runs (the faces refuse a larger --world-size before torch loads).
     max_world_size = 64
+    # World sizes a run covers unless told: 2, and 3 because divisor faults cancel at powers of
+    # two (an FSDP-style pre/post divide by 2 and W // 2 is exact at W=2 and 4, 1.5x off at 3;
+    # measured with tests/outside/sharded_predivide_int.py).
+    default_world_sizes: tuple = (2, 3)
+    # Implementations a run covers unless --ddp says otherwise.
+    default_impls: tuple = ("ref",)
+    # The Settings field holding this runtime's emulated hosts (``((W, H), ...)``; None: one host).
+    hosts_field: str | None = None
+    # Topologies an implementation row may map this runtime to (``Strategy.topology``; not
+    # selectable with --runtime): ``{topology: "module:Class"}``, a Runtime built with the
+    # world's device count, whose world is named ``<runtime>_<topology>:<W>`` (WorldKey.world).
+    topologies: dict = {}
+    # True where a world can be an external launcher's processes (--launcher env: one replica
+    # per launched process, conformance.worlds.launched).
+    launchable = False
+    # True where the collective family's cases judge this runtime's collectives op by op.
+    collectives_judged = False
+    # ``make_process_group(ctx, groups)``: this replica's process group for ``groups`` (lists
+    # of global ranks; every rank calls it with the same groups), which a DDP takes as
+    # ``process_group`` (feature.subgroups); None: the runtime has no process groups.
+    make_process_group = None
     # Measured ways the runtime's own ops differ from CPU PyTorch, which the
     # single-device reference must reproduce (see conformance.cases.train.reference.QUIRKS).
     reference_quirks: frozenset = frozenset()

@@ -11,9 +11,9 @@ import importlib
 import os
 import socket
 
-from conformance.errors import UsageError
+from conformance.errors import Unsupported, UsageError
 
-from conformance.settings import MAX_WORLD_SIZES, emulated_hosts
+from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
 
 # How far gloo's timeout stays above a World's task bound: the World's stack dump
@@ -97,9 +97,29 @@ def _cut_tcp_connections() -> None:
             s.close()  # our duplicate only
 
 
+def torch_process_group(ctx, groups):
+    """This rank's ``torch.distributed.new_group``; every rank creates every group, in order."""
+    import torch.distributed as dist
+    if not dist.is_initialized() or dist.get_world_size() != ctx.world_size:
+        raise Unsupported(f"process subgroups are torch.distributed groups (new_group); the {ctx.runtime} "
+                          "world's replicas are not the ranks of one torch.distributed world")
+    mine = None
+    for ranks in groups:
+        g = dist.new_group(ranks)
+        if ctx.rank in ranks:
+            mine = g
+    return mine
+
+
 class CpuRuntime(Runtime):
     name = "cpu"
-    max_world_size = MAX_WORLD_SIZES["cpu"]
+    max_world_size = 16
+    default_impls = ("torch", "ref")
+    # Emulated hosts (Settings.cpu_hosts; torchrun's LOCAL_*/GROUP_* variables per host).
+    hosts_field = "cpu_hosts"
+    launchable = True  # one replica per process: a launcher's processes are the world
+    collectives_judged = True  # torch.distributed's collectives, op by op (conformance.cases.collectives)
+    make_process_group = staticmethod(torch_process_group)
     # The World's collective bound is shorter than gloo's own timeout: a replica
     # left waiting in an all-reduce by a hung peer would otherwise raise gloo's
     # "Timed out waiting ... for recv" first, and the report would blame the

@@ -50,7 +50,8 @@ import threading
 import time
 import traceback
 
-from conformance.settings import MAX_WORLD_SIZES, emulated_hosts
+from conformance.errors import Unsupported
+from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes import pjrt_graphs, pjrt_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable, run_task
 
@@ -148,11 +149,29 @@ def _self_test(ctx):
     return got
 
 
+def xla_process_group(ctx, groups):
+    """PJRT has no per-replica torch.distributed group (the replicas are threads of one
+    process): the group is the reference's collectives over XLA replica groups (``groups=`` of
+    ``xm.all_reduce`` / ``xm.all_gather``), which a DDP takes as ``process_group``."""
+    from ddp_impl.runtime.xla import XlaCollectives
+    if len({len(g) for g in groups}) > 1:
+        raise Unsupported(f"XLA replica groups must have equal sizes (torch_xla 2.9's xm.all_gather: "
+                          f"'Replica groups must have the same number of replicas'); W={ctx.world_size} "
+                          f"splits into {' + '.join(str(len(g)) for g in groups)}")
+    return XlaCollectives(ctx.device, ctx.bindings, groups=groups)
+
+
 class PjrtRuntime(Runtime):
     """torch_xla PJRT on the CPU device: one host, W replicas as threads."""
 
     name = "pjrt"
-    max_world_size = MAX_WORLD_SIZES["pjrt"]  # measured up to 16 CPU replicas (docs/runtimes/pjrt.md)
+    max_world_size = 16  # measured up to 16 CPU replicas (docs/runtimes/pjrt.md)
+    default_impls = ("ref", "xla_recipe", "torch")
+    # Emulated hosts of the replica threads (Settings.pjrt_hosts; conformance.worlds.runtimes.pjrt_hosts).
+    hosts_field = "pjrt_hosts"
+    # spmd: one program over a W-device mesh, in its own host process (use_spmd() is global).
+    topologies = {"spmd": "conformance.worlds.runtimes.pjrt_spmd:PjrtSpmdRuntime"}
+    make_process_group = staticmethod(xla_process_group)
     # torch_xla 2.9 updates BatchNorm's running_var with the *biased* batch
     # variance (CPU PyTorch: unbiased); measured, pinned by
     # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.

@@ -48,6 +48,9 @@ class PjrtSpmdRuntime(PjrtRuntime):
     # updates running_var with the biased variance here too, and SyncBatchNorm
     # runs as that op (no process group under SPMD).
     reference_quirks = frozenset({"bn_running_var_biased", "sync_bn_running_var_biased"})
+    topologies = {}  # a topology world has none of its own
+    hosts_field = None  # one host process, one program
+    make_process_group = None  # no replica-level collectives (XLA's partitioner inserts them)
 
     def __init__(self, devices: int):
         self.devices = devices

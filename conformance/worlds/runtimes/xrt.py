@@ -22,8 +22,6 @@ from __future__ import annotations
 import os
 import socket
 
-from ddp_impl.runtime import ranks, xrt as _x
-
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable
 
 # /dev/accel0 exists on Cloud TPU VMs (one node per chip).
@@ -59,6 +57,7 @@ def host_envs_for(world_size: int, environ) -> list[dict]:
         RuntimeUnavailable: the configuration is not one host, or
             ``world_size`` is neither 1 nor the device count.
     """
+    from ddp_impl.runtime import xrt as _x  # ddp_impl loads torch: the runtime's facts do not need it
     config = environ.get(_x.TPU_CONFIG) or _x.TPU_VM_CONFIG
     try:
         workers = _x.parse_tpu_config({_x.TPU_CONFIG: config})
@@ -143,10 +142,15 @@ class XrtRuntime(Runtime):
     """
 
     name = "xrt"
-    max_world_size = _x.DEFAULT_TPU_DEVICES
+    # ddp_impl.runtime.xrt.DEFAULT_TPU_DEVICES (tests/test_cli.py compares), written out so that
+    # reading the runtime's facts does not load torch (ddp_impl does).
+    max_world_size = 8
+    default_world_sizes = (8,)  # a whole v2-8/v3-8 host
+    default_impls = ("ref",)
     compiled_graphs = True  # TPU: every distinct graph is compiled
 
     def check(self, world_size):
+        from ddp_impl.runtime import xrt as _x  # loads torch (see max_world_size)
         reason = _x.xrt_detect()
         if reason:
             raise RuntimeUnavailable(reason)
@@ -161,6 +165,7 @@ class XrtRuntime(Runtime):
         return host_envs_for(world_size, os.environ)
 
     def setup_host(self, host, world_size, workdir):
+        from ddp_impl.runtime import ranks, xrt as _x  # loads torch (see max_world_size)
         reason = _x.xrt_detect()
         if reason:
             raise RuntimeUnavailable(reason)
