@@ -193,11 +193,11 @@ def test_a_pool_whose_results_reach_the_root_only_skips_the_searches():
 
 
 def test_the_collective_family_judges_the_runtimes_that_say_so():
-    from conformance.cases.collectives.run import evaluate_collective
+    from conformance.cases.collectives.kind import evaluate
     from conformance.worlds.runtimes import runtime_class
-    assert [r for r in RUNTIMES if runtime_class(r).collectives_judged] == ["cpu"]
+    assert [r for r in RUNTIMES if runtime_class(r).collectives_judged] == ["cpu", "pjrt"]
     case = next(c for c in CASES.values() if c.kind == "collective")
-    verdicts = evaluate_collective(case, "ref", "pjrt", 2, session=None, overrides={})
+    verdicts = evaluate(case, "ref", "xrt", 2, session=None, overrides={})
     assert {v.status for v in verdicts} == {"skip"} and {v.reason for v in verdicts} == {
-        "the collective family runs on the CPU runtime (torch.distributed); pjrt's collectives are not "
-        "judged op by op yet"}
+        "the collective family runs on the CPU runtime (torch.distributed) and on PJRT (torch_xla); xrt's "
+        "collectives are not judged op by op yet"}

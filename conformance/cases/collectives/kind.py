@@ -24,11 +24,11 @@ SEARCH_ELSEWHERE = ("the collective search runs on the CPU runtime: on XLA every
 
 def evaluate(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``collective`` row (:class:`conformance.cases.kinds.Kind` ``evaluate``)."""
-    if runtime == "pjrt":  # torch_xla's collectives (xla.py)
+    if runtime == "pjrt":  # torch_xla's collectives (xla.py); other runtimes: evaluate_collective says
         return evaluate_pjrt(case, impl, w, session)
     if not case.args.get("search"):
         return evaluate_collective(case, impl, runtime, w, session, overrides)
-    if runtime != "cpu":
+    if runtime != "cpu":  # reached for xrt and runtimes to come
         return [Verdict(case.name, c, impl, runtime, "-", w, "skip", reason=SEARCH_ELSEWHERE) for c in case.checks]
     key = ("collective", case.name, runtime, w, session.settings.profile)
     if key not in session._cache:
