@@ -309,9 +309,14 @@ def test_a_collective_row_is_validated():
                             checks=checks)], mutants={})
     assert {c.args.get("op") for c in CASES.values() if c.family == "collective"} == set(OPS) | {None}
     assert {c.args["layout"] for c in CASES.values() if "layout" in c.args} == set(LAYOUT_OPS)
-    with pytest.raises(ValueError, match="unknown collective layout 'sideways'"):
-        _validate([Case("collective.x", "collective", "-", "collective", tolerance="exact",
-                        args={"layout": "sideways"}, checks=("result", "agreement", "coverage"))], mutants={})
+    for args, needle in [({"op": "all_reduce", "layout": "sideways"}, "unknown collective layout 'sideways'"),
+                         ({"op": "barrier", "layout": "noncontiguous"}, "not drawn for barrier")]:
+        with pytest.raises(ValueError, match=needle):
+            _validate([Case("collective.x", "collective", "-", "collective", tolerance="exact",
+                            args=args, checks=("result", "agreement", "coverage"))], mutants={})
+    layout_rows = [c for c in CASES.values() if "layout" in c.args]  # one per (layout, op)
+    assert sorted(c.name for c in layout_rows) == sorted(f"collective.{lay}.{op}" for lay, ops in LAYOUT_OPS.items()
+                                                          for op in ops)
 
 
 @pytest.mark.cpu
