@@ -5,7 +5,8 @@ import os
 
 from conformance.worlds import host as host_mod
 from conformance.worlds.failure import (ReplicaDied, ReplicaFailed, ReplicaTimeout, all_waiting, classify,
-                                        collective_hang, lead, replica_diagnosis, replica_error)
+                                        collective_hang, lead, progress_mark, replica_diagnosis,
+                                        replica_error)
 from conformance.worlds.stacks import KIT_THREADS, innermost, kit_thread, replica_stacks, top_frame, worker
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -169,6 +170,28 @@ def test_collective_hang_needs_the_bound_passed_and_a_peer_elsewhere_or_a_mismat
                     collectives=1)  # seen in its stack only: it waits there too
     assert collective_hang([_slot(0), sampled], TASK, 140.0, 30.0)[1] == [1]
     assert collective_hang([_slot(0), sampled], TASK, 125.0, 30.0) is None
+
+
+def test_a_peer_that_advanced_within_the_bound_is_late_not_hung():
+    """Under load a peer may trace its step for longer than the bound while the others wait:
+    while its progress slot changed within the bound, no hang is declared (issue 26 item 3)."""
+    waiting = _slot(0, in_collective="all_reduce #1", collectives=1, since=100.0)
+    tracing = _slot(1, phase="backward")
+    assert collective_hang([waiting, tracing], TASK, 140.0, 30.0, moved={0: 100.0, 1: 125.0}) is None
+    assert collective_hang([waiting, tracing], TASK, 160.0, 30.0, moved={0: 100.0, 1: 125.0})[1] == [0]
+    assert collective_hang([waiting, tracing], TASK, 140.0, 30.0, moved={0: 100.0})[1] == [0]  # never seen move
+    done = _slot(1, state="returned")  # it left the task: it will not come
+    assert collective_hang([waiting, done], TASK, 140.0, 30.0, moved={0: 100.0, 1: 125.0})[1] == [0]
+    other = _slot(1, in_collective="broadcast #2", collectives=2, since=139.0)  # a mismatch: never held
+    assert collective_hang([waiting, other], TASK, 140.0, 30.0, moved={0: 100.0, 1: 139.0})[1] == [0]
+
+
+def test_progress_marks_change_with_the_step_phase_and_collectives():
+    a = _slot(1, step=3, phase="forward", collectives=4)
+    assert progress_mark(a) == progress_mark(dict(a))
+    for change in ({"step": 4}, {"phase": "backward"}, {"collectives": 5}, {"in_collective": "all_reduce #5"}):
+        assert progress_mark(a) != progress_mark({**a, **change}), change
+    assert progress_mark(a) == progress_mark({**a, "rss": 9})  # not progress
 
 
 def test_all_waiting_counts_a_collective_seen_in_the_stack():

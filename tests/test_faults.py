@@ -596,3 +596,24 @@ def test_hang_in_a_ddp_communication_thread_names_that_thread():
     assert "replica 1 hung outside any collective at outside/comm_thread_ddp.py:" in reason, reason
     assert "in _before_all_reduce: time.sleep(600)" in reason, reason
     assert "waiting: replica 0 in torch.distributed.all_reduce at outside/comm_thread_ddp.py:" in reason, reason
+
+
+def test_a_mutant_whose_own_code_raises_is_not_a_kill():
+    """A mutant that cannot run (its own code raises AttributeError) fails every case: that is
+    no evidence of the case's power, so the kill row says survived with the reason."""
+    from conformance.report.text import KILLED, SURVIVED, KillRow
+    from conformance.verdict import Verdict
+
+    def failed(tb, etype="AttributeError"):
+        d = {"rank": 0, "culprit": True, "exception_type": etype, "exception_message": "no attribute 'x'",
+             "traceback": tb}
+        return Verdict("parity.linear", "param_parity", "mutant:m", "cpu", "linear", 2, "fail", reason="raised",
+                       replicas=[d])
+    own = ('Traceback (most recent call last):\n  File "/k/conformance/impls/mutants/catalog.py", line 214, '
+           'in __init__\n    h = torch.optim.optimizer.f()\nAttributeError: no attribute \'x\'\n')
+    row = KillRow("cpu", 2, "m", "parity.linear", [failed(own)])
+    assert row.result == SURVIVED and row.reason().startswith("not a kill: the mutant's own code raised "
+                                                               "AttributeError"), row.reason()
+    elsewhere = own.replace("conformance/impls/mutants/catalog.py", "ddp_impl/ddp.py")
+    assert KillRow("cpu", 2, "m", "parity.linear", [failed(elsewhere)]).result == KILLED
+    assert KillRow("cpu", 2, "m", "parity.linear", [failed(own, "RuntimeError")]).result == KILLED

@@ -11,6 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from conformance.report.causes import run_cause
 from conformance.verdict import BAD, STATUSES, Verdict
 from conformance.tolerances import TOLERANCES
 
@@ -80,6 +81,10 @@ def counts(verdicts: list[Verdict]) -> dict:
 #: (:func:`kill_summary`) alike; every writer (text, JSON, JUnit, HTML) and face uses these.
 KILLED, SURVIVED, UNSUPPORTED, SKIP = "killed", "survived", "unsupported", "skip"
 KILL_RESULTS = (KILLED, SURVIVED, UNSUPPORTED, SKIP)
+#: A mutant whose own code raises one of these is broken, not killed: the failure says nothing of
+#: the case's power (a mutant that cannot be built fails every case).
+BROKEN_ERRORS = ("AttributeError", "NameError", "ImportError", "ModuleNotFoundError", "TypeError",
+                 "UnboundLocalError", "KeyError", "IndexError")
 
 @dataclass
 class KillRow:
@@ -93,19 +98,33 @@ class KillRow:
 
     @property
     def result(self) -> str:
-        """:data:`KILLED` (a verdict failed), :data:`SURVIVED` (it ran and nothing failed) or
+        """:data:`KILLED` (a verdict failed), :data:`SURVIVED` (it ran and nothing failed, or
+        every failure was the mutant's own code raising a programming error: :meth:`broken`) or
         :data:`UNSUPPORTED`/:data:`SKIP` (it could not run: the reason is in the verdicts)."""
         st = {v.status for v in self.verdicts}
         if "fail" in st or "xfail" in st:
-            return KILLED
+            return SURVIVED if self.broken() else KILLED
         ran = st - {"unsupported", "skip"}
         if ran:
             return SURVIVED
         return UNSUPPORTED if "unsupported" in st else SKIP
 
+    def broken(self) -> str | None:
+        """Why no failure here is a kill: every failing verdict failed because the mutant's own
+        code (``conformance/impls/mutants/``) raised a programming error (:data:`BROKEN_ERRORS`),
+        so the case never judged the fault; ``None`` otherwise."""
+        failing = [v for v in self.verdicts if v.status in ("fail", "xfail")]
+        causes = [run_cause(v.replicas or []) for v in failing]
+        if not failing or not all(c and c[0] in BROKEN_ERRORS and "mutants/" in c[2] for c in causes):
+            return None
+        kind, message, frame = causes[0]
+        return f"not a kill: the mutant's own code raised {kind}: {message} at {frame}"
+
     def reason(self) -> str:
         if self.result in (UNSUPPORTED, SKIP):
             return next((v.reason for v in self.verdicts if v.reason), "")
+        if self.broken():
+            return self.broken()
         killers = [v.check for v in self.verdicts if v.status == "fail"]
         return ("killed by " + ", ".join(killers)) if killers else \
             "; ".join(f"{v.check} {v.status}" for v in self.verdicts)

@@ -97,10 +97,25 @@ def all_waiting(board, ranks, task) -> bool:
     return all(board[r].get("task") == task and board[r].get("in_collective") for r in ranks)
 
 
-def collective_hang(board, task, now, bound):
+#: What a replica's progress slot says about its advance: a change of any is progress.
+PROGRESS_FIELDS = ("task", "step", "phase", "collectives", "last_collective", "in_collective", "seen_collective")
+
+
+def progress_mark(slot) -> tuple:
+    """The part of a progress slot that changes when the replica advances."""
+    return tuple(slot.get(k) for k in PROGRESS_FIELDS)
+
+
+def collective_hang(board, task, now, bound, moved=None):
     """A replica waited in a collective of ``task`` longer than ``bound`` seconds at ``now``
-    (``time.monotonic``) while a peer is elsewhere, or all wait in collectives that differ:
-    ``(board, waiting ranks)``, else ``None``."""
+    (``time.monotonic``) while a peer is elsewhere and has not advanced for ``bound`` seconds
+    either, or all wait in collectives that differ: ``(board, waiting ranks)``, else ``None``.
+
+    ``moved``: ``{rank: time of the last change of its progress slot}`` (the World's polls;
+    :func:`progress_mark`). A peer elsewhere that advanced within the bound is late, not hung:
+    on a loaded machine a replica may trace its step for seconds while the others wait, and
+    the bound then waits for it (the runtime's own collective timeout, or the task bound,
+    still ends a wait that never ends). Without ``moved`` every peer elsewhere counts."""
     board = [inside(b) for b in board]
     current = [b for b in board if b.get("task") == task]
     waiting = [b["rank"] for b in current
@@ -109,10 +124,12 @@ def collective_hang(board, task, now, bound):
         return None
     elsewhere = [r for r in range(len(board))
                  if not board[r].get("in_collective") or board[r].get("task") != task]
+    stalled = [r for r in elsewhere if moved is None or board[r].get("state") in ("returned", "raised")
+               or now - moved.get(r, float("-inf")) > bound]  # a replica that left the task never comes
     # All inside collectives, but not the same one: they will never meet.
     mismatch = len({(b.get("collectives"), (b.get("in_collective") or "").split(" ")[0])
                     for b in current if b.get("in_collective")}) > 1
-    return (board, waiting) if elsewhere or mismatch else None
+    return (board, waiting) if stalled or mismatch else None
 
 
 def replica_diagnosis(rank, host, pid, task, slot, *, now, rss, dump, host_tids, log_tail,

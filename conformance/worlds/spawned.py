@@ -70,7 +70,7 @@ from conformance.settings import Settings
 from conformance.worlds import blame as blame_mod, diagnosis as dg, procmem  # noqa: F401 (blame_mod: tests patch it)
 # Also names other modules import from here (the exceptions, the host's helpers, _top_frame).
 from conformance.worlds.failure import (ReplicaDied, ReplicaError, ReplicaFailed,  # noqa: F401
-                                        ReplicaTimeout, all_waiting, collective_hang, machine_load,
+                                        ReplicaTimeout, all_waiting, collective_hang, machine_load, progress_mark,
                                         replica_diagnosis, replica_error)
 from conformance.worlds.host import (POLL_S, SCRUBBED_LAUNCHER_VARS,  # noqa: F401
                                      die_with_parent as _die_with_parent, host_main,
@@ -129,6 +129,7 @@ class World:
         adapter = get_runtime(runtime, settings)
         adapter.check(world_size)
         self.collective_bound = adapter.collective_bound
+        self._progress = {}  # {task: {rank: (progress mark, time it last changed)}}
         self.workdir = tempfile.mkdtemp(prefix=f"ddpconf-{runtime}{world_size}-")
         self._board = os.path.join(self.workdir, "progress")
         dg.create_board(self._board, world_size)
@@ -317,8 +318,16 @@ class World:
         return all_waiting(dg.read_board(self._board, self.world_size), ranks, task)
 
     def _collective_hang(self, task, pending, rows_by_host, now):
-        """:func:`conformance.worlds.failure.collective_hang` of the board now."""
-        return collective_hang(dg.read_board(self._board, self.world_size), task, now, self.collective_bound)
+        """:func:`conformance.worlds.failure.collective_hang` of the board now, each replica's
+        last advance taken from this task's polls."""
+        board = dg.read_board(self._board, self.world_size)
+        seen = self._progress.setdefault(task, {})
+        for r, slot in enumerate(board):
+            mark = progress_mark(slot)
+            if r not in seen or seen[r][0] != mark:
+                seen[r] = (mark, now)
+        self._progress = {task: seen}  # only the current task's
+        return collective_hang(board, task, now, self.collective_bound, {r: t for r, (_, t) in seen.items()})
 
     # --- diagnosis -------------------------------------------------------
     def _dump_stacks(self, hosts, tids=None):

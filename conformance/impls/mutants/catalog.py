@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import weakref
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook  # torch.optim does not bind .optimizer
 
 from ddp_impl import DistributedDataParallel as RefDDP
 from ddp_impl.runtime import ranks
@@ -211,7 +212,7 @@ class MeanAtOptimizerStep(RefDDP):
                 for p in group["params"]:
                     if id(p) in mine and p.grad is not None:
                         p.grad.div_(ddp.collectives.world_size)
-        handle = torch.optim.optimizer.register_optimizer_step_pre_hook(divide)  # on every optimizer
+        handle = register_optimizer_step_pre_hook(divide)  # on every optimizer
         weakref.finalize(self, handle.remove)  # a world reused by later cases keeps no hook
 
     def _grad_scale(self):
