@@ -39,7 +39,7 @@ from absl.testing import absltest, parameterized
 
 from conformance.cases.row import select_rows
 from conformance.cases.table import CASES, select
-from conformance.cases.train.usercases import USER_CASES
+from conformance.cases.train.usercases import user_case_rows
 from conformance.errors import UsageError, split_list
 from conformance.cases.properties.run import profile_examples
 from conformance.evaluate import evaluate
@@ -122,7 +122,7 @@ class ConformanceTestCase(parameterized.TestCase):
 
 
 def _add_methods(cls):
-    rows = [(name, case.description) for name, case in CASES.items()] + [(n, d) for n, d, _ in USER_CASES]
+    rows = [(name, case.description) for name, case in CASES.items()] + user_case_rows()
     for name, description in rows:
         def test(self, _name=name):
             self._run_case(_name)

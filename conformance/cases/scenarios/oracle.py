@@ -203,20 +203,22 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
 # the judge
 # --------------------------------------------------------------------------
 
-def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 0.0) -> list[dict]:
+def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 0.0, ref: dict | None = None,
+                   model: str = "scenario") -> list[dict]:
     """Compare every replica with the oracle: parameters and buffers after every step,
     final optimizer state, and replica agreement (parameters and optimizer state
     bit-identical to replica 0's after every step). Returns one
     :class:`~conformance.verdict.Verdict` per check of
     :data:`~conformance.cases.checks.SCENARIO_CHECKS` (case and implementation fields left
-    for the caller)."""
-    ref = scenario_reference(sc)
+    for the caller). ``ref``: the oracle's result when the caller computed it (a user's model,
+    :func:`loop_reference`), else :func:`scenario_reference`'s; ``model`` the verdicts' model."""
+    ref = scenario_reference(sc) if ref is None else ref
     out = []
     for name, row in SCENARIO_CHECKS.items():
         if name == AGREEMENT:
-            out.append(judge_agreement(results, case="", impl="", runtime="", model="scenario", atol=agreement_atol))
+            out.append(judge_agreement(results, case="", impl="", runtime="", model=model, atol=agreement_atol))
             continue
-        v = judge(replace(CHECKS[row], name=name), results, ref, tol, case="", impl="", runtime="", model="scenario")
+        v = judge(replace(CHECKS[row], name=name), results, ref, tol, case="", impl="", runtime="", model=model)
         if name == "optimizer_state":
             if v.status == "vacuous" and not ref["optim"].size:
                 v.status, v.reason = "pass", "the optimizer keeps no state (plain SGD): nothing to compare"
