@@ -62,7 +62,7 @@ flags.DEFINE_string("expected_failures", None, "file of verdict ids whose failur
 flags.DEFINE_string("backend", None, "torch.distributed backend of the CPU worlds: a name (default gloo) or "
                     "module:function registering one (env CONFORMANCE_BACKEND)")
 flags.DEFINE_string("model", None, "package.module:factory of your own model (a conformance.UserModel): "
-                    "its parity and agreement cases run instead of the table's, at a bound measured on it")
+                    "its parity, agreement and loop-program cases run instead of the table's, at a bound measured on it")
 flags.DEFINE_float("replica_timeout", None, "seconds one task may take on a world "
                    f"({default_help('replica_timeout')})")
 
