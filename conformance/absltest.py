@@ -39,7 +39,7 @@ from absl.testing import absltest, parameterized
 
 from conformance.cases.row import select_rows
 from conformance.cases.table import CASES, select
-from conformance.cases.train.usercases import USER_CASES
+from conformance.cases.train.usercases import user_case_rows
 from conformance.errors import UsageError, split_list
 from conformance.cases.properties.run import profile_examples
 from conformance.evaluate import evaluate
@@ -62,7 +62,7 @@ flags.DEFINE_string("expected_failures", None, "file of verdict ids whose failur
 flags.DEFINE_string("backend", None, "torch.distributed backend of the CPU worlds: a name (default gloo) or "
                     "module:function registering one (env CONFORMANCE_BACKEND)")
 flags.DEFINE_string("model", None, "package.module:factory of your own model (a conformance.UserModel): "
-                    "its parity and agreement cases run instead of the table's, at a bound measured on it")
+                    "its parity, agreement and loop-program cases run instead of the table's, at a bound measured on it")
 flags.DEFINE_float("replica_timeout", None, "seconds one task may take on a world "
                    f"({default_help('replica_timeout')})")
 
@@ -122,7 +122,7 @@ class ConformanceTestCase(parameterized.TestCase):
 
 
 def _add_methods(cls):
-    rows = [(name, case.description) for name, case in CASES.items()] + [(n, d) for n, d, _ in USER_CASES]
+    rows = [(name, case.description) for name, case in CASES.items()] + user_case_rows()
     for name, description in rows:
         def test(self, _name=name):
             self._run_case(_name)

@@ -22,7 +22,7 @@ Options (defaults in brackets):
     --conformance-backend          torch.distributed backend of the CPU worlds: name or module:function
                                    registering one [env CONFORMANCE_BACKEND, else gloo]
     --conformance-json PATH        write the run's JSON report (xdist-safe)
-    --conformance-model MOD:FACTORY   run the parity and agreement cases on your own model (a
+    --conformance-model MOD:FACTORY   run the parity, agreement and loop-program cases on your own model (a
                                    conformance.UserModel) instead of the table; no kill matrix
 
 Test ids read ``test_case[<case>-<impl>-<runtime>-w<W>]`` (also in JUnit XML).
@@ -67,7 +67,7 @@ def pytest_addoption(parser):
     g.addoption("--conformance-json", default=None, metavar="PATH",
                 help="write the verdicts and the kill matrix as the run JSON report")
     g.addoption("--conformance-model", default=None, metavar="MOD:FACTORY",
-                help="run the parity and agreement cases on your own model: package.module:factory naming a "
+                help="run the parity, agreement and loop-program cases on your own model: package.module:factory naming a "
                 "conformance.UserModel (or a zero-argument factory of one); the bound is measured on it")
 
 

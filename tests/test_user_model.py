@@ -150,10 +150,21 @@ def test_torch_and_ref_pass_on_the_users_model_through_the_cli(tmp_path):
     got = _cli("--ddp", "torch,ref", "--model", SPEC, json_path=tmp_path / "r.json")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     vs = _verdicts(tmp_path / "r.json")
-    # 2 implementations x 2 cases x (param_parity, loss_parity, agreement) x W=2, 3
-    assert len(vs) == 24 and {v["status"] for v in vs} == {"pass"}, [v["id"] for v in vs if v["status"] != "pass"]
+    # 2 implementations x W=2, 3 x (2 parity cases x (param_parity, loss_parity, agreement) + the loop
+    # programs' params, buffers, optimizer_state, agreement)
+    assert len(vs) == 40 and {v["status"] for v in vs} == {"pass"}, [v["id"] for v in vs if v["status"] != "pass"]
     assert {v["world_size"] for v in vs} == {2, 3} and {v["model"] for v in vs} == {SPEC}
-    parity = [v for v in vs if v["check"] != "agreement"]
+    loop = [v for v in vs if v["case"] == "scenario.user_loop"]
+    assert len(loop) == 16 and all(v["reason"].startswith("5 loop program(s)") for v in loop
+                                   if v["check"] in ("params", "optimizer_state")), [v["reason"] for v in loop]
+    # the block's one buffer never changes but at the checkpoint reload (non-persistent: rebuilt)
+    assert all("too little to judge this check (discarded)" in v["reason"] for v in loop if v["check"] == "buffers")
+    # the loop programs are judged with the bound measured for the parity cases, stated
+    bound = {(v["impl"], v["world_size"]): v["atol"] for v in vs if v["case"] == "parity.user_model"
+             and v["check"] == "param_parity"}
+    assert all(v["atol"] == bound[v["impl"], v["world_size"]] and "bound measured on the model" in v["reason"]
+               for v in loop if v["check"] == "params")
+    parity = [v for v in vs if v["check"] != "agreement" and v["case"] != "scenario.user_loop"]
     # the bound is the measured one, stated: 10 x the noise (or the eps floor), far below the kit's 1e-5
     assert all("bound measured on the model" in v["reason"] and 0 < v["atol"] < 1e-5 for v in parity)
     assert all(v["movement"] >= 100 * v["atol"] for v in parity if v["check"] == "param_parity")
@@ -170,6 +181,46 @@ def test_ddps_that_do_not_average_fail_on_the_users_model(tmp_path):
     assert {i: v["status"] for i, v in params.items()} == dict.fromkeys(ddps.split(","), "fail")
     assert all(v["first_bad_step"] == 1 for v in params.values())
     assert f"--model {SPEC}" in got.stdout  # the repro command reruns the model's case
+
+
+@pytest.mark.long
+def test_faulty_ddps_fail_the_loop_programs_on_the_users_model(tmp_path):
+    # zeroing the gradients an earlier synced backward of the step averaged (two synced backwards per
+    # step), and reducing only in training mode (backward in eval mode): both pass the parity cases' loop
+    ddps = "mutant:synced_forward_zeroes_grads,mutant:reduce_only_in_training"
+    got = _cli("--ddp", ddps, "--model", SPEC, "--world-size", "2", "--only", "scenario.user_loop",
+               json_path=tmp_path / "r.json")
+    assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
+    params = {v["impl"]: v for v in _verdicts(tmp_path / "r.json") if v["check"] == "params"}
+    assert {i: v["status"] for i, v in params.items()} == dict.fromkeys(ddps.split(","), "fail")
+    assert all(v["reason"].startswith("loop program ") and v["example"]["steps"] for v in params.values())
+    assert "backwards in eval mode" in params["mutant:reduce_only_in_training"]["reason"]
+    assert "2 synced backwards in one step" in params["mutant:synced_forward_zeroes_grads"]["reason"]
+    assert f"--model {SPEC} --only scenario.user_loop" in params["mutant:reduce_only_in_training"]["diagnosis"]
+
+
+def test_the_loop_programs_on_a_users_model_hold_every_loop_dimension():
+    from conformance.cases.scenarios.format import EVAL_GRAD, EVAL_MODE, LOOPS
+    from conformance.cases.scenarios.userloop import user_loop_programs, user_loop_reference
+    from conformance.cases.train.loop import ALL_OPTIMIZERS
+    from conformance.options import parse_model
+    parse_model(SPEC, [2])
+    programs = user_loop_programs(3, 1234, 0.2)
+    assert {p.optimizer for p in programs} == set(ALL_OPTIMIZERS)
+    for k, values in LOOPS.items():
+        assert {p.loop[k] for p in programs} == set(values), k
+    evals = {(f["grad"], f["mode"]) for p in programs for st in p.steps for f in st.get("eval", ())}
+    assert {g for g, _ in evals} == set(EVAL_GRAD) and {m for _, m in evals} == set(EVAL_MODE)
+    assert any(p.loop["lr_drop_at"] is not None for p in programs)
+    assert any(p.checkpoint_at is not None for p in programs)
+    assert any(m.get("sync") for p in programs for st in p.steps for m in st["micro"])  # several synced backwards
+    assert any(not p.synced(s, 0) for p in programs for s in range(len(p.steps)))  # a no_sync window
+    assert {p.ddp["find_unused_parameters"] for p in programs} == {True, False}
+    # the oracle trains the user's module: parameters move, and the non-persistent buffer follows the
+    # rebuilt module at the checkpoint reload
+    ref = user_loop_reference(SPEC, programs[0])
+    assert ref["params"].shape[0] == len(programs[0].steps) + 1 and (ref["params"][-1] != ref["params"][0]).any()
+    assert ref["buffers"].shape[1] == 3
 
 
 @pytest.mark.long
@@ -204,9 +255,9 @@ def test_pytest_runs_the_users_model(tmp_path):
                           "--conformance-ddp", "torch,ref", "--conformance-runtime", "cpu",
                           "--conformance-world-size", "2", "--conformance-json", str(tmp_path / "r.json")],
                          capture_output=True, text=True, cwd=REPO, env=env, timeout=CLI_TIMEOUT_S)
-    assert got.returncode == 0 and "4 passed" in got.stdout, got.stdout[-3000:] + got.stderr[-3000:]
+    assert got.returncode == 0 and "6 passed" in got.stdout, got.stdout[-3000:] + got.stderr[-3000:]
     vs = _verdicts(tmp_path / "r.json")
-    assert len(vs) == 12 and {v["status"] for v in vs} == {"pass"} and {v["model"] for v in vs} == {SPEC}
+    assert len(vs) == 20 and {v["status"] for v in vs} == {"pass"} and {v["model"] for v in vs} == {SPEC}
 
 
 @pytest.mark.parametrize("spec, says", [

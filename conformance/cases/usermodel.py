@@ -3,7 +3,7 @@
 
 The kit's cases normally train its own fixtures (``fixtures.models.MODELS``). With
 ``--model`` (CLI, ``--conformance-model`` under pytest, ``--model`` under absltest) the
-parity and agreement cases run on a module the user builds, with the user's data and loss,
+parity, agreement and loop-program cases run on a module the user builds, with the user's data and loss,
 at a tolerance the kit measures on that model (docs/configuration.md, "Your own model").
 
 ``factory`` is a :class:`UserModel` or a zero-argument callable returning one. What cannot be

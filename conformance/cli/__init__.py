@@ -97,7 +97,7 @@ def build_parser():
     run.add_argument("--world-size", default=None, help="comma list of world sizes >= 2 (default 2,3; "
                      "with --launcher env the launcher's WORLD_SIZE)")
     run.add_argument("--model", dest="user_model", default=None, metavar="MOD:FACTORY",
-                     help="run the parity and agreement cases on your own model instead of the case table: "
+                     help="run the parity, agreement and loop-program cases on your own model instead of the case table: "
                      "package.module:factory naming a conformance.UserModel (or a zero-argument factory of "
                      "one); the bound is measured on the model (docs/configuration.md)")
     run.add_argument("--only", default=None, help="comma list of tags: run only cases carrying one "
@@ -225,7 +225,8 @@ def _check_early(values: dict) -> None:
         from conformance.options import check_model_spec
         check_model_spec(values["user_model"])
         if values.get("mutants"):
-            raise UsageError("--model runs its own cases (parity.user_model, parity.user_model_find_unused) on "
+            raise UsageError("--model runs its own cases (parity.user_model, parity.user_model_find_unused, "
+                             "scenario.user_loop) on "
                              "your model, which no mutant row names; drop --mutants")
     for opt in ("only", "skip") if not values.get("user_model") else ():  # the case table imports torch: its
         # tags are copied in names.py (the model's cases' tags are checked when they are built)

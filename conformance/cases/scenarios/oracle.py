@@ -47,19 +47,10 @@ def scenario_reference(sc: Scenario) -> dict:
     Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica
     must hold after each step), ``optim`` (final optimizer state).
     """
-    import torch
-
     w = sc.world_size
     net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
     sparse = sc.workload["grad"] != "dense"
-    lp = sc.loop
-    training = lp["module_mode"] == "train"
-    opt = build_optimizer(sc.optimizer, net.parameters(), sc.lr)
-    scale = 2.0 ** sc.loss_scale_log2
-    params = list(net.parameters())
-    find_unused = bool(sc.ddp.get("find_unused_parameters"))
     bcast = sc.ddp.get("broadcast_buffers", True)
-    # Construction broadcasts buffers only with broadcast_buffers (as upstream).
     names = [n for n, _ in net.named_buffers()]
 
     def start(n, t, r):  # what replica r's own construction gave buffer n (build_scenario_model)
@@ -67,7 +58,54 @@ def scenario_reference(sc: Scenario) -> dict:
             return 0
         return (rank_buffer_offset(r) if t.is_floating_point() else
                 seen_start(rank_buffer_offset(r)) if n == "seen" else 0)
-    rank_bufs = [[t.detach().clone() + start(n, t, r) for n, t in net.named_buffers()] for r in range(w)]
+
+    def start_buffers(r):
+        return [t.detach().clone() + start(n, t, r) for n, t in net.named_buffers()]
+
+    def reload_buffers(r, bufs):  # after a checkpoint reload: ema, when non-persistent, is the new module's own
+        if sc.module["buffers"] != "non_persistent":  # (construction broadcasts rank 0's if bcast)
+            return bufs
+        import torch
+        ema = names.index("ema")
+        bufs = list(bufs)
+        bufs[ema] = torch.zeros_like(bufs[ema]) + rank_buffer_offset(0 if bcast else r, 1)
+        return bufs
+
+    def inputs(s, j, r, sizes, plan):
+        n = sizes[r]
+        x, y = scenario_batch(sc.seed, s, j, r, n)
+        extra = {"plan": BRANCHES if plan is None else plan}
+        if sparse:
+            extra["idx"] = scenario_indices(sc.seed, s, j, r, n)
+        extra.update(forward_kwargs(sc.module, sc.seed, s, j, r, n))
+        return (x,), extra, y
+
+    return loop_reference(sc, net, inputs, lambda out, y: mse(prediction_of(out), y), start_buffers, reload_buffers)
+
+
+def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffers) -> dict:
+    """The model-agnostic oracle of a loop program ``sc`` (its steps, micro-steps, forwards without
+    backward, loop dimensions, optimizer, DDP keywords, checkpoint; semantics as
+    :func:`scenario_reference` says) on module ``net`` (rank 0's, as the DDP broadcasts it at
+    construction), which it trains: ``inputs(s, j, r, sizes, plan)`` -> ``(args, kwargs, target)``
+    of replica ``r``'s forward on micro-batch ``(s, j)`` (``j >= EVAL_DATA``: a forward without
+    backward, ``plan`` None), ``loss(out, target)`` the scalar each replica backpropagates,
+    ``start_buffers(r)`` replica ``r``'s buffers after construction (rank 0's when
+    ``broadcast_buffers``), ``reload_buffers(r, buffers)`` its buffers after the checkpoint reload
+    (the non-persistent ones are the rebuilt module's own). The plan and the data are the caller's:
+    the scenario model's (:func:`scenario_reference`) or a user's (:mod:`.userloop`)."""
+    import torch
+
+    w = sc.world_size
+    lp = sc.loop
+    training = lp["module_mode"] == "train"
+    opt = build_optimizer(sc.optimizer, net.parameters(), sc.lr)
+    scale = 2.0 ** sc.loss_scale_log2
+    params = list(net.parameters())
+    find_unused = bool(sc.ddp.get("find_unused_parameters"))
+    bcast = sc.ddp.get("broadcast_buffers", True)
+    names = [n for n, _ in net.named_buffers()]
+    rank_bufs = [start_buffers(r) for r in range(w)]
     grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
     reached = [False] * len(params)  # some replica's backward reached it since the last synced one
     for i, q in enumerate(params):
@@ -75,24 +113,24 @@ def scenario_reference(sc: Scenario) -> dict:
 
     def set_bufs(vals):
         for n, v in zip(names, vals):
-            setattr(net, n, v.clone())
+            owner, _, leaf = n.rpartition(".")
+            setattr(net.get_submodule(owner) if owner else net, leaf, v.clone())
 
     def get_bufs():
         return [t.detach().clone() for t in net.buffers()]
 
     def flat_bufs():
-        return np.stack([np.concatenate([t.double().reshape(-1).numpy() for t in rb]) for rb in rank_bufs])
+        return np.stack([np.concatenate([t.double().reshape(-1).numpy() for t in rb]) if rb else np.zeros(0)
+                         for rb in rank_bufs])
 
     state = {"sync_next": True}  # require_forward_param_sync: construction counts as a synced forward
 
-    def forward(r, s, j, n, plan, mode):
+    def forward(r, s, j, sizes, plan, mode):
         """Replica ``r``'s forward on micro-batch ``(s, j)`` through the DDP's buffer semantics."""
-        x, y = scenario_batch(sc.seed, s, j, r, n)
-        extra = {"idx": scenario_indices(sc.seed, s, j, r, n)} if sparse else {}
-        extra.update(forward_kwargs(sc.module, sc.seed, s, j, r, n))
+        args, kwargs, y = inputs(s, j, r, sizes, plan)
         set_bufs(rank_bufs[r])
         net.train(mode)
-        out = net(x, plan=plan, **extra)
+        out = net(*args, **kwargs)
         rank_bufs[r] = get_bufs()
         return out, y
 
@@ -116,17 +154,17 @@ def scenario_reference(sc: Scenario) -> dict:
                 begin_forwards()
                 for r in range(w):
                     with torch.no_grad():
-                        forward(r, s, EVAL_DATA + e, f["batch"][r], BRANCHES, f["mode"] == "train")
+                        forward(r, s, EVAL_DATA + e, f["batch"], None, f["mode"] == "train")
                 state["sync_next"] = False
         for j, m in enumerate(micro):
             evaluate(j)
             synced = sc.synced(s, j)
             begin_forwards()
             for r in range(w):
-                out, y = forward(r, s, j, m["batch"][r], tuple(m["plan"][r]), training)
+                out, y = forward(r, s, j, m["batch"], tuple(m["plan"][r]), training)
                 for i, q in enumerate(params):  # a copy: AccumulateGrad may add in place
                     q.grad = None if grads[r][i] is None else grads[r][i].clone()
-                (mse(prediction_of(out), y) * scale).backward()
+                (loss(out, y) * scale).backward()
                 # a sparse gradient's replica mean is taken dense
                 grads[r] = [None if q.grad is None else q.grad.to_dense() if q.grad.is_sparse else q.grad
                             for q in params]
@@ -157,11 +195,7 @@ def scenario_reference(sc: Scenario) -> dict:
         if sc.checkpoint_at == s:
             state["sync_next"] = True  # a new DDP: its first forward broadcasts
             grads = [[None] * len(params) for _ in range(w)]  # a state dict holds no gradients
-            if sc.module["buffers"] == "non_persistent":  # not in the state dict: the new module's own
-                ema = names.index("ema")               # (construction broadcasts rank 0's if bcast)
-                for r in range(w):
-                    fresh = torch.zeros_like(rank_bufs[r][ema]) + rank_buffer_offset(0 if bcast else r, 1)
-                    rank_bufs[r][ema] = fresh
+            rank_bufs = [reload_buffers(r, rank_bufs[r]) for r in range(w)]
     return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(opt)}
 
 
@@ -169,20 +203,22 @@ def scenario_reference(sc: Scenario) -> dict:
 # the judge
 # --------------------------------------------------------------------------
 
-def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 0.0) -> list[dict]:
+def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 0.0, ref: dict | None = None,
+                   model: str = "scenario") -> list[dict]:
     """Compare every replica with the oracle: parameters and buffers after every step,
     final optimizer state, and replica agreement (parameters and optimizer state
     bit-identical to replica 0's after every step). Returns one
     :class:`~conformance.verdict.Verdict` per check of
     :data:`~conformance.cases.checks.SCENARIO_CHECKS` (case and implementation fields left
-    for the caller)."""
-    ref = scenario_reference(sc)
+    for the caller). ``ref``: the oracle's result when the caller computed it (a user's model,
+    :func:`loop_reference`), else :func:`scenario_reference`'s; ``model`` the verdicts' model."""
+    ref = scenario_reference(sc) if ref is None else ref
     out = []
     for name, row in SCENARIO_CHECKS.items():
         if name == AGREEMENT:
-            out.append(judge_agreement(results, case="", impl="", runtime="", model="scenario", atol=agreement_atol))
+            out.append(judge_agreement(results, case="", impl="", runtime="", model=model, atol=agreement_atol))
             continue
-        v = judge(replace(CHECKS[row], name=name), results, ref, tol, case="", impl="", runtime="", model="scenario")
+        v = judge(replace(CHECKS[row], name=name), results, ref, tol, case="", impl="", runtime="", model=model)
         if name == "optimizer_state":
             if v.status == "vacuous" and not ref["optim"].size:
                 v.status, v.reason = "pass", "the optimizer keeps no state (plain SGD): nothing to compare"

@@ -140,25 +140,41 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
         raise Unsupported(f"{impl} refuses workload {workload_corners(sc.workload)}: "
                           f"NotImplementedError: {exc}") from None
     which = row.shard_rank(ctx)
+
+    def inputs(s, j, sizes, plan):  # the forward's arguments on the device (no plan: a forward without backward)
+        n = sizes[which]
+        x, y = scenario_batch(sc.seed, s, j, which, n)
+        extra = {} if plan is None else {"plan": plan}
+        if sparse:
+            extra["idx"] = scenario_indices(sc.seed, s, j, which, n).to(ctx.device)
+        extra.update({k: v.to(ctx.device) if isinstance(v, torch.Tensor) else v  # MODULES "kwargs"
+                      for k, v in forward_kwargs(sc.module, sc.seed, s, j, which, n).items()})
+        return (x.to(ctx.device),), extra, y.to(ctx.device)
+
+    return run_loop(ctx, row, sc, (model, ddp, opt), build, inputs, lambda out, y: mse(prediction_of(out), y))
+
+
+def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss) -> dict:
+    """The model-agnostic replica side of loop program ``sc`` on this replica (what
+    :func:`scenario_task` returns): ``built`` the ``(module, ddp, optimizer)`` constructed,
+    ``build(salt)`` a new one (the checkpoint reload), ``inputs(s, j, sizes, plan)`` ->
+    ``(args, kwargs, target)`` on the device for micro-batch ``(s, j)`` (``j >= EVAL_DATA``: a
+    forward without backward, ``plan`` None), ``loss(out, target)`` the scalar to backpropagate."""
+    import torch
+
+    model, ddp, opt = built
     scale = 2.0 ** sc.loss_scale_log2
     lp = sc.loop
     training = lp["module_mode"] == "train"
 
     def evaluate(s, at):  # forwards without backward (the loop programs), output discarded
         for e, f in sc.evals(s, at):
-            x, _ = scenario_batch(sc.seed, s, EVAL_DATA + e, which, f["batch"][which])
-            extra = ({"idx": scenario_indices(sc.seed, s, EVAL_DATA + e, which, f["batch"][which]).to(ctx.device)}
-                     if sparse else {})
-            extra.update(module_kwargs(s, EVAL_DATA + e, f["batch"][which]))
+            args, kwargs, _ = inputs(s, EVAL_DATA + e, f["batch"], None)
             set_mode(f["mode"] == "train")
             with torch.no_grad() if f["grad"] == "no_grad" else torch.inference_mode():
-                ddp(x.to(ctx.device), **extra)
+                ddp(*args, **kwargs)
             set_mode(training)
             ctx.mark_step()
-
-    def module_kwargs(s, j, n):  # the module's forward keywords (MODULES "kwargs"), on the device
-        return {k: v.to(ctx.device) if isinstance(v, torch.Tensor) else v
-                for k, v in forward_kwargs(sc.module, sc.seed, s, j, which, n).items()}
 
     def set_mode(train):  # as a user does: on the wrapper (which sets the module's mode)
         (ddp if callable(getattr(ddp, "train", None)) else model).train(train)
@@ -173,14 +189,11 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
         micro = step["micro"]
         for j, m in enumerate(micro):
             evaluate(s, j)
-            x, y = scenario_batch(sc.seed, s, j, which, m["batch"][which])
-            plan = tuple(m["plan"][which])
-            extra = {"idx": scenario_indices(sc.seed, s, j, which, m["batch"][which]).to(ctx.device)} if sparse else {}
-            extra.update(module_kwargs(s, j, m["batch"][which]))
+            args, kwargs, y = inputs(s, j, m["batch"], tuple(m["plan"][row.shard_rank(ctx)]))
             ctxm = contextlib.nullcontext() if sc.synced(s, j) else ddp.no_sync()
             with ctxm:
-                out = ddp(x.to(ctx.device), plan=plan, **extra)
-                (mse(prediction_of(out), y.to(ctx.device)) * scale).backward()
+                out = ddp(*args, **kwargs)
+                (loss(out, y) * scale).backward()
             if j < len(micro) - 1:
                 ctx.mark_step()
         evaluate(s, len(micro))
@@ -328,7 +341,11 @@ def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_exam
 def evaluate_scenario(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``scenario`` row: its space's scenarios within the session profile's
     budget, or with ``overrides["scenario"]`` that one scenario (``python -m conformance
-    replay``); ``overrides["shrink"]``: shrink a failing scenario, default true."""
+    replay``); ``overrides["shrink"]``: shrink a failing scenario, default true. A ``--model``
+    row (``args["user_loop"]``): the loop programs on the user's model (:mod:`.userloop`)."""
+    if case.args.get("user_loop"):  # --model: the loop programs on the user's model
+        from conformance.cases.scenarios.userloop import evaluate_user_loop
+        return evaluate_user_loop(case, impl, runtime, w, session, overrides)
     agree = lookup(runtime, "scenario", "agreement").atol
     if "scenario" in overrides:  # one given scenario (python -m conformance replay)
         sc = overrides["scenario"]

@@ -8,7 +8,11 @@ model column is the spec; :data:`fixtures.models.MODELS` loads it on first use):
   buffers (when ``batch_coupled``) against the single-device reference, replica agreement;
 * ``parity.user_model_find_unused`` - the same with ``find_unused_parameters=True``, which
   makes the DDP walk whatever the forward returns (dataclass, dict, tuple) to find the graph
-  (torch/nn/parallel/distributed.py, ``_find_tensors`` / ``prepare_for_backward``).
+  (torch/nn/parallel/distributed.py, ``_find_tensors`` / ``prepare_for_backward``);
+* ``scenario.user_loop`` - the loop programs (:mod:`conformance.cases.scenarios.userloop`):
+  forwards without backward, several synced backwards, no_sync windows, zero_grad modes, every
+  optimizer, clipping, a learning-rate drop, eval-mode backward, a checkpoint reload, on the
+  user's module, batches and loss, judged step by step against DDP's semantics on one device.
 
 Their bound is measured on the model (:mod:`conformance.cases.train.measured`).
 """
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.row import Case
+from conformance.cases.scenarios.userloop import USER_LOOP_CASE
 from conformance.cases.train.evaluate import train_checks
 from conformance.cases.train.loop import RANK_SEED_STRIDE
 from conformance.errors import UsageError
@@ -32,6 +38,12 @@ USER_CASES = (
      "output to find the used parameters", {"ddp_kwargs": (("find_unused_parameters", True),),
                                              "requires": ("find_unused_parameters",)}),
 )
+#: Catalog mutants ``scenario.user_loop`` fails on the test suite's transformer block
+#: (tests/test_user_model.py; informational: ``--model`` runs no kill matrix). Which faults a user's
+#: model reveals depends on the model: one with no unused parameter, no hook, no forward keyword and
+#: constant buffers cannot show the module-axis mutants ``scenario.loop`` kills.
+USER_LOOP_MUST_KILL = ("no_grad_sync", "sum_not_mean", "synced_forward_zeroes_grads", "reduce_only_in_training",
+                       "output_walk_bare_tensor", "state_dict_buffers_only")
 #: Relative difference allowed between the full batch's loss and the mean of its halves' losses
 #: (a per-sample mean; float32 summation order differs between the two).
 MEAN_LOSS_RTOL = 1e-4
@@ -45,7 +57,15 @@ def model_cases(spec: str) -> list[Case]:
                  must_kill=("no_grad_sync", "sum_not_mean"))
         object.__setattr__(c, "checks", train_checks(spec, c.train))  # as the table's validation does
         out.append(c)
+    name, description = USER_LOOP_CASE
+    out.append(Case(name, "scenario", description, "scenario", spec, args={"user_loop": True},
+                    checks=tuple(SCENARIO_CHECKS), tags=("user_model", "loop"), must_kill=USER_LOOP_MUST_KILL))
     return out
+
+
+def user_case_rows() -> list[tuple[str, str]]:
+    """``(name, description)`` of every case ``--model`` adds (the faces' method names)."""
+    return [(n, d) for n, d, _ in USER_CASES] + [USER_LOOP_CASE]
 
 
 def _first_difference(a: torch.nn.Module, b: torch.nn.Module) -> str | None:

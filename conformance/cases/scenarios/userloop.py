@@ -1,0 +1,246 @@
+"""The loop programs on the user's own model: ``scenario.user_loop`` (``--model package.module:factory``).
+
+``scenario.loop`` runs training-loop programs on the kit's scenario model; this case runs the loop
+dimensions of those programs on the module the user builds, with the user's batches and loss, on
+every replica and on the single-device oracle in lockstep (the same engine: :func:`.scenario.run_loop`
+on the replicas, :func:`.oracle.loop_reference` on one device), judged with the bound the kit
+measured on that model (:mod:`conformance.cases.train.measured`, the bound the ``parity.user_model``
+verdicts state).
+
+What runs: the explicit programs of :func:`user_loop_programs` (no Hypothesis draws: each drawn
+program would be a new world run on a model whose cost the kit does not know). Together they hold
+forwards without backward under ``no_grad`` and ``inference_mode`` in either module mode (before,
+inside and after an accumulation window), several synced backwards in one step, ``no_sync``
+windows, ``zero_grad(set_to_none=True|False)``, every optimizer of
+:data:`~conformance.cases.train.loop.ALL_OPTIMIZERS`, ``clip_grad_norm_``, a learning-rate drop,
+training forwards in eval mode, a checkpoint save/reload, ``find_unused_parameters`` on and off,
+uneven local batches.
+
+What does not apply: the module axis (output structure, buffer kinds, hooks, forward keywords,
+parametrizations, parameter containers) and the workload and branch plans of the scenario model:
+the user's model is what it is; its own output, buffers, hooks and keywords are what the programs
+exercise. Every replica runs the whole forward (a plan names the scenario model's branches; here it
+is carried in the JSON and unused).
+
+Data: the forward of micro-batch ``(s, j)`` (``j >= EVAL_DATA``: a forward without backward) reads
+the user's global batch ``batch(seed, s * DATA_STRIDE + j, sum(sizes))``, replica ``r`` its rows
+``[sum(sizes[:r]), sum(sizes[:r + 1]))``. Replica ``r`` builds from ``rank_seed(seed, r)`` with its
+floating buffers offset (as every kind), so only a DDP that broadcasts at construction matches.
+"""
+from __future__ import annotations
+
+from conformance.cases.scenarios.format import BRANCHES, PLAIN_LOOP, PLAIN_MODULE, Scenario
+from conformance.cases.scenarios.generate import LRS
+
+#: The case's name and description (the ``--model`` cases, :mod:`conformance.cases.train.usercases`).
+USER_LOOP_CASE = (
+    "scenario.user_loop",
+    "the loop programs on the user's model, with its batches and loss: forwards without backward "
+    "(no_grad / inference_mode, eval / train mode) before, inside and after no_sync windows, several "
+    "synced backwards per step, zero_grad(set_to_none=True/False), SGD / momentum / weight decay / "
+    "Adam / AdamW, clip_grad_norm_, a learning-rate drop, backward in eval mode, a checkpoint reload; "
+    "every step equals DDP's semantics on one device within the bound measured on the model. The "
+    "module axis (output structure, buffers, hooks, keywords, parametrizations) does not apply: the "
+    "user's model is what it is")
+#: Micro-batch ``(s, j)`` reads the user's batch ``s * DATA_STRIDE + j`` (``j`` < EVAL_DATA + evals).
+DATA_STRIDE = 10_000
+
+
+def _sizes(world_size: int) -> list:
+    """Uneven local batches (2, 3, 3, 4, ...): DDP averages the replicas' local means equally."""
+    return [2 + (r % 2) + (r // 2) for r in range(world_size)]
+
+
+def user_loop_programs(world_size: int, seed: int, lr: float) -> list[Scenario]:
+    """The explicit loop programs run on a user's model (module docstring): SGD-family optimizers at
+    the model's ``lr``, Adam / AdamW at the scenario case's (their step does not scale with the
+    gradient)."""
+    w = world_size
+    uneven = _sizes(w)
+    every = [list(BRANCHES)] * w
+
+    def sc(steps, optimizer="sgd", find_unused=False, checkpoint_at=None, **loop):
+        return Scenario(seed=seed, lr=lr if optimizer.startswith("sgd") else LRS[optimizer][0],
+                        optimizer=optimizer, ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True},
+                        rebind_buffers=False, loss_scale_log2=0, checkpoint_at=checkpoint_at, steps=steps,
+                        loop=dict(PLAIN_LOOP, **loop), module=dict(PLAIN_MODULE))
+
+    def micro(sync=None):
+        m = {"batch": list(uneven), "plan": [list(p) for p in every]}
+        if sync is not None:
+            m["sync"] = sync
+        return m
+
+    def ev(at, grad, mode):
+        return {"at": at, "grad": grad, "mode": mode, "batch": list(uneven)}
+    out = [
+        # zero gradients kept (set_to_none=False) under weight decay, an eval-mode validation forward
+        # before each step, a learning-rate drop, a checkpoint reload (non-persistent buffers: the
+        # rebuilt module's own), find_unused_parameters (the DDP walks the user's output)
+        sc([{"micro": [micro()], "eval": [ev(0, "no_grad", "eval")]} for _ in range(4)], optimizer="sgd_wd",
+           find_unused=True, zero_grad="zeros", lr_drop_at=2, checkpoint_at=1),
+        # two synced backwards per step (each averaged, the sum kept), AdamW, clipping on the synced gradients
+        sc([{"micro": [micro(sync=True), micro()]} for _ in range(3)], optimizer="adamw", clip="norm"),
+        # backward in eval mode inside a no_sync window; a no_grad forward in train mode inside it and an
+        # inference_mode forward after the last backward
+        sc([{"micro": [micro(), micro()], "eval": [ev(1, "no_grad", "train"), ev(2, "inference_mode", "eval")]}
+            for _ in range(3)], module_mode="eval"),
+        # momentum, clipping, a train-mode no_grad forward before each step (buffers it updates are
+        # broadcast at the next training forward)
+        sc([{"micro": [micro()], "eval": [ev(0, "no_grad", "train")]} for _ in range(4)],
+           optimizer="sgd_momentum", clip="norm"),
+        # Adam across a checkpoint reload (its state saved and loaded), a window of three micro-steps
+        sc([{"micro": [micro(), micro(), micro()]} for _ in range(3)], optimizer="adam", checkpoint_at=0,
+           find_unused=True),
+    ]
+    for e in out:
+        e.validate()
+    return out
+
+
+def user_inputs(spec: str, sc: Scenario, s: int, j: int, r: int, sizes, device=None):
+    """``((inputs,), forward keywords, target)`` of replica ``r``'s forward on micro-batch ``(s, j)``
+    of user model ``spec`` (module docstring), on ``device`` when given."""
+    import torch
+    from fixtures import global_batch
+    from fixtures.models import MODELS
+    x, y = global_batch(spec, sc.seed, s * DATA_STRIDE + j, sum(sizes))
+    lo = sum(sizes[:r])
+    x, y = x[lo:lo + sizes[r]], y[lo:lo + sizes[r]]
+    kwargs = dict(MODELS[spec].forward_kwargs)
+    if device is not None:
+        x, y = x.to(device), y.to(device)
+        kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    return (x,), kwargs, y
+
+
+def _build(spec: str, seed: int, rank: int, salt: int = 0):
+    from conformance.cases.train.loop import rank_buffer_offset, rank_seed
+    from fixtures import build_model
+    return build_model(spec, rank_seed(seed, rank, salt), perturb_buffers=rank_buffer_offset(rank, salt))
+
+
+def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
+    """World task: loop program ``scenario`` on this replica of user model ``model`` with
+    implementation ``impl`` (what :func:`.scenario.scenario_task` returns).
+
+    Raises:
+        Unsupported: the implementation brings its own step or optimizer, refuses a keyword or
+            lacks ``no_sync``.
+    """
+    from conformance.cases.scenarios.scenario import run_loop
+    from conformance.cases.train.loop import build_optimizer, wrap
+    from conformance.cases.train.readback import to_device
+    from conformance.errors import Unsupported
+    from conformance.impls.builtin import resolve_impl
+    from fixtures.models import training_loss
+
+    sc = Scenario.from_json(scenario)
+    row = resolve_impl(impl)
+    if row.forward_backward is not None or row.make_optimizer is not None:
+        raise Unsupported(f"{impl} brings its own {'compiled step' if row.forward_backward else 'optimizer'}, "
+                          "which the loop programs (their own optimizers, micro-steps) would bypass")
+    kwargs = {"broadcast_buffers": sc.ddp.get("broadcast_buffers", True)}
+    if sc.ddp.get("find_unused_parameters"):
+        kwargs["find_unused_parameters"] = True
+    requires = ["find_unused_parameters"] if "find_unused_parameters" in kwargs else []
+    if any(not sc.synced(s, j) for s in range(len(sc.steps)) for j in range(len(sc.steps[s]["micro"]))):
+        requires.append("no_sync")
+    which = row.shard_rank(ctx)
+
+    def build(salt=0):
+        m = to_device(_build(model, sc.seed, ctx.rank, salt), ctx.device)
+        ddp = wrap(row, m, ctx, kwargs, tuple(requires))
+        ctx.mark_step()
+        return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr)
+
+    return run_loop(ctx, row, sc, build(), build,
+                    lambda s, j, sizes, plan: user_inputs(model, sc, s, j, which, sizes, ctx.device),
+                    lambda out, y: training_loss(model, out, y))
+
+
+def user_loop_reference(spec: str, sc: Scenario) -> dict:
+    """DDP's semantics for loop program ``sc`` on user model ``spec`` on one CPU device
+    (:func:`.oracle.loop_reference`): rank 0's module; replica ``r``'s buffers its own build's
+    without ``broadcast_buffers``; after the checkpoint reload a non-persistent buffer (absent from
+    ``state_dict()``) is the rebuilt module's own (rank 0's when the construction broadcasts)."""
+    from conformance.cases.scenarios.oracle import loop_reference
+    from fixtures.models import training_loss
+
+    net = _build(spec, sc.seed, 0)
+    bcast = sc.ddp.get("broadcast_buffers", True)
+    persistent = set(net.state_dict())
+    names = [n for n, _ in net.named_buffers()]
+
+    def start_buffers(r):
+        own = net if bcast or r == 0 else _build(spec, sc.seed, r)
+        return [t.detach().clone() for t in own.buffers()]
+
+    def reload_buffers(r, bufs):
+        fresh = dict(_build(spec, sc.seed, 0 if bcast else r, 1).named_buffers())
+        return [b if n in persistent else fresh[n].detach().clone() for n, b in zip(names, bufs)]
+
+    return loop_reference(sc, net, lambda s, j, r, sizes, plan: user_inputs(spec, sc, s, j, r, sizes),
+                          lambda out, y: training_loss(spec, out, y), start_buffers, reload_buffers)
+
+
+def evaluate_user_loop(case, impl, runtime, w, session, overrides):
+    """Verdicts of ``scenario.user_loop`` on user model ``case.model``: every program of
+    :func:`user_loop_programs` (or ``overrides["scenario"]``), each judged against
+    :func:`user_loop_reference` with the bound measured on the model; per check the worst
+    deviation over the programs, or the first failing program's verdict with its JSON."""
+    import json
+
+    from conformance.cases.checks import SCENARIO_CHECKS
+    from conformance.cases.scenarios.oracle import judge_scenario
+    from conformance.cases.train.measured import measured_tolerance, stated, user_run
+    from conformance.tolerances import lookup
+    from conformance.verdict import Verdict
+    from fixtures.models import MODELS
+
+    user = MODELS[case.model].user
+    tol = measured_tolerance(session, runtime, w, user_run(impl, case.model))
+    if tol is None:  # non-root process of a launcher-built world
+        return None
+    agree = lookup(runtime, "scenario", "agreement").atol
+    programs = ([overrides["scenario"]] if "scenario" in overrides
+                else user_loop_programs(w, user.seed, user.lr))
+    worst: dict = {}
+    vacuous: dict = {}  # check -> programs whose reference moved too little to judge it (discarded)
+    for k, sc in enumerate(programs):
+        results = session.run(runtime, w, user_loop_task, timeout=case.timeout, impl=impl, model=case.model,
+                              scenario=sc.to_json())
+        if results is None:
+            return None
+        ref = user_loop_reference(case.model, sc)
+        vs = judge_scenario(sc, results, tol, agreement_atol=agree, ref=ref, model=case.model)
+        for v in vs:
+            if v.check == "buffers" and v.status == "vacuous" and not ref["buffers"].size:
+                v.status, v.reason = "pass", "the model has no buffers: nothing to compare"
+        if any(v.status not in ("pass", "vacuous") for v in vs):
+            for v in vs:
+                v.example = sc.to_json()
+                if v.status != "pass":
+                    v.reason = f"loop program {k + 1} of {len(programs)}: {v.reason}"
+                    v.diagnosis = (f"failing loop program ({len(sc.steps)} step(s), world size {w}) on "
+                                   f"--model {case.model}:\n{json.dumps(sc.to_json())}\nreproduce: python -m "
+                                   f"conformance run --ddp {impl} --runtime {runtime} --world-size {w} --model "
+                                   f"{case.model} --only {case.name}" + (f"\n{v.diagnosis}" if v.diagnosis else ""))
+            return [stated(v, tol) if v.check != "agreement" else v for v in vs]
+        for v in vs:
+            if v.status == "vacuous":
+                vacuous.setdefault(v.check, []).append(k + 1)
+            elif v.max_dev == v.max_dev and (v.check not in worst or v.max_dev > worst[v.check].max_dev):
+                worst[v.check] = v
+    out = []
+    n = len(programs)
+    for c in SCENARIO_CHECKS:
+        v = worst.get(c) or Verdict("", c, "", "", case.model, w, "pass")
+        v.reason = f"{n - len(vacuous.get(c, ()))} loop program(s)"
+        if vacuous.get(c):
+            v.reason += (f"; program(s) {', '.join(map(str, vacuous[c]))} moved {'the buffers' if c == 'buffers' else c}"
+                         " too little to judge this check (discarded)")
+        if len(vacuous.get(c, ())) == n:
+            v.status, v.reason = "vacuous", f"all {n} loop program(s) moved too little to fail this check"
+        out.append(stated(v, tol) if c != "agreement" else v)
+    return out
