@@ -37,12 +37,18 @@ def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None,
                     for v in evaluate(case, impl, rt, w, session, scenario=sc)]
     finally:
         session.close()
+    return _report(settings, verdicts, scenario, json,
+                   f"scenario {scenario}: {len(sc.steps)} step(s), world size {sc.world_size}",
+                   lambda v: f"python -m conformance replay {shlex.quote(scenario)} "
+                   f"--ddp {shlex.quote(v.impl)} --runtime {v.runtime}")
+
+
+def _report(settings, verdicts, path, json, title, repro) -> int:
+    """Print the replay's verdicts, write the JSON report and failures file; the exit code."""
     with stdout_for_json(json) as json_out:
-        print(f"scenario {scenario}: {len(sc.steps)} step(s), world size {sc.world_size}")
+        print(title)
         print(verdict_table(verdicts))
-        out = RunOutput(verdicts, extra={"replay": scenario, "profile": settings.profile},
-                        repro=lambda v: f"python -m conformance replay {shlex.quote(scenario)} "
-                        f"--ddp {shlex.quote(v.impl)} --runtime {v.runtime}")
+        out = RunOutput(verdicts, extra={"replay": path, "profile": settings.profile}, repro=repro)
         for line in write_all(out, {"json": json_out or json, "failures": json}):
             print(line)
         print(f"JSON report: {'stdout' if json_out else json}")
@@ -71,12 +77,5 @@ def _replay_draw(settings, path, draw, w, *, runtime, ddp, json) -> int:
         verdicts = evaluate_draw(case, impl, runtime, w, session, draw) or []
     finally:
         session.close()
-    with stdout_for_json(json) as json_out:
-        print(f"collective draw {path}: world size {w}")
-        print(verdict_table(verdicts))
-        out = RunOutput(verdicts, extra={"replay": path, "profile": settings.profile},
-                        repro=lambda v: f"python -m conformance replay {shlex.quote(path)} --runtime {v.runtime}")
-        for line in write_all(out, {"json": json_out or json, "failures": json}):
-            print(line)
-        print(f"JSON report: {'stdout' if json_out else json}")
-    return exit_code(verdicts)
+    return _report(settings, verdicts, path, json, f"collective draw {path}: world size {w}",
+                   lambda v: f"python -m conformance replay {shlex.quote(path)} --runtime {v.runtime}")
