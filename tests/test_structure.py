@@ -155,7 +155,8 @@ def _kind_packages():
 
 KINDS = _kind_packages()
 SHARED = {"conformance.cases.train.loop", "conformance.cases.train.readback",
-          "conformance.cases.train.commhooks"}
+          "conformance.cases.train.commhooks",
+          "conformance.cases.train.measured"}  # a user model's measured bound: its parity and loop cases
 #: The module that imports the registry's kind modules (by name, importlib): its edges to them
 #: join the import graph, so a kind importing it back is a cycle.
 KIND_LOADER = "conformance.cases.validation"

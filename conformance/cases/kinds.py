@@ -96,7 +96,7 @@ REGISTRY = {
     "task": Registration("conformance.cases.features"),
     "property": Registration("conformance.cases.properties.run"),
     "invariant": Registration("conformance.cases.ranks", needs_impl=False),
-    "scenario": Registration("conformance.cases.scenarios.scenario"),
+    "scenario": Registration("conformance.cases.scenarios.kind"),
     "collective": Registration("conformance.cases.collectives.kind", needs_impl=False),
 }
 #: Every kind's name, registry order.

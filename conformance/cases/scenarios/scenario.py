@@ -43,7 +43,6 @@ import json
 import numpy as np
 
 from conformance.cases.checks import SCENARIO_CHECKS
-from conformance.cases.kinds import Kind
 from conformance.cases.search import (SearchRunner, kit_settings, loop_depth, loop_examples, scenario_examples,
                                       workload_examples)
 from conformance.cases.train.commhooks import register_hook
@@ -341,11 +340,7 @@ def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_exam
 def evaluate_scenario(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``scenario`` row: its space's scenarios within the session profile's
     budget, or with ``overrides["scenario"]`` that one scenario (``python -m conformance
-    replay``); ``overrides["shrink"]``: shrink a failing scenario, default true. A ``--model``
-    row (``args["user_loop"]``): the loop programs on the user's model (:mod:`.userloop`)."""
-    if case.args.get("user_loop"):  # --model: the loop programs on the user's model
-        from conformance.cases.scenarios.userloop import evaluate_user_loop
-        return evaluate_user_loop(case, impl, runtime, w, session, overrides)
+    replay``); ``overrides["shrink"]``: shrink a failing scenario, default true."""
     agree = lookup(runtime, "scenario", "agreement").atol
     if "scenario" in overrides:  # one given scenario (python -m conformance replay)
         sc = overrides["scenario"]
@@ -373,7 +368,3 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
 def _scenario_problem(case) -> str | None:
     why = space_problem(case.args.get("space", {}))
     return f"scenario space: {why}" if why else None
-
-
-KIND = Kind("scenario", evaluate_scenario, validate=_scenario_problem,
-            requires=lambda case: space_requires(case.args.get("space", {})), searches=True)

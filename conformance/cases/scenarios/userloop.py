@@ -29,19 +29,23 @@ floating buffers offset (as every kind), so only a DDP that broadcasts at constr
 """
 from __future__ import annotations
 
+import json
+
+from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.scenarios.format import BRANCHES, PLAIN_LOOP, PLAIN_MODULE, Scenario
 from conformance.cases.scenarios.generate import LRS
+from conformance.cases.scenarios.oracle import judge_scenario, loop_reference
+from conformance.cases.scenarios.scenario import run_loop
+from conformance.cases.train.loop import build_optimizer, rank_buffer_offset, rank_seed, wrap
+from conformance.cases.train.measured import measured_tolerance, stated, user_run
+from conformance.cases.train.readback import to_device
+from conformance.errors import Unsupported
+from conformance.impls.builtin import resolve_impl
+from conformance.tolerances import lookup
+from conformance.verdict import Verdict
+from fixtures import build_model, global_batch
+from fixtures.models import MODELS, training_loss
 
-#: The case's name and description (the ``--model`` cases, :mod:`conformance.cases.train.usercases`).
-USER_LOOP_CASE = (
-    "scenario.user_loop",
-    "the loop programs on the user's model, with its batches and loss: forwards without backward "
-    "(no_grad / inference_mode, eval / train mode) before, inside and after no_sync windows, several "
-    "synced backwards per step, zero_grad(set_to_none=True/False), SGD / momentum / weight decay / "
-    "Adam / AdamW, clip_grad_norm_, a learning-rate drop, backward in eval mode, a checkpoint reload; "
-    "every step equals DDP's semantics on one device within the bound measured on the model. The "
-    "module axis (output structure, buffers, hooks, keywords, parametrizations) does not apply: the "
-    "user's model is what it is")
 #: Micro-batch ``(s, j)`` reads the user's batch ``s * DATA_STRIDE + j`` (``j`` < EVAL_DATA + evals).
 DATA_STRIDE = 10_000
 
@@ -102,8 +106,6 @@ def user_inputs(spec: str, sc: Scenario, s: int, j: int, r: int, sizes, device=N
     """``((inputs,), forward keywords, target)`` of replica ``r``'s forward on micro-batch ``(s, j)``
     of user model ``spec`` (module docstring), on ``device`` when given."""
     import torch
-    from fixtures import global_batch
-    from fixtures.models import MODELS
     x, y = global_batch(spec, sc.seed, s * DATA_STRIDE + j, sum(sizes))
     lo = sum(sizes[:r])
     x, y = x[lo:lo + sizes[r]], y[lo:lo + sizes[r]]
@@ -115,8 +117,6 @@ def user_inputs(spec: str, sc: Scenario, s: int, j: int, r: int, sizes, device=N
 
 
 def _build(spec: str, seed: int, rank: int, salt: int = 0):
-    from conformance.cases.train.loop import rank_buffer_offset, rank_seed
-    from fixtures import build_model
     return build_model(spec, rank_seed(seed, rank, salt), perturb_buffers=rank_buffer_offset(rank, salt))
 
 
@@ -128,12 +128,6 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
         Unsupported: the implementation brings its own step or optimizer, refuses a keyword or
             lacks ``no_sync``.
     """
-    from conformance.cases.scenarios.scenario import run_loop
-    from conformance.cases.train.loop import build_optimizer, wrap
-    from conformance.cases.train.readback import to_device
-    from conformance.errors import Unsupported
-    from conformance.impls.builtin import resolve_impl
-    from fixtures.models import training_loss
 
     sc = Scenario.from_json(scenario)
     row = resolve_impl(impl)
@@ -164,8 +158,6 @@ def user_loop_reference(spec: str, sc: Scenario) -> dict:
     (:func:`.oracle.loop_reference`): rank 0's module; replica ``r``'s buffers its own build's
     without ``broadcast_buffers``; after the checkpoint reload a non-persistent buffer (absent from
     ``state_dict()``) is the rebuilt module's own (rank 0's when the construction broadcasts)."""
-    from conformance.cases.scenarios.oracle import loop_reference
-    from fixtures.models import training_loss
 
     net = _build(spec, sc.seed, 0)
     bcast = sc.ddp.get("broadcast_buffers", True)
@@ -189,14 +181,7 @@ def evaluate_user_loop(case, impl, runtime, w, session, overrides):
     :func:`user_loop_programs` (or ``overrides["scenario"]``), each judged against
     :func:`user_loop_reference` with the bound measured on the model; per check the worst
     deviation over the programs, or the first failing program's verdict with its JSON."""
-    import json
 
-    from conformance.cases.checks import SCENARIO_CHECKS
-    from conformance.cases.scenarios.oracle import judge_scenario
-    from conformance.cases.train.measured import measured_tolerance, stated, user_run
-    from conformance.tolerances import lookup
-    from conformance.verdict import Verdict
-    from fixtures.models import MODELS
 
     user = MODELS[case.model].user
     tol = measured_tolerance(session, runtime, w, user_run(impl, case.model))

@@ -22,13 +22,23 @@ import torch
 
 from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.row import Case
-from conformance.cases.scenarios.userloop import USER_LOOP_CASE
 from conformance.cases.train.evaluate import train_checks
 from conformance.cases.train.loop import RANK_SEED_STRIDE
 from conformance.errors import UsageError
 from conformance.cases.usermodel import UserModelError
 from fixtures import build_model, global_batch, shard
 from fixtures.models import MODELS, training_loss
+
+#: The case's name and description (the ``--model`` cases, this module; run by :mod:`conformance.cases.scenarios.userloop`).
+USER_LOOP_CASE = (
+    "scenario.user_loop",
+    "the loop programs on the user's model, with its batches and loss: forwards without backward "
+    "(no_grad / inference_mode, eval / train mode) before, inside and after no_sync windows, several "
+    "synced backwards per step, zero_grad(set_to_none=True/False), SGD / momentum / weight decay / "
+    "Adam / AdamW, clip_grad_norm_, a learning-rate drop, backward in eval mode, a checkpoint reload; "
+    "every step equals DDP's semantics on one device within the bound measured on the model. The "
+    "module axis (output structure, buffers, hooks, keywords, parametrizations) does not apply: the "
+    "user's model is what it is")
 
 #: (case name, description, run overrides) of the cases on a user model.
 USER_CASES = (
