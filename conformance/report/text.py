@@ -123,8 +123,9 @@ class KillRow:
     def reason(self) -> str:
         if self.result in (UNSUPPORTED, SKIP):
             return next((v.reason for v in self.verdicts if v.reason), "")
-        if self.broken():
-            return self.broken()
+        why = self.broken()
+        if why:
+            return why
         killers = [v.check for v in self.verdicts if v.status == "fail"]
         return ("killed by " + ", ".join(killers)) if killers else \
             "; ".join(f"{v.check} {v.status}" for v in self.verdicts)
