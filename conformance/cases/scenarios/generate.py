@@ -300,6 +300,30 @@ def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]
     return _finished(out, space)
 
 
+def loop_program(steps, *, seed: int, lr: float, optimizer: str, find_unused: bool, checkpoint_at=None,
+                 module=None, **loop) -> Scenario:
+    """One explicit loop program: ``steps`` (each ``{"micro": [...], "eval": [...]}``) under
+    ``optimizer`` with ``broadcast_buffers=True``, the plain loop and module settings overridden by
+    ``loop`` and ``module``."""
+    return Scenario(seed=seed, lr=lr, optimizer=optimizer,
+                    ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True},
+                    rebind_buffers=False, loss_scale_log2=0, checkpoint_at=checkpoint_at, steps=steps,
+                    loop=dict(PLAIN_LOOP, **loop), module=dict(PLAIN_MODULE, **(module or {})))
+
+
+def micro_step(batch, plans, sync=None) -> dict:
+    """A micro-step of a loop program: local batch sizes, per-replica plans, maybe its sync."""
+    m = {"batch": list(batch), "plan": [list(p) for p in plans]}
+    if sync is not None:
+        m["sync"] = sync
+    return m
+
+
+def eval_forward(at: int, grad: str, mode: str, batch) -> dict:
+    """A forward without backward before micro-step ``at``, under ``grad`` in module ``mode``."""
+    return {"at": at, "grad": grad, "mode": mode, "batch": list(batch)}
+
+
 def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
     """The loop case's scenarios every run includes: together they hold every value of
     :data:`LOOPS` and of :data:`MODULES`, ``sgd_wd``, a learning-rate drop, forwards without backward of each grad mode
@@ -310,19 +334,15 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
     uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
 
     def sc(steps, optimizer="sgd", find_unused=True, module=None, checkpoint_at=None, **loop):
-        return Scenario(seed=31, lr=LRS[optimizer][-1] if optimizer.startswith("sgd") else LRS[optimizer][0],
-                        optimizer=optimizer, ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True},
-                        rebind_buffers=False, loss_scale_log2=0, checkpoint_at=checkpoint_at, steps=steps,
-                        loop=dict(PLAIN_LOOP, **loop), module=dict(PLAIN_MODULE, **(module or {})))
+        lr = LRS[optimizer][-1] if optimizer.startswith("sgd") else LRS[optimizer][0]
+        return loop_program(steps, seed=31, lr=lr, optimizer=optimizer, find_unused=find_unused,
+                            checkpoint_at=checkpoint_at, module=module, **loop)
 
     def micro(plan, sync=None, batch=None):
-        m = {"batch": list(batch or uneven), "plan": [list(plan)] * w}
-        if sync is not None:
-            m["sync"] = sync
-        return m
+        return micro_step(batch or uneven, [plan] * w, sync)
 
     def ev(at, grad, mode):
-        return {"at": at, "grad": grad, "mode": mode, "batch": list(uneven)}
+        return eval_forward(at, grad, mode, uneven)
     out = [
         # zero gradients, not None: branch c used at steps 1 and 3 only; at steps 2 and 4 its zero
         # gradient must stay zero (weight decay still moves it; a DDP setting it None skips it); an

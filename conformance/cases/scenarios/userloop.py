@@ -32,8 +32,8 @@ from __future__ import annotations
 import json
 
 from conformance.cases.checks import SCENARIO_CHECKS
-from conformance.cases.scenarios.format import BRANCHES, PLAIN_LOOP, PLAIN_MODULE, Scenario
-from conformance.cases.scenarios.generate import LRS
+from conformance.cases.scenarios.format import BRANCHES, Scenario
+from conformance.cases.scenarios.generate import LRS, eval_forward, loop_program, micro_step
 from conformance.cases.scenarios.oracle import judge_scenario, loop_reference
 from conformance.cases.scenarios.scenario import run_loop
 from conformance.cases.train.loop import build_optimizer, rank_buffer_offset, rank_seed, wrap
@@ -64,19 +64,14 @@ def user_loop_programs(world_size: int, seed: int, lr: float) -> list[Scenario]:
     every = [list(BRANCHES)] * w
 
     def sc(steps, optimizer="sgd", find_unused=False, checkpoint_at=None, **loop):
-        return Scenario(seed=seed, lr=lr if optimizer.startswith("sgd") else LRS[optimizer][0],
-                        optimizer=optimizer, ddp={"find_unused_parameters": find_unused, "broadcast_buffers": True},
-                        rebind_buffers=False, loss_scale_log2=0, checkpoint_at=checkpoint_at, steps=steps,
-                        loop=dict(PLAIN_LOOP, **loop), module=dict(PLAIN_MODULE))
+        return loop_program(steps, seed=seed, lr=lr if optimizer.startswith("sgd") else LRS[optimizer][0],
+                            optimizer=optimizer, find_unused=find_unused, checkpoint_at=checkpoint_at, **loop)
 
     def micro(sync=None):
-        m = {"batch": list(uneven), "plan": [list(p) for p in every]}
-        if sync is not None:
-            m["sync"] = sync
-        return m
+        return micro_step(uneven, every, sync)
 
     def ev(at, grad, mode):
-        return {"at": at, "grad": grad, "mode": mode, "batch": list(uneven)}
+        return eval_forward(at, grad, mode, uneven)
     out = [
         # zero gradients kept (set_to_none=False) under weight decay, an eval-mode validation forward
         # before each step, a learning-rate drop, a checkpoint reload (non-persistent buffers: the
