@@ -240,6 +240,8 @@ def test_correct_wrapper_backend_passes_the_family_and_runs_torch_ddp():
     ("noncontig_dense", "noncontiguous.reduce_scatter_tensor", "reduce_scatter_tensor", "noncontiguous"),
     # caught since the rooted ops draw every group rank as the root (it was missed with root 0 only)
     ("subgroup_global_ranks", "broadcast", "all_reduce", "root 1 (group [1, 2] of 3"),
+    # written apart from wrapper.py: reduce's result always goes to group rank 0
+    ("rootless_reduce", "reduce", "broadcast", " root 1 ("),
 ])
 def test_each_faulty_backend_fails_with_a_verdict_naming_the_op(backend, broken, intact, needle):
     s = _session(backend)
