@@ -37,14 +37,26 @@ SCRUBBED_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 
 
 def die_with_parent(parent_pid):
-    try:  # Linux: the kernel kills us when the parent goes.
+    """Exit when the kit process ``parent_pid`` or the process that forked this host (the kit,
+    or its fork server, which exits when the kit does) is gone."""
+    try:  # Linux: the kernel kills us when the process that forked us goes.
         import ctypes
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    forked_by = os.getppid()
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
 
     def watch():
-        while os.getppid() == parent_pid:
+        while os.getppid() == forked_by and alive(parent_pid):
             time.sleep(1.0)
         os._exit(70)
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
@@ -118,8 +130,13 @@ def watch_collectives(replicas, every=POLL_S):
             pass
 
 
-def host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, settings):
-    """Entry point of a host process (spawned; runs until told to stop)."""
+def host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, settings, parent_env=None):
+    """Entry point of a host process (runs until told to stop). ``parent_env``: the kit's
+    environment when it started this host (a host forked by the fork server would otherwise
+    inherit the server's, from when the first world started)."""
+    if parent_env is not None:
+        os.environ.clear()
+        os.environ.update(parent_env)
     for var in SCRUBBED_LAUNCHER_VARS:  # before anything reads them (torch.distributed, ranks)
         os.environ.pop(var, None)
     log_fd = os.open(os.path.join(workdir, f"host{host}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)

@@ -97,6 +97,16 @@ def _tail(path, lines=LOG_TAIL_LINES):
     return dg.tail(path, lines)
 
 
+def host_context():
+    """The ``multiprocessing`` context hosts start from: a fork server that imported
+    :mod:`conformance.worlds.preload` (env ``CONFORMANCE_HOST_START=spawn``: a fresh interpreter each)."""
+    if os.environ.get("CONFORMANCE_HOST_START") == "spawn":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["conformance.worlds.preload"])
+    return ctx
+
+
 class World:
     """``world_size`` replicas of ``runtime``, started now and kept until :meth:`close`.
 
@@ -133,12 +143,13 @@ class World:
         self.workdir = tempfile.mkdtemp(prefix=f"ddpconf-{runtime}{world_size}-")
         self._board = os.path.join(self.workdir, "progress")
         dg.create_board(self._board, world_size)
-        ctx = mp.get_context("spawn")
+        ctx = host_context()
         try:
             for host, env in enumerate(adapter.host_envs(world_size)):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=host_main, daemon=True, name=f"{runtime}-host{host}",
-                                   args=(runtime, host, world_size, child, self.workdir, env, os.getpid(), settings))
+                                   args=(runtime, host, world_size, child, self.workdir, env, os.getpid(), settings,
+                                         dict(os.environ)))
                 # Listed before start(): a Ctrl-C inside start() must not leave a started host
                 # unkilled (multiprocessing's exit handler would SIGTERM and join it unbounded).
                 self.hosts.append((proc, parent))
