@@ -1,18 +1,30 @@
 """What the hosts' fork server imports once, before it forks any host.
 
 :class:`conformance.worlds.spawned.World` starts its hosts from a ``multiprocessing`` fork
-server that has imported this module: a host then starts with torch and the kit's task
-modules already loaded (a spawned host imports them itself: ~2.7 CPU-seconds each, 9 hosts in
-a default run). Thread pools are kept to one thread before anything is imported, so the server
-holds no worker threads when it forks (OpenBLAS starts one per extra core on import).
+server that has imported this module, so a host starts with torch, the parts of torch that the
+kit's tasks and the DDPs under test import lazily, and the kit's task modules already loaded.
+A spawned host imported them itself: ~2.7 CPU-seconds to start, and ~2 more on its first
+optimizer (``torch.optim`` imports ``torch._dynamo``, which imports sympy) and its first DDP,
+for each of the 9 hosts of a default run. Thread pools are kept to one thread before anything
+is imported, so the server holds no worker thread when it forks (OpenBLAS starts one per extra
+core on import).
 """
+import importlib
 import os
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import torch  # noqa: E402,F401
-import torch.distributed  # noqa: E402,F401
+#: Imported in this order; a module this torch does not have is left out.
+MODULES = (
+    "torch", "torch.distributed", "torch.optim", "torch._dynamo", "torch.nn.parallel",
+    "torch.distributed.algorithms.ddp_comm_hooks", "torch.distributed.algorithms.join",
+    "torch.utils.checkpoint", "torch.nn.utils.parametrize", "torch.nn.utils.parametrizations",
+    "conformance.evaluate", "conformance.worlds.host",
+)
 
-import conformance.evaluate  # noqa: E402,F401  (every kit task module the hosts run)
-import conformance.worlds.host  # noqa: E402,F401
+for _name in MODULES:
+    try:
+        importlib.import_module(_name)
+    except ImportError:
+        pass
