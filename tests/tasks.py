@@ -19,6 +19,11 @@ def all_reduce_value(ctx, values) -> list:
     return t.cpu().tolist()
 
 
+def env_and_parent(ctx, name) -> tuple:
+    """``(os.environ.get(name), this host's parent pid)``."""
+    return os.environ.get(name), os.getppid()
+
+
 def fail_on(ctx, rank, how="raise", seconds=30.0) -> int:
     """Misbehave on replica ``rank`` (``None``: every replica): raise, sleep, exit, or block in a collective.
 

@@ -12,7 +12,7 @@ import pytest
 
 from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout, World, WorldPool
 from tests.procs import QUIET_START_S, REPO, alive, default_signals, gone, load_scale, start_world
-from tests.tasks import all_reduce_value, fail_on, raise_while_peer_waits
+from tests.tasks import all_reduce_value, env_and_parent, fail_on, raise_while_peer_waits
 
 pytestmark = pytest.mark.cpu
 
@@ -126,6 +126,24 @@ def test_prestart_error_is_reported_by_get():
             pool.get("nosuch", 2)
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_a_host_sees_the_environment_the_kit_had_when_it_started(monkeypatch, start):
+    """A host forked by the fork server would otherwise inherit the server's environment, taken
+    when the first world started; a spawned host (``CONFORMANCE_HOST_START=spawn``) is this
+    process's own child."""
+    monkeypatch.setenv("CONFORMANCE_HOST_START", start)
+    World("cpu", 2).close()  # the fork server (if any) starts with the environment of now
+    monkeypatch.setenv("CONFORMANCE_TEST_MARK", f"set after the first world {time.monotonic()}")
+    w = World("cpu", 2)
+    try:
+        got = w.run(env_and_parent, name="CONFORMANCE_TEST_MARK")
+    finally:
+        w.close()
+    assert [v for v, _ in got] == [os.environ["CONFORMANCE_TEST_MARK"]] * 2
+    parents = {p for _, p in got}
+    assert (parents == {os.getpid()}) == (start == "spawn"), parents
 
 
 def test_world_closed_while_starting_leaves_nothing():

@@ -29,6 +29,10 @@ from conformance.cases.row import unknown_tags
 from conformance.errors import UsageError, split_list
 from conformance.options import check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes
 from conformance.settings import PROFILES, Settings, default_help, use_hypothesis_cache
+from conformance.worlds.hoststart import start_server
+
+# Commands that start worlds: their hosts' fork server is started first thing.
+WORLD_COMMANDS = ("run", "ranks", "replay", "repeat", "calibrate")
 
 # Options that shape the Settings rather than one command.
 SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend")
@@ -289,6 +293,8 @@ def main(argv=None) -> int:
         if settings.backend != "gloo":  # imports torch: a bad --backend is one error line before any world
             from conformance.worlds.runtimes.cpu import resolve_backend
             resolve_backend(settings.backend)
+        if command in WORLD_COMMANDS and values.get("launcher") != "env":
+            start_server()  # the hosts' fork server imports torch while this process does
         with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C
             module = importlib.import_module(f"conformance.cli.{command}")  # imports torch
             if command == "run":  # run's options: one value

@@ -72,6 +72,7 @@ from conformance.worlds import blame as blame_mod, diagnosis as dg, procmem  # n
 from conformance.worlds.failure import (ReplicaDied, ReplicaError, ReplicaFailed,  # noqa: F401
                                         ReplicaTimeout, all_waiting, collective_hang, machine_load, progress_mark,
                                         replica_diagnosis, replica_error)
+from conformance.worlds.hoststart import host_context
 from conformance.worlds.host import (POLL_S, SCRUBBED_LAUNCHER_VARS,  # noqa: F401
                                      die_with_parent as _die_with_parent, host_main,
                                      watch_collectives as _watch_collectives)
@@ -95,16 +96,6 @@ LOG_TAIL_LINES = 200
 
 def _tail(path, lines=LOG_TAIL_LINES):
     return dg.tail(path, lines)
-
-
-def host_context():
-    """The ``multiprocessing`` context hosts start from: a fork server that imported
-    :mod:`conformance.worlds.preload` (env ``CONFORMANCE_HOST_START=spawn``: a fresh interpreter each)."""
-    if os.environ.get("CONFORMANCE_HOST_START") == "spawn":
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["conformance.worlds.preload"])
-    return ctx
 
 
 class World:

@@ -43,3 +43,14 @@ class Class(nn.Module):
         if self.rank == RAISING_RANK:
             _refuse(self.rank)
         return self.module(*args, **kwargs)
+
+
+class Dying(Class):
+    """The same DDP whose replica 1 exits the process (``os._exit(3)``) in every forward: each
+    failing case loses its world, which the next case must replace (docs/robustness.md)."""
+
+    def forward(self, *args, **kwargs):
+        if self.rank == RAISING_RANK:
+            import os
+            os._exit(3)
+        return self.module(*args, **kwargs)

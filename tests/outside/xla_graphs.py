@@ -2,7 +2,8 @@
 replicas do not build one graph, as torch_xla users write them. Run with ``--runtime pjrt``.
 
 * ``XlaMaskBroadcastDDP`` (correct): replica 0's parameters at construction and its buffers
-  before every training forward, by a masked all-reduce whose 0/1 mask is moved to the device
+  before a forward that follows a grad-enabled forward (and before the first), as torch's DDP
+  does (its ``require_forward_param_sync`` is set by the previous forward), by a masked all-reduce whose 0/1 mask is moved to the device
   as data (``torch.tensor(mask)`` through ``xm.send_cpu_data_to_device``, as
   ``xm.collective_broadcast`` does); gradients all-reduced with ``scale=1 / xr.world_size()`` in
   post-accumulate-grad hooks.
@@ -36,6 +37,7 @@ class XlaMaskBroadcastDDP(torch.nn.Module):
             raise TypeError(f"{type(self).__name__} has no counterpart for {', '.join(unknown)}")
         self.module = module
         self.broadcast_buffers = broadcast_buffers
+        self._sync_next = True  # the previous forward was grad-enabled (or there was none)
         self._broadcast(list(module.parameters()) + (list(module.buffers()) if broadcast_buffers else []))
         for p in module.parameters():
             if p.requires_grad:
@@ -60,8 +62,9 @@ class XlaMaskBroadcastDDP(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         buffers = list(self.module.buffers())
-        if self.broadcast_buffers and buffers and torch.is_grad_enabled():
+        if self.broadcast_buffers and buffers and self._sync_next:
             self._broadcast(buffers)
+        self._sync_next = torch.is_grad_enabled()
         return self.module(*args, **kwargs)
 
 

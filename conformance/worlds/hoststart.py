@@ -1,0 +1,49 @@
+"""How hosts start: from a ``multiprocessing`` fork server that imported
+:mod:`conformance.worlds.preload` (torch, the parts of torch the tasks import lazily, the kit's
+task modules), or, with ``CONFORMANCE_HOST_START=spawn``, as fresh interpreters.
+
+Measured on 2 cores (docs/robustness.md "A lost world is replaced in a tenth of a second",
+``benchmarks/default_run.py``): a CPU world of 2-4 replicas starts in 0.03-0.09 s from the server
+(1.5-3.8 s spawned: each host imported torch) and closes in 0.03-0.07 s (0.5-1.4 s). The server
+itself starts once per kit process (~3 s of imports); :func:`start_server` starts it early, while
+the kit process still imports and selects its cases.
+
+Imports neither torch nor the kit's runtimes (the CLI calls :func:`start_server` first thing).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+#: ``CONFORMANCE_HOST_START``: ``forkserver`` (default) or ``spawn``.
+HOST_START_ENV = "CONFORMANCE_HOST_START"
+HOST_STARTS = ("forkserver", "spawn")
+PRELOAD = "conformance.worlds.preload"
+
+
+def host_start() -> str:
+    """The host start method of this process (``forkserver`` unless the environment says ``spawn``)."""
+    value = os.environ.get(HOST_START_ENV) or "forkserver"
+    return value if value in HOST_STARTS else "forkserver"
+
+
+def host_context():
+    """The ``multiprocessing`` context a :class:`conformance.worlds.spawned.World` starts its hosts from."""
+    if host_start() == "spawn":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([PRELOAD])
+    return ctx
+
+
+def start_server() -> None:
+    """Start the fork server now, without waiting for its imports (a no-op with ``spawn``, or
+    when it runs already). Errors are left for the first world to report."""
+    if host_start() == "spawn":
+        return
+    try:
+        host_context()
+        from multiprocessing import forkserver
+        forkserver.ensure_running()
+    except Exception:  # reported where a world starts
+        pass
