@@ -24,9 +24,12 @@ import traceback
 from conformance.worlds import blame as blame_mod, diagnosis as dg
 from conformance.worlds.runtimes import get_runtime
 
-# How often the parent reads the progress board while waiting (collective bound), and how
-# often a host samples its replicas' stacks (the collective watch).
+# How often the parent reads the progress board while waiting (collective bound).
 POLL_S = 0.5
+# How often a host samples its replicas' stacks (the collective watch): a replica that raised
+# is reported once every peer is seen waiting in a collective, which takes one sample. A sample
+# walks the host's threads in microseconds (sample_stacks).
+WATCH_S = 0.1
 # Variables of an env:// launcher (torchrun) that a kit-spawned host must not
 # inherit from its parent: they would override the host's own rank layout
 # (e.g. GROUP_RANK=1 labels every replica "host 1").
@@ -107,7 +110,7 @@ def sample_stacks(skip: int) -> dict[int, str]:
             gc.enable()
 
 
-def watch_collectives(replicas, every=POLL_S):
+def watch_collectives(replicas, every=WATCH_S):
     """Host thread: every ``every`` seconds, record in each running replica's progress
     the collective its stack shows (:func:`conformance.worlds.blame.collective_in`), so the
     collective bound applies to a DDP that calls torch.distributed or torch_xla itself.

@@ -73,7 +73,7 @@ from conformance.worlds.failure import (ReplicaDied, ReplicaError, ReplicaFailed
                                         ReplicaTimeout, all_waiting, collective_hang, machine_load, progress_mark,
                                         replica_diagnosis, replica_error)
 from conformance.worlds.hoststart import host_context
-from conformance.worlds.host import (POLL_S, SCRUBBED_LAUNCHER_VARS,  # noqa: F401
+from conformance.worlds.host import (POLL_S, SCRUBBED_LAUNCHER_VARS, WATCH_S,  # noqa: F401
                                      die_with_parent as _die_with_parent, host_main,
                                      watch_collectives as _watch_collectives)
 from conformance.worlds.runtimes import get_runtime
@@ -86,8 +86,11 @@ RAISE_GRACE = 2.0
 # How often the parent reads the progress board while waiting: host.POLL_S.
 # The grace ends early once every replica that has not reported is seen inside a collective
 # (it cannot raise on its own before the runtime's timeout) at least this long after the
-# first report: one stack sample of its host (every POLL_S) taken since.
-WAITING_SEEN_S = POLL_S + 0.2
+# first report: one stack sample of its host (every WATCH_S) taken since.
+WAITING_SEEN_S = WATCH_S + 0.1
+# A stack dump (faulthandler, written inside the host's signal handler) is read once its file
+# has stopped growing for DUMP_STABLE_S and holds every replica thread, polled every DUMP_POLL_S.
+DUMP_POLL_S, DUMP_STABLE_S = 0.02, 0.06
 # Bound on making a world whole again after a raise (World._reset); past it, or on any
 # error, the world is torn down and replaced as before. Measured ~0.1 s.
 RESET_BOUND_S = 15.0
@@ -345,10 +348,10 @@ class World:
         last, stable_since = None, None
         end = time.monotonic() + 3.0
         while time.monotonic() < end:
-            time.sleep(0.1)
+            time.sleep(DUMP_POLL_S)
             sizes = {i: (os.path.getsize(p) if os.path.exists(p) else 0) for i, p in paths.items()}
             if sizes == last and all(sizes.values()):
-                if time.monotonic() - stable_since >= 0.2 and all(
+                if time.monotonic() - stable_since >= DUMP_STABLE_S and all(
                         set((tids or {}).get(i, ())) <= set(dg.thread_stacks(_read(p))) for i, p in paths.items()):
                     break
             else:
