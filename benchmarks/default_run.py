@@ -31,6 +31,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -142,6 +143,10 @@ def parse(argv):
     if set(starts) - set(STARTS) or args.times < 1 or args.world_starts < 0:
         raise BadInput(f"--starts takes {', '.join(STARTS)}; --times >= 1, --world-starts >= 0")
     args.starts, args.runtimes = starts, args.runtimes.split(",")
+    if os.sep in args.python:  # the runs start in a temporary folder
+        args.python = os.path.abspath(args.python)
+    if not os.access(args.python, os.X_OK) and not shutil.which(args.python):
+        raise BadInput(f"--python {args.python}: no such interpreter")
     return args
 
 

@@ -392,8 +392,8 @@ class World:
         """Make the world whole again after a replica raised, instead of replacing it: every
         host drops its process groups (a peer blocked in a collective the culprit left fails
         out of it and returns to its task loop) and rendezvous anew (the runtime's
-        ``reset_host``). A new world costs an interpreter, a torch import and a rendezvous per
-        host: 5-15 s under load, ~1 s here (docs/robustness.md). True when every host answered
+        ``reset_host``; ~0.03 s, a new world forked from the host server ~0.1 s, docs/robustness.md).
+        True when every host answered
         within :data:`RESET_BOUND_S`; late reports of the failed task are dropped."""
         if not self._resettable:
             return False
