@@ -51,7 +51,7 @@ out = []
 if __name__ == "__main__":
     for i in range(times):
         for w in (2, 3, 4):
-            t0 = time.monotonic(); world = World(rt, w, settings=Settings()); t1 = time.monotonic()
+            t0 = time.monotonic(); world = World(rt, w, settings=Settings.from_env()); t1 = time.monotonic()
             world.close(); t2 = time.monotonic()
             out.append({"world_size": w, "start_s": round(t1 - t0, 3), "close_s": round(t2 - t1, 3)})
     print(json.dumps(out))

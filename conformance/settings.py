@@ -15,6 +15,7 @@ field                                  environment variable        default
 ``pjrt_collective_bound`` (s)          ``CONFORMANCE_PJRT_COLLECTIVE_BOUND`` 6
 ``profile``                            ``CONFORMANCE_PROFILE``            dev
 ``backend`` (torch.distributed, CPU)   ``CONFORMANCE_BACKEND``            gloo
+``host_start`` (forkserver, spawn)     ``CONFORMANCE_HOST_START``         forkserver
 =====================================  ==========================  ========
 
 The default world sizes and implementations per runtime are facts of the runtime
@@ -57,7 +58,10 @@ ENVIRONMENT = {
     "pjrt_collective_bound": ("CONFORMANCE_PJRT_COLLECTIVE_BOUND", 6.0),
     "profile": ("CONFORMANCE_PROFILE", DEFAULT_PROFILE),
     "backend": ("CONFORMANCE_BACKEND", "gloo"),
+    "host_start": ("CONFORMANCE_HOST_START", "forkserver"),
 }
+# How a world's host processes start (conformance.worlds.hoststart).
+HOST_STARTS = ("forkserver", "spawn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +86,9 @@ class Settings:
             registered name (``gloo``) or ``module:function``, a function that registers one
             with ``torch.distributed.Backend.register_backend`` (run in every replica process
             before ``init_process_group``; see :func:`conformance.worlds.runtimes.cpu.resolve_backend`).
+        host_start: how a world's host processes start (:data:`HOST_STARTS`): ``forkserver``,
+            forked from one server process that imported torch and the kit's task modules
+            (:mod:`conformance.worlds.hoststart`), or ``spawn``, a fresh interpreter each.
         progress_every: most seconds between two progress lines when stderr is not a
             terminal (a CI log: one line per finished case run, and one at least this often
             while a case runs); ``0 < progress_every <= 15``.
@@ -96,6 +103,7 @@ class Settings:
     pjrt_hosts: tuple = tuple(DEFAULT_PJRT_HOSTS.items())
     progress_every: float = 10.0
     backend: str = "gloo"
+    host_start: str = "forkserver"
 
     def __post_init__(self):
         if not isinstance(self.progress_every, (int, float)) or not 0 < self.progress_every <= 15:
@@ -106,6 +114,8 @@ class Settings:
                 raise UsageError(f"{_option(name)}: need seconds > 0, got {value!r}")
         if not isinstance(self.backend, str) or not self.backend.strip() or self.backend.count(":") > 1:
             raise UsageError(f"{_option('backend')}: need a backend name or module:function, got {self.backend!r}")
+        if self.host_start not in HOST_STARTS:
+            raise UsageError(f"{_option('host_start')}: need one of {', '.join(HOST_STARTS)}, got {self.host_start!r}")
         if self.profile not in PROFILES:
             raise UsageError(f"{_option('profile')}: unknown profile {self.profile!r}; known: {', '.join(PROFILES)}")
 

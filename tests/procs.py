@@ -29,6 +29,46 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...)."""
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    kids.setdefault(int(f.read().rsplit(")", 1)[-1].split()[1]), []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def world_hosts(pid: int) -> list[int]:
+    """The world host processes of the kit process ``pid``: the children of its fork server
+    (conformance.worlds.hoststart), or its own spawned children; not the server itself nor
+    multiprocessing's resource tracker."""
+    out = []
+    for child in children(pid):
+        cmd = _cmdline(child)
+        if "multiprocessing.forkserver" in cmd:
+            out += children(child)
+        elif "multiprocessing.resource_tracker" not in cmd:
+            out.append(child)
+    return out
+
+
 def gone(pids, within: float = 10.0) -> bool:
     """Wait up to ``within`` seconds for every pid to end; True if they all did."""
     deadline = time.monotonic() + within

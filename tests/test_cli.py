@@ -11,7 +11,7 @@ import pytest
 
 import conformance
 
-from tests.procs import alive, children, default_signals, gone, script_beside_python, write_user_package
+from tests.procs import alive, default_signals, descendants, gone, script_beside_python, write_user_package
 
 pytestmark = pytest.mark.cpu
 
@@ -320,7 +320,7 @@ def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
             time.sleep(0.2)
         assert progress and progress["verdicts"] and progress["complete"] is False, child.communicate()
         assert [d for d in os.listdir(tmp) if d.startswith("ddpconf-")]  # a world is up
-        hosts = children(child.pid)
+        hosts = descendants(child.pid)  # the fork server and its world hosts
         child.send_signal(sig)
         out, err = child.communicate(timeout=300)
     finally:

@@ -26,7 +26,7 @@ from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from tests.tasks import fault
 from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World
 
-from tests.procs import children, default_signals, gone, measured_scale, start_world
+from tests.procs import default_signals, descendants, gone, measured_scale, start_world, world_hosts
 
 K = 1                # the faulty replica
 TIMEOUT_S = 8.0      # the task bound configured for each case (s, quiet machine; x load scale)
@@ -149,10 +149,9 @@ def test_replica_killed_from_outside(runtime):
     assert gone(pids, within=10 * scale)
 
 
-# (runtime, --world-size, child processes the CLI has when it is interrupted, pause before it):
-# a running world; and (CPU) 5: the W=2 world's two hosts and the W=3 world's hosts spawned
-# ahead while W=2 runs (WorldPool.prestart; multiprocessing's resource tracker may be one more
-# child), interrupted at once, still importing torch.
+# (runtime, --world-size, world host processes the CLI has when it is interrupted, pause before
+# it): a running world; and (CPU) 5: the W=2 world's two hosts and the W=3 world's hosts started
+# ahead while W=2 runs (WorldPool.prestart), interrupted at once.
 SIGINT_RUNS = [pytest.param("cpu", "2", 1, 1.0, marks=pytest.mark.cpu, id="cpu"),
                pytest.param("pjrt", "2", 1, 1.0, marks=pytest.mark.pjrt, id="pjrt"),
                pytest.param("cpu", "2,3", 5, 0.0, marks=pytest.mark.cpu, id="cpu-next-world-starting")]
@@ -173,11 +172,11 @@ def test_sigint_to_cli_parent_leaves_nothing(runtime, sizes, processes, pause, t
         hosts = []
         while time.monotonic() < deadline and len(hosts) < processes and proc.poll() is None:
             time.sleep(0.1)
-            hosts = children(proc.pid)
-        assert len(hosts) >= processes, (f"the CLI had {len(hosts)} of {processes} child processes after "
+            hosts = world_hosts(proc.pid)
+        assert len(hosts) >= processes, (f"the CLI had {len(hosts)} of {processes} world host processes after "
                                          f"{60 * scale:.0f} s (load x{scale:.1f})")
         time.sleep(pause * scale)
-        hosts = sorted(set(hosts) | set(children(proc.pid)))
+        hosts = sorted(set(hosts) | set(descendants(proc.pid)))  # and the fork server
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         bound = (TIMEOUT_S + SLACK_S) * scale

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import conformance
+from tests.procs import descendants
 
 pytestmark = pytest.mark.cpu
 
@@ -39,28 +40,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
-def descendants(pid: int) -> list[int]:
-    kids, out, todo = _children(), [], [pid]
-    while todo:
-        for child in kids.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def alive(pid: int) -> bool:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conformance.settings import Settings
 from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout, World, WorldPool
 from tests.procs import QUIET_START_S, REPO, alive, default_signals, gone, load_scale, start_world
 from tests.tasks import all_reduce_value, env_and_parent, fail_on, raise_while_peer_waits
@@ -131,12 +132,12 @@ def test_prestart_error_is_reported_by_get():
 @pytest.mark.parametrize("start", ["forkserver", "spawn"])
 def test_a_host_sees_the_environment_the_kit_had_when_it_started(monkeypatch, start):
     """A host forked by the fork server would otherwise inherit the server's environment, taken
-    when the first world started; a spawned host (``CONFORMANCE_HOST_START=spawn``) is this
+    when the first world started; a spawned host (``Settings.host_start="spawn"``) is this
     process's own child."""
-    monkeypatch.setenv("CONFORMANCE_HOST_START", start)
-    World("cpu", 2).close()  # the fork server (if any) starts with the environment of now
+    settings = Settings(host_start=start)
+    World("cpu", 2, settings=settings).close()  # the fork server (if any) starts with the environment of now
     monkeypatch.setenv("CONFORMANCE_TEST_MARK", f"set after the first world {time.monotonic()}")
-    w = World("cpu", 2)
+    w = World("cpu", 2, settings=settings)
     try:
         got = w.run(env_and_parent, name="CONFORMANCE_TEST_MARK")
     finally:

@@ -294,7 +294,7 @@ def main(argv=None) -> int:
             from conformance.worlds.runtimes.cpu import resolve_backend
             resolve_backend(settings.backend)
         if command in WORLD_COMMANDS and values.get("launcher") != "env":
-            start_server()  # the hosts' fork server imports torch while this process does
+            start_server(settings.host_start)  # the hosts' fork server imports torch while this process does
         with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C
             module = importlib.import_module(f"conformance.cli.{command}")  # imports torch
             if command == "run":  # run's options: one value

@@ -1,6 +1,6 @@
-"""How hosts start: from a ``multiprocessing`` fork server that imported
+"""How hosts start (``Settings.host_start``): from a ``multiprocessing`` fork server that imported
 :mod:`conformance.worlds.preload` (torch, the parts of torch the tasks import lazily, the kit's
-task modules), or, with ``CONFORMANCE_HOST_START=spawn``, as fresh interpreters.
+task modules), or, with ``spawn``, as fresh interpreters.
 
 Measured on 2 cores (docs/robustness.md "A lost world is replaced in a tenth of a second",
 ``benchmarks/default_run.py``): a CPU world of 2-4 replicas starts in 0.03-0.09 s from the server
@@ -13,36 +13,27 @@ Imports neither torch nor the kit's runtimes (the CLI calls :func:`start_server`
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 
-#: ``CONFORMANCE_HOST_START``: ``forkserver`` (default) or ``spawn``.
-HOST_START_ENV = "CONFORMANCE_HOST_START"
-HOST_STARTS = ("forkserver", "spawn")
 PRELOAD = "conformance.worlds.preload"
 
 
-def host_start() -> str:
-    """The host start method of this process (``forkserver`` unless the environment says ``spawn``)."""
-    value = os.environ.get(HOST_START_ENV) or "forkserver"
-    return value if value in HOST_STARTS else "forkserver"
-
-
-def host_context():
-    """The ``multiprocessing`` context a :class:`conformance.worlds.spawned.World` starts its hosts from."""
-    if host_start() == "spawn":
+def host_context(start: str = "forkserver"):
+    """The ``multiprocessing`` context a :class:`conformance.worlds.spawned.World` starts its hosts
+    from; ``start``: ``Settings.host_start``."""
+    if start == "spawn":
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([PRELOAD])
     return ctx
 
 
-def start_server() -> None:
+def start_server(start: str = "forkserver") -> None:
     """Start the fork server now, without waiting for its imports (a no-op with ``spawn``, or
     when it runs already). Errors are left for the first world to report."""
-    if host_start() == "spawn":
+    if start == "spawn":
         return
     try:
-        host_context()
+        host_context(start)
         from multiprocessing import forkserver
         forkserver.ensure_running()
     except Exception:  # reported where a world starts

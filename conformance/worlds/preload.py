@@ -12,8 +12,13 @@ core on import).
 import importlib
 import os
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+
+def _one_thread_pools() -> None:
+    """Before the imports below: each thread pool library starts with one thread (a host sets
+    its own environment when it starts; these only shape the server)."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
 
 #: Imported in this order; a module this torch does not have is left out.
 MODULES = (
@@ -23,6 +28,7 @@ MODULES = (
     "conformance.evaluate", "conformance.worlds.host",
 )
 
+_one_thread_pools()
 for _name in MODULES:
     try:
         importlib.import_module(_name)

@@ -137,7 +137,7 @@ class World:
         self.workdir = tempfile.mkdtemp(prefix=f"ddpconf-{runtime}{world_size}-")
         self._board = os.path.join(self.workdir, "progress")
         dg.create_board(self._board, world_size)
-        ctx = host_context()
+        ctx = host_context(settings.host_start)
         try:
             for host, env in enumerate(adapter.host_envs(world_size)):
                 parent, child = ctx.Pipe()
