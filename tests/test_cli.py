@@ -67,6 +67,39 @@ def test_usage_errors_come_before_torch(args):
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_an_error_after_the_fork_server_started_leaves_no_process(tmp_path):
+    """``--ddp json:NoSuchClass`` is refused after torch loaded, so after the hosts' fork server
+    started (conformance.worlds.hoststart.start_server): the CLI kills it on the way out, where
+    the server would otherwise finish its imports (~3 s) on its own. The CLI's process group
+    holds whatever it started (multiprocessing's resource tracker, which exits by itself, is not
+    the server)."""
+    err_file = tmp_path / "stderr"
+    with open(err_file, "w") as err_out:  # not a pipe: a pipe's reader would wait for the server too
+        proc = subprocess.Popen([sys.executable, "-m", "conformance", "run", "--ddp", "json:NoSuchClass"],
+                                stdout=subprocess.DEVNULL, stderr=err_out, cwd=tmp_path, start_new_session=True)
+        proc.wait(timeout=300)
+    err = err_file.read_text()
+    assert proc.returncode == 2 and err.startswith("error: ") and "NoSuchClass" in err, err
+    left = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+            if _pgid(pid) == proc.pid and "multiprocessing.forkserver" in _cmdline(pid)]
+    assert not left, f"fork server(s) {left} outlived the CLI"
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_early_names_are_the_tables():
     """conformance/names.py copies the names the CLI checks before torch; a new case tag,
     implementation row or mutant must be added there too (the assertion prints the literal)."""

@@ -29,7 +29,7 @@ from conformance.cases.row import unknown_tags
 from conformance.errors import UsageError, split_list
 from conformance.options import check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes
 from conformance.settings import PROFILES, Settings, default_help, use_hypothesis_cache
-from conformance.worlds.hoststart import start_server
+from conformance.worlds.hoststart import start_server, stop_server
 
 # Commands that start worlds: their hosts' fork server is started first thing.
 WORLD_COMMANDS = ("run", "ranks", "replay", "repeat", "calibrate")
@@ -301,9 +301,11 @@ def main(argv=None) -> int:
                 return module.command(settings, RunOptions(**values))
             return module.command(settings, **values)
     except UsageError as exc:
+        stop_server()
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # a command that writes no partial report
+        stop_server()
         import signal
         sig = signal_of(exc)
         print(f"interrupted by {signal.Signals(sig).name}", file=sys.stderr)

@@ -13,6 +13,9 @@ Imports neither torch nor the kit's runtimes (the CLI calls :func:`start_server`
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
+from multiprocessing import forkserver
 
 PRELOAD = "conformance.worlds.preload"
 
@@ -34,7 +37,24 @@ def start_server(start: str = "forkserver") -> None:
         return
     try:
         host_context(start)
-        from multiprocessing import forkserver
         forkserver.ensure_running()
     except Exception:  # reported where a world starts
         pass
+
+
+def stop_server() -> None:
+    """Kill the fork server now, if this process started one: for a command that ends before
+    its first world (bad input, Ctrl-C), the server would otherwise finish its imports (~3 s)
+    after this process exited. Its hosts, if any, die with it (``PR_SET_PDEATHSIG``). Reads
+    ``multiprocessing.forkserver``'s server pid, a private attribute of CPython 3.8-3.13:
+    without it the server is left to exit by itself."""
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if not isinstance(pid, int):
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+    server._forkserver_pid = None  # a later world starts a new server (ensure_running)
