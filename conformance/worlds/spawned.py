@@ -58,7 +58,6 @@ This module imports torch only inside host processes.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
 import signal
