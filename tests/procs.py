@@ -15,22 +15,8 @@ def alive(pid: int) -> bool:
         return False
 
 
-def children(pid: int) -> list[int]:
-    """Pids whose parent is ``pid`` (a world's host processes, a CLI's workers)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[-1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, their children, ...)."""
+def _children_by_parent() -> dict[int, list[int]]:
+    """``{parent pid: [child pids]}`` of every process now (one pass over /proc)."""
     kids: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -39,7 +25,17 @@ def descendants(pid: int) -> list[int]:
                     kids.setdefault(int(f.read().rsplit(")", 1)[-1].split()[1]), []).append(int(entry))
             except (OSError, ValueError, IndexError):
                 pass
-    out, todo = [], [pid]
+    return kids
+
+
+def children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (a world's host processes, a CLI's workers)."""
+    return _children_by_parent().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...)."""
+    kids, out, todo = _children_by_parent(), [], [pid]
     while todo:
         for child in kids.get(todo.pop(), []):
             out.append(child)
@@ -47,7 +43,8 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """``pid``'s command line, arguments separated by spaces (``""`` once it is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -61,7 +58,7 @@ def world_hosts(pid: int) -> list[int]:
     multiprocessing's resource tracker."""
     out = []
     for child in children(pid):
-        cmd = _cmdline(child)
+        cmd = cmdline(child)
         if "multiprocessing.forkserver" in cmd:
             out += children(child)
         elif "multiprocessing.resource_tracker" not in cmd:

@@ -11,7 +11,7 @@ import pytest
 
 import conformance
 
-from tests.procs import alive, default_signals, descendants, gone, script_beside_python, write_user_package
+from tests.procs import alive, cmdline, default_signals, descendants, gone, script_beside_python, write_user_package
 
 pytestmark = pytest.mark.cpu
 
@@ -81,7 +81,7 @@ def test_an_error_after_the_fork_server_started_leaves_no_process(tmp_path):
     err = err_file.read_text()
     assert proc.returncode == 2 and err.startswith("error: ") and "NoSuchClass" in err, err
     left = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-            if _pgid(pid) == proc.pid and "multiprocessing.forkserver" in _cmdline(pid)]
+            if _pgid(pid) == proc.pid and "multiprocessing.forkserver" in cmdline(pid)]
     assert not left, f"fork server(s) {left} outlived the CLI"
 
 
@@ -90,14 +90,6 @@ def _pgid(pid):
         return os.getpgid(pid)
     except OSError:
         return None
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def test_early_names_are_the_tables():

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import conformance
-from tests.procs import descendants
+from tests.procs import alive, descendants
 
 pytestmark = pytest.mark.cpu
 
@@ -40,14 +40,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _is_worker(pid: int) -> bool:
