@@ -1,16 +1,21 @@
 #!/usr/bin/env python
 """Where the default run's time goes: the main command's wall time, its case seconds per family,
-the fixed cost around them, and world start-up, with hosts forked from the fork server or
-spawned as fresh interpreters (``CONFORMANCE_HOST_START``).
+the fixed cost around them, the machine's core-seconds, and world start-up, with hosts forked
+from the fork server or spawned as fresh interpreters (``CONFORMANCE_HOST_START``) and one or
+more lanes (``--lanes``, conformance/cli/lanes.py).
 
-For each runtime (``--runtimes``) and host start (``--starts``), interleaved ``--times`` rounds of::
+For each runtime (``--runtimes``), host start (``--starts``) and lane count (``--lanes``),
+interleaved ``--times`` rounds of::
 
-    python -m conformance run --runtime RT --ddp IMPL --quiet --json J --junitxml X
+    python -m conformance run --runtime RT --ddp IMPL --lanes N --quiet --json J --junitxml X
 
 Per run: wall seconds (the whole subprocess), exit code, verdict counts, case seconds per family
 (one case run = one (case, implementation, world size); its seconds are the sum of its verdicts'
-JUnit ``time``, which shares the case's evaluation time among them), ``fixed_s`` = wall - the sum of case seconds (interpreter, imports, world starts not
-hidden behind a case, report writing), and whether the verdicts equal the first run's (status
+JUnit ``time``, which shares the case's evaluation time among them), ``fixed_s`` = wall - the
+sum of case seconds (interpreter, imports, world starts not hidden behind a case, report
+writing; one lane only: with several, case runs overlap and their sum exceeds the wall time),
+the whole machine's busy, idle and stolen core-seconds over the run (``/proc/stat``; the cores
+are shared, so a busy neighbour shows), and whether the verdicts equal the first run's (status
 and figures of every verdict id). ``--world-starts N``: seconds to start and to close a
 :class:`conformance.worlds.spawned.World` of W = 2, 3, 4 in one fresh process, N times each (the
 first start of a fork server includes the server's own imports: ``first_start_s``).
@@ -19,6 +24,7 @@ The JSON (``--out``, rewritten after every measurement) records the load average
 each run: the cores are shared. A script, not a test::
 
     python benchmarks/default_run.py --runtimes cpu --times 3
+    python benchmarks/default_run.py --runtimes cpu --starts forkserver --lanes 1,2 --world-starts 0
     python benchmarks/default_run.py --runtimes pjrt --python PJRT_ENV/bin/python --times 2
 
 Exit 0 when every measurement completed (a run whose verdicts failed still completed), 1 when
@@ -81,15 +87,29 @@ def verdict_digest(json_path: str) -> dict:
     return {v["id"]: [v["status"], v.get("max_dev")] for v in doc["verdicts"]}, doc["counts"]
 
 
-def one_run(python, runtime, impl, start, timeout, tmp) -> tuple[dict, dict | None]:
+def core_seconds() -> dict | None:
+    """The machine's busy / idle / stolen core-seconds since boot (``/proc/stat``; ``None``
+    where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return {"busy": (user + nice + system + irq + softirq) / tick, "idle": (idle + iowait) / tick, "steal": steal / tick}
+
+
+def one_run(python, runtime, impl, start, lanes, timeout, tmp) -> tuple[dict, dict | None]:
     j, x = os.path.join(tmp, "run.json"), os.path.join(tmp, "run.xml")
     for p in (j, x):
         if os.path.exists(p):
             os.remove(p)
     env = dict(os.environ, CONFORMANCE_HOST_START=start, PYTHONPATH=ROOT)
-    cmd = [python, "-m", "conformance", "run", "--runtime", runtime, "--ddp", impl, "--quiet",
-           "--json", j, "--junitxml", x]
-    row = {"runtime": runtime, "impl": impl, "host_start": start, "load_before": os.getloadavg()[0]}
+    cmd = [python, "-m", "conformance", "run", "--runtime", runtime, "--ddp", impl, "--lanes", str(lanes),
+           "--quiet", "--json", j, "--junitxml", x]
+    row = {"runtime": runtime, "impl": impl, "host_start": start, "lanes": lanes, "load_before": os.getloadavg()[0]}
+    cores0 = core_seconds()
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
@@ -99,12 +119,15 @@ def one_run(python, runtime, impl, start, timeout, tmp) -> tuple[dict, dict | No
         return row, None
     row["wall_s"] = round(time.monotonic() - t0, 2)
     row["load_after"] = os.getloadavg()[0]
+    cores1 = core_seconds()
+    if cores0 and cores1:
+        row["core_s"] = {k: round(cores1[k] - cores0[k], 1) for k in cores0}
     if not os.path.exists(j):
         row["error"] = (proc.stderr or proc.stdout)[-500:]
         return row, None
     digest, row["counts"] = verdict_digest(j)
     row.update(case_seconds(x))
-    row["fixed_s"] = round(row["wall_s"] - row["cases_s"], 2)
+    row["fixed_s"] = round(row["wall_s"] - row["cases_s"], 2) if lanes == 1 else None
     return row, digest
 
 
@@ -134,6 +157,7 @@ def parse(argv):
     p.add_argument("--python", default=sys.executable, help="interpreter (torch_xla for pjrt)")
     p.add_argument("--ddp", default="ref", help="implementation (default ref)")
     p.add_argument("--starts", default=",".join(STARTS), help="comma list of host starts: forkserver, spawn")
+    p.add_argument("--lanes", default="2", help="comma list of lane counts (default 2, the CLI's)")
     p.add_argument("--times", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--world-starts", type=int, default=3, help="world starts per size (0: none)")
     p.add_argument("--timeout", type=float, default=1800, help="bound on each run, s")
@@ -142,6 +166,12 @@ def parse(argv):
     starts = args.starts.split(",")
     if set(starts) - set(STARTS) or args.times < 1 or args.world_starts < 0:
         raise BadInput(f"--starts takes {', '.join(STARTS)}; --times >= 1, --world-starts >= 0")
+    try:
+        args.lanes = [int(n) for n in args.lanes.split(",")]
+    except ValueError:
+        raise BadInput(f"--lanes {args.lanes}: not a comma list of whole numbers") from None
+    if not all(1 <= n <= 8 for n in args.lanes):
+        raise BadInput("--lanes: each from 1 to 8")
     args.starts, args.runtimes = starts, args.runtimes.split(",")
     if os.sep in args.python:  # the runs start in a temporary folder
         args.python = os.path.abspath(args.python)
@@ -168,16 +198,17 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for rt in args.runtimes:
             for _ in range(args.times):
-                for start in args.starts:
-                    row, digest = one_run(args.python, rt, args.ddp, start, args.timeout, tmp)
+                for start, lanes in [(st, n) for st in args.starts for n in args.lanes]:
+                    row, digest = one_run(args.python, rt, args.ddp, start, lanes, args.timeout, tmp)
                     if digest is None:
                         ok = False
                     else:
                         row["verdicts_as_first_run"] = first.setdefault(rt, digest) == digest
                     doc["runs"].append(row)
                     save()
-                    print(json.dumps({k: row.get(k) for k in ("runtime", "host_start", "wall_s", "exit", "cases_s",
-                                                               "fixed_s", "verdicts_as_first_run")}), flush=True)
+                    print(json.dumps({k: row.get(k) for k in ("runtime", "host_start", "lanes", "wall_s", "exit",
+                                                               "cases_s", "fixed_s", "core_s",
+                                                               "verdicts_as_first_run")}), flush=True)
             if args.world_starts:
                 for start in args.starts:
                     w = world_starts(args.python, rt, start, args.world_starts, args.timeout)

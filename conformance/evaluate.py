@@ -139,6 +139,10 @@ class Session:
     def close(self) -> None:
         self.pool.close()
 
+    def halt(self) -> None:
+        """Close the worlds and start no new one (a pool without ``halt``: closed only)."""
+        getattr(self.pool, "halt", self.pool.close)()
+
 
 _DEFAULT: Session | None = None
 

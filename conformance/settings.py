@@ -16,6 +16,7 @@ field                                  environment variable        default
 ``profile``                            ``CONFORMANCE_PROFILE``            dev
 ``backend`` (torch.distributed, CPU)   ``CONFORMANCE_BACKEND``            gloo
 ``host_start`` (forkserver, spawn)     ``CONFORMANCE_HOST_START``         forkserver
+``lanes`` (cases run side by side)     ``CONFORMANCE_LANES``              2
 =====================================  ==========================  ========
 
 The default world sizes and implementations per runtime are facts of the runtime
@@ -59,7 +60,10 @@ ENVIRONMENT = {
     "profile": ("CONFORMANCE_PROFILE", DEFAULT_PROFILE),
     "backend": ("CONFORMANCE_BACKEND", "gloo"),
     "host_start": ("CONFORMANCE_HOST_START", "forkserver"),
+    "lanes": ("CONFORMANCE_LANES", 2),
 }
+# Most lanes of one run: each holds its own worlds (a W=3 world is 3 processes).
+MAX_LANES = 8
 # How a world's host processes start (conformance.worlds.hoststart).
 HOST_STARTS = ("forkserver", "spawn")
 
@@ -89,6 +93,9 @@ class Settings:
         host_start: how a world's host processes start (:data:`HOST_STARTS`): ``forkserver``,
             forked from one server process that imported torch and the kit's task modules
             (:mod:`conformance.worlds.hoststart`), or ``spawn``, a fresh interpreter each.
+        lanes: how many cases ``python -m conformance run`` evaluates side by side, each lane
+            a thread of the kit's process with its own worlds (:mod:`conformance.cli.lanes`);
+            ``1 <= lanes <= 8``; 1 runs the table in order (as ``-x`` and ``--exitfirst-each`` do).
         progress_every: most seconds between two progress lines when stderr is not a
             terminal (a CI log: one line per finished case run, and one at least this often
             while a case runs); ``0 < progress_every <= 15``.
@@ -104,6 +111,7 @@ class Settings:
     progress_every: float = 10.0
     backend: str = "gloo"
     host_start: str = "forkserver"
+    lanes: int = ENVIRONMENT["lanes"][1]
 
     def __post_init__(self):
         if not isinstance(self.progress_every, (int, float)) or not 0 < self.progress_every <= 15:
@@ -116,6 +124,8 @@ class Settings:
             raise UsageError(f"{_option('backend')}: need a backend name or module:function, got {self.backend!r}")
         if self.host_start not in HOST_STARTS:
             raise UsageError(f"{_option('host_start')}: need one of {', '.join(HOST_STARTS)}, got {self.host_start!r}")
+        if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or not 1 <= self.lanes <= MAX_LANES:
+            raise UsageError(f"{_option('lanes')}: need a whole number of lanes from 1 to {MAX_LANES}, got {self.lanes!r}")
         if self.profile not in PROFILES:
             raise UsageError(f"{_option('profile')}: unknown profile {self.profile!r}; known: {', '.join(PROFILES)}")
 
@@ -146,6 +156,11 @@ class Settings:
 def _parse(name, var, text, default):
     if isinstance(default, str):
         return text
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise UsageError(f"{var}={text!r}: not a whole number") from None
     try:
         return float(text)
     except ValueError:

@@ -37,6 +37,8 @@ def run_cli(*args, cwd=None, timeout=300):
     (["--profile", "huge"], "unknown profile 'huge'"),
     (["--replica-timeout", "abc"], "invalid float value"),
     (["--replica-timeout", "0"], "need seconds > 0"),
+    (["--lanes", "0"], "--lanes / CONFORMANCE_LANES: need a whole number of lanes from 1 to 8"),
+    (["--lanes", "2.5"], "invalid int value"),
     (["--no-such-flag"], "unrecognized arguments"),
     (["--exitfirst", "--launcher", "env"], "--exitfirst: a launcher-built world"),
     (["--exitfirst-each", "--launcher", "env"], "--exitfirst-each: a launcher-built world"),
@@ -164,6 +166,20 @@ def test_exitfirst_each_stops_each_implementation_at_its_first_failure(tmp_path)
                                                          for w in (2, 3)}
     assert list(doc["stopped_at_each"]) == ["mutant:sum_not_mean"]
     assert doc["stopped_at_each"]["mutant:sum_not_mean"].startswith("parity.linear:")
+
+
+def test_lanes_keep_the_verdicts_of_one_lane_in_table_order(tmp_path):
+    """Two lanes finish case runs out of order; the report is the one a single lane writes:
+    the same verdicts, in table order (a failing and a passing implementation, two sizes)."""
+    docs = {}
+    for lanes in ("1", "2"):
+        out = tmp_path / f"r{lanes}.json"
+        r = run_cli("run", "--ddp", "mutant:sum_not_mean,ref", "--world-size", "2,3", "--lanes", lanes,
+                    "--only", "parity.linear,parity.mlp,feature.no_sync", "--quiet", "--json", str(out))
+        assert r.returncode == 1, r.stdout + r.stderr
+        docs[lanes] = [(v["id"], v["status"]) for v in json.loads(out.read_text())["verdicts"]]
+    assert docs["2"] == docs["1"]
+    assert {s for _, s in docs["2"]} >= {"pass", "fail"} and len(dict(docs["2"])) == len(docs["2"])  # each once
 
 
 def test_exitfirst_stops_after_the_first_failing_case(tmp_path):

@@ -150,9 +150,10 @@ def test_replica_killed_from_outside(runtime):
 
 
 # (runtime, --world-size, world host processes the CLI has when it is interrupted, pause before
-# it): a running world; and (CPU) 5: the W=2 world's two hosts and the W=3 world's hosts started
-# ahead while W=2 runs (WorldPool.prestart), interrupted at once.
+# it): a running world; (CPU) 4: both lanes' W=2 worlds running cases (conformance.cli.lanes);
+# and (CPU) 5: W=2 and W=3 worlds up, interrupted at once, maybe while one starts.
 SIGINT_RUNS = [pytest.param("cpu", "2", 1, 1.0, marks=pytest.mark.cpu, id="cpu"),
+               pytest.param("cpu", "2", 4, 0.5, marks=pytest.mark.cpu, id="cpu-two-lanes"),
                pytest.param("pjrt", "2", 1, 1.0, marks=pytest.mark.pjrt, id="pjrt"),
                pytest.param("cpu", "2,3", 5, 0.0, marks=pytest.mark.cpu, id="cpu-next-world-starting")]
 

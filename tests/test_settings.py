@@ -33,6 +33,9 @@ def test_options_override_the_environment_and_the_environment_overrides_defaults
     ({}, {"replica_timeout": -1.0}, "--replica-timeout"),
     ({}, {"start_timeout": 0.0}, "--start-timeout"),
     ({"CONFORMANCE_PROFILE": "fast"}, {}, "CONFORMANCE_PROFILE"),
+    ({"CONFORMANCE_LANES": "two"}, {}, "CONFORMANCE_LANES"),
+    ({"CONFORMANCE_LANES": "0"}, {}, "CONFORMANCE_LANES"),
+    ({}, {"lanes": 9}, "--lanes"),
 ])
 def test_a_bad_value_is_one_usage_error_naming_its_option(env, options, names):
     with pytest.raises(UsageError, match=names):

@@ -35,7 +35,7 @@ from conformance.worlds.hoststart import start_server, stop_server
 WORLD_COMMANDS = ("run", "ranks", "replay", "repeat", "calibrate")
 
 # Options that shape the Settings rather than one command.
-SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend")
+SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend", "lanes")
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,9 @@ def build_parser():
                      help="torch.distributed backend of the CPU worlds: a registered name (default gloo) or "
                      "module:function registering one with Backend.register_backend (env CONFORMANCE_BACKEND); "
                      "--only collective judges its ops, the rest of the table runs DDPs over it")
+    run.add_argument("--lanes", type=int, default=None, metavar="N",
+                     help="cases evaluated side by side, each lane with its own worlds (default 2, env "
+                     "CONFORMANCE_LANES); 1 runs the table in order, as -x and --exitfirst-each do")
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     run.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first fail or vacuous "
                      "verdict not listed in --expected-failures (exit 1; later cases are not run)")

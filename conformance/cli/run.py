@@ -16,6 +16,7 @@ from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import case_runs_at, parse_matrix, parse_model
 from conformance.outcome import repro_command
 from conformance.cli import RunOptions, exitfirst_under_launcher
+from conformance.cli.lanes import Lanes, Unit
 from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
 from conformance.report.coverage import coverage, unmet_requirements
@@ -91,6 +92,8 @@ class _Run:
         self.expected = read_expected_failures(o.expected_failures) if o.expected_failures else ExpectedFailures()
         self.pool = ExternalPool(targets[0][0], settings) if o.env_launch else WorldPool(settings)
         self.session = Session(self.pool, settings=settings)
+        self.sessions = [self.session]  # one per lane (conformance.cli.lanes)
+        self.by_unit = {}  # lanes: table-order index of a case run -> its verdicts
         self.verdicts, self.kills = [], []
         self.seconds = {}  # (case, impl, runtime, W) -> seconds its evaluation took (JUnit times)
         self.stopped = None  # --exitfirst: the verdict that stopped the run
@@ -124,7 +127,8 @@ class _Run:
                 with signals_held():  # a second signal must not lose the partial report
                     if self.root:
                         self.report()
-                    self.session.close()
+                    for session in self.sessions:
+                        session.close()
                 print(f"interrupted by {_signame(self.interrupted)} after {self.done} of {self.total} case runs: "
                       f"partial report {'on stdout' if self.json_out else self.o.json} (\"interrupted\": true)",
                       file=sys.stderr)
@@ -133,13 +137,70 @@ class _Run:
         finally:
             if self.bar:
                 self.bar.close()
-            self.session.close()
+            for session in self.sessions:
+                session.close()
 
     # --- evaluate -------------------------------------------------------------------------
 
+    def lane_count(self) -> int:
+        """Lanes of this run (``Settings.lanes``, at most one per case run): one under
+        ``-x`` / ``--exitfirst-each`` (the first failure is the table's first) and in a
+        launcher-built world (its processes are the one world)."""
+        if self.o.exitfirst or self.o.exitfirst_each or self.o.env_launch:
+            return 1
+        runs = sum(len(impls) * len(self.cases_at(rt, w)) for rt, w, impls in self.targets)
+        return max(1, min(self.settings.lanes, runs))
+
     def evaluate_all(self) -> None:
         """Every case of every target world and implementation, then the kill matrix
-        (``--mutants``); the next world starts while the first case of this one runs."""
+        (``--mutants``): in lanes side by side (:mod:`conformance.cli.lanes`), or in one."""
+        if self.lane_count() > 1:
+            self.evaluate_in_lanes()
+        else:
+            self.evaluate_in_order()
+
+    def evaluate_in_lanes(self) -> None:
+        """The case runs on :meth:`lane_count` lanes, each with its own worlds; the verdicts
+        kept in table order; then the kill matrix of each target on the first lane's worlds."""
+        for _ in range(self.lane_count() - 1):
+            lane = Session(WorldPool(self.settings), settings=self.settings)
+            lane._cache = self.session._cache  # finished runs are shared (e.g. a collective's verdicts)
+            lane.__dict__["_measured_tolerances"] = self.session.__dict__.setdefault("_measured_tolerances", {})
+            self.sessions.append(lane)
+        units = [Unit(i, t, impl, case) for i, (t, impl, case) in enumerate(
+            (t, impl, case) for t, (rt, w, impls) in enumerate(self.targets)
+            for impl in impls for case in self.cases_at(rt, w))]
+
+        def work(session, unit):
+            rt, w, _ = self.targets[unit.target]
+            if self.bar:
+                self.bar.set_description(f"{unit.case.name} {unit.impl} {rt} W={w}")
+            t0 = time.monotonic()
+            got = evaluate(unit.case, unit.impl, rt, w, session)
+            return got, time.monotonic() - t0
+
+        def done(unit, result):
+            got, seconds = result
+            rt, w, _ = self.targets[unit.target]
+            self.seconds[(unit.case.name, unit.impl, rt, w)] = seconds
+            self.record(got, unit.impl, unit=unit.index)
+
+        Lanes(self.sessions, work, done).run(units)
+        if self.o.mutants:
+            for rt, w, _ in self.targets:
+                self.kill_matrix(rt, w)
+
+    def kill_matrix(self, rt: str, w: int) -> None:
+        """The kill rows of every catalog mutant at ``rt`` x ``w``, one mutant at a time (an
+        interrupt keeps the finished rows)."""
+        for m in MUTANTS:
+            self.kills += kill_rows(rt, w, self.session, mutants=[m], cases=self.cases_at(rt, w),
+                                    progress=self.tick)
+            self.save_progress()
+
+    def evaluate_in_order(self) -> None:
+        """Every case in table order on one lane; the next world starts while the first case
+        of this one runs."""
         for t, (rt, w, impls) in enumerate(self.targets):
             later = [(rt2, w2, impls2) for rt2, w2, impls2 in self.targets[t + 1:] if self.cases_at(rt2, w2)][:1]
             prestarted = False
@@ -157,16 +218,18 @@ class _Run:
                         prestarted = True
                     self.record(got, impl)
             if self.o.mutants and not self.stopped:
-                for m in MUTANTS:  # one mutant at a time: an interrupt keeps the finished rows
-                    self.kills += kill_rows(rt, w, self.session, mutants=[m], cases=self.cases_at(rt, w),
-                                            progress=self.tick)
-                    self.save_progress()
+                self.kill_matrix(rt, w)
 
-    def record(self, got: list, impl: str) -> None:
-        """The verdicts of one case run: expected failures marked, kept, counted; where
+    def record(self, got: list, impl: str, unit: int | None = None) -> None:
+        """The verdicts of one case run: expected failures marked, kept (in table order:
+        ``unit``, the run's index in it, when lanes finish runs out of order), counted; where
         ``--exitfirst`` / ``--exitfirst-each`` stop; the report so far saved."""
         mark_expected_failures(got, self.expected)
-        self.verdicts += got
+        if unit is None:
+            self.verdicts += got
+        else:
+            self.by_unit[unit] = got
+            self.verdicts = [v for i in sorted(self.by_unit) for v in self.by_unit[i]]
         self.tick()
         bad = next((v for v in got if v.status in BAD), None)
         if self.o.exitfirst:

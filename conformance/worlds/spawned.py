@@ -62,6 +62,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from multiprocessing.connection import wait as wait_any
 
@@ -483,23 +484,35 @@ def _read(path):
         return ""
 
 
+class PoolHalted(BaseException):
+    """A world was asked of a halted :class:`WorldPool` (the run was interrupted). Not an
+    ``Exception``, like ``KeyboardInterrupt``: a Hypothesis search or an evaluator's
+    ``except Exception`` lets it through, so the thread asking stops at once."""
+
+
 class WorldPool:
     """Worlds keyed by ``(runtime, world_size)``, started on first use, replaced when broken."""
 
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or Settings()
         self._worlds: dict[tuple[str, int], World] = {}
+        self._halted = False
+        self._lock = threading.Lock()
 
     def get(self, runtime: str, world_size: int) -> World:
         """The started world of ``world_size`` replicas of ``runtime``.
 
         Raises:
             ReplicaError / RuntimeUnavailable: as :class:`World`.
+            PoolHalted: the pool was halted (:meth:`halt`).
         """
         key = (runtime, world_size)
-        world = self._worlds.get(key)
-        if world is None or world.broken:
-            world = self._worlds[key] = World(runtime, world_size, settings=self.settings, wait=False)
+        with self._lock:  # another thread may halt the pool meanwhile
+            if self._halted:
+                raise PoolHalted(f"{runtime} world of {world_size} replica(s) not started: the run was interrupted")
+            world = self._worlds.get(key)
+            if world is None or world.broken:
+                world = self._worlds[key] = World(runtime, world_size, settings=self.settings, wait=False)
         world.wait_started()
         return world
 
@@ -509,17 +522,29 @@ class WorldPool:
         1.2 of 2 cores); :meth:`get` then returns it. Returns the world, or ``None`` when it
         cannot be started: the error is left for :meth:`get` to raise where it is reported."""
         key = (runtime, world_size)
-        if key in self._worlds and not self._worlds[key].broken:
-            return self._worlds[key]
-        try:
-            world = self._worlds[key] = World(runtime, world_size, settings=self.settings, wait=False)
-        except Exception:  # unavailable runtime, bad size, spawn failure: get() reports it
-            return None
-        return world
+        with self._lock:
+            if self._halted:
+                return None
+            if key in self._worlds and not self._worlds[key].broken:
+                return self._worlds[key]
+            try:
+                world = self._worlds[key] = World(runtime, world_size, settings=self.settings, wait=False)
+            except Exception:  # unavailable runtime, bad size, spawn failure: get() reports it
+                return None
+            return world
+
+    def halt(self) -> None:
+        """Close every world and start no new one (an interrupted run: a thread of it that
+        asks for a world after this gets :class:`PoolHalted`, not a world nobody closes)."""
+        with self._lock:
+            self._halted = True
+        self.close()
 
     def close(self) -> None:
-        for world in self._worlds.values():  # every host tears down at once, then each is reaped
+        with self._lock:
+            worlds = list(self._worlds.values())
+            self._worlds.clear()
+        for world in worlds:  # every host tears down at once, then each is reaped
             world.request_stop()
-        for world in self._worlds.values():
+        for world in worlds:
             world.close()  # removes its work directory too
-        self._worlds.clear()
