@@ -82,7 +82,8 @@ from torch import nn
 
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ddp_impl.runtime.collectives import Collectives, TorchDistributedCollectives, all_reduce_async, default_collectives
+from ddp_impl.runtime.collectives import (Collectives, TorchDistributedCollectives, all_reduce_async, broadcast_many,
+                                         default_collectives)
 
 # torch DDP keywords accepted for drop-in use but not implemented (warned about).
 IGNORED_TORCH_DDP_KWARGS = frozenset({
@@ -300,18 +301,16 @@ class DistributedDataParallel(nn.Module):
     def _sync_module_states(self) -> None:
         """Broadcast every parameter, and every buffer if ``broadcast_buffers``,
         from rank 0 (upstream passes ``broadcast_buffers`` to its module-state sync)."""
-        states = list(self.module.parameters())
+        states = [p.data for p in self.module.parameters()]
         if self.broadcast_buffers:
             states += list(self.module.buffers())
-        for t in states:
-            self.collectives.broadcast_(t.data, src=0)
+        broadcast_many(self.collectives, states, src=0)
 
     @torch.no_grad()
     def _sync_buffers(self) -> None:
         """Broadcast every buffer from rank 0. Reads ``module.buffers()`` now: a
         forward may have rebound a buffer to a new tensor."""
-        for b in self.module.buffers():
-            self.collectives.broadcast_(b, src=0)
+        broadcast_many(self.collectives, list(self.module.buffers()), src=0)
 
     def _reduce_bucket(self, bucket: Bucket):
         """Start the all-reduce of ``bucket.grads`` (sum, then ``_grad_scale()``);

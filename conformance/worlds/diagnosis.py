@@ -134,6 +134,8 @@ class Progress:
 
 
 def _shape(t) -> str:
+    if isinstance(t, (list, tuple)):
+        return f"[{len(t)} tensors]"
     try:
         return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
     except AttributeError:
@@ -143,16 +145,15 @@ def _shape(t) -> str:
 class RecordingCollectives:
     """Wraps a :class:`ddp_impl.runtime.collectives.Collectives`; records each call in ``progress``.
 
-    Same methods and attributes as the wrapped object (``sync`` and
-    ``all_reduce_many`` only when it has them); the record costs one small JSON write per call.
+    Same methods and attributes as the wrapped object (``sync``, ``all_reduce_many`` and
+    ``broadcast_many_`` only when it has them); the record costs one small JSON write per call.
     """
 
     def __init__(self, inner, progress: Progress):
         self._inner, self._progress = inner, progress
-        if getattr(inner, "sync", None) is not None:
-            self.sync = self._recorded("sync", inner.sync)
-        if getattr(inner, "all_reduce_many", None) is not None:
-            self.all_reduce_many = self._recorded("all_reduce_many", inner.all_reduce_many)
+        for name in ("sync", "all_reduce_many", "broadcast_many_"):
+            if getattr(inner, name, None) is not None:
+                setattr(self, name, self._recorded(name, getattr(inner, name)))
 
     def _recorded(self, name, method, describe=None):
         def call(*args, **kwargs):

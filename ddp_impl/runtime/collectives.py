@@ -50,6 +50,9 @@ class Collectives(Protocol):
     # all-reduce and returns a handle whose ``wait()`` completes it (sum, then
     # scale) and returns ``tensor``; the tensor must not be touched before. Without
     # it :func:`all_reduce_async` falls back to the blocking ``all_reduce_``.
+    # Optional: ``broadcast_many_(tensors, src=0)`` overwrites every tensor of the list with
+    # replica ``src``'s value in few collectives; without it :func:`broadcast_many` calls
+    # ``broadcast_`` once per tensor.
 
 
 class _Pending:
@@ -73,6 +76,27 @@ def all_reduce_async(collectives, tensor, *, scale=1.0):
     if start is not None:
         return start(tensor, scale=scale)
     return Completed(collectives.all_reduce_(tensor, scale=scale))
+
+
+def broadcast_many(collectives, tensors, src=0) -> None:
+    """Overwrite each tensor of ``tensors`` in place with replica ``src``'s value: the optional
+    ``broadcast_many_`` when ``collectives`` has it, else one ``broadcast_`` per tensor."""
+    many = getattr(collectives, "broadcast_many_", None)
+    if many is not None:
+        many(tensors, src)
+        return
+    for t in tensors:
+        collectives.broadcast_(t, src)
+
+
+def coalesce_by_dtype(tensors) -> list[list[torch.Tensor]]:
+    """``tensors`` (dense) grouped by dtype and device, each group in the list's order, the
+    groups in the order of their first tensor (upstream packs module states per dtype too:
+    ``torch/distributed/utils.py`` ``_sync_params_and_buffers`` -> ``_broadcast_coalesced``)."""
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    return list(groups.values())
 
 
 class TorchDistributedCollectives:
@@ -111,6 +135,24 @@ class TorchDistributedCollectives:
         # group's rank 0, not global rank 0 (torch.distributed's ``group_src``).
         dist.broadcast(tensor, group=self.group, group_src=src)
         return tensor
+
+    def broadcast_many_(self, tensors, src=0):
+        """One broadcast per dtype of ``tensors`` (each group packed into one flat tensor), as
+        upstream DDP's coalesced module-state and buffer broadcasts; sparse tensors go one by one.
+        Each tensor keeps its own object and layout (the values are copied back in place)."""
+        dense = [t for t in tensors if t.layout == torch.strided]
+        for t in tensors:
+            if t.layout != torch.strided:
+                self.broadcast_(t, src)
+        for group in coalesce_by_dtype(dense):
+            if len(group) == 1:
+                self.broadcast_(group[0], src)
+                continue
+            flat = torch.cat([t.reshape(-1) for t in group])
+            self.broadcast_(flat, src)
+            if self.rank != src:
+                for t, part in zip(group, flat.split([t.numel() for t in group])):
+                    t.copy_(part.view(t.shape))
 
     def all_gather(self, tensor):
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
