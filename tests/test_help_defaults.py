@@ -33,6 +33,7 @@ def test_cli_help_shows_the_settings_default():
     text = " ".join(_run_help(build_parser()).split())
     assert f"({S.default_help('replica_timeout')})" in text
     assert f"({S.default_help('profile')})" in text
+    assert f"({S.default_help('lanes')})" in text
 
 
 def test_plugin_help_follows_the_settings_default(monkeypatch):
@@ -76,4 +77,4 @@ def test_the_settings_table_states_the_defaults():
     """The one place a default is written in words, the table of conformance.settings, matches."""
     rows = {m[0]: m[2] for m in re.findall(r"``(\w+)``[^`\n]*``(\w+)``\s+(\S+)", S.__doc__)}
     assert {k: rows.get(k) for k in S.ENVIRONMENT} == \
-        {k: (f"{d:g}" if isinstance(d, float) else d) for k, (_e, d) in S.ENVIRONMENT.items()}
+        {k: (f"{d:g}" if isinstance(d, float) else str(d)) for k, (_e, d) in S.ENVIRONMENT.items()}

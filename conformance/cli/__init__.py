@@ -127,8 +127,8 @@ def build_parser():
                      "module:function registering one with Backend.register_backend (env CONFORMANCE_BACKEND); "
                      "--only collective judges its ops, the rest of the table runs DDPs over it")
     run.add_argument("--lanes", type=int, default=None, metavar="N",
-                     help="cases evaluated side by side, each lane with its own worlds (default 2, env "
-                     "CONFORMANCE_LANES); 1 runs the table in order, as -x and --exitfirst-each do")
+                     help="case runs evaluated side by side, each lane with its own worlds "
+                     f"({default_help('lanes')}); 1 runs the table in order, as -x and --exitfirst-each do")
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     run.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first fail or vacuous "
                      "verdict not listed in --expected-failures (exit 1; later cases are not run)")

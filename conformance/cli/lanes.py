@@ -20,6 +20,8 @@ single lane writes.
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import threading
 
 from conformance.evaluate import Session
@@ -53,6 +55,7 @@ class Lanes:
         self.lock = threading.Lock()
         self.halted = threading.Event()
         self.error: BaseException | None = None
+        self.stragglers: list[threading.Thread] = []  # lanes still running after a halt
 
     def run(self, units) -> None:
         """Evaluate ``units`` on every lane; return when all are done.
@@ -78,9 +81,20 @@ class Lanes:
             self.halt()
             for t in threads:  # quick: halt() closed every world a lane could wait on, and a lane
                 t.join(HALT_JOIN_S)  # asking for a new one gets PoolHalted (daemon threads: never a hang)
+            self.stragglers = [t for t in threads if t.is_alive()]
             raise
         if self.error is not None:
             raise self.error
+
+    def exit_safely(self, code: int) -> None:
+        """End the process with ``code`` now if a lane is still running (after its report is
+        written): a daemon thread inside a torch call while the interpreter finalizes aborts the
+        process ("terminate called without an active exception", exit -6 instead of 130).
+        Returns when every lane has ended."""
+        if any(t.is_alive() for t in self.stragglers):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
     def halt(self) -> None:
         """Stop the lanes: no new unit starts, and every lane's worlds close (a lane waiting on

@@ -94,6 +94,7 @@ class _Run:
         self.session = Session(self.pool, settings=settings)
         self.sessions = [self.session]  # one per lane (conformance.cli.lanes)
         self.by_unit = {}  # lanes: table-order index of a case run -> its verdicts
+        self.lanes = None  # conformance.cli.lanes.Lanes, when the run has several
         self.verdicts, self.kills = [], []
         self.seconds = {}  # (case, impl, runtime, W) -> seconds its evaluation took (JUnit times)
         self.stopped = None  # --exitfirst: the verdict that stopped the run
@@ -132,6 +133,8 @@ class _Run:
                 print(f"interrupted by {_signame(self.interrupted)} after {self.done} of {self.total} case runs: "
                       f"partial report {'on stdout' if self.json_out else self.o.json} (\"interrupted\": true)",
                       file=sys.stderr)
+                if self.lanes:
+                    self.lanes.exit_safely(128 + self.interrupted)
                 return 128 + self.interrupted
             return root_decides(self.pool, self.report)  # the same exit code on every launched process
         finally:
@@ -185,7 +188,8 @@ class _Run:
             self.seconds[(unit.case.name, unit.impl, rt, w)] = seconds
             self.record(got, unit.impl, unit=unit.index)
 
-        Lanes(self.sessions, work, done).run(units)
+        self.lanes = Lanes(self.sessions, work, done)
+        self.lanes.run(units)
         if self.o.mutants:
             for rt, w, _ in self.targets:
                 self.kill_matrix(rt, w)

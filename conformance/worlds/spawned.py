@@ -508,12 +508,30 @@ class WorldPool:
         """
         key = (runtime, world_size)
         with self._lock:  # another thread may halt the pool meanwhile
-            if self._halted:
-                raise PoolHalted(f"{runtime} world of {world_size} replica(s) not started: the run was interrupted")
+            self._check_running(runtime, world_size)
             world = self._worlds.get(key)
-            if world is None or world.broken:
-                world = self._worlds[key] = World(runtime, world_size, settings=self.settings, wait=False)
+        if world is None or world.broken:
+            # started outside the lock: a start can wait seconds on the fork server's imports
+            world = self._keep(key, World(runtime, world_size, settings=self.settings, wait=False))
         world.wait_started()
+        return world
+
+    def _check_running(self, runtime: str, world_size: int) -> None:
+        if self._halted:
+            raise PoolHalted(f"{runtime} world of {world_size} replica(s) not started: the run was interrupted")
+
+    def _keep(self, key, world: World) -> World:
+        """``world``, now the pool's for ``key``; closed at once if the pool was halted while it started.
+
+        Raises:
+            PoolHalted: it was.
+        """
+        with self._lock:
+            if not self._halted:
+                self._worlds[key] = world
+                return world
+        world.close()
+        self._check_running(*key)
         return world
 
     def prestart(self, runtime: str, world_size: int) -> World | None:
@@ -527,11 +545,14 @@ class WorldPool:
                 return None
             if key in self._worlds and not self._worlds[key].broken:
                 return self._worlds[key]
-            try:
-                world = self._worlds[key] = World(runtime, world_size, settings=self.settings, wait=False)
-            except Exception:  # unavailable runtime, bad size, spawn failure: get() reports it
-                return None
-            return world
+        try:
+            world = World(runtime, world_size, settings=self.settings, wait=False)
+        except Exception:  # unavailable runtime, bad size, spawn failure: get() reports it
+            return None
+        try:
+            return self._keep(key, world)
+        except PoolHalted:
+            return None
 
     def halt(self) -> None:
         """Close every world and start no new one (an interrupted run: a thread of it that
