@@ -301,8 +301,13 @@ def main(argv=None) -> int:
         with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C
             module = importlib.import_module(f"conformance.cli.{command}")  # imports torch
             if command == "run":  # run's options: one value
-                return module.command(settings, RunOptions(**values))
-            return module.command(settings, **values)
+                code = module.command(settings, RunOptions(**values))
+            else:
+                code = module.command(settings, **values)
+        if command == "run":
+            from conformance.cli.lanes import end_process
+            end_process(code)  # an interrupted run with lanes ends here (conformance.cli.lanes)
+        return code
     except UsageError as exc:
         stop_server()
         print(f"error: {exc}", file=sys.stderr)

@@ -25,12 +25,35 @@ import sys
 import threading
 
 from conformance.evaluate import Session
+from conformance.worlds.hoststart import stop_server
 
 # Seconds between two checks of the lanes by the main thread (which alone receives SIGINT and
 # SIGTERM: a join that never returns would defer them).
 JOIN_POLL_S = 0.2
 # Most seconds the main thread waits for each lane after halting them.
 HALT_JOIN_S = 10.0
+
+
+# Set by an interrupted run that used lanes (see end_process).
+_END_WITHOUT_FINALIZING = threading.Event()
+
+
+def skip_finalization() -> None:
+    """Ask :func:`end_process` to end this process without the interpreter's finalization: torch
+    threads that ran a lane's work (autograd, a lane still in a torch call) can abort it there
+    ("terminate called without an active exception", pytorch/pytorch#38228; seen as exit -6
+    instead of 130 in 1 of ~6 interrupted runs under load)."""
+    _END_WITHOUT_FINALIZING.set()
+
+
+def end_process(code: int) -> None:
+    """After the command's cleanup (report written, worlds closed, lock released): stop the hosts'
+    fork server and ``os._exit`` with ``code`` if :func:`skip_finalization` was asked, else return."""
+    if _END_WITHOUT_FINALIZING.is_set():
+        stop_server()  # it would see this process end anyway; its hosts, if any, die with it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 class Unit(collections.namedtuple("Unit", "index target impl case")):
@@ -55,7 +78,6 @@ class Lanes:
         self.lock = threading.Lock()
         self.halted = threading.Event()
         self.error: BaseException | None = None
-        self.stragglers: list[threading.Thread] = []  # lanes still running after a halt
 
     def run(self, units) -> None:
         """Evaluate ``units`` on every lane; return when all are done.
@@ -81,20 +103,9 @@ class Lanes:
             self.halt()
             for t in threads:  # quick: halt() closed every world a lane could wait on, and a lane
                 t.join(HALT_JOIN_S)  # asking for a new one gets PoolHalted (daemon threads: never a hang)
-            self.stragglers = [t for t in threads if t.is_alive()]
             raise
         if self.error is not None:
             raise self.error
-
-    def exit_safely(self, code: int) -> None:
-        """End the process with ``code`` now if a lane is still running (after its report is
-        written): a daemon thread inside a torch call while the interpreter finalizes aborts the
-        process ("terminate called without an active exception", exit -6 instead of 130).
-        Returns when every lane has ended."""
-        if any(t.is_alive() for t in self.stragglers):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
 
     def halt(self) -> None:
         """Stop the lanes: no new unit starts, and every lane's worlds close (a lane waiting on

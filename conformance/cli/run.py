@@ -16,7 +16,7 @@ from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import case_runs_at, parse_matrix, parse_model
 from conformance.outcome import repro_command
 from conformance.cli import RunOptions, exitfirst_under_launcher
-from conformance.cli.lanes import Lanes, Unit
+from conformance.cli.lanes import Lanes, Unit, skip_finalization
 from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
 from conformance.report.coverage import coverage, unmet_requirements
@@ -134,7 +134,7 @@ class _Run:
                       f"partial report {'on stdout' if self.json_out else self.o.json} (\"interrupted\": true)",
                       file=sys.stderr)
                 if self.lanes:
-                    self.lanes.exit_safely(128 + self.interrupted)
+                    skip_finalization()
                 return 128 + self.interrupted
             return root_decides(self.pool, self.report)  # the same exit code on every launched process
         finally:
