@@ -130,6 +130,7 @@ class World:
         self.timeout = settings.replica_timeout
         self.broken = False
         self.hosts = []
+        self._close_lock = threading.Lock()  # close() from two threads (lanes)
         adapter = get_runtime(runtime, settings)
         adapter.check(world_size)
         self.collective_bound = adapter.collective_bound
@@ -453,7 +454,13 @@ class World:
                     pass
 
     def close(self, graceful: bool = True) -> None:
-        """Stop every host (politely when ``graceful``, then by SIGKILL); idempotent."""
+        """Stop every host (politely when ``graceful``, then by SIGKILL); idempotent, and safe
+        from two threads at once (an interrupted run's main thread closes the world a lane
+        thread is closing after its hosts died: the second waits, then finds it closed)."""
+        with self._close_lock:
+            self._close(graceful)
+
+    def _close(self, graceful: bool) -> None:
         graceful = graceful and getattr(self, "_ranks", None) is not None  # a starting host reads no stop
         if graceful:
             self.request_stop()
