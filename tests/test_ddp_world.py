@@ -243,3 +243,36 @@ def test_out_of_place_hook_returns_the_mean_as_a_new_tensor(world2):
         np.testing.assert_allclose(r["value"], mean, rtol=0, atol=1e-6)
         np.testing.assert_array_equal(r["buffer"], r["local"])  # the bucket buffer is untouched
         assert not r["same"]
+
+
+def task_broadcast_many(ctx):
+    """Rank-dependent dense tensors of several dtypes and layouts, broadcast from rank 0 at once."""
+    import torch
+    from ddp_impl.runtime.collectives import broadcast_many
+    r = ctx.rank + 1
+    base = torch.arange(12, dtype=torch.float64).reshape(3, 4) * r
+    tensors = [torch.arange(5, dtype=torch.float32) * r,   # float32, two of them: one packed broadcast
+               base.t(),                                   # a strided (transposed) float64 view
+               torch.full((2, 3), r, dtype=torch.int64),
+               torch.tensor([r % 2 == 0, True]),           # bool
+               torch.ones(3, dtype=torch.complex64) * (r + 1j),
+               torch.arange(4, dtype=torch.float32).reshape(2, 2) * -r]
+    strides = [t.stride() for t in tensors]
+    broadcast_many(ctx.collectives, tensors, src=0)
+    return {"values": [t.resolve_conj().numpy().copy() for t in tensors],
+            "strides_kept": strides == [t.stride() for t in tensors],
+            "base": base.numpy().copy()}
+
+
+def test_broadcast_many_gives_every_replica_rank_0_s_values_in_place(world2):
+    """The reference DDP's coalesced module-state and buffer broadcast (one per dtype): every
+    tensor ends with rank 0's value, in place (a view writes through to its base), whatever its
+    dtype or layout."""
+    results = world2.run(task_broadcast_many, timeout=60)
+    want = results[0]["values"]
+    assert want[0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]  # rank 0's own values (r = 1)
+    for r in results[1:]:
+        for got, ref in zip(r["values"], want):
+            np.testing.assert_array_equal(got, ref)
+        np.testing.assert_array_equal(r["base"], results[0]["base"])
+    assert all(r["strides_kept"] for r in results)

@@ -137,14 +137,10 @@ class TorchDistributedCollectives:
         return tensor
 
     def broadcast_many_(self, tensors, src=0):
-        """One broadcast per dtype of ``tensors`` (each group packed into one flat tensor), as
-        upstream DDP's coalesced module-state and buffer broadcasts; sparse tensors go one by one.
+        """One broadcast per dtype of ``tensors`` (dense, as module states are; each group packed
+        into one flat tensor), as upstream DDP's coalesced module-state and buffer broadcasts.
         Each tensor keeps its own object and layout (the values are copied back in place)."""
-        dense = [t for t in tensors if t.layout == torch.strided]
-        for t in tensors:
-            if t.layout != torch.strided:
-                self.broadcast_(t, src)
-        for group in coalesce_by_dtype(dense):
+        for group in coalesce_by_dtype(tensors):
             if len(group) == 1:
                 self.broadcast_(group[0], src)
                 continue
