@@ -170,22 +170,17 @@ class _Run:
             lane._cache = self.session._cache  # finished runs are shared (e.g. a collective's verdicts)
             lane.__dict__["_measured_tolerances"] = self.session.__dict__.setdefault("_measured_tolerances", {})
             self.sessions.append(lane)
-        units = [Unit(i, t, impl, case) for i, (t, impl, case) in enumerate(
-            (t, impl, case) for t, (rt, w, impls) in enumerate(self.targets)
-            for impl in impls for case in self.cases_at(rt, w))]
+        units = []
+        for t, (rt, w, impls) in enumerate(self.targets):
+            for impl in impls:
+                for case in self.cases_at(rt, w):
+                    units.append(Unit(len(units), t, impl, case))
 
         def work(session, unit):
             rt, w, _ = self.targets[unit.target]
-            if self.bar:
-                self.bar.set_description(f"{unit.case.name} {unit.impl} {rt} W={w}")
-            t0 = time.monotonic()
-            got = evaluate(unit.case, unit.impl, rt, w, session)
-            return got, time.monotonic() - t0
+            return self.evaluate_case(session, unit.case, unit.impl, rt, w)
 
-        def done(unit, result):
-            got, seconds = result
-            rt, w, _ = self.targets[unit.target]
-            self.seconds[(unit.case.name, unit.impl, rt, w)] = seconds
+        def done(unit, got):
             self.record(got, unit.impl, unit=unit.index)
 
         self.lanes = Lanes(self.sessions, work, done)
@@ -212,17 +207,22 @@ class _Run:
                 for case in self.cases_at(rt, w):
                     if self.stopped or impl in self.stopped_each:
                         break
-                    if self.bar:
-                        self.bar.set_description(f"{case.name} {impl} {rt} W={w}")
-                    t0 = time.monotonic()
-                    got = evaluate(case, impl, rt, w, self.session)
-                    self.seconds[(case.name, impl, rt, w)] = time.monotonic() - t0
+                    got = self.evaluate_case(self.session, case, impl, rt, w)
                     if later and not prestarted:  # this world is up: the next one starts meanwhile
                         self.session.prestart(*later[0])
                         prestarted = True
                     self.record(got, impl)
             if self.o.mutants and not self.stopped:
                 self.kill_matrix(rt, w)
+
+    def evaluate_case(self, session, case, impl: str, rt: str, w: int) -> list:
+        """One case run on ``session``'s worlds: its verdicts; its seconds kept for the JUnit times."""
+        if self.bar:
+            self.bar.set_description(f"{case.name} {impl} {rt} W={w}")
+        t0 = time.monotonic()
+        got = evaluate(case, impl, rt, w, session)
+        self.seconds[(case.name, impl, rt, w)] = time.monotonic() - t0
+        return got
 
     def record(self, got: list, impl: str, unit: int | None = None) -> None:
         """The verdicts of one case run: expected failures marked, kept (in table order:

@@ -497,6 +497,11 @@ class PoolHalted(BaseException):
     ``except Exception`` lets it through, so the thread asking stops at once."""
 
 
+def _not_started(key) -> PoolHalted:
+    runtime, world_size = key
+    return PoolHalted(f"{runtime} world of {world_size} replica(s) not started: the run was interrupted")
+
+
 class WorldPool:
     """Worlds keyed by ``(runtime, world_size)``, started on first use, replaced when broken."""
 
@@ -515,17 +520,14 @@ class WorldPool:
         """
         key = (runtime, world_size)
         with self._lock:  # another thread may halt the pool meanwhile
-            self._check_running(runtime, world_size)
+            if self._halted:
+                raise _not_started(key)
             world = self._worlds.get(key)
         if world is None or world.broken:
             # started outside the lock: a start can wait seconds on the fork server's imports
             world = self._keep(key, World(runtime, world_size, settings=self.settings, wait=False))
         world.wait_started()
         return world
-
-    def _check_running(self, runtime: str, world_size: int) -> None:
-        if self._halted:
-            raise PoolHalted(f"{runtime} world of {world_size} replica(s) not started: the run was interrupted")
 
     def _keep(self, key, world: World) -> World:
         """``world``, now the pool's for ``key``; closed at once if the pool was halted while it started.
@@ -538,8 +540,7 @@ class WorldPool:
                 self._worlds[key] = world
                 return world
         world.close()
-        self._check_running(*key)
-        return world
+        raise _not_started(key)
 
     def prestart(self, runtime: str, world_size: int) -> World | None:
         """Spawn that world's hosts now, without waiting for them, so that they import the
