@@ -102,3 +102,31 @@ def raise_while_peer_waits(ctx, rank, collective="all_reduce") -> int:
     else:
         dist.all_reduce(t)
     return ctx.rank
+
+
+# --- runtimes whose hosts fail while starting (tests/test_world.py registers them) ---------
+from conformance.worlds.runtimes.cpu import CpuRuntime  # noqa: E402  (no torch at import)
+
+STARTING_MARK = "start-up entered by host {host}"
+
+
+class CrashingAtStart(CpuRuntime):
+    """A CPU runtime whose hosts print :data:`STARTING_MARK` and then die of SIGSEGV in their
+    start-up, before any task: a crash in C++ code while a runtime initialises."""
+    name = "crash_at_start"
+
+    def setup_host(self, host, world_size, workdir):
+        import faulthandler
+        print(STARTING_MARK.format(host=host), flush=True)
+        faulthandler._sigsegv()
+
+
+class HangingAtStart(CpuRuntime):
+    """A CPU runtime whose hosts print :data:`STARTING_MARK`, leave a file ``entered{host}``
+    in the world's directory, and then never finish their start-up."""
+    name = "hang_at_start"
+
+    def setup_host(self, host, world_size, workdir):
+        print(STARTING_MARK.format(host=host), flush=True)
+        open(os.path.join(workdir, f"entered{host}"), "w").close()
+        time.sleep(3600)

@@ -13,6 +13,7 @@ import pytest
 from conformance.settings import Settings
 from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout, World, WorldPool
 from tests.procs import QUIET_START_S, REPO, alive, default_signals, gone, load_scale, start_world
+from tests import tasks
 from tests.tasks import all_reduce_value, env_and_parent, fail_on, raise_while_peer_waits
 
 pytestmark = pytest.mark.cpu
@@ -154,6 +155,54 @@ def test_world_closed_while_starting_leaves_nothing():
     pids = w.pids()
     assert all(alive(p) for p in pids) and not w.started
     w.close()
+    assert gone(pids) and not os.path.exists(w.workdir)
+
+
+@pytest.fixture
+def registered(request):
+    """Register the runtime ``request.param`` (a ``tests.tasks`` class) under its name; after
+    the fork server started, as a plugin's runtime is."""
+    from conformance.worlds.registry import register, unregister
+    cls = getattr(tasks, request.param)
+    register(cls.name, f"tests.tasks:{request.param}")
+    yield cls.name
+    unregister(cls.name)
+
+
+@pytest.mark.parametrize("registered", ["CrashingAtStart"], indirect=True)
+def test_a_host_that_dies_while_starting_shows_its_log_and_stacks(registered):
+    """A fatal signal in a runtime's start-up (a segfault while XLA initialises) is reported
+    with the host's exit signal, its log and its ``faulthandler`` dump, which name the function
+    it died in; nothing of the world is left."""
+    World("cpu", 2).close()  # the fork server runs already, as in a run
+    with pytest.raises(ReplicaDied) as err:
+        World(registered, 2)
+    text = str(err.value)
+    assert re.search(r"host \d \(pid \d+\) exited with code -11 \(SIGSEGV\) while starting", text), text
+    assert re.search(r"start-up entered by host \d", text), text
+    assert "stacks (faulthandler)" in text and "Segmentation fault" in text, text
+    assert re.search(r'tasks\.py", line \d+ in setup_host', text), text
+
+
+@pytest.mark.parametrize("registered", ["HangingAtStart"], indirect=True)
+def test_a_host_that_does_not_finish_starting_shows_where_it_waits(registered):
+    """A start-up past its bound is reported with each host's log and a stack dump taken
+    before the kill, showing the line it waits on; its hosts are gone."""
+    w = World(registered, 2, wait=False)
+    deadline = time.monotonic() + 120  # the event bound: both hosts are inside their start-up
+    while not all(os.path.exists(os.path.join(w.workdir, f"entered{h}")) for h in (0, 1)):
+        assert time.monotonic() < deadline, "hosts never entered their start-up"
+        time.sleep(0.05)
+    pids = w.pids()
+    w.settings = w.settings.replace(start_timeout=0.5)
+    with pytest.raises(ReplicaTimeout) as err:
+        w.wait_started()
+    text = str(err.value)
+    assert "host(s) [0, 1] did not start within" in text, text
+    for h in (0, 1):
+        assert f"start-up entered by host {h}" in text, text
+        assert f"--- host {h} stacks (faulthandler):" in text, text
+    assert re.search(r'tasks\.py", line \d+ in setup_host', text), text
     assert gone(pids) and not os.path.exists(w.workdir)
 
 

@@ -22,6 +22,7 @@ import time
 import traceback
 
 from conformance.worlds import blame as blame_mod, diagnosis as dg
+from conformance.worlds.registry import register
 from conformance.worlds.runtimes import get_runtime
 
 # How often the parent reads the progress board while waiting (collective bound).
@@ -133,10 +134,13 @@ def watch_collectives(replicas, every=WATCH_S):
             pass
 
 
-def host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, settings, parent_env=None):
+def host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, settings, parent_env=None,
+              registered=None):
     """Entry point of a host process (runs until told to stop). ``parent_env``: the kit's
     environment when it started this host (a host forked by the fork server would otherwise
-    inherit the server's, from when the first world started)."""
+    inherit the server's, from when the first world started). ``registered``: ``(runtime,
+    its entry in the kit's registry)`` (``"module:Class"`` or a class), for a runtime
+    registered after the fork server imported the registry."""
     if parent_env is not None:
         os.environ.clear()
         os.environ.update(parent_env)
@@ -159,6 +163,8 @@ def host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, se
         with send_lock:
             conn.send(msg)
     try:
+        if registered is not None:
+            register(*registered)
         runtime = get_runtime(runtime_name, settings)
         replicas = runtime.setup_host(host, world_size, workdir)
         board = dg.ProgressBoard(os.path.join(workdir, "progress"))

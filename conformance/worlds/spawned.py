@@ -67,6 +67,7 @@ import time
 from multiprocessing.connection import wait as wait_any
 
 from conformance.settings import Settings
+from conformance.worlds import registry
 from conformance.worlds import blame as blame_mod, diagnosis as dg, procmem  # noqa: F401 (blame_mod: tests patch it)
 # Also names other modules import from here (the exceptions, the host's helpers, _top_frame).
 from conformance.worlds.failure import (ReplicaDied, ReplicaError, ReplicaFailed,  # noqa: F401
@@ -95,6 +96,8 @@ DUMP_POLL_S, DUMP_STABLE_S = 0.02, 0.06
 # error, the world is torn down and replaced as before. Measured ~0.1 s.
 RESET_BOUND_S = 15.0
 LOG_TAIL_LINES = 200
+# Of a host's faulthandler dump in a start-up failure: a fatal signal's dump of every thread.
+STACKS_TAIL_LINES = 120
 
 
 def _tail(path, lines=LOG_TAIL_LINES):
@@ -139,12 +142,16 @@ class World:
         self._board = os.path.join(self.workdir, "progress")
         dg.create_board(self._board, world_size)
         ctx = host_context(settings.host_start)
+        # The host resolves the runtime in its own registry: one registered in this process
+        # after the fork server started (a test's, a plugin's) travels with the host's arguments.
+        name = registry.WorldKey.parse(runtime).runtime
+        registered = (name, registry.RUNTIMES[name])
         try:
             for host, env in enumerate(adapter.host_envs(world_size)):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=host_main, daemon=True, name=f"{runtime}-host{host}",
                                    args=(runtime, host, world_size, child, self.workdir, env, os.getpid(), settings,
-                                         dict(os.environ)))
+                                         dict(os.environ), registered))
                 # Listed before start(): a Ctrl-C inside start() must not leave a started host
                 # unkilled (multiprocessing's exit handler would SIGTERM and join it unbounded).
                 self.hosts.append((proc, parent))
@@ -225,9 +232,11 @@ class World:
             left = deadline - time.monotonic()
             pending = [i for i in range(len(self.hosts)) if i not in got]
             if left <= 0:
+                self._dump_stacks([i for i in pending if self.hosts[i][0].is_alive()])
+                message = (f"{self.describe()}: host(s) {pending} did not start within {timeout:.0f} s\n"
+                           + self._logs(pending, stacks=True))
                 self._break()
-                raise ReplicaTimeout(f"{self.describe()}: host(s) {pending} did not start within "
-                                     f"{timeout:.0f} s\n" + self._logs(pending))
+                raise ReplicaTimeout(message)
             ready = wait_any([self.hosts[i][1] for i in pending] + [self.hosts[i][0].sentinel for i in pending],
                              timeout=left)
             for i in pending:
@@ -241,20 +250,31 @@ class World:
                 if msg is None:
                     if proc.sentinel in ready or not proc.is_alive():
                         proc.join(1)
-                        self._break()
                         code, sig = dg.exit_description(proc.exitcode)
-                        raise ReplicaDied(f"{self.describe()}: host {i} (pid {proc.pid}) exited with code "
-                                          f"{code}{f' ({sig})' if sig else ''} while starting\n" + self._logs([i]))
+                        message = (f"{self.describe()}: host {i} (pid {proc.pid}) exited with code "
+                                   f"{code}{f' ({sig})' if sig else ''} while starting\n"
+                                   + self._logs([i], stacks=True))
+                        self._break()  # removes the workdir: the logs are read above
+                        raise ReplicaDied(message)
                     continue
                 if msg[0] == "error":
+                    message = f"{self.describe()}: host {i} failed to start\n{msg[1]}" + self._logs([i])
                     self._break()
-                    raise ReplicaFailed(f"{self.describe()}: host {i} failed to start\n{msg[1]}"
-                                        + self._logs([i]))
+                    raise ReplicaFailed(message)
                 got[i] = msg[1]
         return [got[i] for i in range(len(self.hosts))]
 
-    def _logs(self, hosts):
-        return "".join(f"\n--- host {i} log tail:\n{self.log_tail(i)}" for i in hosts)
+    def _logs(self, hosts, stacks=False):
+        """Each host's log tail; with ``stacks``, also its ``faulthandler`` dump (a fatal
+        signal's, or the one :meth:`_dump_stacks` asked for), where a death while starting
+        shows where it happened: that dump is all there is of a crash in C++ code."""
+        out = []
+        for i in hosts:
+            out.append(f"\n--- host {i} log tail:\n{self.log_tail(i)}")
+            dump = _tail(os.path.join(self.workdir, f"host{i}.stacks"), STACKS_TAIL_LINES) if stacks else ""
+            if dump.strip():
+                out.append(f"\n--- host {i} stacks (faulthandler):\n{dump}")
+        return "".join(out)
 
     def _collect_task(self, task, name, timeout):
         """Wait for task ``task`` on every host; classify and raise on any failure."""
