@@ -36,6 +36,7 @@ _VERDICTS = pytest.StashKey[list]()
 _EXPECTED = pytest.StashKey[set]()
 _SETTINGS = pytest.StashKey[object]()
 _MODEL_CASES = pytest.StashKey[list]()
+_RESTARTS = pytest.StashKey[list]()  # WorldPool.restarts of the session (and of xdist workers)
 
 # Tests at this world size or above carry the `slow` marker.
 SLOW_WORLD_SIZE = 8
@@ -199,6 +200,7 @@ def conformance_world_pool(request):
     """The session's persistent worlds (``get(runtime, world_size)``), closed at the end."""
     from conformance.worlds.spawned import WorldPool
     pool = WorldPool(request.config.stash.get(_SETTINGS, None) or settings_of(request.config))
+    pool.restarts = request.config.stash.setdefault(_RESTARTS, [])  # said in the terminal summary
     yield pool
     pool.close()
 
@@ -230,6 +232,7 @@ def pytest_testnodedown(node, error):
         return
     node.config.stash.setdefault(_VERDICTS, []).extend(Verdict.from_json(v) for v in got["verdicts"])
     node.config.stash.setdefault(_KILLS, []).extend(KillRow.from_json(k) for k in got["kills"])
+    node.config.stash.setdefault(_RESTARTS, []).extend(got.get("restarts", []))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -237,7 +240,8 @@ def pytest_sessionfinish(session, exitstatus):
     verdicts, kills = config.stash.get(_VERDICTS, []), config.stash.get(_KILLS, [])
     if hasattr(config, "workerinput"):  # pytest-xdist worker: hand everything to the controller
         config.workeroutput["conformance"] = {"verdicts": [v.to_json() for v in verdicts],
-                                              "kills": [k.to_json() for k in kills]}
+                                              "kills": [k.to_json() for k in kills],
+                                              "restarts": list(config.stash.get(_RESTARTS, []))}
         return
     path = _opt(config, "json")
     if not path:
@@ -257,6 +261,11 @@ def pytest_terminal_summary(terminalreporter, config):
             terminalreporter.section("conformance expected failures")
             for text in warnings:
                 terminalreporter.write_line(f"warning: {text}")
+    restarts = config.stash.get(_RESTARTS, [])
+    if restarts and not hasattr(config, "workerinput"):
+        terminalreporter.section("conformance worlds")
+        for text in restarts:
+            terminalreporter.write_line(f"warning: {text}")
     if _opt(config, "json"):
         terminalreporter.write_line(f"conformance JSON report: {_opt(config, 'json')} ({len(verdicts)} "
                                     f"verdicts, {len(kills)} kill-matrix cells)")

@@ -130,3 +130,25 @@ class HangingAtStart(CpuRuntime):
         print(STARTING_MARK.format(host=host), flush=True)
         open(os.path.join(workdir, f"entered{host}"), "w").close()
         time.sleep(3600)
+
+
+class CrashingOnce(CpuRuntime):
+    """A CPU runtime whose host 0 dies of SIGSEGV in its first start-up only: the first start
+    leaves the file named by ``CONFORMANCE_TEST_CRASHED`` (in the kit's environment)."""
+    name = "crash_once"
+
+    def setup_host(self, host, world_size, workdir):
+        import faulthandler
+        mark = os.environ["CONFORMANCE_TEST_CRASHED"]
+        if host == 0 and not os.path.exists(mark):
+            open(mark, "w").close()
+            faulthandler._sigsegv()
+        return super().setup_host(host, world_size, workdir)
+
+
+class ExitingAtStart(CpuRuntime):
+    """A CPU runtime whose hosts exit with code 3 in their start-up (an exit of its own, not a crash)."""
+    name = "exit_at_start"
+
+    def setup_host(self, host, world_size, workdir):
+        os._exit(3)

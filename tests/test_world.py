@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conformance.settings import Settings
-from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, ReplicaTimeout, World, WorldPool
+from conformance.worlds.spawned import HostDiedStarting, ReplicaDied, ReplicaFailed, ReplicaTimeout, World, WorldPool
 from tests.procs import QUIET_START_S, REPO, alive, default_signals, gone, load_scale, start_world
 from tests import tasks
 from tests.tasks import all_reduce_value, env_and_parent, fail_on, raise_while_peer_waits
@@ -204,6 +204,36 @@ def test_a_host_that_does_not_finish_starting_shows_where_it_waits(registered):
         assert f"--- host {h} stacks (faulthandler):" in text, text
     assert re.search(r'tasks\.py", line \d+ in setup_host', text), text
     assert gone(pids) and not os.path.exists(w.workdir)
+
+
+# runtime (tests.tasks) -> (world from get(), WorldPool.restarts lines, their text)
+START_CRASHES = {
+    "CrashingOnce": (True, 1, r"^crash_once world of 2 replica\(s\): host 0 \(pid \d+\) exited with code -11 \(SIGSEGV\) "
+                              r"while starting at tests/tasks\.py:\d+ in setup_host: .* \(start 1 of 2\); started again"),
+    "CrashingAtStart": (False, 1, r"exited with code -11 \(SIGSEGV\) while starting .*\(start 1 of 2\)"),
+    "ExitingAtStart": (False, 0, None),  # its own exit: not a crash, not started again
+}
+
+
+@pytest.mark.parametrize("registered", list(START_CRASHES), indirect=True)
+def test_the_pool_starts_again_a_world_a_crash_undid_and_says_so(registered, tmp_path, monkeypatch, request):
+    """A host that dies of a fatal signal while starting (no task ran) costs one more start,
+    said in ``WorldPool.restarts``; a second crash, or an exit of the host's own, is raised."""
+    monkeypatch.setenv("CONFORMANCE_TEST_CRASHED", str(tmp_path / "crashed"))
+    works, lines, text = START_CRASHES[request.node.callspec.params["registered"]]
+    pool = WorldPool()
+    try:
+        if works:
+            world = pool.get(registered, 2)
+            assert world.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0]] * 2
+        else:
+            with pytest.raises(HostDiedStarting):
+                pool.get(registered, 2)
+        assert len(pool.restarts) == lines, pool.restarts
+        if text:
+            assert re.search(text, pool.restarts[0]), pool.restarts
+    finally:
+        pool.close()
 
 
 QUIET_PARENT_START_S = 1.8   # SCRIPT until it prints its pids, quiet 2-core machine (s): ~1.2 x a world start

@@ -247,6 +247,10 @@ class _Run:
         if self.bar:
             self.bar.update(1)
 
+    def world_restarts(self) -> list[str]:
+        """Each world start a host's crash undid and the pool made again (``WorldPool.restarts``)."""
+        return [line for session in self.sessions for line in getattr(session.pool, "restarts", ())]
+
     def extra(self, complete: bool) -> dict:
         """The JSON report's run keys (docs/report-format.md)."""
         out = {"cases": sorted({c.name for c in self.cases}), "profile": self.settings.profile,
@@ -260,6 +264,8 @@ class _Run:
             out["stopped_at"] = self.stopped.id
         if self.stopped_each:
             out["stopped_at_each"] = {impl: v.id for impl, v in self.stopped_each.items()}
+        if self.world_restarts():
+            out["world_restarts"] = self.world_restarts()
         if self.o.env_launch and self.pool.world is not None:
             out["launch"] = self.pool.world.launch_info()
         return out
@@ -286,6 +292,7 @@ class _Run:
         the summary; the exit code."""
         warnings = [w_ for w_ in expected_failure_warnings(self.verdicts, self.expected)  # not run is no news
                     if not (self.interrupted and w_.endswith("matches no verdict of this run"))]
+        warnings += self.world_restarts()
         self.print_verdicts()
         self.write_reports(warnings)
         return self.print_summary()

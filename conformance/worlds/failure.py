@@ -81,6 +81,26 @@ class ReplicaDied(ReplicaError):
     """A host process exited; the diagnosis holds its exit code or signal, stacks, log tail."""
 
 
+class HostDiedStarting(ReplicaDied):
+    """A host process exited before it answered its start-up (before any task of the run).
+
+    Attributes:
+        host: the host's index in its world.
+        exit_code: its exit code (negative: killed by that signal), as ``Popen.returncode``.
+        where: the Python frame a fatal signal hit, from the host's ``faulthandler`` dump
+            (:func:`conformance.worlds.stacks.crash_site`), or ``None``.
+    """
+
+    def __init__(self, message: str, host: int, exit_code: int | None, where: str | None = None):
+        super().__init__(message)
+        self.host, self.exit_code, self.where = host, exit_code, where
+
+    @property
+    def by_signal(self) -> bool:
+        """Killed by a signal (a crash such as SIGSEGV or SIGABRT), not an exit of its own."""
+        return self.exit_code is not None and self.exit_code < 0
+
+
 
 def inside(slot):
     """A board slot with a sampled collective (``seen_collective``) as its ``in_collective``

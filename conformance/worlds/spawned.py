@@ -70,7 +70,7 @@ from conformance.settings import Settings
 from conformance.worlds import registry
 from conformance.worlds import blame as blame_mod, diagnosis as dg, procmem  # noqa: F401 (blame_mod: tests patch it)
 # Also names other modules import from here (the exceptions, the host's helpers, _top_frame).
-from conformance.worlds.failure import (ReplicaDied, ReplicaError, ReplicaFailed,  # noqa: F401
+from conformance.worlds.failure import (HostDiedStarting, ReplicaDied, ReplicaError, ReplicaFailed,  # noqa: F401
                                         ReplicaTimeout, all_waiting, collective_hang, machine_load, progress_mark,
                                         replica_diagnosis, replica_error)
 from conformance.worlds.hoststart import host_context
@@ -78,7 +78,7 @@ from conformance.worlds.host import (POLL_S, SCRUBBED_LAUNCHER_VARS, WATCH_S,  #
                                      die_with_parent as _die_with_parent, host_main,
                                      watch_collectives as _watch_collectives)
 from conformance.worlds.runtimes import get_runtime
-from conformance.worlds.stacks import top_frame as _top_frame  # noqa: F401
+from conformance.worlds.stacks import crash_site, top_frame as _top_frame  # noqa: F401
 
 # After the first replica raised (or a host died), how long the parent waits
 # for other replicas' simultaneous reports before it tears the world down.
@@ -254,8 +254,9 @@ class World:
                         message = (f"{self.describe()}: host {i} (pid {proc.pid}) exited with code "
                                    f"{code}{f' ({sig})' if sig else ''} while starting\n"
                                    + self._logs([i], stacks=True))
+                        where = crash_site(_read(os.path.join(self.workdir, f"host{i}.stacks")))
                         self._break()  # removes the workdir: the logs are read above
-                        raise ReplicaDied(message)
+                        raise HostDiedStarting(message, i, proc.exitcode, where)
                     continue
                 if msg[0] == "error":
                     message = f"{self.describe()}: host {i} failed to start\n{msg[1]}" + self._logs([i])
@@ -522,6 +523,12 @@ def _not_started(key) -> PoolHalted:
     return PoolHalted(f"{runtime} world of {world_size} replica(s) not started: the run was interrupted")
 
 
+#: Starts of one world :meth:`WorldPool.get` makes when a host crashes (a fatal signal) while
+#: starting, before any task: a PJRT CPU host died of SIGSEGV so once in a CI run of the PJRT
+#: tests. A crash at every attempt is a runtime that cannot start, and is reported as such.
+START_ATTEMPTS = 2
+
+
 class WorldPool:
     """Worlds keyed by ``(runtime, world_size)``, started on first use, replaced when broken."""
 
@@ -530,12 +537,18 @@ class WorldPool:
         self._worlds: dict[tuple[str, int], World] = {}
         self._halted = False
         self._lock = threading.Lock()
+        #: One line per world start that a host's crash undid and :meth:`get` made again
+        #: (:data:`START_ATTEMPTS`); a run reports each as a warning.
+        self.restarts: list[str] = []
 
     def get(self, runtime: str, world_size: int) -> World:
-        """The started world of ``world_size`` replicas of ``runtime``.
+        """The started world of ``world_size`` replicas of ``runtime``. A start-up that a host's
+        crash (a fatal signal before any task) undid is made again, up to :data:`START_ATTEMPTS`
+        starts in all, and said in :attr:`restarts`.
 
         Raises:
-            ReplicaError / RuntimeUnavailable: as :class:`World`.
+            ReplicaError / RuntimeUnavailable: as :class:`World` (a crash at every start attempt:
+                the last one's :class:`HostDiedStarting`).
             PoolHalted: the pool was halted (:meth:`halt`).
         """
         key = (runtime, world_size)
@@ -543,11 +556,21 @@ class WorldPool:
             if self._halted:
                 raise _not_started(key)
             world = self._worlds.get(key)
-        if world is None or world.broken:
-            # started outside the lock: a start can wait seconds on the fork server's imports
-            world = self._keep(key, World(runtime, world_size, settings=self.settings, wait=False))
-        world.wait_started()
-        return world
+        attempt = 1
+        while True:
+            if world is None or world.broken:
+                # started outside the lock: a start can wait seconds on the fork server's imports
+                world = self._keep(key, World(runtime, world_size, settings=self.settings, wait=False))
+            try:
+                world.wait_started()
+                return world
+            except HostDiedStarting as err:
+                if not err.by_signal or attempt == START_ATTEMPTS:
+                    raise
+                died = str(err).splitlines()[0].split(": ", 1)[-1]  # "host 0 (pid N) exited with ..."
+                self.restarts.append(f"{world.describe()}: {died}{f' at {err.where}' if err.where else ''} "
+                                     f"(start {attempt} of {START_ATTEMPTS}); started again")
+                attempt += 1
 
     def _keep(self, key, world: World) -> World:
         """``world``, now the pool's for ``key``; closed at once if the pool was halted while it started.

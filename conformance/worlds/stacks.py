@@ -57,6 +57,14 @@ def top_frame(stacks):
     return blame_mod.top_frame((busy or blocks)[0])
 
 
+def crash_site(dump):
+    """Where a fatal signal hit, in one line (:func:`conformance.worlds.blame.top_frame` of the
+    thread ``faulthandler`` marks ``Current thread`` in its fatal dump); ``None`` when the
+    dump has no such thread, or it ran no Python."""
+    block = next((b for b in dg.thread_stacks(dump or "").values() if b.startswith("Current thread")), None)
+    return blame_mod.top_frame(block) if block else None
+
+
 def innermost(block):
     fs = blame_mod.frames(block or "")
     return fs[0].func if fs else None
