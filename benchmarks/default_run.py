@@ -2,7 +2,7 @@
 """Where the default run's time goes: the main command's wall time, its case seconds per family,
 the fixed cost around them, the machine's core-seconds, and world start-up, with hosts forked
 from the fork server or spawned as fresh interpreters (``CONFORMANCE_HOST_START``) and one or
-more lanes (``--lanes``, conformance/cli/lanes.py).
+more lanes (``--lanes``, conformance/cli/lanes.py), and ``XLA_FLAGS`` variants (``--xla-flags``).
 
 For each runtime (``--runtimes``), host start (``--starts``) and lane count (``--lanes``),
 interleaved ``--times`` rounds of::
@@ -26,6 +26,8 @@ each run: the cores are shared. A script, not a test::
     python benchmarks/default_run.py --runtimes cpu --times 3
     python benchmarks/default_run.py --runtimes cpu --starts forkserver --lanes 1,2 --world-starts 0
     python benchmarks/default_run.py --runtimes pjrt --python PJRT_ENV/bin/python --times 2
+    python benchmarks/default_run.py --runtimes pjrt --python PJRT_ENV/bin/python --starts forkserver \
+        --xla-flags="" --xla-flags=--xla_cpu_parallel_codegen_split_count=32 --world-starts 0
 
 Exit 0 when every measurement completed (a run whose verdicts failed still completed), 1 when
 one did not, 2 on bad input (one ``error:`` line).
@@ -100,15 +102,19 @@ def core_seconds() -> dict | None:
     return {"busy": (user + nice + system + irq + softirq) / tick, "idle": (idle + iowait) / tick, "steal": steal / tick}
 
 
-def one_run(python, runtime, impl, start, lanes, timeout, tmp) -> tuple[dict, dict | None]:
+def one_run(python, runtime, impl, start, lanes, timeout, tmp, xla_flags=None) -> tuple[dict, dict | None]:
     j, x = os.path.join(tmp, "run.json"), os.path.join(tmp, "run.xml")
     for p in (j, x):
         if os.path.exists(p):
             os.remove(p)
     env = dict(os.environ, CONFORMANCE_HOST_START=start, PYTHONPATH=ROOT)
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
     cmd = [python, "-m", "conformance", "run", "--runtime", runtime, "--ddp", impl, "--lanes", str(lanes),
            "--quiet", "--json", j, "--junitxml", x]
     row = {"runtime": runtime, "impl": impl, "host_start": start, "lanes": lanes, "load_before": os.getloadavg()[0]}
+    if xla_flags is not None:
+        row["xla_flags"] = xla_flags
     cores0 = core_seconds()
     t0 = time.monotonic()
     try:
@@ -158,6 +164,9 @@ def parse(argv):
     p.add_argument("--ddp", default="ref", help="implementation (default ref)")
     p.add_argument("--starts", default=",".join(STARTS), help="comma list of host starts: forkserver, spawn")
     p.add_argument("--lanes", default="2", help="comma list of lane counts (default 2, the CLI's)")
+    p.add_argument("--xla-flags", action="append", default=None, metavar="FLAGS",
+                   help="an XLA_FLAGS value for the runs (repeat: one more variant, interleaved); a flag "
+                        "set here wins over the kit's FAST_COMPILE_FLAGS (default: the environment's)")
     p.add_argument("--times", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--world-starts", type=int, default=3, help="world starts per size (0: none)")
     p.add_argument("--timeout", type=float, default=1800, help="bound on each run, s")
@@ -198,15 +207,16 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for rt in args.runtimes:
             for _ in range(args.times):
-                for start, lanes in [(st, n) for st in args.starts for n in args.lanes]:
-                    row, digest = one_run(args.python, rt, args.ddp, start, lanes, args.timeout, tmp)
+                for start, lanes, flags in [(st, n, f) for st in args.starts for n in args.lanes
+                                            for f in (args.xla_flags or [None])]:
+                    row, digest = one_run(args.python, rt, args.ddp, start, lanes, args.timeout, tmp, flags)
                     if digest is None:
                         ok = False
                     else:
                         row["verdicts_as_first_run"] = first.setdefault(rt, digest) == digest
                     doc["runs"].append(row)
                     save()
-                    print(json.dumps({k: row.get(k) for k in ("runtime", "host_start", "lanes", "wall_s", "exit",
+                    print(json.dumps({k: row.get(k) for k in ("runtime", "host_start", "lanes", "xla_flags", "wall_s", "exit",
                                                                "cases_s", "fixed_s", "core_s",
                                                                "verdicts_as_first_run")}), flush=True)
             if args.world_starts:

@@ -65,12 +65,15 @@ def test_scenarios_on_compiled_runtimes_use_the_few_shapes(monkeypatch):
 
 def test_fast_compile_flags_are_added_unless_the_user_sets_them():
     from ddp_impl.runtime.xla import FAST_COMPILE_FLAGS, fast_compile_flags
-    level, emitters = FAST_COMPILE_FLAGS
-    assert fast_compile_flags("") == f"{level} {emitters}"
-    assert fast_compile_flags("--xla_dump_to=d") == f"--xla_dump_to=d {level} {emitters}"
-    assert fast_compile_flags("--xla_backend_optimization_level=2") == f"--xla_backend_optimization_level=2 {emitters}"
-    assert fast_compile_flags("--xla_cpu_use_fusion_emitters=true") == f"--xla_cpu_use_fusion_emitters=true {level}"
+    level, emitters, split = FAST_COMPILE_FLAGS
+    assert fast_compile_flags("") == f"{level} {emitters} {split}"
+    assert fast_compile_flags("--xla_dump_to=d") == f"--xla_dump_to=d {level} {emitters} {split}"
+    assert (fast_compile_flags("--xla_backend_optimization_level=2")
+            == f"--xla_backend_optimization_level=2 {emitters} {split}")
+    assert fast_compile_flags("--xla_cpu_use_fusion_emitters=true") == f"--xla_cpu_use_fusion_emitters=true {level} {split}"
+    assert (fast_compile_flags("--xla_cpu_parallel_codegen_split_count=32")
+            == f"--xla_cpu_parallel_codegen_split_count=32 {level} {emitters}")
     # a flag whose name only starts like one of ours is not ours
-    assert fast_compile_flags("--xla_backend_optimization_level_x=1").endswith(f"{level} {emitters}")
+    assert fast_compile_flags("--xla_backend_optimization_level_x=1").endswith(f"{level} {emitters} {split}")
     env = get_runtime("pjrt").host_envs(2)[0]
     assert all(f in env["XLA_FLAGS"].split() for f in FAST_COMPILE_FLAGS)

