@@ -566,6 +566,9 @@ class WorldPool:
                 world.wait_started()
                 return world
             except HostDiedStarting as err:
+                with self._lock:
+                    if self._halted:  # the hosts were killed by the halt, not by a crash
+                        raise _not_started(key) from None
                 if not err.by_signal or attempt == START_ATTEMPTS:
                     raise
                 died = str(err).splitlines()[0].split(": ", 1)[-1]  # "host 0 (pid N) exited with ..."
