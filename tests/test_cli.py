@@ -396,3 +396,23 @@ def test_a_run_leaves_only_its_report_in_the_folder_it_starts_in(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.name for p in cwd.iterdir()) == ["conformance-report.json"]
     assert (cache / "ddp-conformance" / "hypothesis").is_dir()
+
+
+def test_a_world_started_again_after_a_crash_is_a_warning_and_in_the_report(tmp_path):
+    """A host that crashed while starting (a runtime registered by the caller, ``tests.tasks:
+    CrashingOnce``) costs one more start: the run's verdicts stand, stderr says it once as a
+    ``warning:`` line naming the frame, and the JSON report keeps it (``world_restarts``)."""
+    report = tmp_path / "r.json"
+    code = ("import sys\nfrom conformance.worlds.registry import register\n"
+            "register('crash_once', 'tests.tasks:CrashingOnce')\nfrom conformance.cli import main\n"
+            f"sys.exit(main(['run', '--runtime', 'crash_once', '--ddp', 'ref', '--world-size', '2', "
+            f"'--only', 'parity.linear', '--quiet', '--json', {str(report)!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, CONFORMANCE_TEST_CRASHED=str(tmp_path / "crashed")))
+    assert r.returncode == 0, r.stdout + r.stderr
+    warnings = [line for line in r.stderr.splitlines() if "started again" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: crash_once world of 2 replica(s): host 0"), r.stderr
+    assert "(SIGSEGV) while starting at tests/tasks.py:" in warnings[0], warnings
+    doc = json.loads(report.read_text())
+    assert doc["world_restarts"] == [warnings[0].removeprefix("warning: ")]
+    assert doc["counts"]["pass"] == 3 and not doc["counts"].get("fail")
