@@ -264,8 +264,9 @@ class _Run:
             out["stopped_at"] = self.stopped.id
         if self.stopped_each:
             out["stopped_at_each"] = {impl: v.id for impl, v in self.stopped_each.items()}
-        if self.world_restarts():
-            out["world_restarts"] = self.world_restarts()
+        restarts = self.world_restarts()
+        if restarts:
+            out["world_restarts"] = restarts
         if self.o.env_launch and self.pool.world is not None:
             out["launch"] = self.pool.world.launch_info()
         return out

@@ -87,13 +87,14 @@ class HostDiedStarting(ReplicaDied):
     Attributes:
         host: the host's index in its world.
         exit_code: its exit code (negative: killed by that signal), as ``Popen.returncode``.
+        death: the death in one line, ``host 0 (pid 123) exited with code -11 (SIGSEGV)``.
         where: the Python frame a fatal signal hit, from the host's ``faulthandler`` dump
             (:func:`conformance.worlds.stacks.crash_site`), or ``None``.
     """
 
-    def __init__(self, message: str, host: int, exit_code: int | None, where: str | None = None):
+    def __init__(self, message: str, host: int, exit_code: int | None, death: str, where: str | None = None):
         super().__init__(message)
-        self.host, self.exit_code, self.where = host, exit_code, where
+        self.host, self.exit_code, self.death, self.where = host, exit_code, death, where
 
     @property
     def by_signal(self) -> bool:

@@ -251,12 +251,11 @@ class World:
                     if proc.sentinel in ready or not proc.is_alive():
                         proc.join(1)
                         code, sig = dg.exit_description(proc.exitcode)
-                        message = (f"{self.describe()}: host {i} (pid {proc.pid}) exited with code "
-                                   f"{code}{f' ({sig})' if sig else ''} while starting\n"
-                                   + self._logs([i], stacks=True))
-                        where = crash_site(_read(os.path.join(self.workdir, f"host{i}.stacks")))
+                        death = f"host {i} (pid {proc.pid}) exited with code {code}{f' ({sig})' if sig else ''}"
+                        message = f"{self.describe()}: {death} while starting\n" + self._logs([i], stacks=True)
+                        where = crash_site(_read(self._stacks_path(i)))
                         self._break()  # removes the workdir: the logs are read above
-                        raise HostDiedStarting(message, i, proc.exitcode, where)
+                        raise HostDiedStarting(message, i, proc.exitcode, death, where)
                     continue
                 if msg[0] == "error":
                     message = f"{self.describe()}: host {i} failed to start\n{msg[1]}" + self._logs([i])
@@ -265,6 +264,10 @@ class World:
                 got[i] = msg[1]
         return [got[i] for i in range(len(self.hosts))]
 
+    def _stacks_path(self, host: int) -> str:
+        """Where host ``host`` writes its ``faulthandler`` dumps (conformance.worlds.host)."""
+        return os.path.join(self.workdir, f"host{host}.stacks")
+
     def _logs(self, hosts, stacks=False):
         """Each host's log tail; with ``stacks``, also its ``faulthandler`` dump (a fatal
         signal's, or the one :meth:`_dump_stacks` asked for), where a death while starting
@@ -272,7 +275,7 @@ class World:
         out = []
         for i in hosts:
             out.append(f"\n--- host {i} log tail:\n{self.log_tail(i)}")
-            dump = _tail(os.path.join(self.workdir, f"host{i}.stacks"), STACKS_TAIL_LINES) if stacks else ""
+            dump = _tail(self._stacks_path(i), STACKS_TAIL_LINES) if stacks else ""
             if dump.strip():
                 out.append(f"\n--- host {i} stacks (faulthandler):\n{dump}")
         return "".join(out)
@@ -361,7 +364,7 @@ class World:
         """Ask live ``hosts`` for their Python stacks (faulthandler on SIGUSR1); wait
         until the dumps stop growing and hold every thread of ``tids`` (``{host: [thread
         ident]}``: a replica's thread may come last), at most 3 s."""
-        paths = {i: os.path.join(self.workdir, f"host{i}.stacks") for i in hosts}
+        paths = {i: self._stacks_path(i) for i in hosts}
         for i in hosts:
             try:
                 os.kill(self.hosts[i][0].pid, signal.SIGUSR1)
@@ -397,7 +400,7 @@ class World:
             rss = None if host in dead else (procmem.rss_mib(pid), procmem.peak_rss_mib(pid))
             diag.append(replica_diagnosis(
                 rank, host, pid, task, board[rank], now=now, rss=rss,
-                dump=_read(os.path.join(self.workdir, f"host{host}.stacks")), host_tids=tids.get(host, []),
+                dump=_read(self._stacks_path(host)), host_tids=tids.get(host, []),
                 log_tail=self.log_tail(host), raised=raised, dead=dead, pending=pending))
         err = replica_error(diag, f"{self.describe()}: task {name}", timeout=timeout, elapsed=elapsed,
                             raised=raised, dead=dead, hang=hang, collective_bound=self.collective_bound,
@@ -571,8 +574,8 @@ class WorldPool:
                         raise _not_started(key) from None
                 if not err.by_signal or attempt == START_ATTEMPTS:
                     raise
-                died = str(err).splitlines()[0].split(": ", 1)[-1]  # "host 0 (pid N) exited with ..."
-                self.restarts.append(f"{world.describe()}: {died}{f' at {err.where}' if err.where else ''} "
+                self.restarts.append(f"{world.describe()}: {err.death} while starting"
+                                     f"{f' at {err.where}' if err.where else ''} "
                                      f"(start {attempt} of {START_ATTEMPTS}); started again")
                 attempt += 1
 
