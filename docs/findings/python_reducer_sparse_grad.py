@@ -102,8 +102,7 @@ def replica(rank, path, out):
         f.write("\n".join(m.replace("\n", " ") for m in msgs))
     # Exit without interpreter teardown: torch's C++ static destructors can abort there
     # ("terminate called without an active exception": 2 of 11 runs before this exit,
-    # 0 of 20 after), after
-    # the result above is written; that abort is not the finding.
+    # 0 of 20 after), after the result above is written; that abort is not the finding.
     os._exit(0)
 
 
