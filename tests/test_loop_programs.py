@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conformance.cases.scenarios.scenario import (BRANCHES, MODULES, PLAIN_LOOP, PLAIN_MODULE, Scenario,
+from conformance.cases.scenarios.scenario import (BRANCHES, EVAL_DATA, MODULES, PLAIN_LOOP, PLAIN_MODULE, Scenario,
                                                   ScenarioError, Space, explicit_loop_scenarios,
                                                   scenario_reference, scenarios)
 
@@ -61,6 +61,9 @@ def test_format_round_trip_and_plain_loop_left_out():
      "grad one of"),
     (lambda d: (d.update(rebind_buffers=True), d["steps"][0].update(
         eval=[{"at": 0, "grad": "inference_mode", "mode": "train", "batch": [1, 1]}])), "inference tensors"),
+    (lambda d: d["steps"][0]["micro"][0].update(forwards=0), "forwards 0: an integer 1..3"),
+    (lambda d: d["steps"][0]["micro"][0].update(forwards=4), "forwards 4"),
+    (lambda d: d["steps"][0]["micro"][0].update(forwards=True), "forwards True"),
 ])
 def test_bad_programs_are_one_line_errors(change, message):
     d = program([step(BRANCHES), step(BRANCHES)], clip="norm").to_json()
@@ -120,6 +123,61 @@ def test_buffers_after_a_forward_without_grad_are_not_broadcast():
     assert np.abs(train[1, ema] - train[0, ema] - expected).max() > 1e-4
 
 
+def ema_gaps(ref, s, batch, data):
+    """``(replica 1 - replica 0)`` of buffer 'ema' after step ``s`` (1-based) of a program the
+    oracle trained to ``ref``, and what it must be when the forwards of step ``s`` on micro-batches
+    ``data`` (micro indices, in order) ran on each replica's own buffers after the last broadcast:
+    a train-mode forward sets ``ema = 0.9 * ema + 0.1 * m`` (``m``: the replica's stem batch mean;
+    the parameters do not change within a step), so the gap is
+    ``sum_k 0.1 * 0.9 ** (n - 1 - k) * (m_1[k] - m_0[k])``."""
+    import torch
+
+    from conformance.cases.scenarios.scenario import build_scenario_model, scenario_batch
+    net = build_scenario_model(5, False)
+    torch.nn.utils.vector_to_parameters(torch.tensor(ref["params"][s - 1], dtype=torch.float32), net.parameters())
+    want = 0.0
+    with torch.no_grad():
+        for j in data:
+            m = [torch.tanh(net.stem(scenario_batch(5, s - 1, j, r, n)[0])).mean(0).double().numpy()
+                 for r, n in enumerate(batch)]
+            want = 0.9 * want + 0.1 * (m[1] - m[0])
+    ema = slice(0, 12)
+    return ref["buffers"][s][1, ema] - ref["buffers"][s][0, ema], want
+
+
+@pytest.mark.parametrize("synced", [True, False])
+def test_the_second_of_two_forwards_starts_from_rank_0s_buffers_when_synced(synced):
+    """Two forwards before one backward (a GAN's discriminator): the first, grad-enabled and synced,
+    arms DDP's forward-sync flag, so the second starts every replica from rank 0's buffers; under
+    ``no_sync()`` the flag stays clear, and neither the second forward nor the window's synced
+    micro-step after it broadcasts: every forward of the step since its first adds up."""
+    from conformance.cases.scenarios.scenario import FORWARD_DATA
+    batch = (2, 3)
+    if synced:
+        two = step(BRANCHES, batch=batch)
+        since_broadcast = [FORWARD_DATA]
+    else:
+        two = step(BRANCHES, BRANCHES, batch=batch)
+        since_broadcast = [0, FORWARD_DATA, 1]
+    two["micro"][0]["forwards"] = 2
+    ref = scenario_reference(program([step(BRANCHES, batch=batch), two]))
+    gap, want = ema_gaps(ref, 2, batch, since_broadcast)
+    np.testing.assert_allclose(gap, want, atol=1e-6)
+    assert np.abs(want).max() > 1e-3  # the replicas' data differ: the gap can tell
+
+
+@pytest.mark.parametrize("grad, since_broadcast", [("enabled", [0]), ("no_grad", [EVAL_DATA, 0])])
+def test_a_grad_enabled_forward_without_backward_arms_the_buffer_broadcast(grad, since_broadcast):
+    """A train-mode forward no backward follows (validation written without ``no_grad``) updates
+    each replica's buffers; with grad enabled it counts as a synced training forward, so the
+    training forward after it starts from rank 0's buffers; under ``no_grad`` it does not."""
+    batch = (2, 3)
+    ref = scenario_reference(program([step(BRANCHES, batch=batch), step(BRANCHES, batch=batch, evals=[
+        {"at": 0, "grad": grad, "mode": "train"}])]))
+    gap, want = ema_gaps(ref, 2, batch, since_broadcast)
+    np.testing.assert_allclose(gap, want, atol=1e-6)
+
+
 def test_backward_in_eval_mode_is_averaged_and_leaves_buffers():
     ref = scenario_reference(program([step(BRANCHES)] * 2, module_mode="eval", find_unused=False))
     assert np.array_equal(ref["buffers"][2], ref["buffers"][0])  # eval mode: no buffer update
@@ -160,9 +218,13 @@ def test_generated_programs_are_valid_and_enter_every_loop_dimension():
                 seen.add(f"eval={f['grad']},{f['mode']}")
             if sum(sc.synced(s, j) for j in range(len(sc.steps[s]["micro"]))) > 1:
                 seen.add("synced_backwards>1")
+            for j in range(len(sc.steps[s]["micro"])):
+                if sc.forwards(s, j) > 1:
+                    seen.add(f"forwards>1,{'synced' if sc.synced(s, j) else 'no_sync'}")
     draw()
     want = {"zero_grad=zeros", "module_mode=eval", "clip=norm", "lr_drop=True", "optimizer=sgd_wd",
-            "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "synced_backwards>1"}
+            "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "eval=enabled,train",
+            "synced_backwards>1", "forwards>1,synced", "forwards>1,no_sync"}
     want |= {f"module.{k}={v}" for k, vals in MODULES.items() for v in vals}
     assert want <= seen, sorted(want - seen)
 

@@ -251,6 +251,15 @@ CATALOG = [
           "step (clip_grad_norm_, unscaling a scaled loss) is undone",
           "loop: clip_grad_norm_ / loss-scale unscaling between backward and optimizer.step",
           "https://github.com/horovod/horovod/pull/1104", True),
+    # Found from outside after issue 25 (a DDP written from the README and the fault kind "buffer
+    # sync timing across forwards"): it passed the main command until scenario.loop drew two
+    # forwards before one backward and grad-enabled forwards without backward.
+    Entry("buffer_sync_per_iteration", "buffer_sync_per_iteration:BufferSyncPerIterationDDP", "25.9",
+          "buffers broadcast once per iteration (at the first forward after a synced backward), "
+          "not before every forward that follows a synced grad-enabled one",
+          "loop: two forwards before one backward (GAN discriminator), a grad-enabled validation "
+          "forward without backward",
+          "https://github.com/pytorch/pytorch/issues/175024", True),
     Entry("structured_output_unused", "structured_output_unused:StructuredOutputUnusedDDP",
           "25.6",
           "find_unused_parameters: output tensors looked for in Tensor/tuple/list only; a dict or "
@@ -369,6 +378,7 @@ CAUGHT_BY = {
     "multi_backward_overwrite": "scenario.loop@2",
     "unused_zero_to_none": "scenario.loop@2",
     "eval_mode_no_reduce": "scenario.loop@2",
+    "buffer_sync_per_iteration": "scenario.loop@2",
     "reduce_waited_at_step": "feature.unused_parameters@2",
     "step_recommits_grads": "scenario.core@2",
     "structured_output_unused": "parity.structured_output_unused@2",

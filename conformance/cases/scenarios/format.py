@@ -34,8 +34,14 @@ STEP_KEYS = {"micro"}
 STEP_OPTIONAL = {"eval"}
 MICRO_KEYS = {"batch", "plan"}
 #: Keys a micro-step may add: ``sync`` (default: only the window's last micro-step is synced,
-#: the others run under ``no_sync()``; true: a synced backward of its own).
-MICRO_OPTIONAL = {"sync"}
+#: the others run under ``no_sync()``; true: a synced backward of its own); ``forwards``
+#: (default 1): how many forwards through the DDP, each on its own data, before the micro-step's
+#: one backward of their summed losses (a GAN discriminator on fake and real batches).
+MICRO_OPTIONAL = {"sync", "forwards"}
+#: The most forwards before one backward drawn or accepted (:data:`MICRO_OPTIONAL` ``forwards``).
+MAX_FORWARDS = 3
+#: Data of forward ``k`` (0-based, ``k >= 1``) of micro-step ``j``: micro index ``FORWARD_DATA * k + j``.
+FORWARD_DATA = 2000
 
 #: The loop dimension (issue 25; docs/scenarios.md, "The loop programs"): what a user's training
 #: loop does around the DDP besides forward, backward and ``optimizer.step()``. Each key's first
@@ -77,11 +83,16 @@ CLIP_NORM, LR_DROP = 0.25, 0.5
 #:   params:      ``modules`` or ``containers``: also parameters held in an ``nn.ParameterList``
 #:                (``gains.0``, ``gains.1``: per-feature gains) and an ``nn.ParameterDict``
 #:                (``offsets.h``, ``offsets.out``: offsets added to the hidden layer and the output).
+#:   buffer_use:  ``none`` (the buffers never feed the output), or ``centre``: a training forward
+#:                subtracts the updated ``ema`` from the hidden layer (a running centring; a
+#:                subtraction saves nothing for backward, so a buffer broadcast between two forwards
+#:                before one backward is legal): which buffers a forward starts from moves the parameters.
 #: Float buffers rebound in forward are the scenario's ``rebind_buffers`` (every scenario case draws it;
 #: with ``int_buffer`` ``samples`` the int64 ``seen`` is rebound too).
 MODULES = {"output": ("tensor", "dict", "dataclass", "namedtuple"), "buffers": ("persistent", "non_persistent"),
            "hook": ("none", "pre_hook"), "kwargs": ("none", "scale", "mask"), "int_buffer": ("none", "samples"),
-           "parametrize": ("none", "symmetric", "weight_norm"), "params": ("modules", "containers")}
+           "parametrize": ("none", "symmetric", "weight_norm"), "params": ("modules", "containers"),
+           "buffer_use": ("none", "centre")}
 PLAIN_MODULE = {k: v[0] for k, v in MODULES.items()}
 #: The ``scale=`` keyword's value (``module["kwargs"] == "scale"``).
 KW_SCALE = 0.5
@@ -97,7 +108,8 @@ MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
                   "symmetric": "branch.a.weight parametrized (torch.nn.utils.parametrize, symmetric)",
                   "weight_norm": "head.weight parametrized (torch.nn.utils.parametrizations.weight_norm)",
                   "containers": "parameters held in an nn.ParameterList ('gains') and an nn.ParameterDict "
-                                "('offsets')"}
+                                "('offsets')",
+                  "centre": "buffer 'ema' feeds the output (a training forward subtracts it from the hidden layer)"}
 
 
 @dataclass
@@ -125,13 +137,22 @@ def prediction_of(out):
 #: per replica]}`` runs before micro-step ``j`` (``j`` = the window's length: after the last
 #: backward, before the step) under ``grad`` with the module in ``mode``, through the DDP, output
 #: discarded. In ``train`` mode it updates the buffers (a metric computed under ``no_grad`` in train
-#: mode); DDP then broadcasts buffers at the next forward only if this one was a synced training
-#: forward, which it is not (``_post_forward``: ``require_forward_param_sync``).
+#: mode). ``grad`` ``enabled``: autograd on and no backward (validation written without
+#: ``no_grad``); it runs outside ``no_sync()``, so DDP counts it as a synced training forward and
+#: broadcasts buffers at the next forward; under ``no_grad`` / ``inference_mode`` it does not
+#: (``_pre_forward``: ``require_forward_param_sync``).
 EVAL_KEYS = {"at", "grad", "mode", "batch"}
-EVAL_GRAD = ("no_grad", "inference_mode")
+EVAL_GRAD = ("no_grad", "inference_mode", "enabled")
 EVAL_MODE = ("eval", "train")
 #: Data of a forward without backward: micro index ``EVAL_DATA + e`` (apart from the micro-steps').
 EVAL_DATA = 1000
+
+
+def grad_mode(grad: str):
+    """A new context manager for a forward without backward's ``grad`` (:data:`EVAL_GRAD`):
+    ``torch.no_grad()``, ``torch.inference_mode()`` or ``torch.enable_grad()``."""
+    import torch
+    return {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "enabled": torch.enable_grad}[grad]()
 
 
 #: The workload dimension (issue 18; docs/scenarios.md): what the scenario model's parameters
@@ -232,7 +253,8 @@ class Scenario:
         workload: ``{dimension: value}`` of :data:`WORKLOADS` (a file without it: the plain one).
         loop: ``{dimension: value}`` of :data:`LOOPS` plus ``lr_drop_at`` (a file without it: the
             plain loop, :data:`PLAIN_LOOP`). A step may hold ``"eval"`` (forwards without
-            backward, :data:`EVAL_KEYS`) and a micro-step ``"sync"`` (:data:`MICRO_OPTIONAL`).
+            backward, :data:`EVAL_KEYS`) and a micro-step ``"sync"`` and ``"forwards"``
+            (:data:`MICRO_OPTIONAL`).
     """
 
     seed: int
@@ -264,6 +286,10 @@ class Scenario:
         """Whether micro-step ``j`` of step ``s`` (0-based) runs a synced backward."""
         micro = self.steps[s]["micro"]
         return micro[j].get("sync", j == len(micro) - 1)
+
+    def forwards(self, s: int, j: int) -> int:
+        """How many forwards micro-step ``j`` of step ``s`` runs before its one backward."""
+        return self.steps[s]["micro"][j].get("forwards", 1)
 
     def evals(self, s: int, at: int) -> list:
         """``[(e, forward)]``: the forwards without backward of step ``s`` run before micro-step
@@ -324,6 +350,10 @@ class Scenario:
                                     or (j == len(step["micro"]) - 1 and not m["sync"])):
                     raise ScenarioError(f"step {i + 1} micro-step {j + 1}: sync is true or false, and "
                                         "true at the window's last micro-step (the step needs synced gradients)")
+                if "forwards" in m and not (isinstance(m["forwards"], int) and not isinstance(m["forwards"], bool)
+                                            and 1 <= m["forwards"] <= MAX_FORWARDS):
+                    raise ScenarioError(f"step {i + 1} micro-step {j + 1}: forwards {m['forwards']!r}: "
+                                        f"an integer 1..{MAX_FORWARDS}")
                 w = w or len(m["batch"])
                 if len(m["batch"]) != w or len(m["plan"]) != w or w < 1:
                     raise ScenarioError(f"step {i + 1} micro-step {j + 1}: batch and plan need one entry per replica")
@@ -445,10 +475,15 @@ class Scenario:
         synced = [j for j in range(len(micro)) if self.synced(s, j)]
         if len(synced) > 1:
             parts.append(f"{len(synced)} synced backwards in one step (their averaged gradients sum)")
+        for j in range(len(micro)):
+            if self.forwards(s, j) > 1:
+                parts.append(f"{self.forwards(s, j)} forwards before one backward at micro-step {j + 1} "
+                             f"({'synced' if self.synced(s, j) else 'no_sync'})")
         for e, f in enumerate(self.steps[s].get("eval", ())):
             where = ("after the last backward, before the step" if f["at"] == len(micro)
                      else f"before micro-step {f['at'] + 1}")
-            parts.append(f"a forward without backward under {f['grad']} in {f['mode']} mode {where}")
+            grad = "grad enabled" if f["grad"] == "enabled" else f["grad"]
+            parts.append(f"a forward without backward under {grad} in {f['mode']} mode {where}")
         parts += [MODULE_PHRASES[v] for k, v in self.module.items() if v != PLAIN_MODULE[k]]
         lp = self.loop
         if lp["zero_grad"] == "zeros":

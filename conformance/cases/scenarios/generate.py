@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 import copy
 
-from conformance.cases.scenarios.format import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOPS, MODULES, PLAIN_LOOP,
+from conformance.cases.scenarios.format import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOPS, MAX_FORWARDS, MODULES, PLAIN_LOOP,
                                                 PLAIN_MODULE, PLAIN_WORKLOAD, SHORT_RUN_DTYPES,
                                                 SPARSE_OPTIMIZERS, Scenario, WORKLOADS, XLA_UNSUPPORTED,
                                                 XLA_UNSUPPORTED_LOOP, xla_unsupported)
@@ -144,6 +144,9 @@ def scenarios(world_size: int, space: Space):
                 for m in micro[:-1]:
                     if not static and draw(st.booleans()):
                         m["sync"] = True
+                for m in micro:  # a GAN's discriminator: forwards on fake and real, one backward
+                    if draw(st.integers(0, 2)) == 2:
+                        m["forwards"] = draw(st.integers(2, MAX_FORWARDS))
                 evals = draw(st.lists(eval_forward(len(micro)), max_size=2))
                 if evals:
                     step["eval"] = evals
@@ -311,11 +314,14 @@ def loop_program(steps, *, seed: int, lr: float, optimizer: str, find_unused: bo
                     loop=dict(PLAIN_LOOP, **loop), module=dict(PLAIN_MODULE, **(module or {})))
 
 
-def micro_step(batch, plans, sync=None) -> dict:
-    """A micro-step of a loop program: local batch sizes, per-replica plans, maybe its sync."""
+def micro_step(batch, plans, sync=None, forwards=1) -> dict:
+    """A micro-step of a loop program: local batch sizes, per-replica plans, maybe its sync and
+    its number of forwards before the backward."""
     m = {"batch": list(batch), "plan": [list(p) for p in plans]}
     if sync is not None:
         m["sync"] = sync
+    if forwards != 1:
+        m["forwards"] = forwards
     return m
 
 
@@ -327,8 +333,9 @@ def eval_forward(at: int, grad: str, mode: str, batch) -> dict:
 def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
     """The loop case's scenarios every run includes: together they hold every value of
     :data:`LOOPS` and of :data:`MODULES`, ``sgd_wd``, a learning-rate drop, forwards without backward of each grad mode
-    and module mode (before, inside and after an accumulation window) and several synced
-    backwards in one step, each where a fault it reveals shows (see the comments)."""
+    and module mode (before, inside and after an accumulation window), several synced
+    backwards in one step and two forwards before one backward (synced and under ``no_sync()``),
+    each where a fault it reveals shows (see the comments)."""
     w = world_size
     all_b = list(BRANCHES)
     uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
@@ -338,8 +345,8 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
         return loop_program(steps, seed=31, lr=lr, optimizer=optimizer, find_unused=find_unused,
                             checkpoint_at=checkpoint_at, module=module, **loop)
 
-    def micro(plan, sync=None, batch=None):
-        return micro_step(batch or uneven, [plan] * w, sync)
+    def micro(plan, sync=None, batch=None, forwards=1):
+        return micro_step(batch or uneven, [plan] * w, sync, forwards)
 
     def ev(at, grad, mode):
         return eval_forward(at, grad, mode, uneven)
@@ -375,12 +382,20 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
         # sample counter again: updated by the no_grad forward, broadcast at the training forward)
         sc([{"micro": [micro(all_b)], "eval": [ev(0, "no_grad", "train")]} for _ in range(4)],
            optimizer="sgd_momentum", find_unused=False, clip="norm", module={"int_buffer": "samples"}),
+        # two forwards before one backward (a GAN's discriminator on fake and real batches): DDP
+        # broadcasts the buffers between them in the synced micro-step, not under no_sync(); a
+        # grad-enabled train-mode forward no backward follows (validation written without
+        # no_grad) before each step: the training forward after it broadcasts them again. 'ema' feeds
+        # the output, so which buffers a forward starts from moves the parameters too
+        sc([{"micro": [micro(all_b, forwards=2), micro(all_b, forwards=2)], "eval": [ev(0, "enabled", "train")]}
+            for _ in range(3)], module={"buffer_use": "centre"}),
     ]
     if space.xla_corners:  # no inference_mode there (XLA_UNSUPPORTED_LOOP): no_grad in its place
         for e in out:
             for st in e.steps:
                 for f in st.get("eval", ()):
-                    f["grad"] = "no_grad"
+                    if ("eval", f["grad"]) in XLA_UNSUPPORTED_LOOP:
+                        f["grad"] = "no_grad"
     return _finished(out, space)
 
 

@@ -19,14 +19,15 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
     embedding weight: its first row's size; complex: real and imaginary parts so drawn);
     buffers ``ema`` (``[HIDDEN]``: moving average of the stem's batch mean, 0.9/0.1) and
     ``count`` (int64 scalar: training forwards), updated in training forward by
-    assignment of new tensors when ``rebind`` else in place. Buffers never feed the
-    output. ``buffer_offset`` is added to ``ema`` (rank-dependent starts). ``workload``
+    assignment of new tensors when ``rebind`` else in place. Buffers feed the output only with
+    ``module["buffer_use"] == "centre"`` (a training forward's hidden layer minus ``ema``, after
+    the update). ``buffer_offset`` is added to ``ema`` (rank-dependent starts). ``workload``
     (:data:`WORKLOADS`; default plain) changes the parameters' dtype, layout, gradient
     kind and the graph; inputs ``x`` float32 ``[n, IN_FEATURES]`` and, for a sparse
     workload, ``idx`` int64 ``[n, INDICES_PER_SAMPLE]``; output ``[n, OUT_FEATURES]``
     (float64 for the float64 workload, else float32). ``module`` (:data:`MODULES`; default plain):
     the output's structure, ``ema``'s persistence, a forward pre-hook, forward keywords ``scale`` /
-    ``mask`` (:func:`forward_kwargs`), an int64 buffer ``seen`` (``+= n`` at each training forward;
+    ``mask`` (:func:`forward_kwargs`), ``ema`` feeding the output, an int64 buffer ``seen`` (``+= n`` at each training forward;
     starts at :func:`seen_start` of ``buffer_offset``), a parametrized weight (registered after
     initialisation: ``symmetric`` reads ``branch.a``'s ``original`` through ``triu(X) + triu(X, 1)^T``;
     ``weight_norm`` splits the head's weight into ``original0`` (g, the row norms) and ``original1``
@@ -146,6 +147,8 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
                         self.count.add_(1)
                         if md["int_buffer"] == "samples":
                             self.seen.add_(x.shape[0])
+                if md["buffer_use"] == "centre":  # ema feeds the output; a subtraction saves nothing
+                    h = h - self.ema.to(h.dtype)
             for b in plan:
                 h = self._branch(b, h)
             if md["params"] == "containers":

@@ -6,7 +6,8 @@ from dataclasses import replace
 import numpy as np
 
 from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, judge, judge_agreement
-from conformance.cases.scenarios.format import BRANCHES, CLIP_NORM, EVAL_DATA, Scenario, prediction_of
+from conformance.cases.scenarios.format import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, Scenario, grad_mode,
+                                                prediction_of)
 from conformance.cases.scenarios.model import (build_scenario_model, forward_kwargs, scenario_batch, scenario_indices,
                                                seen_start)
 from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset
@@ -30,7 +31,8 @@ def scenario_reference(sc: Scenario) -> dict:
     backward's mean). Buffers: a forward through the DDP starts from rank 0's buffers when
     ``broadcast_buffers`` and the previous forward was a synced one with grad enabled, or there
     was none since construction (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
-    ``_post_forward``: ``require_forward_param_sync``, whatever the module's mode).
+    ``_post_forward``: ``require_forward_param_sync``, whatever the module's mode): also between
+    two forwards before one backward, and after a grad-enabled forward that no backward follows.
 
     The module axis (:data:`~.format.MODULES`): every buffer is broadcast, integer ones too (an int64
     ``seen``): torch's construction sync (``torch/distributed/utils.py`` ``_sync_module_states``: every
@@ -153,22 +155,27 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
             for e, f in sc.evals(s, at):
                 begin_forwards()
                 for r in range(w):
-                    with torch.no_grad():
+                    with grad_mode(f["grad"]):
                         forward(r, s, EVAL_DATA + e, f["batch"], None, f["mode"] == "train")
-                state["sync_next"] = False
+                # outside no_sync(): a grad-enabled forward counts as a synced one
+                state["sync_next"] = f["grad"] == "enabled"
         for j, m in enumerate(micro):
             evaluate(j)
             synced = sc.synced(s, j)
-            begin_forwards()
+            losses = [0] * w
+            for k in range(sc.forwards(s, j)):  # each forward starts with the buffer rule
+                begin_forwards()
+                for r in range(w):
+                    out, y = forward(r, s, FORWARD_DATA * k + j, m["batch"], tuple(m["plan"][r]), training)
+                    losses[r] = losses[r] + loss(out, y)
+                state["sync_next"] = synced  # a grad-enabled forward, inside no_sync() or not
             for r in range(w):
-                out, y = forward(r, s, j, m["batch"], tuple(m["plan"][r]), training)
                 for i, q in enumerate(params):  # a copy: AccumulateGrad may add in place
                     q.grad = None if grads[r][i] is None else grads[r][i].clone()
-                (loss(out, y) * scale).backward()
+                (losses[r] * scale).backward()
                 # a sparse gradient's replica mean is taken dense
                 grads[r] = [None if q.grad is None else q.grad.to_dense() if q.grad.is_sparse else q.grad
                             for q in params]
-            state["sync_next"] = synced
             if not synced:
                 continue
             for i in range(len(params)):

@@ -57,12 +57,12 @@ from conformance.verdict import Verdict
 from conformance.worlds.runtimes import get_runtime
 
 from conformance.cases.scenarios.format import (  # noqa: F401 (re-exported)
-    BRANCHES, CLIP_NORM, DDP_KEYS, EVAL_DATA, EVAL_GRAD, EVAL_KEYS, EVAL_MODE, HIDDEN,
+    BRANCHES, CLIP_NORM, DDP_KEYS, EVAL_DATA, EVAL_GRAD, EVAL_KEYS, EVAL_MODE, FORWARD_DATA, HIDDEN,
     INDICES_PER_SAMPLE, IN_FEATURES, LOOPS, LR_DROP, MICRO_KEYS, MICRO_OPTIONAL, MODULES,
     MODULE_PHRASES, OPTIMIZER_REVEALS, OPTIONAL_KEYS, OUT_FEATURES, PLAIN_LOOP, PLAIN_MODULE,
     PLAIN_WORKLOAD, SCENARIO_KEYS, SHORT_RUN_DTYPES, SPARSE_OPTIMIZERS, STEP_KEYS, STEP_OPTIONAL,
     Scenario, ScenarioError, ScenarioOutput, UPSTREAM_DEFECTS, VOCAB, WORKLOADS, WORKLOAD_PHRASES,
-    XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP, load_scenario, prediction_of, workload_corners,
+    XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP, grad_mode, load_scenario, prediction_of, workload_corners,
     xla_unsupported)
 from conformance.cases.scenarios.model import (  # noqa: F401 (re-exported)
     build_scenario_model, forward_kwargs, scenario_batch, scenario_indices, scenario_mask, seen_start)
@@ -170,7 +170,7 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss) -> dict:
         for e, f in sc.evals(s, at):
             args, kwargs, _ = inputs(s, EVAL_DATA + e, f["batch"], None)
             set_mode(f["mode"] == "train")
-            with torch.no_grad() if f["grad"] == "no_grad" else torch.inference_mode():
+            with grad_mode(f["grad"]):
                 ddp(*args, **kwargs)
             set_mode(training)
             ctx.mark_step()
@@ -188,11 +188,14 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss) -> dict:
         micro = step["micro"]
         for j, m in enumerate(micro):
             evaluate(s, j)
-            args, kwargs, y = inputs(s, j, m["batch"], tuple(m["plan"][row.shard_rank(ctx)]))
+            plan = tuple(m["plan"][row.shard_rank(ctx)])
             ctxm = contextlib.nullcontext() if sc.synced(s, j) else ddp.no_sync()
             with ctxm:
-                out = ddp(*args, **kwargs)
-                (loss(out, y) * scale).backward()
+                total = 0
+                for k in range(sc.forwards(s, j)):  # forwards before the one backward (a GAN's D)
+                    args, kwargs, y = inputs(s, FORWARD_DATA * k + j, m["batch"], plan)
+                    total = total + loss(ddp(*args, **kwargs), y)
+                (total * scale).backward()
             if j < len(micro) - 1:
                 ctx.mark_step()
         evaluate(s, len(micro))

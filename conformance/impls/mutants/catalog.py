@@ -173,6 +173,30 @@ class BufferSyncIgnoresGradMode(RefDDP):
         return out
 
 
+class BufferSyncOncePerIteration(RefDDP):
+    """Buffers are broadcast once per training iteration, at the first forward after a synced
+    backward (or construction), where DDP broadcasts before every forward that follows a synced
+    grad-enabled one: of two forwards before one backward (a GAN's discriminator) the second runs
+    on each replica's own buffers, and so does the training forward after a grad-enabled
+    validation forward no backward followed."""
+
+    def forward(self, *args, **kwargs):
+        keep, armed = self.broadcast_buffers, getattr(self, "_backward_synced", True)
+        broadcasts = keep and armed and self.require_forward_param_sync
+        self.broadcast_buffers = keep and armed
+        try:
+            out = super().forward(*args, **kwargs)
+        finally:
+            self.broadcast_buffers = keep
+        if broadcasts:
+            self._backward_synced = False  # again only after the next synced backward
+        return out
+
+    def _finalize_backward(self):
+        super()._finalize_backward()
+        self._backward_synced = True
+
+
 class SyncedForwardZeroesGrads(RefDDP):
     """Assumes one synced backward per optimizer step: a forward that follows a synced one drops
     the gradients (``grad = None``), so of two synced backwards in one step only the second's
@@ -682,6 +706,7 @@ MUTANTS = {m.name: m for m in [
     Mutant("reduce_only_in_training", ReduceOnlyInTraining.__doc__, ReduceOnlyInTraining),
     Mutant("eval_forward_skips_buffer_sync", EvalForwardSkipsBufferSync.__doc__, EvalForwardSkipsBufferSync),
     Mutant("buffer_sync_ignores_grad_mode", BufferSyncIgnoresGradMode.__doc__, BufferSyncIgnoresGradMode),
+    Mutant("buffer_sync_once_per_iteration", BufferSyncOncePerIteration.__doc__, BufferSyncOncePerIteration),
     Mutant("synced_forward_zeroes_grads", SyncedForwardZeroesGrads.__doc__, SyncedForwardZeroesGrads),
     Mutant("unused_by_this_backward_dropped", UnusedByThisBackwardDropped.__doc__, UnusedByThisBackwardDropped),
     Mutant("mean_at_optimizer_step", MeanAtOptimizerStep.__doc__, MeanAtOptimizerStep),
