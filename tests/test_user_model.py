@@ -77,6 +77,29 @@ def transformer_block():
     return UserModel(build=_build, batch=_batch, loss=_loss, lr=0.2, steps=8)
 
 
+def _bn_build(seed):
+    torch.manual_seed(0)  # construction draws from the global RNG; every value is redrawn below
+    m = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 2))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+    return m
+
+
+def _bn_batch(seed, step, size):
+    gen = torch.Generator().manual_seed(seed * 1000 + step)
+    return torch.randn(size, 6, generator=gen), torch.randn(size, 2, generator=gen)
+
+
+def batchnorm_mlp():
+    """``Linear(6, 8) -> BatchNorm1d(8) -> tanh -> Linear(8, 2)`` on float32 ``[n, 6]``, MSE to
+    ``[n, 2]``: training forwards move the running statistics (so buffer-sync faults show), and
+    under Adam the loop programs carry float32 rounding past the parity run's bound (W = 3)."""
+    return UserModel(build=_bn_build, batch=_bn_batch, loss=lambda out, y: nn.functional.mse_loss(out, y),
+                     lr=0.1, steps=6, batch_coupled=True)
+
+
 def not_a_model():
     return nn.Linear(2, 2)
 
@@ -327,3 +350,33 @@ def test_the_bound_is_ten_times_the_measured_noise(delta):
         assert 0 < tol.atol < MIN_SIDE_FACTOR * EPS32 * 10
     assert f"atol {tol.atol:.3g}" in tol.note and f"W=2" in tol.note
     assert measured_tolerance(session, "cpu", 2, spec) is tol and session.runs == NOISE_SEEDS  # cached
+
+
+@pytest.mark.long
+def test_a_batchnorm_model_under_adam_is_judged_with_its_own_rounding(tmp_path):
+    """On a BatchNorm model, Adam's program carries float32 rounding to 1.6e-5 at W = 3 (float32 vs
+    float64 oracle), past the parity run's bound (7.2e-6): torch's DDP failed it before that program's
+    bound took the rounding in. A DDP that broadcasts buffers once per iteration (outside 25.9) still
+    fails, at the grad-enabled forward before the window."""
+    ddps = "torch,tests.outside.buffer_sync_per_iteration:BufferSyncPerIterationDDP"
+    got = _cli("--ddp", ddps, "--model", "tests.test_user_model:batchnorm_mlp", "--world-size", "3",
+               "--only", "scenario.user_loop", json_path=tmp_path / "r.json")
+    assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
+    vs = {(v["impl"], v["check"]): v for v in _verdicts(tmp_path / "r.json")}
+    assert all(v["status"] == "pass" for (impl, _), v in vs.items() if impl == "torch"), vs
+    assert any("program 5 carries float32 rounding to" in v["reason"] for (impl, _), v in vs.items() if impl == "torch")
+    bad = vs["tests.outside.buffer_sync_per_iteration:BufferSyncPerIterationDDP", "buffers"]
+    assert bad["status"] == "fail" and "loop program 5 of 5" in bad["reason"], bad["reason"]
+    assert "under grad enabled" in bad["reason"] and bad["max_dev"] > 100 * bad["atol"]
+
+
+@pytest.mark.parametrize("amplified, raised", [(1.6e-5, True), (1e-8, False), (None, False)])
+def test_a_loop_programs_bound_takes_in_its_own_rounding(amplified, raised):
+    from conformance.cases.scenarios.userloop import program_tolerance
+    from conformance.tolerances import Tolerance
+    base = Tolerance("cpu", SPEC, "float32", lr=0.2, steps=8, global_batch=8, atol=7.2e-6, rtol=0.0,
+                     loss_atol=2e-6, note="bound measured on the model")
+    tol = program_tolerance(base, amplified, "the float64 oracle could not run the model (TypeError: x)", 5)
+    assert tol.atol == (10 * amplified if raised else base.atol)
+    assert ("program 5 carries float32 rounding" in tol.note) == raised
+    assert ("could not run the model" in tol.note) == (amplified is None)

@@ -1,6 +1,9 @@
 """The scenario format: JSON data, its dimensions (workload, loop, module) and validation.
 
-See :mod:`conformance.cases.scenarios.scenario` for what a scenario is and how it is judged."""
+See :mod:`conformance.cases.scenarios.scenario` for what a scenario is and how it is judged.
+
+Long because it is one data table per dimension (values, phrases, what XLA refuses) beside the one
+validator that reads them all: a replayed file is checked against the same tables it was drawn from."""
 from __future__ import annotations
 
 from collections import namedtuple

@@ -379,7 +379,8 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
             for _ in range(3)], find_unused=False, module_mode="eval",
            module={"output": "namedtuple", "parametrize": "weight_norm"}),
         # clipping where it binds, a train-mode no_grad forward before each step, momentum (the int64
-        # sample counter again: updated by the no_grad forward, broadcast at the training forward)
+        # sample counter again: updated by the no_grad forward, kept at the training forward after it,
+        # which follows a forward without grad; rank 0's comes back before the next step's no_grad forward)
         sc([{"micro": [micro(all_b)], "eval": [ev(0, "no_grad", "train")]} for _ in range(4)],
            optimizer="sgd_momentum", find_unused=False, clip="norm", module={"int_buffer": "samples"}),
         # two forwards before one backward (a GAN's discriminator on fake and real batches): DDP
