@@ -178,6 +178,18 @@ def test_a_grad_enabled_forward_without_backward_arms_the_buffer_broadcast(grad,
     np.testing.assert_allclose(gap, want, atol=1e-6)
 
 
+def test_a_frozen_teacher_moves_the_target_and_leaves_the_buffer_rule():
+    """A second DDP in the loop (a frozen teacher under no_grad before each training forward): its
+    prediction enters the target, so the trained parameters change from step 1; the trained model's
+    buffers after step 1 stay those of the same program without it (its forwards are its own)."""
+    steps = [step(BRANCHES, BRANCHES, batch=(2, 3)), step(BRANCHES, batch=(2, 3))]
+    steps[0]["micro"][0]["forwards"] = 2
+    plain = scenario_reference(program(steps))
+    taught = scenario_reference(program(steps, teacher="frozen"))
+    np.testing.assert_array_equal(taught["buffers"][1], plain["buffers"][1])
+    assert np.abs(taught["params"][1] - plain["params"][1]).max() > 1e-3
+
+
 def test_backward_in_eval_mode_is_averaged_and_leaves_buffers():
     ref = scenario_reference(program([step(BRANCHES)] * 2, module_mode="eval", find_unused=False))
     assert np.array_equal(ref["buffers"][2], ref["buffers"][0])  # eval mode: no buffer update
@@ -223,7 +235,7 @@ def test_generated_programs_are_valid_and_enter_every_loop_dimension():
                     seen.add(f"forwards>1,{'synced' if sc.synced(s, j) else 'no_sync'}")
     draw()
     want = {"zero_grad=zeros", "module_mode=eval", "clip=norm", "lr_drop=True", "optimizer=sgd_wd",
-            "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "eval=enabled,train",
+            "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "eval=enabled,train", "teacher=frozen",
             "synced_backwards>1", "forwards>1,synced", "forwards>1,no_sync"}
     want |= {f"module.{k}={v}" for k, vals in MODULES.items() for v in vals}
     assert want <= seen, sorted(want - seen)
@@ -315,6 +327,12 @@ def test_an_int_buffer_follows_rank_0_at_each_synced_forward(rebind):
         assert seen_start(rank_buffer_offset(1)) == 5
         got = scenario_reference(sc)["buffers"][:, :, -1]
         assert got.tolist() == want, (bcast, got.tolist())
+
+
+def test_a_file_from_before_the_teacher_dimension_parses():
+    d = program([step(BRANCHES)], clip="norm").to_json()
+    del d["loop"]["teacher"]
+    assert Scenario.from_json(d).loop == dict(PLAIN_LOOP, clip="norm")
 
 
 def test_a_file_from_before_the_new_module_dimensions_parses():

@@ -156,13 +156,15 @@ def _build() -> dict[str, Case]:
         # loop does around the DDP, drawn as a program of steps and shrunk to the shortest one.
         _scenario("loop", "generated training-loop programs: forwards without backward (no_grad / "
                   "inference_mode / grad enabled, eval / train mode) before, inside and after accumulation "
-                  "windows, several forwards before one backward, several synced backwards per step, zero_grad(set_to_none=False), SGD with weight decay, "
+                  "windows, several forwards before one backward, several synced backwards per step, a frozen "
+                  "teacher DDP, zero_grad(set_to_none=False), SGD with weight decay, "
                   "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
                   "semantics on one device; the module drawn too (dict / dataclass / namedtuple output, forward "
-                  "keywords, a non-persistent and an int64 buffer, a forward pre-hook, parametrizations, "
-                  "ParameterList / ParameterDict parameters)", {"loop": True, "budget": 0.25},
+                  "keywords, a non-persistent and an int64 buffer, a buffer feeding the output, a forward "
+                  "pre-hook, parametrizations, ParameterList / ParameterDict parameters)", {"loop": True, "budget": 0.25},
                   ("no_grad_sync", "unused_zero_filled", "reduce_only_in_training", "eval_forward_skips_buffer_sync",
-                   "buffer_sync_ignores_grad_mode", "buffer_sync_once_per_iteration", "synced_forward_zeroes_grads",
+                   "buffer_sync_ignores_grad_mode", "buffer_sync_once_per_iteration", "forward_sync_flag_shared",
+                   "synced_forward_zeroes_grads",
                    "unused_by_this_backward_dropped", "mean_at_optimizer_step", "output_walk_bare_tensor",
                    "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped",
                    "float_buffers_only"), tags=("loop", "module")),

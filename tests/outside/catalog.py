@@ -260,6 +260,28 @@ CATALOG = [
           "loop: two forwards before one backward (GAN discriminator), a grad-enabled validation "
           "forward without backward",
           "https://github.com/pytorch/pytorch/issues/175024", True),
+    # Written from outside by a helper given the README and the fault kind "buffer-sync timing in
+    # users' loops" (tests/outside/loop_buffer_timing.py, kept unchanged): its correct DDP passes; of
+    # its three faults the main command caught none (2026-12-03) until scenario.loop drew a second
+    # DDP in the loop (25.10); freezing after wrapping (25.11) and a forward that raises and is
+    # skipped (25.12) are not drawn.
+    Entry("buffer_timing_correct", "loop_buffer_timing:CorrectDDP", "", "", "every check: must pass",
+          "https://pytorch.org/docs/stable/notes/ddp.html", None),
+    Entry("shared_forward_flag", "loop_buffer_timing:SharedStateDDP", "25.10",
+          "the forward-sync flag is shared by every DDP instance in the process: a frozen teacher's "
+          "no_grad forward clears the trained model's buffer broadcast",
+          "loop: a second DDP in the loop (distillation teacher, GAN generator and discriminator)",
+          "https://github.com/huggingface/accelerate/issues/1708", True),
+    Entry("frozen_no_arm", "loop_buffer_timing:FrozenNoArmDDP", "25.11",
+          "a grad-enabled forward arms the next buffer broadcast only if some parameter requires grad: "
+          "a model frozen after wrapping (a GAN's D during the G step) does not",
+          "module: trainability changed after wrapping (requires_grad_(False) on a wrapped model)",
+          "https://github.com/pytorch/pytorch/issues/175024", False),
+    Entry("consume_flag", "loop_buffer_timing:ConsumeFlagDDP", "25.12",
+          "the forward-sync flag is cleared before the module runs and set after it returns: a forward "
+          "that raises (skipped bad batch, OOM recovery) leaves the next forward without its broadcast",
+          "loop: a forward that raises on every rank and is skipped by the loop",
+          "https://github.com/pytorch/pytorch/issues/19896", False),
     Entry("structured_output_unused", "structured_output_unused:StructuredOutputUnusedDDP",
           "25.6",
           "find_unused_parameters: output tensors looked for in Tensor/tuple/list only; a dict or "
@@ -379,6 +401,7 @@ CAUGHT_BY = {
     "unused_zero_to_none": "scenario.loop@2",
     "eval_mode_no_reduce": "scenario.loop@2",
     "buffer_sync_per_iteration": "scenario.loop@2",
+    "shared_forward_flag": "scenario.loop@2",
     "reduce_waited_at_step": "feature.unused_parameters@2",
     "step_recommits_grads": "scenario.core@2",
     "structured_output_unused": "parity.structured_output_unused@2",

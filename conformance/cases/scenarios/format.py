@@ -57,9 +57,18 @@ FORWARD_DATA = 2000
 #:   clip:        ``none``, or ``norm``: ``torch.nn.utils.clip_grad_norm_(max_norm=CLIP_NORM)`` on
 #:                the synced, unscaled gradients before the step (it reads every replica's
 #:                gradients: a reduction not finished by then shows);
+#:   teacher:     ``none``, or ``frozen``: a second DDP in the loop (knowledge distillation, a mean
+#:                teacher): the scenario model built from :data:`TEACHER_SALT` seeds, wrapped by the
+#:                same implementation, kept in eval mode and never trained; before each training
+#:                forward it runs under ``no_grad`` on the same inputs, and the loss's target is
+#:                ``(y + its prediction) / 2``. Its forwards must not touch the trained DDP's state
+#:                (torch keeps ``require_forward_param_sync`` per instance);
 #:   lr_drop_at:  ``None``, or the 0-based step from which the learning rate is ``lr * LR_DROP``
 #:                (set in the optimizer's ``param_groups`` before the step, as a scheduler does).
-LOOPS = {"zero_grad": ("set_to_none", "zeros"), "module_mode": ("train", "eval"), "clip": ("none", "norm")}
+LOOPS = {"zero_grad": ("set_to_none", "zeros"), "module_mode": ("train", "eval"), "clip": ("none", "norm"),
+         "teacher": ("none", "frozen")}
+#: The build salt of the teacher model (:data:`LOOPS` ``teacher``; a checkpoint reload's is 1).
+TEACHER_SALT = 2
 PLAIN_LOOP = dict({k: v[0] for k, v in LOOPS.items()}, lr_drop_at=None)
 CLIP_NORM, LR_DROP = 0.25, 0.5
 #: The module dimension drawn with the loop programs (issue 25; docs/scenarios.md): what the user's
@@ -321,6 +330,8 @@ class Scenario:
         missing = sorted(SCENARIO_KEYS - OPTIONAL_KEYS - set(d))
         if missing:
             raise ScenarioError(f"missing scenario key(s) {missing}")
+        if isinstance(d.get("loop"), dict):  # a file from before a loop dimension: its plain value
+            d = dict(d, loop=dict({k: v for k, v in PLAIN_LOOP.items() if k not in d["loop"]}, **d["loop"]))
         if isinstance(d.get("module"), dict):  # a file from before a module dimension: its plain value
             d = dict(d, module=dict({k: v for k, v in PLAIN_MODULE.items() if k not in d["module"]}, **d["module"]))
         s = cls(**d)
@@ -495,6 +506,9 @@ class Scenario:
             parts.append("training forwards and backwards in eval mode")
         if lp["clip"] == "norm":
             parts.append(f"clip_grad_norm_(max_norm={CLIP_NORM}) on the synced gradients")
+        if lp["teacher"] == "frozen":
+            parts.append("a second DDP (a frozen teacher, eval mode) runs under no_grad before each training "
+                         "forward; the target blends in its prediction")
         if lp["lr_drop_at"] is not None and s >= lp["lr_drop_at"]:
             parts.append(f"learning rate x {LR_DROP} from step {lp['lr_drop_at'] + 1}")
         return parts

@@ -6,11 +6,11 @@ from dataclasses import replace
 import numpy as np
 
 from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, judge, judge_agreement
-from conformance.cases.scenarios.format import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, Scenario, grad_mode,
-                                                prediction_of)
+from conformance.cases.scenarios.format import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT, Scenario,
+                                                grad_mode, prediction_of)
 from conformance.cases.scenarios.model import (build_scenario_model, forward_kwargs, scenario_batch, scenario_indices,
                                                seen_start)
-from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset
+from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.train.readback import flat_optimizer_state, flat_params
 
 # --------------------------------------------------------------------------
@@ -82,10 +82,21 @@ def scenario_reference(sc: Scenario) -> dict:
         extra.update(forward_kwargs(sc.module, sc.seed, s, j, r, n))
         return (x,), extra, y
 
-    return loop_reference(sc, net, inputs, lambda out, y: mse(prediction_of(out), y), start_buffers, reload_buffers)
+    teacher = None
+    if sc.loop["teacher"] != "none":  # rank 0's (the DDP broadcasts its parameters), in eval mode
+        teacher = build_scenario_model(rank_seed(sc.seed, 0, TEACHER_SALT), sc.rebind_buffers,
+                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module).eval()
+    return loop_reference(sc, net, inputs, lambda out, y: mse(prediction_of(out), y), start_buffers, reload_buffers,
+                          teacher=teacher, blend=distilled_target)
 
 
-def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffers) -> dict:
+def distilled_target(teacher_out, y):
+    """The loss's target with a frozen teacher (:data:`~.format.LOOPS` ``teacher``): ``(y + its
+    prediction) / 2``."""
+    return 0.5 * (y + prediction_of(teacher_out))
+
+
+def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffers, teacher=None, blend=None) -> dict:
     """The model-agnostic oracle of a loop program ``sc`` (its steps, micro-steps, forwards without
     backward, loop dimensions, optimizer, DDP keywords, checkpoint; semantics as
     :func:`scenario_reference` says) on module ``net`` (rank 0's, as the DDP broadcasts it at
@@ -95,7 +106,11 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
     ``start_buffers(r)`` replica ``r``'s buffers after construction (rank 0's when
     ``broadcast_buffers``), ``reload_buffers(r, buffers)`` its buffers after the checkpoint reload
     (the non-persistent ones are the rebuilt module's own). The plan and the data are the caller's:
-    the scenario model's (:func:`scenario_reference`) or a user's (:mod:`.userloop`)."""
+    the scenario model's (:func:`scenario_reference`) or a user's (:mod:`.userloop`). ``teacher``: the
+    frozen teacher module (eval mode, rank 0's parameters) whose ``no_grad`` prediction on each
+    training forward's inputs ``blend(prediction, target)`` mixes into the target: its forwards
+    leave the trained DDP's buffer rule alone (torch keeps ``require_forward_param_sync`` per
+    instance)."""
     import torch
 
     w = sc.world_size
@@ -167,6 +182,10 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
                 begin_forwards()
                 for r in range(w):
                     out, y = forward(r, s, FORWARD_DATA * k + j, m["batch"], tuple(m["plan"][r]), training)
+                    if teacher is not None:
+                        targs, tkwargs, _ = inputs(s, FORWARD_DATA * k + j, r, m["batch"], None)
+                        with torch.no_grad():
+                            y = blend(teacher(*targs, **tkwargs), y)
                     losses[r] = losses[r] + loss(out, y)
                 state["sync_next"] = synced  # a grad-enabled forward, inside no_sync() or not
             for r in range(w):

@@ -60,14 +60,14 @@ from conformance.cases.scenarios.format import (  # noqa: F401 (re-exported)
     BRANCHES, CLIP_NORM, DDP_KEYS, EVAL_DATA, EVAL_GRAD, EVAL_KEYS, EVAL_MODE, FORWARD_DATA, HIDDEN,
     INDICES_PER_SAMPLE, IN_FEATURES, LOOPS, LR_DROP, MICRO_KEYS, MICRO_OPTIONAL, MODULES,
     MODULE_PHRASES, OPTIMIZER_REVEALS, OPTIONAL_KEYS, OUT_FEATURES, PLAIN_LOOP, PLAIN_MODULE,
-    PLAIN_WORKLOAD, SCENARIO_KEYS, SHORT_RUN_DTYPES, SPARSE_OPTIMIZERS, STEP_KEYS, STEP_OPTIONAL,
+    PLAIN_WORKLOAD, SCENARIO_KEYS, SHORT_RUN_DTYPES, SPARSE_OPTIMIZERS, STEP_KEYS, STEP_OPTIONAL, TEACHER_SALT,
     Scenario, ScenarioError, ScenarioOutput, UPSTREAM_DEFECTS, VOCAB, WORKLOADS, WORKLOAD_PHRASES,
     XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP, grad_mode, load_scenario, prediction_of, workload_corners,
     xla_unsupported)
 from conformance.cases.scenarios.model import (  # noqa: F401 (re-exported)
     build_scenario_model, forward_kwargs, scenario_batch, scenario_indices, scenario_mask, seen_start)
 from conformance.cases.scenarios.oracle import (  # noqa: F401 (re-exported)
-    judge_scenario, scenario_reference)
+    distilled_target, judge_scenario, scenario_reference)
 from conformance.cases.scenarios.generate import (  # noqa: F401 (re-exported)
     DDP_EXTRAS, FEW_BATCHES, FEW_PLANS, FEW_UNUSED_PLANS, LRS, Space, WORKLOAD_TOLERANCE,
     explicit_loop_scenarios, explicit_scenarios, explicit_workload_scenarios, judged_on,
@@ -150,21 +150,33 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
                       for k, v in forward_kwargs(sc.module, sc.seed, s, j, which, n).items()})
         return (x.to(ctx.device),), extra, y.to(ctx.device)
 
-    return run_loop(ctx, row, sc, (model, ddp, opt), build, inputs, lambda out, y: mse(prediction_of(out), y))
+    return run_loop(ctx, row, sc, (model, ddp, opt), build, inputs, lambda out, y: mse(prediction_of(out), y),
+                    blend=distilled_target)
 
 
-def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss) -> dict:
+def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> dict:
     """The model-agnostic replica side of loop program ``sc`` on this replica (what
     :func:`scenario_task` returns): ``built`` the ``(module, ddp, optimizer)`` constructed,
-    ``build(salt)`` a new one (the checkpoint reload), ``inputs(s, j, sizes, plan)`` ->
-    ``(args, kwargs, target)`` on the device for micro-batch ``(s, j)`` (``j >= EVAL_DATA``: a
-    forward without backward, ``plan`` None), ``loss(out, target)`` the scalar to backpropagate."""
+    ``build(salt)`` a new one (the checkpoint reload; ``TEACHER_SALT``: the teacher),
+    ``inputs(s, j, sizes, plan)`` -> ``(args, kwargs, target)`` on the device for micro-batch
+    ``(s, j)`` (``j >= EVAL_DATA``: a forward without backward, ``plan`` None), ``loss(out,
+    target)`` the scalar to backpropagate, ``blend(teacher_out, target)`` the target with a teacher.
+
+    Raises:
+        ValueError: the program has a teacher and no ``blend`` was given.
+    """
     import torch
 
     model, ddp, opt = built
     scale = 2.0 ** sc.loss_scale_log2
     lp = sc.loop
     training = lp["module_mode"] == "train"
+    teacher = None
+    if lp["teacher"] != "none":  # a second DDP in the loop: built after the trained one, never trained
+        if blend is None:
+            raise ValueError("a loop program with a teacher needs the target's blend")
+        t_model, teacher, _ = build(TEACHER_SALT)
+        (teacher if callable(getattr(teacher, "train", None)) else t_model).train(False)
 
     def evaluate(s, at):  # forwards without backward (the loop programs), output discarded
         for e, f in sc.evals(s, at):
@@ -194,6 +206,10 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss) -> dict:
                 total = 0
                 for k in range(sc.forwards(s, j)):  # forwards before the one backward (a GAN's D)
                     args, kwargs, y = inputs(s, FORWARD_DATA * k + j, m["batch"], plan)
+                    if teacher is not None:
+                        targs, tkwargs, _ = inputs(s, FORWARD_DATA * k + j, m["batch"], None)
+                        with torch.no_grad():
+                            y = blend(teacher(*targs, **tkwargs), y)
                     total = total + loss(ddp(*args, **kwargs), y)
                 (total * scale).backward()
             if j < len(micro) - 1:

@@ -136,6 +136,9 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
     """
 
     sc = Scenario.from_json(scenario)
+    if sc.loop["teacher"] != "none":
+        raise Unsupported("a loop program with a teacher runs on the scenario model (scenario.loop): the teacher "
+                          "is a second scenario model whose prediction the target blends in")
     row = resolve_impl(impl)
     if row.forward_backward is not None or row.make_optimizer is not None:
         raise Unsupported(f"{impl} brings its own {'compiled step' if row.forward_backward else 'optimizer'}, "

@@ -197,6 +197,23 @@ class BufferSyncOncePerIteration(RefDDP):
         self._backward_synced = True
 
 
+class ForwardSyncFlagShared(RefDDP):
+    """The forward-sync flag is kept per class, not per instance: every DDP in the process shares it,
+    so a second model's forward (a frozen teacher under ``no_grad``, a GAN's other network) sets or
+    clears the trained model's buffer broadcast (torch keeps ``require_forward_param_sync`` on each
+    DDP)."""
+
+    _shared = {"require_forward_param_sync": True}
+
+    @property
+    def require_forward_param_sync(self):
+        return ForwardSyncFlagShared._shared["require_forward_param_sync"]
+
+    @require_forward_param_sync.setter
+    def require_forward_param_sync(self, value):
+        ForwardSyncFlagShared._shared["require_forward_param_sync"] = value
+
+
 class SyncedForwardZeroesGrads(RefDDP):
     """Assumes one synced backward per optimizer step: a forward that follows a synced one drops
     the gradients (``grad = None``), so of two synced backwards in one step only the second's
@@ -707,6 +724,7 @@ MUTANTS = {m.name: m for m in [
     Mutant("eval_forward_skips_buffer_sync", EvalForwardSkipsBufferSync.__doc__, EvalForwardSkipsBufferSync),
     Mutant("buffer_sync_ignores_grad_mode", BufferSyncIgnoresGradMode.__doc__, BufferSyncIgnoresGradMode),
     Mutant("buffer_sync_once_per_iteration", BufferSyncOncePerIteration.__doc__, BufferSyncOncePerIteration),
+    Mutant("forward_sync_flag_shared", ForwardSyncFlagShared.__doc__, ForwardSyncFlagShared),
     Mutant("synced_forward_zeroes_grads", SyncedForwardZeroesGrads.__doc__, SyncedForwardZeroesGrads),
     Mutant("unused_by_this_backward_dropped", UnusedByThisBackwardDropped.__doc__, UnusedByThisBackwardDropped),
     Mutant("mean_at_optimizer_step", MeanAtOptimizerStep.__doc__, MeanAtOptimizerStep),
