@@ -35,7 +35,10 @@ floating buffers offset (as every kind), so only a DDP that broadcasts at constr
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import json
+
+import numpy as np
 
 from conformance.cases.checks import SCENARIO_CHECKS
 from conformance.cases.scenarios.format import BRANCHES, Scenario
@@ -47,7 +50,7 @@ from conformance.cases.train.measured import measured_tolerance, stated, user_ru
 from conformance.cases.train.readback import to_device
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
-from conformance.tolerances import lookup
+from conformance.tolerances import MIN_SIDE_FACTOR, lookup
 from conformance.verdict import Verdict
 from fixtures import build_model, global_batch
 from fixtures.models import MODELS, training_loss
@@ -205,7 +208,6 @@ def rounding_of(spec: str, sc: Scenario, ref: dict) -> tuple[float | None, str]:
     bound (measured: Adam on a BatchNorm model at W = 3, 1.6e-5 against a bound of 7.2e-6), so a
     correct DDP's summation order alone would fail there. ``(None, why)`` when the model cannot run
     in float64 (``why`` names the error)."""
-    import numpy as np
     try:
         wide = user_loop_reference(spec, sc, float64=True)
     except Exception as exc:  # a user's module may build float32 tensors of its own in forward
@@ -223,9 +225,6 @@ def program_tolerance(tol, amplified, why: str, k: int):
     raised to ``MIN_SIDE_FACTOR x amplified`` where the program carries float32 rounding further
     (:func:`rounding_of`), the derivation added to its note; unchanged otherwise (the note says why
     when the float64 oracle could not run)."""
-    from dataclasses import replace
-
-    from conformance.tolerances import MIN_SIDE_FACTOR
     if amplified is None:
         return replace(tol, note=f"{tol.note}; program {k}: {why}, its bound is the parity run's")
     if MIN_SIDE_FACTOR * amplified <= tol.atol:
