@@ -80,6 +80,7 @@ MUTANTS = (
     'shard_mixup', 'clip_local_grad', 'buffers_always_broadcast', 'unused_zero_filled',
     'unused_skipped', 'reduce_only_in_training', 'eval_forward_skips_buffer_sync',
     'buffer_sync_ignores_grad_mode', 'buffer_sync_once_per_iteration', 'forward_sync_flag_shared',
+    'forward_sync_flag_cleared_first',
     'synced_forward_zeroes_grads',
     'unused_by_this_backward_dropped', 'mean_at_optimizer_step', 'no_sync_ignored', 'no_sync_sticky', 'dropped_bucket',
     'static_graph_stale', 'unfreezes_params', 'unties_shared_weights',

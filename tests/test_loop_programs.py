@@ -166,11 +166,13 @@ def test_the_second_of_two_forwards_starts_from_rank_0s_buffers_when_synced(sync
     assert np.abs(want).max() > 1e-3  # the replicas' data differ: the gap can tell
 
 
-@pytest.mark.parametrize("grad, since_broadcast", [("enabled", [0]), ("no_grad", [EVAL_DATA, 0])])
+@pytest.mark.parametrize("grad, since_broadcast", [("enabled", [0]), ("no_grad", [EVAL_DATA, 0]), ("raising", [0])])
 def test_a_grad_enabled_forward_without_backward_arms_the_buffer_broadcast(grad, since_broadcast):
     """A train-mode forward no backward follows (validation written without ``no_grad``) updates
     each replica's buffers; with grad enabled it counts as a synced training forward, so the
-    training forward after it starts from rank 0's buffers; under ``no_grad`` it does not."""
+    training forward after it starts from rank 0's buffers; under ``no_grad`` it does not. A forward
+    whose module raises after its buffers moved (a skipped bad batch) leaves the flag as the synced
+    training forward before it set it: the next forward broadcasts too."""
     batch = (2, 3)
     ref = scenario_reference(program([step(BRANCHES, batch=batch), step(BRANCHES, batch=batch, evals=[
         {"at": 0, "grad": grad, "mode": "train"}])]))
@@ -235,7 +237,7 @@ def test_generated_programs_are_valid_and_enter_every_loop_dimension():
                     seen.add(f"forwards>1,{'synced' if sc.synced(s, j) else 'no_sync'}")
     draw()
     want = {"zero_grad=zeros", "module_mode=eval", "clip=norm", "lr_drop=True", "optimizer=sgd_wd",
-            "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "eval=enabled,train", "teacher=frozen",
+            "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "eval=enabled,train", "eval=raising,train", "teacher=frozen",
             "synced_backwards>1", "forwards>1,synced", "forwards>1,no_sync"}
     want |= {f"module.{k}={v}" for k, vals in MODULES.items() for v in vals}
     assert want <= seen, sorted(want - seen)

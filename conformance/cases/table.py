@@ -155,7 +155,8 @@ def _build() -> dict[str, Case]:
         # The loop axis (issue 25, docs/scenarios.md, "The loop programs"): what a user's training
         # loop does around the DDP, drawn as a program of steps and shrunk to the shortest one.
         _scenario("loop", "generated training-loop programs: forwards without backward (no_grad / "
-                  "inference_mode / grad enabled, eval / train mode) before, inside and after accumulation "
+                  "inference_mode / grad enabled / raising and skipped, eval / train mode) before, inside and "
+                  "after accumulation "
                   "windows, several forwards before one backward, several synced backwards per step, a frozen "
                   "teacher DDP, zero_grad(set_to_none=False), SGD with weight decay, "
                   "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
@@ -164,6 +165,7 @@ def _build() -> dict[str, Case]:
                   "pre-hook, parametrizations, ParameterList / ParameterDict parameters)", {"loop": True, "budget": 0.25},
                   ("no_grad_sync", "unused_zero_filled", "reduce_only_in_training", "eval_forward_skips_buffer_sync",
                    "buffer_sync_ignores_grad_mode", "buffer_sync_once_per_iteration", "forward_sync_flag_shared",
+                   "forward_sync_flag_cleared_first",
                    "synced_forward_zeroes_grads",
                    "unused_by_this_backward_dropped", "mean_at_optimizer_step", "output_walk_bare_tensor",
                    "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped",

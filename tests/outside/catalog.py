@@ -263,8 +263,8 @@ CATALOG = [
     # Written from outside by a helper given the README and the fault kind "buffer-sync timing in
     # users' loops" (tests/outside/loop_buffer_timing.py, kept unchanged): its correct DDP passes; of
     # its three faults the main command caught none (2026-12-03) until scenario.loop drew a second
-    # DDP in the loop (25.10); freezing after wrapping (25.11) and a forward that raises and is
-    # skipped (25.12) are not drawn.
+    # DDP in the loop (25.10) and a raising forward the loop skips (25.12); freezing after wrapping
+    # (25.11) is not drawn.
     Entry("buffer_timing_correct", "loop_buffer_timing:CorrectDDP", "", "", "every check: must pass",
           "https://pytorch.org/docs/stable/notes/ddp.html", None),
     Entry("shared_forward_flag", "loop_buffer_timing:SharedStateDDP", "25.10",
@@ -281,7 +281,7 @@ CATALOG = [
           "the forward-sync flag is cleared before the module runs and set after it returns: a forward "
           "that raises (skipped bad batch, OOM recovery) leaves the next forward without its broadcast",
           "loop: a forward that raises on every rank and is skipped by the loop",
-          "https://github.com/pytorch/pytorch/issues/19896", False),
+          "https://github.com/pytorch/pytorch/issues/19896", True),
     Entry("structured_output_unused", "structured_output_unused:StructuredOutputUnusedDDP",
           "25.6",
           "find_unused_parameters: output tensors looked for in Tensor/tuple/list only; a dict or "
@@ -402,6 +402,7 @@ CAUGHT_BY = {
     "eval_mode_no_reduce": "scenario.loop@2",
     "buffer_sync_per_iteration": "scenario.loop@2",
     "shared_forward_flag": "scenario.loop@2",
+    "consume_flag": "scenario.loop@2",
     "reduce_waited_at_step": "feature.unused_parameters@2",
     "step_recommits_grads": "scenario.core@2",
     "structured_output_unused": "parity.structured_output_unused@2",

@@ -13,8 +13,8 @@ torch.distributed (no code shared with the kit or torch's DDP). Kept unchanged a
   requires grad: a model frozen after wrapping (a GAN's D during the G step) does not. Not caught:
   freezing after wrapping is not drawn (docs/scenarios.md, row 19).
 * ``ConsumeFlagDDP`` (25.12): the flag is cleared before the module runs and set after it returns,
-  so a forward that raises (a loop that skips a bad batch) leaves it cleared. Not caught: a forward
-  that raises and is skipped is not drawn.
+  so a forward that raises (a loop that skips a bad batch) leaves it cleared. Caught since
+  ``scenario.loop`` draws a forward that raises after the buffers moved (eval grad ``raising``).
 * ``NoSyncRearmDDP``: a grad-enabled forward under ``no_sync()`` re-arms the flag (caught; the
   helper's check that its wrapper's faults can show at all).
 """

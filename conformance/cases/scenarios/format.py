@@ -152,9 +152,12 @@ def prediction_of(out):
 #: mode). ``grad`` ``enabled``: autograd on and no backward (validation written without
 #: ``no_grad``); it runs outside ``no_sync()``, so DDP counts it as a synced training forward and
 #: broadcasts buffers at the next forward; under ``no_grad`` / ``inference_mode`` it does not
-#: (``_pre_forward``: ``require_forward_param_sync``).
+#: (``_pre_forward``: ``require_forward_param_sync``). ``raising``: grad enabled, and the module
+#: raises after its buffers moved (a bad batch found mid-forward, on every rank; the loop catches
+#: it and goes on): torch sets the flag only after the module returns, so it keeps the previous
+#: forward's, and the next forward broadcasts if that one was a synced training forward.
 EVAL_KEYS = {"at", "grad", "mode", "batch"}
-EVAL_GRAD = ("no_grad", "inference_mode", "enabled")
+EVAL_GRAD = ("no_grad", "inference_mode", "enabled", "raising")
 EVAL_MODE = ("eval", "train")
 #: Data of a forward without backward: micro index ``EVAL_DATA + e`` (apart from the micro-steps').
 EVAL_DATA = 1000
@@ -164,7 +167,8 @@ def grad_mode(grad: str):
     """A new context manager for a forward without backward's ``grad`` (:data:`EVAL_GRAD`):
     ``torch.no_grad()``, ``torch.inference_mode()`` or ``torch.enable_grad()``."""
     import torch
-    return {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "enabled": torch.enable_grad}[grad]()
+    return {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "enabled": torch.enable_grad,
+            "raising": torch.enable_grad}[grad]()
 
 
 #: The workload dimension (issue 18; docs/scenarios.md): what the scenario model's parameters
@@ -496,6 +500,9 @@ class Scenario:
         for e, f in enumerate(self.steps[s].get("eval", ())):
             where = ("after the last backward, before the step" if f["at"] == len(micro)
                      else f"before micro-step {f['at'] + 1}")
+            if f["grad"] == "raising":
+                parts.append(f"a forward that raises after the buffers moved (skipped) in {f['mode']} mode {where}")
+                continue
             grad = "grad enabled" if f["grad"] == "enabled" else f["grad"]
             parts.append(f"a forward without backward under {grad} in {f['mode']} mode {where}")
         parts += [MODULE_PHRASES[v] for k, v in self.module.items() if v != PLAIN_MODULE[k]]

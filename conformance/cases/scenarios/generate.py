@@ -389,8 +389,11 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
         # no_grad) before each step: the training forward after it broadcasts them again. 'ema' feeds
         # the output, so which buffers a forward starts from moves the parameters too. A frozen teacher
         # DDP (a second instance) runs under no_grad before each training forward: it must leave the
-        # trained DDP's broadcast rule alone (a flag shared by instances does not)
-        sc([{"micro": [micro(all_b, forwards=2), micro(all_b, forwards=2)], "eval": [ev(0, "enabled", "train")]}
+        # trained DDP's broadcast rule alone (a flag shared by instances does not). After the grad-enabled
+        # forward, a bad batch the loop skips: the module raises after its buffers moved, DDP's flag stays
+        # armed, and the window's first forward broadcasts rank 0's buffers again
+        sc([{"micro": [micro(all_b, forwards=2), micro(all_b, forwards=2)],
+             "eval": [ev(0, "enabled", "train"), ev(0, "raising", "train")]}
             for _ in range(3)], module={"buffer_use": "centre"}, teacher="frozen"),
     ]
     if space.xla_corners:  # no inference_mode there (XLA_UNSUPPORTED_LOOP): no_grad in its place

@@ -11,6 +11,11 @@ from conformance.cases.scenarios.format import (BRANCHES, HIDDEN, INDICES_PER_SA
 # the model and the data (built identically in replicas and in the oracle)
 # --------------------------------------------------------------------------
 
+class BadBatch(RuntimeError):
+    """Raised by the scenario model's forward with ``bad=True``, after its buffers moved: the
+    loop programs' skipped batch (:data:`~.format.EVAL_GRAD` ``raising``)."""
+
+
 def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, workload: dict | None = None,
                          module: dict | None = None):
     """``stem -> h; h + sum over the plan's branches (in plan order) of tanh(branch(h)) -> head``.
@@ -27,7 +32,8 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
     workload, ``idx`` int64 ``[n, INDICES_PER_SAMPLE]``; output ``[n, OUT_FEATURES]``
     (float64 for the float64 workload, else float32). ``module`` (:data:`MODULES`; default plain):
     the output's structure, ``ema``'s persistence, a forward pre-hook, forward keywords ``scale`` /
-    ``mask`` (:func:`forward_kwargs`), ``ema`` feeding the output, an int64 buffer ``seen`` (``+= n`` at each training forward;
+    ``mask`` (:func:`forward_kwargs`), ``ema`` feeding the output, ``bad=True`` raising
+    :class:`BadBatch` after the buffers' update (a bad batch the loop skips), an int64 buffer ``seen`` (``+= n`` at each training forward;
     starts at :func:`seen_start` of ``buffer_offset``), a parametrized weight (registered after
     initialisation: ``symmetric`` reads ``branch.a``'s ``original`` through ``triu(X) + triu(X, 1)^T``;
     ``weight_norm`` splits the head's weight into ``original0`` (g, the row norms) and ``original1``
@@ -123,7 +129,7 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
                 h = h + ckpt(fn, h, use_reentrant=reentrant)
             return h
 
-        def forward(self, x, plan=BRANCHES, idx=None, *, scale=1.0, mask=None):
+        def forward(self, x, plan=BRANCHES, idx=None, *, scale=1.0, mask=None, bad=False):
             x = x.to(self.head.weight.dtype)
             pre = self.stem(x)
             if idx is not None:
@@ -149,6 +155,8 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
                             self.seen.add_(x.shape[0])
                 if md["buffer_use"] == "centre":  # ema feeds the output; a subtraction saves nothing
                     h = h - self.ema.to(h.dtype)
+            if bad:  # a bad batch found mid-forward, after the statistics moved (the loop skips it)
+                raise BadBatch("the scenario's bad batch (bad=True): the loop skips it")
             for b in plan:
                 h = self._branch(b, h)
             if md["params"] == "containers":

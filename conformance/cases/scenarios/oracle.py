@@ -8,8 +8,8 @@ import numpy as np
 from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, judge, judge_agreement
 from conformance.cases.scenarios.format import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT, Scenario,
                                                 grad_mode, prediction_of)
-from conformance.cases.scenarios.model import (build_scenario_model, forward_kwargs, scenario_batch, scenario_indices,
-                                               seen_start)
+from conformance.cases.scenarios.model import (BadBatch, build_scenario_model, forward_kwargs, scenario_batch,
+                                               scenario_indices, seen_start)
 from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.train.readback import flat_optimizer_state, flat_params
 
@@ -32,7 +32,9 @@ def scenario_reference(sc: Scenario) -> dict:
     ``broadcast_buffers`` and the previous forward was a synced one with grad enabled, or there
     was none since construction (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
     ``_post_forward``: ``require_forward_param_sync``, whatever the module's mode): also between
-    two forwards before one backward, and after a grad-enabled forward that no backward follows.
+    two forwards before one backward, and after a grad-enabled forward that no backward follows;
+    a forward whose module raises (the loop's skipped bad batch) moved the buffers and leaves the
+    flag as it was (``_post_forward`` never ran).
 
     The module axis (:data:`~.format.MODULES`): every buffer is broadcast, integer ones too (an int64
     ``seen``): torch's construction sync (``torch/distributed/utils.py`` ``_sync_module_states``: every
@@ -142,12 +144,18 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
 
     state = {"sync_next": True}  # require_forward_param_sync: construction counts as a synced forward
 
-    def forward(r, s, j, sizes, plan, mode):
-        """Replica ``r``'s forward on micro-batch ``(s, j)`` through the DDP's buffer semantics."""
+    def forward(r, s, j, sizes, plan, mode, raising=False):
+        """Replica ``r``'s forward on micro-batch ``(s, j)`` through the DDP's buffer semantics
+        (``raising``: the scenario model's bad batch, which raises after its buffers moved)."""
         args, kwargs, y = inputs(s, j, r, sizes, plan)
         set_bufs(rank_bufs[r])
         net.train(mode)
-        out = net(*args, **kwargs)
+        out = None
+        try:
+            out = net(*args, **(dict(kwargs, bad=True) if raising else kwargs))
+        except BadBatch:
+            if not raising:
+                raise
         rank_bufs[r] = get_bufs()
         return out, y
 
@@ -171,9 +179,11 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
                 begin_forwards()
                 for r in range(w):
                     with grad_mode(f["grad"]):
-                        forward(r, s, EVAL_DATA + e, f["batch"], None, f["mode"] == "train")
-                # outside no_sync(): a grad-enabled forward counts as a synced one
-                state["sync_next"] = f["grad"] == "enabled"
+                        forward(r, s, EVAL_DATA + e, f["batch"], None, f["mode"] == "train",
+                                raising=f["grad"] == "raising")
+                if f["grad"] != "raising":  # a raising forward never reaches _post_forward: flag kept
+                    # outside no_sync(): a grad-enabled forward counts as a synced one
+                    state["sync_next"] = f["grad"] == "enabled"
         for j, m in enumerate(micro):
             evaluate(j)
             synced = sc.synced(s, j)

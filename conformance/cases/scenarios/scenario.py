@@ -65,7 +65,7 @@ from conformance.cases.scenarios.format import (  # noqa: F401 (re-exported)
     XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP, grad_mode, load_scenario, prediction_of, workload_corners,
     xla_unsupported)
 from conformance.cases.scenarios.model import (  # noqa: F401 (re-exported)
-    build_scenario_model, forward_kwargs, scenario_batch, scenario_indices, scenario_mask, seen_start)
+    BadBatch, build_scenario_model, forward_kwargs, scenario_batch, scenario_indices, scenario_mask, seen_start)
 from conformance.cases.scenarios.oracle import (  # noqa: F401 (re-exported)
     distilled_target, judge_scenario, scenario_reference)
 from conformance.cases.scenarios.generate import (  # noqa: F401 (re-exported)
@@ -183,7 +183,13 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
             args, kwargs, _ = inputs(s, EVAL_DATA + e, f["batch"], None)
             set_mode(f["mode"] == "train")
             with grad_mode(f["grad"]):
-                ddp(*args, **kwargs)
+                if f["grad"] != "raising":
+                    ddp(*args, **kwargs)
+                else:  # a bad batch the loop skips: the module raises after its buffers moved
+                    try:
+                        ddp(*args, **dict(kwargs, bad=True))
+                    except BadBatch:
+                        pass
             set_mode(training)
             ctx.mark_step()
 

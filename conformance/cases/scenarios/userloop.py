@@ -142,6 +142,9 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
     if sc.loop["teacher"] != "none":
         raise Unsupported("a loop program with a teacher runs on the scenario model (scenario.loop): the teacher "
                           "is a second scenario model whose prediction the target blends in")
+    if any(f["grad"] == "raising" for st in sc.steps for f in st.get("eval", ())):
+        raise Unsupported("a loop program with a raising forward runs on the scenario model (scenario.loop): "
+                          "a user's module has no bad batch to raise on")
     row = resolve_impl(impl)
     if row.forward_backward is not None or row.make_optimizer is not None:
         raise Unsupported(f"{impl} brings its own {'compiled step' if row.forward_backward else 'optimizer'}, "

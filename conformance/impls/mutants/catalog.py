@@ -214,6 +214,23 @@ class ForwardSyncFlagShared(RefDDP):
         ForwardSyncFlagShared._shared["require_forward_param_sync"] = value
 
 
+class ForwardSyncFlagClearedFirst(RefDDP):
+    """The forward-sync flag is cleared before the module runs and set again when it returns, so a
+    forward whose module raises (a bad batch the loop catches and skips) leaves it cleared: the
+    next forward skips the buffer broadcast torch does (torch sets the flag only after the module
+    returned, so a raising forward keeps the previous one's)."""
+
+    def forward(self, *args, **kwargs):
+        if self.broadcast_buffers and self.require_forward_param_sync:
+            self._sync_buffers()
+        keep, self.broadcast_buffers = self.broadcast_buffers, False
+        self.require_forward_param_sync = False
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            self.broadcast_buffers = keep
+
+
 class SyncedForwardZeroesGrads(RefDDP):
     """Assumes one synced backward per optimizer step: a forward that follows a synced one drops
     the gradients (``grad = None``), so of two synced backwards in one step only the second's
@@ -725,6 +742,7 @@ MUTANTS = {m.name: m for m in [
     Mutant("buffer_sync_ignores_grad_mode", BufferSyncIgnoresGradMode.__doc__, BufferSyncIgnoresGradMode),
     Mutant("buffer_sync_once_per_iteration", BufferSyncOncePerIteration.__doc__, BufferSyncOncePerIteration),
     Mutant("forward_sync_flag_shared", ForwardSyncFlagShared.__doc__, ForwardSyncFlagShared),
+    Mutant("forward_sync_flag_cleared_first", ForwardSyncFlagClearedFirst.__doc__, ForwardSyncFlagClearedFirst),
     Mutant("synced_forward_zeroes_grads", SyncedForwardZeroesGrads.__doc__, SyncedForwardZeroesGrads),
     Mutant("unused_by_this_backward_dropped", UnusedByThisBackwardDropped.__doc__, UnusedByThisBackwardDropped),
     Mutant("mean_at_optimizer_step", MeanAtOptimizerStep.__doc__, MeanAtOptimizerStep),
