@@ -53,14 +53,19 @@ class TinyBlock(nn.Module):
         return BlockOut(self.head(h.mean(1)), w.detach())
 
 
-def _build(seed):
+def _seeded(make, seed, scale):
+    """``make()`` with every parameter redrawn N(0, scale^2) from ``seed``."""
     torch.manual_seed(0)  # construction draws from the global RNG; every value is redrawn below
-    m = TinyBlock()
+    m = make()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+            p.copy_(torch.randn(p.shape, generator=gen) * scale)
     return m
+
+
+def _build(seed):
+    return _seeded(TinyBlock, seed, 0.3)
 
 
 def _batch(seed, step, size):
@@ -78,13 +83,7 @@ def transformer_block():
 
 
 def _bn_build(seed):
-    torch.manual_seed(0)  # construction draws from the global RNG; every value is redrawn below
-    m = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 2))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
-    return m
+    return _seeded(lambda: nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 2)), seed, 0.4)
 
 
 def _bn_batch(seed, step, size):
