@@ -223,16 +223,17 @@ def test_faulty_ddps_fail_the_loop_programs_on_the_users_model(tmp_path):
 
 def test_the_loop_programs_on_a_users_model_hold_every_loop_dimension():
     from conformance.cases.scenarios.format import EVAL_GRAD, EVAL_MODE, LOOPS
-    from conformance.cases.scenarios.userloop import user_loop_programs, user_loop_reference
+    from conformance.cases.scenarios.userloop import SCENARIO_MODEL_ONLY, user_loop_programs, user_loop_reference
     from conformance.cases.train.loop import ALL_OPTIMIZERS
     from conformance.options import parse_model
     parse_model(SPEC, [2])
     programs = user_loop_programs(3, 1234, 0.2)
     assert {p.optimizer for p in programs} == set(ALL_OPTIMIZERS)
-    for k, values in LOOPS.items():
-        assert {p.loop[k] for p in programs} == set(values), k
+    for k, values in LOOPS.items():  # all but what only the scenario model runs (a teacher)
+        assert {p.loop[k] for p in programs} == set(values) - set(SCENARIO_MODEL_ONLY["loop"].get(k, ())), k
     evals = {(f["grad"], f["mode"]) for p in programs for st in p.steps for f in st.get("eval", ())}
-    assert {g for g, _ in evals} == set(EVAL_GRAD) and {m for _, m in evals} == set(EVAL_MODE)
+    assert {g for g, _ in evals} == set(EVAL_GRAD) - set(SCENARIO_MODEL_ONLY["eval_grad"])
+    assert {m for _, m in evals} == set(EVAL_MODE)
     assert any(p.loop["lr_drop_at"] is not None for p in programs)
     assert any(p.checkpoint_at is not None for p in programs)
     assert any(m.get("sync") for p in programs for st in p.steps for m in st["micro"])  # several synced backwards
@@ -379,3 +380,18 @@ def test_a_loop_programs_bound_takes_in_its_own_rounding(amplified, raised):
     assert tol.atol == (10 * amplified if raised else base.atol)
     assert ("program 5 carries float32 rounding" in tol.note) == raised
     assert ("could not run the model" in tol.note) == (amplified is None)
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda d: d["loop"].update(teacher="frozen"), "loop teacher 'frozen'"),
+    (lambda d: d["steps"][0].update(eval=[{"at": 0, "grad": "raising", "mode": "train", "batch": [2, 3]}]),
+     "a forward under 'raising'"),
+])
+def test_a_scenario_model_only_program_on_a_users_model_is_unsupported(change, named):
+    from conformance.cases.scenarios.userloop import user_loop_programs, user_loop_task
+    from conformance.errors import Unsupported
+    d = user_loop_programs(2, 1234, 0.2)[0].to_json()
+    d.setdefault("loop", {})
+    change(d)
+    with pytest.raises(Unsupported, match=named):
+        user_loop_task(None, impl="ref", model=SPEC, scenario=d)

@@ -57,6 +57,9 @@ from fixtures.models import MODELS, training_loss
 
 #: Micro-batch ``(s, j)`` reads the user's batch ``s * DATA_STRIDE + j`` (``j`` < EVAL_DATA + evals).
 DATA_STRIDE = 10_000
+#: What only the scenario model can run: a teacher is a second scenario model whose prediction the
+#: target blends in; a raising forward needs the scenario model's bad batch (``bad=True``).
+SCENARIO_MODEL_ONLY = {"loop": {"teacher": ("frozen",)}, "eval_grad": ("raising",)}
 
 
 def _sizes(world_size: int) -> list:
@@ -139,12 +142,12 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
     """
 
     sc = Scenario.from_json(scenario)
-    if sc.loop["teacher"] != "none":
-        raise Unsupported("a loop program with a teacher runs on the scenario model (scenario.loop): the teacher "
-                          "is a second scenario model whose prediction the target blends in")
-    if any(f["grad"] == "raising" for st in sc.steps for f in st.get("eval", ())):
-        raise Unsupported("a loop program with a raising forward runs on the scenario model (scenario.loop): "
-                          "a user's module has no bad batch to raise on")
+    only = ([f"loop {k} {sc.loop[k]!r}" for k, vals in SCENARIO_MODEL_ONLY["loop"].items() if sc.loop[k] in vals]
+            + sorted({f"a forward under {f['grad']!r}" for st in sc.steps for f in st.get("eval", ())
+                      if f["grad"] in SCENARIO_MODEL_ONLY["eval_grad"]}))
+    if only:
+        raise Unsupported(f"{', '.join(only)}: runs on the scenario model only (scenario.loop): a teacher is a second "
+                          "scenario model, a raising forward the scenario model's bad batch")
     row = resolve_impl(impl)
     if row.forward_backward is not None or row.make_optimizer is not None:
         raise Unsupported(f"{impl} brings its own {'compiled step' if row.forward_backward else 'optimizer'}, "
