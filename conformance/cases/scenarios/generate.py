@@ -145,7 +145,7 @@ def scenarios(world_size: int, space: Space):
                     if not static and draw(st.booleans()):
                         m["sync"] = True
                 for m in micro:  # a GAN's discriminator: forwards on fake and real, one backward
-                    if draw(st.integers(0, 2)) == 2:
+                    if not static and draw(st.integers(0, 2)) == 2:
                         m["forwards"] = draw(st.integers(2, MAX_FORWARDS))
                 evals = draw(st.lists(eval_forward(len(micro)), max_size=2))
                 if evals:
@@ -158,6 +158,8 @@ def scenarios(world_size: int, space: Space):
         n = draw(st.integers(41, space.max_steps) if long_run else st.integers(1, 8))
         steps = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(n)]
         ckpt = draw(st.one_of(st.none(), st.integers(0, max(0, n - 2)))) if n > 1 else None
+        if find_unused:  # UPSTREAM_DEFECTS ("enabled_forward", "no_sync"): not drawn
+            _no_enabled_forward_before_no_sync(steps, ckpt)
         sc = Scenario(seed=draw(st.integers(0, 2 ** 20)), lr=draw(st.sampled_from(LRS[optimizer])),
                       optimizer=optimizer, ddp=ddp, rebind_buffers=draw(st.booleans()),
                       loss_scale_log2=draw(st.sampled_from([0, 8, 20])), checkpoint_at=ckpt, steps=steps,
@@ -171,7 +173,7 @@ def scenarios(world_size: int, space: Space):
             if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
                 for step in sc.steps:
                     for f in step.get("eval", ()):
-                        if f["mode"] == "train":
+                        if f["mode"] == "train" and f["grad"] == "inference_mode":
                             f["grad"] = "no_grad"
         return sc
 
@@ -186,6 +188,26 @@ def scenarios(world_size: int, space: Space):
         return st.fixed_dictionaries({"at": st.integers(0, k), "grad": st.sampled_from(grads),
                                       "mode": st.sampled_from(EVAL_MODE), "batch": batch})
     return build()
+
+
+def _no_enabled_forward_before_no_sync(steps: list, ckpt) -> None:
+    """Turn a grad-enabled forward without backward whose next training forward runs under
+    ``no_sync()`` (the same step's micro-step at its ``at``, or the next step's first, the same DDP)
+    into a ``no_grad`` one: torch's DDP with ``find_unused_parameters`` fails that loop
+    (:data:`UPSTREAM_DEFECTS`)."""
+    def synced(s, j):
+        micro = steps[s]["micro"]
+        return micro[j].get("sync", j == len(micro) - 1)
+    for s, step in enumerate(steps):
+        for f in step.get("eval", ()):
+            if f["grad"] != "enabled":
+                continue
+            if f["at"] < len(step["micro"]):
+                nxt = (s, f["at"])
+            else:
+                nxt = (s + 1, 0) if s + 1 < len(steps) and ckpt != s else None
+            if nxt is not None and not synced(*nxt):
+                f["grad"] = "no_grad"
 
 
 def workloads(space: Space):
