@@ -183,11 +183,11 @@ def user_loop_reference(spec: str, sc: Scenario, float64: bool = False) -> dict:
         m = _build(spec, sc.seed, rank, salt)
         return m.double() if float64 else m
 
+    def wide(t):  # floating tensors to float64 with the module; integer targets and non-tensors as they are
+        return t.double() if float64 and hasattr(t, "is_floating_point") and t.is_floating_point() else t
+
     def inputs(s, j, r, sizes, plan):
         (x,), kwargs, y = user_inputs(spec, sc, s, j, r, sizes)
-        if not float64:
-            return (x,), kwargs, y
-        wide = lambda t: t.double() if hasattr(t, "is_floating_point") and t.is_floating_point() else t  # noqa: E731
         return (wide(x),), {k: wide(v) for k, v in kwargs.items()}, wide(y)
 
     net = build(0)
