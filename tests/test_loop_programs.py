@@ -237,7 +237,8 @@ def test_generated_programs_are_valid_and_enter_every_loop_dimension():
                     seen.add(f"forwards>1,{'synced' if sc.synced(s, j) else 'no_sync'}")
     draw()
     want = {"zero_grad=zeros", "module_mode=eval", "clip=norm", "lr_drop=True", "optimizer=sgd_wd",
-            "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "eval=enabled,train", "eval=raising,train", "teacher=frozen",
+            "eval=no_grad,train", "eval=no_grad,eval", "eval=inference_mode,eval", "eval=enabled,train",
+            "eval=raising,train", "teacher=frozen",
             "synced_backwards>1", "forwards>1,synced", "forwards>1,no_sync"}
     want |= {f"module.{k}={v}" for k, vals in MODULES.items() for v in vals}
     assert want <= seen, sorted(want - seen)

@@ -162,7 +162,8 @@ def _build() -> dict[str, Case]:
                   "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
                   "semantics on one device; the module drawn too (dict / dataclass / namedtuple output, forward "
                   "keywords, a non-persistent and an int64 buffer, a buffer feeding the output, a forward "
-                  "pre-hook, parametrizations, ParameterList / ParameterDict parameters)", {"loop": True, "budget": 0.25},
+                  "pre-hook, parametrizations, ParameterList / ParameterDict parameters)",
+                  {"loop": True, "budget": 0.25},
                   ("no_grad_sync", "unused_zero_filled", "reduce_only_in_training", "eval_forward_skips_buffer_sync",
                    "buffer_sync_ignores_grad_mode", "buffer_sync_once_per_iteration", "forward_sync_flag_shared",
                    "forward_sync_flag_cleared_first",

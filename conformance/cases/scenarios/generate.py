@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 import copy
 
-from conformance.cases.scenarios.format import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOPS, MAX_FORWARDS, MODULES, PLAIN_LOOP,
-                                                PLAIN_MODULE, PLAIN_WORKLOAD, SHORT_RUN_DTYPES,
+from conformance.cases.scenarios.format import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOPS, MAX_FORWARDS, MODULES,
+                                                PLAIN_LOOP, PLAIN_MODULE, PLAIN_WORKLOAD, SHORT_RUN_DTYPES,
                                                 SPARSE_OPTIMIZERS, Scenario, WORKLOADS, XLA_UNSUPPORTED,
                                                 XLA_UNSUPPORTED_LOOP, xla_unsupported)
 from conformance.cases.train.loop import ALL_OPTIMIZERS, OPTIMIZERS

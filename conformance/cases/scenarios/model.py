@@ -33,7 +33,8 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
     (float64 for the float64 workload, else float32). ``module`` (:data:`MODULES`; default plain):
     the output's structure, ``ema``'s persistence, a forward pre-hook, forward keywords ``scale`` /
     ``mask`` (:func:`forward_kwargs`), ``ema`` feeding the output, ``bad=True`` raising
-    :class:`BadBatch` after the buffers' update (a bad batch the loop skips), an int64 buffer ``seen`` (``+= n`` at each training forward;
+    :class:`BadBatch` after the buffers' update (a bad batch the loop skips), an int64 buffer
+    ``seen`` (``+= n`` at each training forward;
     starts at :func:`seen_start` of ``buffer_offset``), a parametrized weight (registered after
     initialisation: ``symmetric`` reads ``branch.a``'s ``original`` through ``triu(X) + triu(X, 1)^T``;
     ``weight_norm`` splits the head's weight into ``original0`` (g, the row norms) and ``original1``

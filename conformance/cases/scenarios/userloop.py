@@ -217,7 +217,8 @@ def rounding_of(spec: str, sc: Scenario, ref: dict) -> tuple[float | None, str]:
     try:
         wide = user_loop_reference(spec, sc, float64=True)
     except Exception as exc:  # a user's module may build float32 tensors of its own in forward
-        return None, f"the float64 oracle could not run the model ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"the float64 oracle could not run the model ({type(exc).__name__}: {first})"
     worst = 0.0
     for key in ("params", "buffers", "optim"):
         a, b = np.asarray(ref[key], dtype=np.float64), np.asarray(wide[key], dtype=np.float64)
