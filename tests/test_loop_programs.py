@@ -345,3 +345,29 @@ def test_a_file_from_before_the_new_module_dimensions_parses():
     d["module"]["parametrize"] = "spectral"
     with pytest.raises(ScenarioError, match="module parametrize"):
         Scenario.from_json(d)
+
+
+def test_no_grad_enabled_forward_is_drawn_before_a_no_sync_window_with_find_unused():
+    """UPSTREAM_DEFECTS ("enabled_forward", "no_sync"), findings.md 15: under
+    find_unused_parameters the next training forward after a grad-enabled forward without backward
+    is a synced one (or a new DDP after the checkpoint reload, or none)."""
+    from hypothesis import HealthCheck, given, settings
+    seen = {"checked": 0}
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(sc=scenarios(2, Space(loop=True)))
+    def draw(sc):
+        if not sc.ddp["find_unused_parameters"]:
+            return
+        for s, step in enumerate(sc.steps):
+            for f in step.get("eval", ()):
+                if f["grad"] != "enabled":
+                    continue
+                seen["checked"] += 1
+                if f["at"] < len(step["micro"]):
+                    assert sc.synced(s, f["at"]), (s, f)
+                elif s + 1 < len(sc.steps) and sc.checkpoint_at != s:
+                    assert sc.synced(s + 1, 0), (s, f)
+    draw()
+    assert seen["checked"] > 0  # the draw does make grad-enabled forwards under find_unused_parameters

@@ -158,12 +158,12 @@ def scenarios(world_size: int, space: Space):
         n = draw(st.integers(41, space.max_steps) if long_run else st.integers(1, 8))
         steps = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(n)]
         ckpt = draw(st.one_of(st.none(), st.integers(0, max(0, n - 2)))) if n > 1 else None
-        if find_unused:  # UPSTREAM_DEFECTS ("enabled_forward", "no_sync"): not drawn
-            _no_enabled_forward_before_no_sync(steps, ckpt)
         sc = Scenario(seed=draw(st.integers(0, 2 ** 20)), lr=draw(st.sampled_from(LRS[optimizer])),
                       optimizer=optimizer, ddp=ddp, rebind_buffers=draw(st.booleans()),
                       loss_scale_log2=draw(st.sampled_from([0, 8, 20])), checkpoint_at=ckpt, steps=steps,
                       workload=workload)
+        if find_unused:  # UPSTREAM_DEFECTS ("enabled_forward", "no_sync"): not drawn
+            _no_enabled_forward_before_no_sync(sc)
         if space.loop:
             sc.module = {k: draw(st.sampled_from(v)) for k, v in MODULES.items()}
             if workload["graph"] == "shared" or workload["layout"] == "transposed":  # validate says why
@@ -190,23 +190,20 @@ def scenarios(world_size: int, space: Space):
     return build()
 
 
-def _no_enabled_forward_before_no_sync(steps: list, ckpt) -> None:
+def _no_enabled_forward_before_no_sync(sc: Scenario) -> None:
     """Turn a grad-enabled forward without backward whose next training forward runs under
     ``no_sync()`` (the same step's micro-step at its ``at``, or the next step's first, the same DDP)
     into a ``no_grad`` one: torch's DDP with ``find_unused_parameters`` fails that loop
     (:data:`UPSTREAM_DEFECTS`)."""
-    def synced(s, j):
-        micro = steps[s]["micro"]
-        return micro[j].get("sync", j == len(micro) - 1)
-    for s, step in enumerate(steps):
+    for s, step in enumerate(sc.steps):
         for f in step.get("eval", ()):
             if f["grad"] != "enabled":
                 continue
             if f["at"] < len(step["micro"]):
                 nxt = (s, f["at"])
             else:
-                nxt = (s + 1, 0) if s + 1 < len(steps) and ckpt != s else None
-            if nxt is not None and not synced(*nxt):
+                nxt = (s + 1, 0) if s + 1 < len(sc.steps) and sc.checkpoint_at != s else None
+            if nxt is not None and not sc.synced(*nxt):
                 f["grad"] = "no_grad"
 
 
