@@ -47,7 +47,8 @@ from conformance.options import parse_matrix, parse_model
 from conformance.outcome import outcome
 from conformance.settings import Settings, default_help, use_hypothesis_cache
 from conformance.worlds.runtimes.cpu import resolve_backend
-from conformance.report.expected import ExpectedFailures, mark_expected_failures, read_expected_failures
+from conformance.report.expected import mark_expected_failures, read_expected_failures
+from conformance.report.findings import run_expectations
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("runtime", "cpu", "comma list of runtimes: cpu, pjrt, xrt")
@@ -59,6 +60,7 @@ flags.DEFINE_string("only", None, "comma list of tags: run only cases carrying o
 flags.DEFINE_string("skip", None, "comma list of tags: leave out cases carrying one")
 flags.DEFINE_string("profile", None, "example budget of property cases: dev, ci, ci-pjrt, thorough")
 flags.DEFINE_string("expected_failures", None, "file of verdict ids whose failure is expected")
+flags.DEFINE_bool("strict_findings", False, "do not apply the kit's own findings in torch, torch_xla and gloo")
 flags.DEFINE_string("backend", None, "torch.distributed backend of the CPU worlds: a name (default gloo) or "
                     "module:function registering one (env CONFORMANCE_BACKEND)")
 flags.DEFINE_string("model", None, "package.module:factory of your own model (a conformance.UserModel): "
@@ -108,7 +110,8 @@ class ConformanceTestCase(parameterized.TestCase):
         rows = list(_MODEL_CASES.values()) if FLAGS.model else CASES.values()
         if case not in select_rows(rows, split_list(FLAGS.only), split_list(FLAGS.skip)):
             self.skipTest(f"{name} not selected by --only/--skip")
-        expected = read_expected_failures(FLAGS.expected_failures) if FLAGS.expected_failures else ExpectedFailures()
+        expected, _ = run_expectations(read_expected_failures(FLAGS.expected_failures) if FLAGS.expected_failures
+                                       else None, FLAGS.strict_findings)
         for runtime, w, impls in self._targets(case):
             for impl in impls:
                 with self.subTest(impl=impl, runtime=runtime, world_size=w):

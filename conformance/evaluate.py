@@ -17,6 +17,7 @@ that must kill it) through the same entry point.
 """
 from __future__ import annotations
 
+from conformance.cases.kinds import REGISTRY
 from conformance.cases.row import Case
 from conformance.cases.validation import kinds
 from conformance.errors import Unsupported
@@ -174,10 +175,13 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         overrides["shrink"] = shrink
     row = resolve_impl(impl)
     model = case.model
+    subject = REGISTRY[case.kind].subject
+    # a backend's verdicts carry its name: they are the same whatever DDP runs above it
+    label = get_runtime(runtime, session.settings).backend_label() if subject == "backend" else impl
 
     def each(status, reason, diagnosis=""):
-        return [Verdict(case.name, c, impl, runtime, model, world_size, status, reason=reason,
-                        diagnosis=diagnosis, family=case.family) for c in case.checks]
+        return [Verdict(case.name, c, label, runtime, model, world_size, status, reason=reason,
+                        diagnosis=diagnosis, family=case.family, subject=subject) for c in case.checks]
 
     if kind.searches and not getattr(session.pool, "sees_every_result", True):
         return each("skip", f"{case.family} cases need a world the kit spawns: Hypothesis draws each example "
@@ -208,8 +212,8 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     if verdicts is None:  # non-root process of a launcher-built world: rank 0 judges
         return []
     for v in verdicts:
-        v.case, v.family, v.impl, v.runtime, v.world_size = case.name, case.family, impl, runtime, world_size
-        v.model = model
+        v.case, v.family, v.impl, v.runtime, v.world_size = case.name, case.family, label, runtime, world_size
+        v.model, v.subject = model, subject
     return verdicts
 
 

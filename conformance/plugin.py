@@ -61,6 +61,8 @@ def pytest_addoption(parser):
     g.addoption("--conformance-expected-failures", default=None, metavar="FILE",
                 help="verdicts whose failure is expected (reported xfail): one a line, a case, "
                 "case:check, verdict id or a * pattern over ids")
+    g.addoption("--conformance-strict-findings", action="store_true",
+                help="do not apply the kit's own findings in torch, torch_xla and gloo (docs/findings.md)")
     g.addoption("--conformance-mutants", action="store_true",
                 help="run the mutant kill matrix also when --conformance-ddp names implementations")
     g.addoption("--conformance-timeout", type=float, default=None,
@@ -110,9 +112,10 @@ def pytest_configure(config):
     if _opt(config, "only") or _opt(config, "skip"):
         _usage(selected_cases, config)
     _usage(profile_examples, _opt(config, "profile"))
-    if _opt(config, "expected-failures"):
-        from conformance.report.expected import read_expected_failures
-        config.stash[_EXPECTED] = _usage(read_expected_failures, _opt(config, "expected-failures"))
+    from conformance.report.expected import read_expected_failures
+    from conformance.report.findings import run_expectations
+    user = _usage(read_expected_failures, _opt(config, "expected-failures")) if _opt(config, "expected-failures") else None
+    config.stash[_EXPECTED] = run_expectations(user, config.getoption("--conformance-strict-findings"))[0]
     config.stash[_SETTINGS] = _usage(settings_of, config)
     if _opt(config, "backend"):
         from conformance.worlds.runtimes.cpu import resolve_backend
@@ -180,9 +183,14 @@ def pytest_generate_tests(metafunc):
     names = metafunc.fixturenames
     config = metafunc.config
     if "conformance_case" in names:
-        params = [pytest.param((case, impl, rt, w), marks=marks, id=f"{case.name}-{impl}-{rt}-w{w}")
-                  for rt, w, marks in runtime_worlds(config) for impl in impls_for(config, rt)
-                  for case in selected_cases(config) if _runs_at(config, case, rt, w)]
+        from conformance.cases.kinds import REGISTRY
+        # a backend's case once per world: its verdicts do not depend on the DDP above it
+        params = [pytest.param((case, impl, rt, w), marks=marks,
+                               id=f"{case.name}-{'backend' if backend else impl}-{rt}-w{w}")
+                  for rt, w, marks in runtime_worlds(config) for i, impl in enumerate(impls_for(config, rt))
+                  for case in selected_cases(config)
+                  for backend in [REGISTRY[case.kind].subject == "backend"]
+                  if _runs_at(config, case, rt, w) and (i == 0 or not backend)]
         metafunc.parametrize("conformance_case", params)
     elif "conformance_kill" in names:
         params = []

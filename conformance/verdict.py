@@ -40,6 +40,8 @@ class Verdict:
         replicas: on a replica failure, one dict per replica (rank, host, pid,
             status, step, phase, last collective, exception, traceback, stacks,
             exit code, log tail: ``conformance.worlds.spawned.ReplicaError.diagnosis``).
+        subject: ``"ddp"`` (the implementation under test, ``impl``) or ``"backend"``
+            (the collectives beneath it; ``impl`` then names the backend, e.g. ``gloo``).
     """
 
     case: str
@@ -61,6 +63,7 @@ class Verdict:
     family: str = ""
     example: dict | None = None
     replicas: list = field(default_factory=list)
+    subject: str = "ddp"
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -1,24 +1,21 @@
-"""docs/findings/expected-failures.txt (the known failures of the shipped paths that
-`tox -e cpu` passes to ``python -m conformance run --expected-failures``) cannot rot
-silently: every line names a verdict id that exists - a case of the table, a check
-that case reports, an implementation row, a runtime, a world size >= 2 - and a
-finding of docs/findings.md in its comment.
+"""The kit's findings files (conformance/report/findings/: the known failures of torch's DDP, its
+shipped paths, torch_xla's rows and the backends beneath them, which every run applies) cannot
+rot silently: every line names a verdict id that exists - a case of the table, a check that
+case reports, an implementation row, a runtime, a world size >= 2 - and a finding of
+docs/findings.md in its comment.
 
-The CLI itself only warns about listed ids that no longer fail or match no verdict of
-the run (conformance.report.text.apply_expected_failures), so a renamed case or check would
-otherwise leave a dead line behind.
+The CLI itself only warns about shipped ids that no longer fail (conformance.report.expected), so
+a renamed case or check would otherwise leave a dead line behind.
 """
 import pathlib
 import re
 
 import pytest
 
+from conformance.report.findings import FILES, FOLDER
+
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
-EXPECTED = DOCS / "findings" / "expected-failures.txt"
-#: torch's own DDP (README command 1, tox's pytest runs), same format and checks
-EXPECTED_TORCH = DOCS / "findings" / "expected-failures-torch.txt"
-#: the PJRT shipped rows (tox -e pjrt's SPMD command)
-EXPECTED_PJRT = DOCS / "findings" / "expected-failures-pjrt.txt"
+PATHS = [FOLDER / f.name for f in FILES]
 # conformance.verdict.Verdict.id: <case>:<check>[<impl>-<runtime>-w<W>]
 VERDICT_ID = re.compile(r"^(?P<case>[^:\s]+):(?P<check>[^\[\s]+)"
                         r"\[(?P<impl>\S+)-(?P<runtime>[a-z]+)-w(?P<w>\d+)\]$")
@@ -69,7 +66,7 @@ def problems(lines, findings_md: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", [EXPECTED, EXPECTED_TORCH, EXPECTED_PJRT], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
 def test_expected_failures_name_existing_verdicts_and_findings(path):
     lines = path.read_text().splitlines()
     assert any(ln.split("#", 1)[0].strip() for ln in lines), f"{path.name} lists nothing"
@@ -77,7 +74,7 @@ def test_expected_failures_name_existing_verdicts_and_findings(path):
     assert not got, "\n".join(got)
 
 
-@pytest.mark.parametrize("path", [EXPECTED, EXPECTED_TORCH, EXPECTED_PJRT], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
 def test_no_duplicate_lines(path):
     ids = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()]
     ids = [i for i in ids if i]
@@ -114,9 +111,9 @@ def test_checker_accepts_a_live_explained_line(line):
     assert problems([line], FINDINGS_MD) == []
 
 
-def test_tox_cpu_runs_every_shipped_path_with_this_file():
-    """`tox -e cpu` passes every row of conformance.impls.torch_paths (a new row is not left out of CI)
-    and this file to the CLI."""
+def test_tox_cpu_runs_every_shipped_path():
+    """`tox -e cpu` passes every row of conformance.impls.torch_paths to the CLI (a new row is not
+    left out of CI), with no expected-failures file: the kit applies its own findings."""
     import configparser
 
     from conformance.impls.torch_paths import shipped_rows
@@ -126,7 +123,12 @@ def test_tox_cpu_runs_every_shipped_path_with_this_file():
     assert len(run) == 1, run
     ddp = re.search(r"--ddp (\S+)", run[0])[1].split(",")
     assert sorted(ddp) == sorted(r.name for r in shipped_rows())
-    assert f"--expected-failures {EXPECTED.relative_to(DOCS.parent)}" in run[0]
+    assert "expected-failures" not in tox["testenv:cpu"]["commands"]
+
+
+def test_every_findings_file_is_in_the_table():
+    """A file under conformance/report/findings/ that FILES does not name would never apply."""
+    assert sorted(p.name for p in FOLDER.glob("*.txt")) == sorted(f.name for f in FILES)
 
 
 # --- the semantics of an expected-failures file (conformance.report.expected) -------------
@@ -232,5 +234,40 @@ def test_well_formed_entries_that_match_nothing_are_read(tmp_path):
                "parity.linear:param_parity[my-pkg.ddp:DDP-pjrt_spmd-w4]"]
     (tmp_path / "x.txt").write_text("\n".join(entries) + "\n")
     assert list(read_expected_failures(str(tmp_path / "x.txt"))) == entries
-    for path in (EXPECTED, EXPECTED_TORCH):
+    for path in PATHS:
         assert len(read_expected_failures(str(path))) > 0
+
+
+# --- the kit's own findings (conformance.report.findings) ---------------------------------
+
+def test_a_shipped_finding_is_xfail_naming_it_and_warns_only_when_it_stops_failing():
+    from conformance.report.expected import apply_expected_failures, parse_expected_failures
+    kit = parse_expected_failures("collective.noncontiguous.all_reduce:result[*-cpu-w2]  # finding 13: gloo\n"
+                                  "parity.gone:param_parity[torch-cpu-w2]  # finding 12: torch", shipped=True)
+    failing = _verdict("collective.noncontiguous.all_reduce", "result", "gloo", "fail")
+    assert apply_expected_failures([failing], kit) == []  # the unmatched shipped entry is no news
+    assert failing.status == "xfail" and failing.reason.startswith("expected failure (finding 13: gloo): ")
+    passing = _verdict("collective.noncontiguous.all_reduce", "result", "gloo", "pass")
+    assert apply_expected_failures([passing], kit) == [
+        "the kit's finding collective.noncontiguous.all_reduce:result[*-cpu-w2] (finding 13: gloo) "
+        "no longer fails (status pass)"]
+
+
+def test_a_users_entry_that_repeats_a_shipped_one_is_warned_about_as_the_users():
+    from conformance.report.expected import expected_failure_warnings, parse_expected_failures
+    both = parse_expected_failures("parity.gone") + parse_expected_failures("parity.gone  # f", shipped=True)
+    assert expected_failure_warnings([], both) == ["expected failure parity.gone matches no verdict of this run"]
+
+
+def test_findings_apply_on_their_release_only(monkeypatch):
+    from conformance.report import findings
+    monkeypatch.setattr(findings.metadata, "version", lambda pkg: {"torch": "2.13.0"}.get(pkg) or
+                        (_ for _ in ()).throw(findings.metadata.PackageNotFoundError(pkg)))
+    kit = findings.kit_findings()
+    assert kit.applied == ("cpu-torch-2.13.txt", "cpu-torch-2.13-shipped-paths.txt")
+    assert kit.not_applied == (("pjrt-torch_xla-2.9.txt", "measured on torch_xla 2.9, installed none"),)
+    assert "collective.noncontiguous.all_reduce:result[gloo-cpu-w2]" in kit.expected
+    monkeypatch.setattr(findings.metadata, "version", lambda pkg: "2.130.0")  # not the 2.13 line
+    assert findings.kit_findings().applied == ()
+    strict = findings.kit_findings(strict=True)
+    assert strict.applied == () and len(strict.expected) == 0

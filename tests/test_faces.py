@@ -10,8 +10,6 @@ import pytest
 pytestmark = pytest.mark.cpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# gloo's known defect (finding 13) fails a collective case under every DDP: listed, as README command 1 does
-BACKEND_FINDINGS = os.path.join(REPO, "docs", "findings", "expected-failures-torch.txt")
 
 
 def run(args, cwd, timeout=900, env=None):
@@ -25,12 +23,12 @@ def test_cli_and_pytest_give_the_same_verdict_ids(tmp_path):
     (the smallest example budget: ids do not depend on it)."""
     env = dict(os.environ, CONFORMANCE_PROFILE="dev")
     cli = run(["-m", "conformance", "run", "--runtime", "cpu", "--world-size", "2", "--ddp", "ref",
-               "--quiet", "--json", str(tmp_path / "cli.json"), "--expected-failures", BACKEND_FINDINGS],
+               "--quiet", "--json", str(tmp_path / "cli.json")],
               cwd=tmp_path, env=env)
     assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-3000:]
     py = run(["-m", "pytest", "--pyargs", "conformance", "-p", "no:cacheprovider", "-q", "-m", "cpu",
               "--conformance-runtime", "cpu", "--conformance-world-size", "2", "--conformance-ddp", "ref",
-              "--conformance-json", str(tmp_path / "py.json"), "--conformance-expected-failures", BACKEND_FINDINGS],
+              "--conformance-json", str(tmp_path / "py.json")],
              cwd=tmp_path, env=env)
     assert py.returncode == 0, py.stdout[-3000:] + py.stderr[-3000:]
     a = {v["id"]: v["status"] for v in json.loads((tmp_path / "cli.json").read_text())["verdicts"]}

@@ -76,10 +76,15 @@ class Registration:
         needs_impl: rows build a model through the implementation under test; ``False``: the
             verdicts do not depend on it (an implementation unsupported on a runtime, or
             refusing a kind, does not make them ``unsupported``).
+        subject: what the verdicts judge (:data:`SUBJECTS`): ``"ddp"``, the implementation
+            under test; ``"backend"``, the collectives beneath every DDP, judged once per
+            runtime and world size and labelled with the backend's name
+            (``Runtime.backend_label``), not the DDP's.
     """
 
     module: str
     needs_impl: bool = True
+    subject: str = "ddp"
 
     @property
     def package(self) -> str:
@@ -97,7 +102,9 @@ REGISTRY = {
     "property": Registration("conformance.cases.properties.run"),
     "invariant": Registration("conformance.cases.ranks", needs_impl=False),
     "scenario": Registration("conformance.cases.scenarios.kind"),
-    "collective": Registration("conformance.cases.collectives.kind", needs_impl=False),
+    "collective": Registration("conformance.cases.collectives.kind", needs_impl=False, subject="backend"),
 }
+#: What a verdict can judge: the DDP under test, or the backend beneath it.
+SUBJECTS = ("ddp", "backend")
 #: Every kind's name, registry order.
 KINDS = tuple(REGISTRY)

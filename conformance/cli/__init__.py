@@ -59,6 +59,8 @@ class RunOptions:
     junitxml: str | None = None
     require_supported: str | None = None
     user_model: str | None = None
+    fail_on_backend: bool = False
+    strict_findings: bool = False
 
     @property
     def required(self) -> list[str]:
@@ -114,6 +116,12 @@ def build_parser():
                      help="verdict ids (one a line, # comments) whose failure is expected: reported "
                      "xfail; ids that no longer fail or no longer exist are warned about; a line that is no "
                      "entry is an error")
+    run.add_argument("--strict-findings", action="store_true",
+                     help="do not apply the kit's own findings (the defects it measured in torch, torch_xla "
+                     "and gloo on the installed versions, docs/findings.md): their verdicts fail again")
+    run.add_argument("--fail-on-backend", action="store_true",
+                     help="a failing verdict of the backend beneath the DDP (the collective family, reported "
+                     "apart) exits 1 too; it always does when --backend names the backend under test")
     run.add_argument("--require-supported", default=None, metavar="LIST",
                      help="comma list of keywords or methods (find_unused_parameters, join, ...) or "
                      "'all': an unsupported verdict whose cause names one exits 1 (a DDP must "

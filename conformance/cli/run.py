@@ -20,10 +20,11 @@ from conformance.cli.lanes import Lanes, Unit, skip_finalization
 from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
 from conformance.report.coverage import coverage, unmet_requirements
-from conformance.report.expected import (ExpectedFailures, expected_failure_warnings, mark_expected_failures,
-                                         read_expected_failures)
-from conformance.report.text import (build_json, counts, exit_code, kill_matrix_text, kill_summary,
+from conformance.report.expected import expected_failure_warnings, mark_expected_failures, read_expected_failures
+from conformance.report.findings import run_expectations
+from conformance.report.text import (backend_section, build_json, counts, exit_code, kill_matrix_text, kill_summary,
                                      verdict_table, write_json_doc)
+from conformance.cases.kinds import REGISTRY
 from conformance.report.writers import RunOutput, run_targets, write_all
 from conformance.settings import Settings
 from conformance.verdict import BAD
@@ -89,7 +90,8 @@ class _Run:
     def __init__(self, settings: Settings, options: RunOptions, json_out, cases: list, targets: list):
         self.settings, self.o, self.json_out, self.cases, self.targets = settings, options, json_out, cases, targets
         o = options
-        self.expected = read_expected_failures(o.expected_failures) if o.expected_failures else ExpectedFailures()
+        self.expected, self.findings = run_expectations(
+            read_expected_failures(o.expected_failures) if o.expected_failures else None, o.strict_findings)
         self.pool = ExternalPool(targets[0][0], settings) if o.env_launch else WorldPool(settings)
         self.session = Session(self.pool, settings=settings)
         self.sessions = [self.session]  # one per lane (conformance.cli.lanes)
@@ -100,10 +102,12 @@ class _Run:
         self.stopped = None  # --exitfirst: the verdict that stopped the run
         self.stopped_each = {}  # --exitfirst-each: implementation -> the verdict that stopped it
         self.interrupted = None  # the signal number that stopped the run
-        self.total = sum(len(impls) * len(self.cases_at(rt, w))
+        self.total = sum(len(self.runs_at(rt, w, impls))
                          + (sum(1 for m in MUTANTS for c in self.cases_at(rt, w) if m in c.must_kill)
                             if o.mutants else 0)
                          for rt, w, impls in targets)
+        # the backend's verdicts decide the exit code when asked, or when the backend is the subject
+        self.judge_backend = o.fail_on_backend or settings.backend != "gloo"
         self.done = 0
         self.bar = progress_bar(self.total, o.quiet or o.env_launch, settings.progress_every,
                                 counts=lambda: counts(self.verdicts))
@@ -114,6 +118,12 @@ class _Run:
         """A case runs at its own default world sizes (Case.world_sizes), unless the world size
         is given: --world-size, or the launcher's world (--launcher env)."""
         return [c for c in self.cases if case_runs_at(c, rt, w, self.o.world_size or self.o.env_launch)]
+
+    def runs_at(self, rt, w, impls) -> list:
+        """The ``(impl, case)`` runs of one target world: every case for every implementation,
+        but a backend's case once (its verdicts do not depend on the DDP above it)."""
+        return [(impl, c) for i, impl in enumerate(impls) for c in self.cases_at(rt, w)
+                if i == 0 or REGISTRY[c.kind].subject != "backend"]
 
     def go(self) -> int:
         """Evaluate, then report (a partial report when a signal interrupted the run); the exit code."""
@@ -151,7 +161,7 @@ class _Run:
         launcher-built world (its processes are the one world)."""
         if self.o.exitfirst or self.o.exitfirst_each or self.o.env_launch:
             return 1
-        runs = sum(len(impls) * len(self.cases_at(rt, w)) for rt, w, impls in self.targets)
+        runs = sum(len(self.runs_at(rt, w, impls)) for rt, w, impls in self.targets)
         return max(1, min(self.settings.lanes, runs))
 
     def evaluate_all(self) -> None:
@@ -172,9 +182,8 @@ class _Run:
             self.sessions.append(lane)
         units = []
         for t, (rt, w, impls) in enumerate(self.targets):
-            for impl in impls:
-                for case in self.cases_at(rt, w):
-                    units.append(Unit(len(units), t, impl, case))
+            for impl, case in self.runs_at(rt, w, impls):
+                units.append(Unit(len(units), t, impl, case))
 
         def work(session, unit):
             rt, w, _ = self.targets[unit.target]
@@ -203,15 +212,14 @@ class _Run:
         for t, (rt, w, impls) in enumerate(self.targets):
             later = [(rt2, w2, impls2) for rt2, w2, impls2 in self.targets[t + 1:] if self.cases_at(rt2, w2)][:1]
             prestarted = False
-            for impl in impls:
-                for case in self.cases_at(rt, w):
-                    if self.stopped or impl in self.stopped_each:
-                        break
-                    got = self.evaluate_case(self.session, case, impl, rt, w)
-                    if later and not prestarted:  # this world is up: the next one starts meanwhile
-                        self.session.prestart(*later[0])
-                        prestarted = True
-                    self.record(got, impl)
+            for impl, case in self.runs_at(rt, w, impls):
+                if self.stopped or impl in self.stopped_each:
+                    continue
+                got = self.evaluate_case(self.session, case, impl, rt, w)
+                if later and not prestarted:  # this world is up: the next one starts meanwhile
+                    self.session.prestart(*later[0])
+                    prestarted = True
+                self.record(got, impl)
             if self.o.mutants and not self.stopped:
                 self.kill_matrix(rt, w)
 
@@ -235,7 +243,7 @@ class _Run:
             self.by_unit[unit] = got
             self.verdicts = [v for i in sorted(self.by_unit) for v in self.by_unit[i]]
         self.tick()
-        bad = next((v for v in got if v.status in BAD), None)
+        bad = next((v for v in got if v.status in BAD and (self.judge_backend or v.subject != "backend")), None)
         if self.o.exitfirst:
             self.stopped = bad
         elif self.o.exitfirst_each and bad:
@@ -257,7 +265,11 @@ class _Run:
                "model": self.o.user_model, "coverage": [c.to_json() for c in coverage(self.verdicts)],
                "require_supported": self.o.required,
                "optimizer_fault_kinds": OPTIMIZER_REVEALS, "complete": complete,
-               "interrupted": bool(self.interrupted), "finished": {"case_runs": self.done, "of": self.total}}
+               "interrupted": bool(self.interrupted), "finished": {"case_runs": self.done, "of": self.total},
+               "backend": {"judged": self.judge_backend, "names": sorted({v.impl for v in self.verdicts
+                                                                          if v.subject == "backend"}),
+                           "counts": counts([v for v in self.verdicts if v.subject == "backend"])},
+               "findings": self.findings.to_json()}
         if self.interrupted:
             out["interrupted_by"] = _signame(self.interrupted)
         if self.stopped:
@@ -304,7 +316,10 @@ class _Run:
         shared = shared_cause(self.verdicts)  # one fault behind most failures: said first
         if shared:
             print(shared.text())
-        print(verdict_table(self.verdicts))
+        print(verdict_table([v for v in self.verdicts if v.subject != "backend"]))
+        section = backend_section(self.verdicts, self.judge_backend)
+        if section:
+            print(section)
         measured = getattr(self.session, "_measured_tolerances", {})  # --model: each bound, said once
         for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items()):
             print(f"{self.o.user_model} on {rt_} W={w_}: {note}")
@@ -337,12 +352,17 @@ class _Run:
 
     def print_summary(self) -> int:
         """The counts line, the coverage lines, unmet ``--require-supported``; the exit code."""
-        c = counts(self.verdicts)
+        mine = [v for v in self.verdicts if v.subject != "backend"]
+        c = counts(mine)
         ks = kill_summary(self.kills)
         print(", ".join(f"{n} {s}" for s, n in c.items() if n or s in ("pass", "fail"))
               + (f"; mutants: {sum(r == 'killed' for r in ks.values())} killed, "
                  f"{sum(r == 'survived' for r in ks.values())} survived, "
                  f"{sum(r == 'unsupported' for r in ks.values())} unsupported" if self.kills else ""))
+        backend = [v for v in self.verdicts if v.subject == "backend"]
+        if backend:
+            print("backend " + ", ".join(f"{n} {s}" for s, n in counts(backend).items() if n)
+                  + ("" if self.judge_backend else " (reported apart: --fail-on-backend counts them)"))
         for cov in coverage(self.verdicts):
             print(cov.text())
         required = self.o.required
@@ -351,7 +371,7 @@ class _Run:
             print(f"--require-supported {','.join(required)}: {len(unmet)} verdict(s) unsupported, "
                   f"e.g. {unmet[0].id}: {unmet[0].reason.splitlines()[0] if unmet[0].reason else ''}")
         sys.stdout.flush()
-        return max(exit_code(self.verdicts, self.kills), 1 if unmet else 0)
+        return max(exit_code(self.verdicts, self.kills, self.judge_backend), 1 if unmet else 0)
 
 
 def _signame(signum: int) -> str:

@@ -66,6 +66,7 @@ class Coverage:
     verdicts: int
     tested: int
     causes: list
+    subject: str = "ddp"
 
     @property
     def share(self) -> float:
@@ -74,7 +75,8 @@ class Coverage:
 
     def text(self, top: int = 3) -> str:
         """One line: ``coverage ref: 452 of 468 verdicts tested (96.6 %); not tested: ...``."""
-        s = f"coverage {self.impl}: {self.tested} of {self.verdicts} verdicts tested ({100 * self.share:.1f} %)"
+        who = self.impl if self.subject == "ddp" else f"{self.subject} {self.impl}"
+        s = f"coverage {who}: {self.tested} of {self.verdicts} verdicts tested ({100 * self.share:.1f} %)"
         if self.causes:
             s += "; not tested: " + "; ".join(c.text() for c in self.causes[:top])
             if len(self.causes) > top:
@@ -82,7 +84,7 @@ class Coverage:
         return s
 
     def to_json(self) -> dict:
-        return {"impl": self.impl, "verdicts": self.verdicts, "tested": self.tested,
+        return {"impl": self.impl, "subject": self.subject, "verdicts": self.verdicts, "tested": self.tested,
                 "share": round(self.share, 6), "causes": [c.__dict__ for c in self.causes]}
 
 
@@ -90,7 +92,7 @@ def coverage(verdicts: list[Verdict]) -> list[Coverage]:
     """Per implementation, in order of first appearance."""
     out: dict[str, dict] = {}
     for v in verdicts:
-        d = out.setdefault(v.impl, {"n": 0, "tested": 0, "causes": {}})
+        d = out.setdefault((v.subject, v.impl), {"n": 0, "tested": 0, "causes": {}})
         d["n"] += 1
         if v.status in TESTED:
             d["tested"] += 1
@@ -100,11 +102,11 @@ def coverage(verdicts: list[Verdict]) -> list[Coverage]:
             c["cases"].add(v.case)
             c["families"].add(v.family or v.case.split(".")[0])
     result = []
-    for impl, d in out.items():
+    for (subject, impl), d in out.items():
         causes = [Cause(st, cause, c["n"], sorted(c["cases"]), sorted(c["families"]))
                   for (st, cause), c in d["causes"].items()]
         causes.sort(key=lambda c: (-c.verdicts, c.status, c.cause))
-        result.append(Coverage(impl, d["n"], d["tested"], causes))
+        result.append(Coverage(impl, d["n"], d["tested"], causes, subject))
     return result
 
 

@@ -57,11 +57,26 @@ def _regex(entry: str) -> re.Pattern:
 
 class ExpectedFailures:
     """The entries of one expected-failures file; ``vid in expected`` tells whether an
-    entry covers verdict id ``vid``. Iterating gives the entries (strings)."""
+    entry covers verdict id ``vid``. Iterating gives the entries (strings).
 
-    def __init__(self, entries=()):
+    ``notes``: entry -> its line's comment (the xfail reason names it, e.g. the finding);
+    ``shipped``: entries the kit ships (:mod:`conformance.report.findings`), which are not
+    warned about when a run has no verdict they match (most runs select few cases)."""
+
+    def __init__(self, entries=(), notes=None, shipped=()):
         self.entries = list(dict.fromkeys(e.strip() for e in entries if e and e.strip()))
         self._regexes = [(e, _regex(e)) for e in self.entries]
+        self.notes = dict(notes or {})
+        self.shipped = frozenset(shipped)
+
+    def __add__(self, other: "ExpectedFailures") -> "ExpectedFailures":
+        listed = (set(self.entries) - self.shipped) | (set(other.entries) - other.shipped)  # a user's own
+        return ExpectedFailures(self.entries + other.entries, {**other.notes, **self.notes},
+                                (self.shipped | other.shipped) - listed)
+
+    def note(self, vid: str) -> str:
+        """The comment of the first entry covering ``vid`` that has one (``""``: none)."""
+        return next((self.notes[e] for e in self.matching(vid) if self.notes.get(e)), "")
 
     def matching(self, vid: str) -> list[str]:
         """The entries that cover verdict id ``vid``."""
@@ -84,9 +99,12 @@ def _as_expected(expected) -> ExpectedFailures:
     return expected if isinstance(expected, ExpectedFailures) else ExpectedFailures(expected or ())
 
 
-def parse_expected_failures(text: str) -> ExpectedFailures:
-    """The entries of a file's text (comments and blank lines dropped)."""
-    return ExpectedFailures(ln.split("#", 1)[0].strip() for ln in text.splitlines())
+def parse_expected_failures(text: str, shipped: bool = False) -> ExpectedFailures:
+    """The entries of a file's text, each with its line's comment as its note (blank lines
+    and comment lines dropped); ``shipped``: the kit's own findings."""
+    pairs = [(a.strip(), b.strip()) for a, _, b in (ln.partition("#") for ln in text.splitlines())]
+    entries = [e for e, _ in pairs if e]
+    return ExpectedFailures(entries, {e: n for e, n in pairs if e and n}, entries if shipped else ())
 
 
 def read_expected_failures(path: str) -> ExpectedFailures:
@@ -127,9 +145,10 @@ def mark_expected_failures(verdicts: list[Verdict], expected) -> None:
         return
     for v in verdicts:
         if v.status in BAD and v.id in expected:
-            was = v.status
+            was, note = v.status, expected.note(v.id)
             v.status = "xfail"
-            v.reason = ("expected failure: " if was == "fail" else f"expected failure ({was}): ") + v.reason
+            why = ", ".join(x for x in (was if was != "fail" else "", note) if x)
+            v.reason = f"expected failure{f' ({why})' if why else ''}: " + v.reason
 
 
 def expected_failure_warnings(verdicts: list[Verdict], expected) -> list[str]:
@@ -142,13 +161,16 @@ def expected_failure_warnings(verdicts: list[Verdict], expected) -> list[str]:
             statuses[e][v.status] += 1
     warnings = []
     for e, st in statuses.items():
+        what = (f"the kit's finding {e} ({expected.notes[e]})" if e in expected.shipped and expected.notes.get(e)
+                else f"expected failure {e}")
         if not st:
-            warnings.append(f"expected failure {e} matches no verdict of this run")
+            if e not in expected.shipped:
+                warnings.append(f"{what} matches no verdict of this run")
         elif not any(st[s] for s in BAD + ("xfail",)):
             if sum(st.values()) == 1:
-                warnings.append(f"expected failure {e} no longer fails (status {next(iter(st))})")
+                warnings.append(f"{what} no longer fails (status {next(iter(st))})")
             else:
-                warnings.append(f"expected failure {e} no longer fails (its {sum(st.values())} verdicts: "
+                warnings.append(f"{what} no longer fails (its {sum(st.values())} verdicts: "
                                 + ", ".join(f"{n} {s}" for s, n in sorted(st.items())) + ")")
     return warnings
 

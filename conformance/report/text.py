@@ -241,8 +241,32 @@ def _umask() -> int:
     return mask
 
 
-def exit_code(verdicts: list[Verdict], kill_rows: list[KillRow] = ()) -> int:
-    """0 unless a verdict is fail/vacuous or a mutant survived a case that must kill it."""
-    bad = any(v.status in BAD for v in verdicts)
+def exit_code(verdicts: list[Verdict], kill_rows: list[KillRow] = (), judge_backend: bool = True) -> int:
+    """0 unless a verdict is fail/vacuous or a mutant survived a case that must kill it.
+    ``judge_backend=False``: the backend's verdicts (``Verdict.subject``) do not count (a run
+    certifying a DDP reports them apart: :func:`backend_section`)."""
+    bad = any(v.status in BAD for v in verdicts if judge_backend or v.subject != "backend")
     survived = any(r == SURVIVED for r in kill_summary(list(kill_rows)).values())
     return 1 if bad or survived else 0
+
+
+def backend_section(verdicts: list[Verdict], judged: bool) -> str:
+    """The backend's verdicts apart from the DDP's: a heading per backend with its counts,
+    then the table of those that did not pass; ``judged``: whether they count toward the exit
+    code (``--fail-on-backend``, or a ``--backend`` under test). ``""`` without any."""
+    mine = [v for v in verdicts if v.subject == "backend"]
+    if not mine:
+        return ""
+    out = []
+    for name in dict.fromkeys(v.impl for v in mine):
+        vs = [v for v in mine if v.impl == name]
+        c = counts(vs)
+        where = ", ".join(f"{rt} W={'/'.join(str(w) for w in sorted({v.world_size for v in vs if v.runtime == rt}))}"
+                          for rt in dict.fromkeys(v.runtime for v in vs))
+        out.append(f"\nbackend {name} ({where}), judged once beneath every DDP: "
+                   + ", ".join(f"{n} {st}" for st, n in c.items() if n)
+                   + ("" if judged else "; does not decide the exit code (--fail-on-backend makes it)"))
+        shown = [v for v in vs if v.status in BAD + ("xfail",)]
+        if shown:
+            out.append(verdict_table(shown))
+    return "\n".join(out)

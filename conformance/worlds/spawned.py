@@ -293,8 +293,8 @@ class World:
             if failed_at is not None and now >= failed_at + RAISE_GRACE:
                 break
             if (failed_at is not None and not dead and now >= failed_at + WAITING_SEEN_S
-                    and self._all_waiting(task, pending)):
-                break
+                    and (self._resettable or self._all_waiting(task, pending))):
+                break  # a reset ends a peer's wait in the culprit's collective (World._reset)
             if now >= deadline:
                 break
             if self.collective_bound is not None and failed_at is None:
@@ -405,21 +405,23 @@ class World:
         err = replica_error(diag, f"{self.describe()}: task {name}", timeout=timeout, elapsed=elapsed,
                             raised=raised, dead=dead, hang=hang, collective_bound=self.collective_bound,
                             load=machine_load())
-        # Only a raise with every other replica returned or inside a collective (which the
-        # reset ends): one computing elsewhere may never return, a dead host cannot rejoin.
-        keep = (type(err) is ReplicaFailed and not dead and not hang
-                and all(d["rank"] in raised or d["status"] == "ok" or d["in_collective"] for d in diag))
-        if not (keep and self._reset()):
+        # Only a raise (a dead host cannot rejoin). A peer inside a collective the culprit left
+        # fails out of it when the reset cuts the culprit's connections; one elsewhere (a
+        # collective the kit cannot see, e.g. in C++ under backward) gets RAISE_GRACE to reach
+        # one or return, else the world is replaced.
+        keep = type(err) is ReplicaFailed and not dead and not hang
+        waiting = all(d["rank"] in raised or d["status"] == "ok" or d["in_collective"] for d in diag)
+        if not (keep and self._reset(RESET_BOUND_S if waiting else RAISE_GRACE)):
             self._break()
         raise err
 
-    def _reset(self) -> bool:
+    def _reset(self, bound: float = RESET_BOUND_S) -> bool:
         """Make the world whole again after a replica raised, instead of replacing it: every
         host drops its process groups (a peer blocked in a collective the culprit left fails
         out of it and returns to its task loop) and rendezvous anew (the runtime's
         ``reset_host``; ~0.03 s, a new world forked from the host server ~0.1 s, docs/robustness.md).
         True when every host answered
-        within :data:`RESET_BOUND_S`; late reports of the failed task are dropped."""
+        within ``bound`` seconds; late reports of the failed task are dropped."""
         if not self._resettable:
             return False
         self._generation += 1
@@ -427,7 +429,7 @@ class World:
         try:
             for proc, conn in self.hosts:
                 conn.send(("reset", gen))
-            deadline = time.monotonic() + RESET_BOUND_S
+            deadline = time.monotonic() + bound
             waiting = set(range(len(self.hosts)))
             while waiting:
                 left = deadline - time.monotonic()

@@ -133,6 +133,11 @@ class Runtime:
     # True where collectives are lazy and run (and block) in ctx.mark_step (XLA).
     step_sync_runs_collectives = False
 
+    def backend_label(self) -> str:
+        """The name the collective family's verdicts carry in place of a DDP's: the
+        communication layer beneath every DDP on this runtime."""
+        return self.name
+
     def check(self, world_size: int) -> None:
         """Raise :class:`RuntimeUnavailable` (one line) if this world cannot run here."""
         # 1 is a world here (its verdicts are vacuous); the faces refuse it before (options.py)

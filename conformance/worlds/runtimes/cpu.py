@@ -128,6 +128,9 @@ class CpuRuntime(Runtime):
     def collective_bound(self) -> float:
         return 0.8 * self.settings.collective_timeout  # gloo's timeout is never below it
 
+    def backend_label(self) -> str:
+        return self.settings.backend  # gloo, or the --backend under test
+
     def host_envs(self, world_size):
         """One replica per process, grouped into :func:`conformance.settings.emulated_hosts`
         hosts with the variables torchrun gives a multi-node job (node = ``GROUP_RANK``)."""

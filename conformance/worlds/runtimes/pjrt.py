@@ -184,6 +184,9 @@ class PjrtRuntime(Runtime):
         return self.settings.pjrt_collective_bound
     step_sync_runs_collectives = True
 
+    def backend_label(self) -> str:
+        return "torch_xla"
+
     def check(self, world_size):
         super().check(world_size)
         from ddp_impl.runtime.xla import torch_xla_problem
