@@ -83,18 +83,20 @@ def _is_mutant(impl: str) -> bool:
 def merge_runs(docs: list[dict]) -> dict:
     """Verdicts and kill-matrix rows of several run JSON files. A verdict id seen
     twice (the same run given twice, overlapping runs) keeps the later input's
-    verdict once: counts and tables show each verdict id once."""
-    by_id, kills, envs, dups = {}, [], [], 0
+    verdict once: counts and tables show each verdict id once. ``backend_judged``: whether a
+    failing verdict of the backend (``subject`` ``backend``) decided an input's exit code."""
+    by_id, kills, envs, dups, judged = {}, [], [], 0, False
     for d in docs:
         for v in d.get("verdicts", []):
             vid = v.get("id") or f"{v['case']}:{v['check']}[{v['impl']}-{v['runtime']}-w{v['world_size']}]"
             dups += vid in by_id
             by_id[vid] = v
         kills += d.get("kill_matrix", [])
+        judged = judged or (d.get("backend") or {}).get("judged", False)
         if d.get("environment"):
             envs.append(d["environment"])
     return {"verdicts": list(by_id.values()), "kill_matrix": kills, "environments": envs,
-            "duplicates": dups}
+            "duplicates": dups, "backend_judged": judged}
 
 
 def impl_counts(verdicts: list[dict]) -> dict:
@@ -106,6 +108,15 @@ def impl_counts(verdicts: list[dict]) -> dict:
         c = out.setdefault(v["impl"], dict.fromkeys(STATUS_COLOURS, 0))
         c[v["status"]] = c.get(v["status"], 0) + 1
     return out
+
+
+def _is_backend(verdicts: list[dict], impl: str) -> bool:
+    return any(v["impl"] == impl and v.get("subject") == "backend" for v in verdicts)
+
+
+def _title(verdicts: list[dict], impl: str) -> str:
+    """``backend gloo`` for the backend beneath the DDPs, the implementation's name otherwise."""
+    return f"backend {impl}" if _is_backend(verdicts, impl) else impl
 
 
 def impl_label(counts: dict) -> str:
@@ -457,7 +468,7 @@ def summary_table(verdicts: list[dict]) -> str:
     out.append("</tr></thead><tbody>")
     for impl, c in impl_counts(verdicts).items():
         label = impl_label(c)
-        out.append(f'<tr class="impl-row" data-impl="{_e(impl)}"><td><a href="#{_slug(impl)}">{_e(impl)}</a></td>'
+        out.append(f'<tr class="impl-row" data-impl="{_e(impl)}"><td><a href="#{_slug(impl)}">{_e(_title(verdicts, impl))}</a></td>'
                    + _cell(_label_status(label), f"<b>{_e(label)}</b>")
                    + "".join(f'<td class="num count-{s}">{n}</td>' for s, n in c.items()) + "</tr>")
     out.append("</tbody></table>")
@@ -536,7 +547,7 @@ def impl_section(impl: str, verdicts: list[dict]) -> str:
                                     [impl]) for col in cols}
     bad_rows = {row for (row, _), v in cells.items() if v["status"] in BAD}
     rows.sort(key=lambda r: r not in bad_rows)   # stable: failing rows first, else table order
-    out = [f'<details class="impl" id="{_slug(impl)}" data-impl="{_e(impl)}"><summary><b>{_e(impl)}</b>'
+    out = [f'<details class="impl" id="{_slug(impl)}" data-impl="{_e(impl)}"><summary><b>{_e(_title(vs, impl))}</b>'
            f' — <span class="impl-label">{_e(impl_label(c))}</span> — '
            f'<span class="impl-counts">{_e(_counts_text(c))}</span></summary>',
            f'<table class="conformance-table"><thead><tr><th>case</th><th>check</th>']
@@ -640,12 +651,20 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
     killed = sum(v == KILLED for v in summ.values())
     survived = sum(v == SURVIVED for v in summ.values())
     per_impl = impl_counts(run["verdicts"])
-    n_bad = sum(c[s] for c in per_impl.values() for s in BAD)
-    bad_impls = [i for i, c in per_impl.items() if any(c[s] for s in BAD)]
+    backends = [i for i in per_impl if _is_backend(run["verdicts"], i)]
+    judged = [i for i in per_impl if i not in backends or run["backend_judged"]]
+    n_bad = sum(per_impl[i][s] for i in judged for s in BAD)
+    bad_impls = [_title(run["verdicts"], i) for i in judged if any(per_impl[i][s] for s in BAD)]
     failed = bool(n_bad or survived)
-    overall = (f"FAIL: {n_bad} failing or vacuous verdict(s) in {len(bad_impls)} of {len(per_impl)} "
+    n_ddp = len(per_impl) - len(backends)
+    overall = (f"FAIL: {n_bad} failing or vacuous verdict(s) in {len(bad_impls)} of {len(judged)} "
                f"implementation(s) ({', '.join(bad_impls) or 'none'})" if n_bad else
-               f"PASS: no verdict of the {len(per_impl)} implementation(s) failed or was vacuous")
+               f"PASS: no verdict of the {n_ddp} implementation(s) failed or was vacuous")
+    unjudged = [i for i in backends if i not in judged and any(per_impl[i][s] for s in BAD)]
+    if unjudged:
+        overall += ("; the backend beneath them (" + ", ".join(unjudged) + ") has "
+                    + str(sum(per_impl[i][s] for i in unjudged for s in BAD))
+                    + " failing verdict(s), reported apart (--fail-on-backend counts them)")
     if run["kill_matrix"]:
         overall += f"; {killed}/{len(summ)} mutants killed" + (f", {survived} {SURVIVED}" if survived else "")
     env = run["environments"][0] if run["environments"] else {}
@@ -661,7 +680,8 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
         f'<p id="overall" class="{"bad" if failed else "ok"}"><b>{_e(overall)}</b></p>',
         "<h2>Implementations</h2>",
         "<p>Each implementation under test with its own counts. <i>correct</i> only when none of its "
-        "verdicts failed or was vacuous (and one passed).</p>",
+        "verdicts failed or was vacuous (and one passed). A <i>backend</i> row is the torch.distributed "
+        "backend beneath every DDP (the collective family), judged once per world size.</p>",
         summary_table(run["verdicts"]),
         "<h2>Coverage</h2>",
         "<p>The share of each implementation's verdicts whose check ran; the rest (unsupported: "

@@ -17,7 +17,10 @@ xfail          ``<skipped type="pytest.xfail" message="reason"/>`` (as pytest wr
 With ``--mutants`` a second ``<testsuite>`` holds the kill matrix: one ``<testcase>`` per
 (mutant, case that must kill it), ``classname`` ``mutant.<name>``, ``name``
 ``<case>[<runtime>-w<W>]``; a survived cell is a ``<failure>``, one that could not run is
-``<skipped>``. A case's time is shared equally among its verdicts.
+``<skipped>``. The backend beneath the DDPs (verdicts whose ``subject`` is ``backend``: the
+collective family) has a ``<testsuite>`` of its own, ``conformance-backend``, whose property
+``judged`` says whether its failures decided the exit code. A case's time is shared equally
+among its verdicts.
 """
 from __future__ import annotations
 
@@ -87,10 +90,12 @@ def kill_testcase(row) -> ET.Element:
 
 
 def build_junit(verdicts, kill_rows=(), *, seconds: dict | None = None, created: str | None = None,
-                interrupted: str | None = None, repro=repro_command) -> ET.ElementTree:
+                interrupted: str | None = None, repro=repro_command,
+                backend_judged: bool = False) -> ET.ElementTree:
     """The JUnit tree. ``seconds`` maps ``(case, impl, runtime, W)`` to the time its evaluation
     took; ``interrupted`` names the signal that cut the run short (a suite property); ``repro``
-    gives a failing verdict's reproduce command."""
+    gives a failing verdict's reproduce command; ``backend_judged``: the run's exit code counts
+    the backend's failures (``--fail-on-backend``, a ``--backend`` under test)."""
     seconds = seconds or {}
     per_case: dict = {}
     for v in verdicts:
@@ -98,10 +103,15 @@ def build_junit(verdicts, kill_rows=(), *, seconds: dict | None = None, created:
         per_case[key] = per_case.get(key, 0) + 1
     props = {"interrupted": interrupted} if interrupted else {}
     root = ET.Element("testsuites", name="ddp-conformance")
-    root.append(_suite("conformance", [
-        verdict_testcase(v, seconds.get((v.case, v.impl, v.runtime, v.world_size), 0.0)
-                         / per_case[(v.case, v.impl, v.runtime, v.world_size)], repro) for v in verdicts],
-        created, props))
+
+    def cases(subject):
+        return [verdict_testcase(v, seconds.get((v.case, v.impl, v.runtime, v.world_size), 0.0)
+                                 / per_case[(v.case, v.impl, v.runtime, v.world_size)], repro)
+                for v in verdicts if (v.subject == "backend") == (subject == "backend")]
+    root.append(_suite("conformance", cases("ddp"), created, props))
+    if any(v.subject == "backend" for v in verdicts):
+        root.append(_suite("conformance-backend", cases("backend"), created,
+                           {**props, "judged": str(backend_judged).lower()}))
     if kill_rows:
         root.append(_suite("conformance-kill-matrix", [kill_testcase(r) for r in kill_rows], created, props))
     for k in ("tests", "failures", "errors", "skipped"):

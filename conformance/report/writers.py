@@ -225,7 +225,8 @@ class JUnitXml(Writer):
 
     def write(self, out: RunOutput) -> list[str]:
         write_junit(self.target, out.verdicts, out.kills, seconds=out.seconds,
-                    created=(out.doc or {}).get("created"), interrupted=out.interrupted, repro=out.repro)
+                    created=(out.doc or {}).get("created"), interrupted=out.interrupted, repro=out.repro,
+                    backend_judged=((out.doc or {}).get("backend") or {}).get("judged", False))
         return []
 
 

@@ -300,7 +300,7 @@ CATALOG = [
     # Issue 25 item 6, one faulty DDP per module / initial-state dimension, written from scratch
     # on torch.distributed from the README alone (module_axis_correct.py, the control, and one
     # subclass per fault overriding one small method). Measured 2026-12-03, the main command per
-    # entry (``run --ddp <spec> --expected-failures docs/findings/expected-failures-torch.txt``,
+    # entry (``run --ddp <spec>`` with the findings file of torch 2.13 passed by hand,
     # default world sizes 2 and 3): the control exits 0 (266 pass, 90 unsupported: no join, comm
     # hooks, buckets, static_graph), each faulty entry exits 1. int_buffers_skipped is caught only
     # by its construction-time part (property.broadcast names '1.num_batches_tracked'); no
