@@ -37,6 +37,7 @@ import sys
 from absl import flags
 from absl.testing import absltest, parameterized
 
+from conformance.cases.kinds import REGISTRY
 from conformance.cases.row import select_rows
 from conformance.cases.table import CASES, select
 from conformance.cases.train.usercases import user_case_rows
@@ -112,7 +113,6 @@ class ConformanceTestCase(parameterized.TestCase):
             self.skipTest(f"{name} not selected by --only/--skip")
         expected, _ = run_expectations(read_expected_failures(FLAGS.expected_failures) if FLAGS.expected_failures
                                        else None, FLAGS.strict_findings)
-        from conformance.cases.kinds import REGISTRY
         backend = REGISTRY[case.kind].subject == "backend"
         for runtime, w, impls in self._targets(case):
             # a backend's case once per world: its verdicts do not depend on the DDP above it

@@ -302,8 +302,10 @@ class World:
                 if hang:
                     break
             limit = min(deadline, failed_at + RAISE_GRACE if failed_at is not None else deadline) - now
+            # after a report, wake at each stack sample: the grace may end at the next one
+            poll = POLL_S if failed_at is None else WATCH_S
             ready = wait_any([self.hosts[i][1] for i in pending] + [self.hosts[i][0].sentinel for i in pending],
-                             timeout=max(0.0, min(POLL_S, limit)))
+                             timeout=max(0.0, min(poll, limit)))
             for i in sorted(pending):
                 proc, conn = self.hosts[i]
                 got_any = False
