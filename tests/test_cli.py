@@ -140,12 +140,12 @@ def test_run_prints_table_and_writes_json(tmp_path):
     r = run_cli("run", "--runtime", "cpu", "--world-size", "2", "--ddp", "torch,ref", "--only", "parity.linear",
                 "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "param_parity" in r.stdout and "6 pass, 0 fail" in r.stdout
+    assert "param_parity" in r.stdout and "8 pass, 0 fail" in r.stdout
     # stderr is a pipe here: one progress line per finished case run, with counts so far
-    assert "progress: 1/2 case runs (50%), 3 pass, 0 fail" in r.stderr and "progress: 2/2" in r.stderr, r.stderr
+    assert "progress: 1/2 case runs (50%), 4 pass, 0 fail" in r.stderr and "progress: 2/2" in r.stderr, r.stderr
     doc = json.loads(out.read_text())
     statuses = {(v["check"], v["impl"]): v["status"] for v in doc["verdicts"]}
-    assert statuses == {(c, i): "pass" for c in ("param_parity", "loss_parity", "agreement")
+    assert statuses == {(c, i): "pass" for c in ("param_parity", "loss_parity", "agreement", "transparency")
                         for i in ("torch", "ref")}
     from tests.test_doc_drift import report_keys_undocumented
     assert report_keys_undocumented(doc) == []  # docs/report-format.md names every key
@@ -275,8 +275,9 @@ def test_json_dash_is_stdout_with_junit_and_expected_patterns(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j.xml", "xfails.txt"]  # no '-', no failures file
     st = {(v["impl"], v["check"]): v["status"] for v in doc["verdicts"]}
     assert st == {("mutant:sum_not_mean", "param_parity"): "xfail", ("mutant:sum_not_mean", "loss_parity"): "xfail",
-                  ("mutant:sum_not_mean", "agreement"): "pass", ("ref", "param_parity"): "pass",
-                  ("ref", "loss_parity"): "pass", ("ref", "agreement"): "pass"}, st
+                  ("mutant:sum_not_mean", "agreement"): "pass", ("mutant:sum_not_mean", "transparency"): "pass",
+                  ("ref", "param_parity"): "pass", ("ref", "loss_parity"): "pass", ("ref", "agreement"): "pass",
+                  ("ref", "transparency"): "pass"}, st
     assert r.returncode == 0, r.stderr
     assert doc["complete"] is True and doc["interrupted"] is False
     assert "warning" not in r.stderr
@@ -331,7 +332,7 @@ def test_second_run_on_the_same_report_is_refused_while_the_first_runs(tmp_path)
             first.kill()
             first.wait()
     assert first.returncode == 0, out + err
-    assert json.loads((tmp_path / "conformance-report.json").read_text())["counts"]["pass"] == 3
+    assert json.loads((tmp_path / "conformance-report.json").read_text())["counts"]["pass"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conformance-report.json"]  # lock removed
 
 
@@ -415,4 +416,4 @@ def test_a_world_started_again_after_a_crash_is_a_warning_and_in_the_report(tmp_
     assert "(SIGSEGV) while starting at tests/tasks.py:" in warnings[0], warnings
     doc = json.loads(report.read_text())
     assert doc["world_restarts"] == [warnings[0].removeprefix("warning: ")]
-    assert doc["counts"]["pass"] == 3 and not doc["counts"].get("fail")
+    assert doc["counts"]["pass"] == 4 and not doc["counts"].get("fail")

@@ -193,13 +193,14 @@ def test_two_nodes_parity_and_rank_invariants(tmp_path):
     verdicts = doc["verdicts"]
     assert {(v["check"], v["impl"], v["model"]) for v in verdicts} == {
         (c, i, m) for i in ("torch", "ref") for m in ("linear", "batchnorm")
-        for c in (("param_parity", "loss_parity", "agreement") + (("buffer_parity",) if m == "batchnorm" else ()))
+        for c in (("param_parity", "loss_parity", "agreement", "transparency")
+                  + (("buffer_parity",) if m == "batchnorm" else ()))
     } | {("ranks", i, "-") for i in ("torch", "ref")}
     assert all(v["status"] == "pass" and v["world_size"] == 4 for v in verdicts), verdicts
     ranks = [v for v in verdicts if v["case"] == "invariant.ranks"]
     assert all("on 2 host(s)" in v["reason"] for v in ranks), ranks
     # Only rank 0 (node 0) prints the table; node 1's workers print none.
-    assert "param_parity" in launch.logs[0] and "16 pass, 0 fail" in launch.logs[0]
+    assert "param_parity" in launch.logs[0] and "20 pass, 0 fail" in launch.logs[0]
     assert "param_parity" not in launch.logs[1]
     assert_no_orphans([m["pid"] for m in doc["launch"]["members"]])
 

@@ -101,7 +101,8 @@ def test_user_ddp_parity_from_scratch_dir(scratch):
     assert doc["source"] == "pytest" and doc["pytest"]["exitstatus"] == 0
     assert {(v["case"], v["check"], v["status"]) for v in doc["verdicts"]} == {
         (f"parity.{m}", c, "pass") for m in ("linear", "mlp", "batchnorm")
-        for c in ("param_parity", "loss_parity", "agreement") + (("buffer_parity",) if m == "batchnorm" else ())}
+        for c in ("param_parity", "loss_parity", "agreement", "transparency")
+        + (("buffer_parity",) if m == "batchnorm" else ())}
 
 
 @pytest.mark.long
@@ -118,10 +119,10 @@ def test_conformance_json_under_xdist(scratch):
     assert "2 passed" in r.stdout and "mutant kill matrix" in r.stdout
     doc = json.loads((cwd / "x.json").read_text())
     assert {(v["case"], v["check"], v["status"]) for v in doc["verdicts"]} == {
-        ("parity.linear", c, "pass") for c in ("param_parity", "loss_parity", "agreement")}
+        ("parity.linear", c, "pass") for c in ("param_parity", "loss_parity", "agreement", "transparency")}
     (row,) = doc["kill_matrix"]
     assert row["mutant"] == "no_grad_sync" and row["result"] == "killed"
-    assert all(v["per_step"] for v in row["verdicts"] if v["check"] != "agreement")
+    assert all(v["per_step"] for v in row["verdicts"] if v["check"] not in ("agreement", "transparency"))
 
 
 def test_broken_user_ddp_fails_from_scratch_dir(scratch):

@@ -98,9 +98,13 @@ CHECKS = {c.name: c for c in [
 AGREEMENT = "agreement"
 
 #: The checks of a scenario case (:mod:`conformance.cases.scenarios`), in order: its check
-#: name -> the row of :data:`CHECKS` that judges it (agreement: :func:`judge_agreement`).
+#: name -> the row of :data:`CHECKS` that judges it (agreement: :func:`judge_agreement`;
+#: transparency: :func:`conformance.cases.transparency.judge_transparency`).
+TRANSPARENCY = "transparency"
+#: Checks with no deviation to bound: calibration and measured tolerances leave them out.
+UNBOUNDED = (AGREEMENT, TRANSPARENCY)
 SCENARIO_CHECKS = {"params": "param_parity", "buffers": "buffer_parity", "optimizer_state": "optimizer_state",
-                   AGREEMENT: AGREEMENT}
+                   AGREEMENT: AGREEMENT, TRANSPARENCY: TRANSPARENCY}
 
 
 class Names:

@@ -28,6 +28,12 @@ CHECK_SEMANTICS = {
     "agreement": ("every replica holds the same parameters bit for bit after construction and "
                   "after every step (one broadcast, then identical reduced gradients)",
                   "DistributedDataParallel.__init__ (_sync_module_states, src=0)"),
+    "transparency": ("the DDP leaves what the module, the optimizer, the RNG and the user's code observe as "
+                     "they were: the same parameter and buffer objects (broadcasts in place), requires_grad, "
+                     "training flags, module hooks, the default generator's state, state_dict keys under "
+                     "'module.', the module's output structure",
+                     "DistributedDataParallel.__init__ / forward (in-place _sync_module_states, "
+                     "_sync_buffers; no random draws; module kept as self.module)"),
     "optimizer_state": ("the optimizer state after the run equals one device's (it only ever saw "
                         "the averaged gradients)", "torch.optim on the reduced .grad"),
     "state_sync": ("construction broadcasts rank 0's parameters and buffers to every replica",

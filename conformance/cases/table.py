@@ -81,7 +81,8 @@ def _build() -> dict[str, Case]:
     T = ("fsdp2_no_divide", "fsdp2_wrong_mesh", "zero_no_param_sync", "torch_compile_eager")
     rows = [
         _parity("linear", P + T),
-        _parity("mlp", P + ("clip_local_grad",) + T),
+        _parity("mlp", P + ("clip_local_grad",) + T + ("param_swap", "rng_sync", "rng_consume", "train_mode_at_wrap",
+                                                      "state_dict_unprefixed")),
         _parity("batchnorm", P + ("buffers_not_broadcast", "clip_local_grad")),
         _feature_task("state_sync", "replicas built from their own seeds differ before wrapping and hold "
                       "rank 0's parameters and buffers bit-identically after construction", "batchnorm",
@@ -129,7 +130,7 @@ def _build() -> dict[str, Case]:
                        "linear", {"setups": ("checkpoint_resume",), "momentum": 0.9}, ("load_assigns",),
                        tags=("checkpoint",)),
         _feature_train("frozen_params", "parameters with requires_grad=False stay frozen; parity holds",
-                       "frozen", {}, ("unfreezes_params",)),
+                       "frozen", {}, ("unfreezes_params", "unfreeze_at_wrap")),
         _feature_train("tied_weights", "tied (shared) weights stay tied; parity holds", "tied", {},
                        ("unties_shared_weights",)),
         _property("allreduce_mean", "a gradient pushed through the DDP comes back as the replicas' mean, "
@@ -162,17 +163,21 @@ def _build() -> dict[str, Case]:
                   "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
                   "semantics on one device; the module drawn too (dict / dataclass / namedtuple output, forward "
                   "keywords, a non-persistent and an int64 buffer, a buffer feeding the output, a forward "
-                  "pre-hook, parametrizations, ParameterList / ParameterDict parameters)",
+                  "pre-hook, parametrizations, ParameterList / ParameterDict parameters, a gradient hook the "
+                  "user registers after wrapping)",
                   {"loop": True, "budget": 0.25},
-                  ("no_grad_sync", "unused_zero_filled", "reduce_only_in_training", "eval_forward_skips_buffer_sync",
+                  ("no_grad_sync", "user_hook_bypassed", "unused_zero_filled", "reduce_only_in_training",
+                   "eval_forward_skips_buffer_sync",
                    "buffer_sync_ignores_grad_mode", "buffer_sync_once_per_iteration", "forward_sync_flag_shared",
                    "forward_sync_flag_cleared_first",
                    "synced_forward_zeroes_grads",
                    "unused_by_this_backward_dropped", "mean_at_optimizer_step", "output_walk_bare_tensor",
                    "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped",
                    "float_buffers_only"), tags=("loop", "module")),
-        _scenario("buckets", "the same with small gradient buckets and gradient_as_bucket_view",
-                  {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket",), tags=("buckets",)),
+        _scenario("buckets", "the same with gradient buckets at the model's boundaries (caps below, at and above "
+                  "its gradients' sizes, buckets exactly full) and gradient_as_bucket_view",
+                  {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket", "exact_full_bucket_dropped"),
+                  tags=("buckets",)),
         _scenario("comm_hook", "the same with torch's all-reduce comm hook registered",
                   {"ddp_extra": ("comm_hook",), "budget": 0.5}, ("comm_hook_no_divide",), tags=("comm_hook",)),
         # The workload axis drawn (issue 18, docs/scenarios.md): the scenarios above on the workload
@@ -258,7 +263,7 @@ def _build() -> dict[str, Case]:
                 "a bfloat16 layer between float32 layers: one bucket per dtype, each reduced in its "
                 "own dtype", tags=("dtype",)),
         # The module axis (docs/scenarios.md, "The module axis"): what users' modules do.
-        _parity("structured_output", ("no_grad_sync", "sum_not_mean", "forward_kwargs_dropped"),
+        _parity("structured_output", ("no_grad_sync", "sum_not_mean", "forward_kwargs_dropped", "output_flattened"),
                 "forward(x, *, scale) returns a dataclass holding a namedtuple (the prediction and a "
                 "float), a dict (a tensor needing no grad, a str) and an int; the loss reads the "
                 "prediction; default find_unused_parameters=False: parity and agreement",

@@ -9,6 +9,7 @@ import time
 
 from conformance.cases.scenarios.scenario import OPTIMIZER_REVEALS
 from conformance.cases.row import select_rows
+from conformance.cases.surface import summary as surface_summary
 from conformance.cases.table import select
 from conformance.errors import UsageError, split_list
 from conformance.evaluate import Session, evaluate, kill_rows
@@ -19,7 +20,7 @@ from conformance.cli import RunOptions, exitfirst_under_launcher
 from conformance.cli.lanes import Lanes, Unit, skip_finalization
 from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
-from conformance.report.coverage import coverage, unmet_requirements
+from conformance.report.coverage import TESTED, coverage, unmet_requirements
 from conformance.report.expected import expected_failure_warnings, mark_expected_failures, read_expected_failures
 from conformance.report.findings import run_expectations
 from conformance.report.text import (backend_section, build_json, counts, exit_code, kill_matrix_text, kill_summary,
@@ -365,6 +366,9 @@ class _Run:
                   + ("" if self.judge_backend else " (reported apart: --fail-on-backend counts them)"))
         for cov in coverage(self.verdicts):
             print(cov.text())
+        tested = {v.case for v in mine if v.status in TESTED}
+        if tested:
+            print(surface_summary(tested))
         required = self.o.required
         unmet = unmet_requirements(self.verdicts, required)
         if unmet:

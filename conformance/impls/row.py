@@ -159,6 +159,12 @@ class Strategy:
             training on the whole global batch; :attr:`wrap` must shard it (and should fail
             a step whose input stayed replicated, see ``conformance/impls/xla_paths.py``).
 
+        not_transparent: ``{observable: reason}``, observables of
+            :data:`conformance.cases.transparency.OBSERVABLES` the strategy is documented to
+            change (FSDP replaces parameters with sharded ones): the ``transparency`` check
+            leaves them out and says why; every other one must be what the module, the
+            optimizer, the RNG and the loop would see without the DDP.
+
     Internal fields (:data:`INTERNAL_FIELDS`; the catalog's mutants set them, a user's
     strategy must not): ``shard_rank(ctx) -> int``, which shard of the global batch a
     replica trains on (its rank); ``mutant``, True for a deliberately broken row.
@@ -183,6 +189,7 @@ class Strategy:
                              "gathered full tensors")
     topology: dict = field(default_factory=dict)
     unsupported_kinds: dict = field(default_factory=dict)
+    not_transparent: dict = field(default_factory=dict)
 
 
 

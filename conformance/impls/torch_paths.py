@@ -238,6 +238,17 @@ def _zero_state_dict(opt, ctx):
     return out
 
 
+#: What the shipped paths are documented to change (``Strategy.not_transparent``; docs/transparency.md).
+COMPILED_KEYS = ("torch.compile returns an OptimizedModule, whose state_dict holds the DDP's keys under "
+                 "'_orig_mod.' (the DDP inside keeps 'module.')")
+COMPILED_FORWARD = ("the forward is compiled: probes around the module's forward would be traced into "
+                    "(or break) the graph under test, so the output and the DDP's part of each forward "
+                    "are not observed")
+FSDP2_PARAMETERS = ("fully_shard replaces each parameter with a sharded DTensor parameter (and, without "
+                    "resharding, swaps the unsharded ones in around forward)")
+COMPOSABLE_HOOKS = "{} is a composable API: it registers its forward (and state-dict) hooks on the module itself"
+
+
 def torch_compile_row(user_frame_root=True) -> Strategy:
     """The ``torch_compile`` row (``user_frame_root=False``: without the re-homed
     root forward, for the catalog's eager-fallback mutant)."""
@@ -245,7 +256,8 @@ def torch_compile_row(user_frame_root=True) -> Strategy:
                 "optimize_ddp (DDPOptimizer splits graphs at bucket boundaries; C++ reducer); a bare "
                 "torch.nn root gets a user-code forward so dynamo traces it",
                 functools.partial(_wrap_torch_compile, user_frame_root=user_frame_root),
-                after_backward=_require_compiled, sync_batchnorm=torch_sync_bn, unsupported=NOT_ON)
+                after_backward=_require_compiled, sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,
+                not_transparent={"state_dict": COMPILED_KEYS, "output": COMPILED_FORWARD})
 
 
 def zero_row(zero_class=None) -> Strategy:
@@ -263,7 +275,9 @@ def fsdp2_row(name, reshard, **wrap_options) -> Strategy:
                 "module and root on a 1-D CPU mesh; rank 0's state loaded with set_model_state_dict("
                 "broadcast_from_rank0); parameters read as DTensor.full_tensor()",
                 _fsdp2_wrap(reshard, **wrap_options), sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,
-                holds_copies=False, unsupported_features=dict(FSDP2_LACKS))
+                holds_copies=False, unsupported_features=dict(FSDP2_LACKS),
+                not_transparent={"parameters": FSDP2_PARAMETERS,
+                                 "module_hooks": COMPOSABLE_HOOKS.format("fully_shard")})
 
 
 def shipped_rows() -> list[Strategy]:
@@ -274,10 +288,12 @@ def shipped_rows() -> list[Strategy]:
              "one torch.compile'd forward+loss+backward with compiled_autograd=True",
              _wrap_compiled_autograd, after_backward=_require_compiled, sync_batchnorm=torch_sync_bn,
              unsupported=NOT_ON, forward_backward=_compiled_forward_backward,
+             not_transparent={"output": COMPILED_FORWARD},
              unsupported_features={k: _EAGER_TASKS.format(k) for k in
                                    ("find_unused_parameters", "no_sync", "join")}),
         Strategy("replicate", "torch.distributed._composable.replicate(m, **ddp_kwargs)", _wrap_replicate,
-             sync_batchnorm=torch_sync_bn, unsupported=NOT_ON),
+             sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,
+             not_transparent={"module_hooks": COMPOSABLE_HOOKS.format("replicate")}),
         zero_row(),
         fsdp2_row("fsdp2", True),
         fsdp2_row("fsdp2_no_reshard", False),

@@ -165,6 +165,8 @@ strategy = Strategy(
     unsupported_kinds={"property": "gradients are reduce-scattered inside optimizer.step(): after backward "
                                    "a replica holds its local gradient, not the synchronised one the "
                                    "gradient properties read"},
+    not_transparent={"module_hooks": "no wrapper: the buffer broadcast before a training forward is a "
+                                     "forward pre-hook registered on the module itself"},
 )
 
 

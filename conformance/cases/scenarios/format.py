@@ -104,8 +104,11 @@ CLIP_NORM, LR_DROP = 0.25, 0.5
 MODULES = {"output": ("tensor", "dict", "dataclass", "namedtuple"), "buffers": ("persistent", "non_persistent"),
            "hook": ("none", "pre_hook"), "kwargs": ("none", "scale", "mask"), "int_buffer": ("none", "samples"),
            "parametrize": ("none", "symmetric", "weight_norm"), "params": ("modules", "containers"),
-           "buffer_use": ("none", "centre")}
+           "buffer_use": ("none", "centre"), "grad_hook": ("none", "after_wrap")}
 PLAIN_MODULE = {k: v[0] for k, v in MODULES.items()}
+#: ``module["grad_hook"] == "after_wrap"``: the user's gradient hook multiplies this parameter's
+#: gradient by this factor (a power of two: exact), registered on the module after wrapping.
+GRAD_HOOK_PARAM, GRAD_HOOK_SCALE = "head.bias", 0.5
 #: The ``scale=`` keyword's value (``module["kwargs"] == "scale"``).
 KW_SCALE = 0.5
 MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
@@ -121,7 +124,9 @@ MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
                   "weight_norm": "head.weight parametrized (torch.nn.utils.parametrizations.weight_norm)",
                   "containers": "parameters held in an nn.ParameterList ('gains') and an nn.ParameterDict "
                                 "('offsets')",
-                  "centre": "buffer 'ema' feeds the output (a training forward subtracts it from the hidden layer)"}
+                  "centre": "buffer 'ema' feeds the output (a training forward subtracts it from the hidden layer)",
+                  "after_wrap": f"a gradient hook (Tensor.register_hook, x{GRAD_HOOK_SCALE}) the user registers on "
+                                f"'{GRAD_HOOK_PARAM}' after wrapping"}
 
 
 @dataclass

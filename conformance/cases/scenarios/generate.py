@@ -9,6 +9,8 @@ from conformance.cases.scenarios.format import (BRANCHES, EVAL_GRAD, EVAL_MODE, 
                                                 PLAIN_LOOP, PLAIN_MODULE, PLAIN_WORKLOAD, SHORT_RUN_DTYPES,
                                                 SPARSE_OPTIMIZERS, Scenario, WORKLOADS, XLA_UNSUPPORTED,
                                                 XLA_UNSUPPORTED_LOOP, xla_unsupported)
+from conformance.cases.scenarios.buckets import CAP_CLASSES, cap_mb, grad_bytes
+from conformance.cases.scenarios.model import build_scenario_model
 from conformance.cases.train.loop import ALL_OPTIMIZERS, OPTIMIZERS
 from conformance.tolerances import lookup
 
@@ -109,7 +111,9 @@ def scenarios(world_size: int, space: Space):
         find_unused = draw(st.booleans())
         ddp = {"find_unused_parameters": find_unused, "broadcast_buffers": not draw(st.booleans())}
         if "buckets" in space.ddp_extra:
-            ddp["bucket_cap_mb"] = draw(st.sampled_from([25.0, 0.0005, 0.002]))
+            # a boundary of the model's own gradient sizes, computed once the model is drawn
+            cap = (draw(st.sampled_from(CAP_CLASSES)), draw(st.integers(2, 6)))
+            ddp["bucket_cap_mb"] = None
             ddp["gradient_as_bucket_view"] = draw(st.booleans())
         if "comm_hook" in space.ddp_extra:
             ddp["comm_hook"] = "allreduce"
@@ -175,6 +179,9 @@ def scenarios(world_size: int, space: Space):
                     for f in step.get("eval", ()):
                         if f["mode"] == "train" and f["grad"] == "inference_mode":
                             f["grad"] = "no_grad"
+        if "buckets" in space.ddp_extra:
+            model = build_scenario_model(sc.seed, sc.rebind_buffers, 0.0, sc.workload, sc.module)
+            sc.ddp["bucket_cap_mb"] = cap_mb(grad_bytes(model), *cap)
         return sc
 
     def eval_forward(k):
@@ -260,6 +267,12 @@ def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
         sc([step([[2] * w], [[["a", "c"]] + [all_b] * (w - 1)]) for _ in range(5)], optimizer="sgd_momentum",
            find_unused=True, checkpoint_at=2, loss_scale_log2=20),
     ]
+    if "buckets" in space.ddp_extra:  # buckets exactly full: one holding the model, and several
+        sizes = grad_bytes(build_scenario_model(11, False))
+        for cls in ("model_exactly", "fills_several"):
+            out.append(sc([step([uneven], [rev]) for _ in range(2)],
+                          ddp={"find_unused_parameters": False, "broadcast_buffers": True,
+                               "bucket_cap_mb": cap_mb(sizes, cls), "gradient_as_bucket_view": cls == "fills_several"}))
     return _finished(out, space)
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math
 
-from conformance.cases.scenarios.format import (BRANCHES, HIDDEN, INDICES_PER_SAMPLE, IN_FEATURES, KW_SCALE,
-                                                OUT_FEATURES, PLAIN_MODULE, PLAIN_WORKLOAD, ScenarioOutput,
-                                                ScenarioPair, VOCAB)
+from conformance.cases.scenarios.format import (BRANCHES, GRAD_HOOK_PARAM, GRAD_HOOK_SCALE, HIDDEN,
+                                                INDICES_PER_SAMPLE, IN_FEATURES, KW_SCALE, OUT_FEATURES, PLAIN_MODULE,
+                                                PLAIN_WORKLOAD, ScenarioOutput, ScenarioPair, VOCAB)
 
 # --------------------------------------------------------------------------
 # the model and the data (built identically in replicas and in the oracle)
@@ -14,6 +14,15 @@ from conformance.cases.scenarios.format import (BRANCHES, HIDDEN, INDICES_PER_SA
 class BadBatch(RuntimeError):
     """Raised by the scenario model's forward with ``bad=True``, after its buffers moved: the
     loop programs' skipped batch (:data:`~.format.EVAL_GRAD` ``raising``)."""
+
+
+def user_grad_hook(net, module: dict | None) -> None:
+    """With ``module["grad_hook"] == "after_wrap"``, register the user's gradient hook on
+    :data:`~.format.GRAD_HOOK_PARAM` of ``net`` (``Tensor.register_hook``: the gradient times
+    :data:`~.format.GRAD_HOOK_SCALE`). The replicas call it after wrapping, the reference after
+    building: torch's DDP reduces what accumulated into ``.grad``, after the tensor's hooks."""
+    if dict(PLAIN_MODULE, **(module or {}))["grad_hook"] == "after_wrap":
+        dict(net.named_parameters())[GRAD_HOOK_PARAM].register_hook(lambda g: g * GRAD_HOOK_SCALE)
 
 
 def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, workload: dict | None = None,

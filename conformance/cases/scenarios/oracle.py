@@ -5,11 +5,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, judge, judge_agreement
+from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, TRANSPARENCY, judge, judge_agreement
+from conformance.cases.transparency import judge_transparency
 from conformance.cases.scenarios.format import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT, Scenario,
                                                 grad_mode, prediction_of)
 from conformance.cases.scenarios.model import (BadBatch, build_scenario_model, forward_kwargs, scenario_batch,
-                                               scenario_indices, seen_start)
+                                               scenario_indices, seen_start, user_grad_hook)
 from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.train.readback import flat_optimizer_state, flat_params
 
@@ -53,6 +54,7 @@ def scenario_reference(sc: Scenario) -> dict:
     """
     w = sc.world_size
     net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
+    user_grad_hook(net, sc.module)
     sparse = sc.workload["grad"] != "dense"
     bcast = sc.ddp.get("broadcast_buffers", True)
     names = [n for n, _ in net.named_buffers()]
@@ -253,6 +255,9 @@ def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 
     for name, row in SCENARIO_CHECKS.items():
         if name == AGREEMENT:
             out.append(judge_agreement(results, case="", impl="", runtime="", model=model, atol=agreement_atol))
+            continue
+        if name == TRANSPARENCY:
+            out.append(judge_transparency(results, model=model))
             continue
         v = judge(replace(CHECKS[row], name=name), results, ref, tol, case="", impl="", runtime="", model=model)
         if name == "optimizer_state":

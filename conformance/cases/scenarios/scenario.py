@@ -47,6 +47,7 @@ from conformance.cases.search import (SearchRunner, kit_settings, loop_depth, lo
                                       workload_examples)
 from conformance.cases.train.commhooks import register_hook
 from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, wrap
+from conformance.cases.transparency import merged, observed_wrap
 from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
                                               optimizer_state_layout, param_layout, saved_checkpoint,
                                               state_digest, to_device)
@@ -65,7 +66,8 @@ from conformance.cases.scenarios.format import (  # noqa: F401 (re-exported)
     XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP, grad_mode, load_scenario, prediction_of, workload_corners,
     xla_unsupported)
 from conformance.cases.scenarios.model import (  # noqa: F401 (re-exported)
-    BadBatch, build_scenario_model, forward_kwargs, scenario_batch, scenario_indices, scenario_mask, seen_start)
+    BadBatch, build_scenario_model, forward_kwargs, scenario_batch, scenario_indices, scenario_mask, seen_start,
+    user_grad_hook)
 from conformance.cases.scenarios.oracle import (  # noqa: F401 (re-exported)
     distilled_target, judge_scenario, scenario_reference)
 from conformance.cases.scenarios.generate import (  # noqa: F401 (re-exported)
@@ -124,15 +126,16 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
         m = to_device(build_scenario_model(rank_seed(sc.seed, r, salt), sc.rebind_buffers,
                                            rank_buffer_offset(r, salt), sc.workload, sc.module), ctx.device)
-        ddp = wrap(row, m, ctx, kwargs, tuple(requires), optional)
+        ddp, obs = observed_wrap(row, m, ctx, lambda: wrap(row, m, ctx, kwargs, tuple(requires), optional))
+        user_grad_hook(m, sc.module)
         if sc.ddp.get("comm_hook"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             register_hook(ddp, row.name, default_hooks.allreduce_hook)
         ctx.mark_step()
-        return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr)
+        return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr), obs
 
     try:
-        model, ddp, opt = build()
+        built = build()
     except NotImplementedError as exc:  # a library's refusal of a corner at construction (same on every replica)
         if not workload_corners(sc.workload):
             raise
@@ -150,14 +153,15 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
                       for k, v in forward_kwargs(sc.module, sc.seed, s, j, which, n).items()})
         return (x.to(ctx.device),), extra, y.to(ctx.device)
 
-    return run_loop(ctx, row, sc, (model, ddp, opt), build, inputs, lambda out, y: mse(prediction_of(out), y),
+    return run_loop(ctx, row, sc, built, build, inputs, lambda out, y: mse(prediction_of(out), y),
                     blend=distilled_target)
 
 
 def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> dict:
     """The model-agnostic replica side of loop program ``sc`` on this replica (what
-    :func:`scenario_task` returns): ``built`` the ``(module, ddp, optimizer)`` constructed,
-    ``build(salt)`` a new one (the checkpoint reload; ``TEACHER_SALT``: the teacher),
+    :func:`scenario_task` returns): ``built`` the ``(module, ddp, optimizer, observer)``
+    constructed (the :class:`~conformance.cases.transparency.Observer` of the wrap), ``build(salt)``
+    a new one (the checkpoint reload; ``TEACHER_SALT``: the teacher),
     ``inputs(s, j, sizes, plan)`` -> ``(args, kwargs, target)`` on the device for micro-batch
     ``(s, j)`` (``j >= EVAL_DATA``: a forward without backward, ``plan`` None), ``loss(out,
     target)`` the scalar to backpropagate, ``blend(teacher_out, target)`` the target with a teacher.
@@ -167,7 +171,8 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
     """
     import torch
 
-    model, ddp, opt = built
+    model, ddp, opt, obs = built
+    observers = [obs]
     scale = 2.0 ** sc.loss_scale_log2
     lp = sc.loop
     training = lp["module_mode"] == "train"
@@ -175,7 +180,8 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
     if lp["teacher"] != "none":  # a second DDP in the loop: built after the trained one, never trained
         if blend is None:
             raise ValueError("a loop program with a teacher needs the target's blend")
-        t_model, teacher, _ = build(TEACHER_SALT)
+        t_model, teacher, _, t_obs = build(TEACHER_SALT)
+        t_obs.close()  # never trained: its own wrap was observed, its forwards are not
         (teacher if callable(getattr(teacher, "train", None)) else t_model).train(False)
 
     def evaluate(s, at):  # forwards without backward (the loop programs), output discarded
@@ -184,10 +190,10 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
             set_mode(f["mode"] == "train")
             with grad_mode(f["grad"]):
                 if f["grad"] != "raising":
-                    ddp(*args, **kwargs)
+                    obs.call(ddp, *args, **kwargs)
                 else:  # a bad batch the loop skips: the module raises after its buffers moved
                     try:
-                        ddp(*args, **dict(kwargs, bad=True))
+                        obs.call(ddp, *args, **dict(kwargs, bad=True))
                     except BadBatch:
                         pass
             set_mode(training)
@@ -216,8 +222,9 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
                         targs, tkwargs, _ = inputs(s, FORWARD_DATA * k + j, m["batch"], None)
                         with torch.no_grad():
                             y = blend(teacher(*targs, **tkwargs), y)
-                    total = total + loss(ddp(*args, **kwargs), y)
-                (total * scale).backward()
+                    total = total + loss(obs.call(ddp, *args, **kwargs), y)
+                with obs.unchanged_rng("backward"):
+                    (total * scale).backward()
             if j < len(micro) - 1:
                 ctx.mark_step()
         evaluate(s, len(micro))
@@ -230,17 +237,21 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
                         q.grad.div_(scale)
         if lp["clip"] == "norm":
             torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
-        if row.optimizer_step is not None:  # the strategy's step replaces optimizer.step()
-            row.optimizer_step(ddp, opt, ctx)
-        else:
-            opt.step()
+        with obs.unchanged_rng("the optimizer step"):
+            if row.optimizer_step is not None:  # the strategy's step replaces optimizer.step()
+                row.optimizer_step(ddp, opt, ctx)
+            else:
+                opt.step()
         ctx.mark_step()
+        obs.after_step(s + 1, modes=False)  # the loop sets modes itself (eval forwards)
         params.append(flat_params(model))
         buffers.append(flat_buffers(model))
         digests.append(state_digest(flat_optimizer_state(opt)))
         if sc.checkpoint_at == s:
             model_state, optim_state = saved_checkpoint(ddp.state_dict(), opt.state_dict())
-            model, ddp, opt = build(salt=1)
+            obs.close()
+            model, ddp, opt, obs = build(salt=1)
+            observers.append(obs)
             model.load_state_dict(model_state)
             opt.load_state_dict(optim_state)
             if not training:
@@ -248,7 +259,7 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
     layout = {"params": param_layout(model), "buffers": buffer_layout(model),
               "optim": optimizer_state_layout(opt, None, model)}
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
-            "optim": flat_optimizer_state(opt), "layout": layout}
+            "optim": flat_optimizer_state(opt), "layout": layout, "transparency": merged(observers)}
 
 
 def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_examples: int,

@@ -15,6 +15,7 @@ from conformance.cases.train.loop import RunSpec, rank_seed
 from conformance.cases.train.measured import measured_tolerance, stated, user_run
 from conformance.cases.train.setups import SETUPS, replica_groups
 from conformance.cases.train.reference import reference_run
+from conformance.cases.transparency import TRANSPARENCY, judge_transparency
 from conformance.tolerances import MIN_WORLD_SIZE, lookup
 from conformance.errors import Unsupported
 from conformance.verdict import BAD, Verdict
@@ -24,9 +25,9 @@ from conformance.worlds.runtimes import world_key
 
 def train_checks(model: str, run: dict) -> tuple:
     """The checks a ``train`` row on ``model`` with run overrides ``run`` reports: the
-    check-table rows that apply to it, then replica agreement."""
+    check-table rows that apply to it, then replica agreement and transparency."""
     spec = RunSpec(impl="-", model=model, lr=0.1, steps=1, global_batch=2, seed=0, **run)
-    return tuple(n for n, c in CHECKS.items() if c.applies(MODELS[model], spec)) + (AGREEMENT,)
+    return tuple(n for n, c in CHECKS.items() if c.applies(MODELS[model], spec)) + (AGREEMENT, TRANSPARENCY)
 
 
 def evaluate_train(case, impl, runtime, w, session, overrides):
@@ -54,6 +55,9 @@ def evaluate_train(case, impl, runtime, w, session, overrides):
     refs = [reference_run(replace(spec, seed=rank_seed(spec.seed, g[0])), len(g), world_runtime) for g in groups]
     out = []
     for name in case.checks:
+        if name == TRANSPARENCY:  # of every replica, whatever job it belongs to
+            out.append(judge_transparency(reps, case=case.name, impl=impl, runtime=runtime, model=case.model))
+            continue
         if name == AGREEMENT and not row.holds_copies:
             out.append(Verdict(case.name, name, impl, runtime, case.model, w, "skip",
                                reason=f"{impl} {row.no_copies_reason}"))

@@ -16,6 +16,7 @@ import numpy as np
 from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params, optimizer_state, optimizer_state_dict, optimizer_state_layout, param_layout, state_digest, to_device)
 from conformance.tolerances import lookup
 from conformance.cases.train.setups import SETUPS, replica_groups
+from conformance.cases.transparency import merged, observed_wrap, probe_modes
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
 from fixtures import build_model, global_batch, shard
@@ -196,6 +197,7 @@ class Loop:
     def __init__(self, ctx, run: RunSpec, impl, setups):
         self.ctx, self.run, self.impl, self.setups = ctx, run, impl, setups
         self.model = self.ddp = self.opt = None
+        self.observers = []  # one per wrap (a checkpoint reload wraps again)
 
     def fresh_model(self, salt: int = 0):
         """The run's model as this replica builds it: rank 0 from the run's seed,
@@ -206,10 +208,16 @@ class Loop:
                                   perturb_buffers=rank_buffer_offset(r, salt)), self.ctx.device)
         for s in self.setups:
             m = s.prepare_model(m, self)
+        probe_modes(m)
         return m
 
+    @property
+    def observer(self):
+        """The :class:`~conformance.cases.transparency.Observer` of the current DDP."""
+        return self.observers[-1]
+
     def wrap(self):
-        """Wrap :attr:`model`, run the construction's collectives, build the optimizer."""
+        """Wrap :attr:`model` (observed), run the construction's collectives, build the optimizer."""
         kwargs = dict(MODELS[self.run.model].ddp_kwargs, broadcast_buffers=self.run.broadcast_buffers)
         kwargs.update(dict(self.run.ddp_kwargs))
         for s in self.setups:
@@ -218,7 +226,11 @@ class Loop:
         with contextlib.ExitStack() as stack:
             for s in self.setups:
                 stack.enter_context(s.construction_context(self))
-            self.ddp = wrap(self.impl, self.model, self.ctx, kwargs, requires)
+            self.ddp, obs = observed_wrap(self.impl, self.model, self.ctx,
+                                          lambda: wrap(self.impl, self.model, self.ctx, kwargs, requires))
+        for old in self.observers:
+            old.close()
+        self.observers.append(obs)
         for s in self.setups:
             s.after_wrap(self)
         # Run the construction's broadcasts before reading parameters back: on XLA a
@@ -271,19 +283,23 @@ def train_replica(ctx, spec: dict) -> dict:
             if loop.impl.forward_backward is not None:  # one compiled forward+loss+backward
                 loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: training_loss(run.model, out, ys))
             else:
-                out = loop.ddp(xs, **MODELS[run.model].forward_kwargs)
+                out = loop.observer.call(loop.ddp, xs, **MODELS[run.model].forward_kwargs)
+        obs = loop.observer
         if loop.impl.forward_backward is None:
             loss = training_loss(run.model, out, ys)
             ctx.note(phase="backward")  # DDP's gradient all-reduces run here
-            loss.backward()
+            with obs.unchanged_rng("backward"):
+                loss.backward()
         if loop.impl.after_backward is not None:
             loop.impl.after_backward(loop.ddp, loop.opt, ctx)
         ctx.note(phase="optimizer step")
-        if loop.impl.optimizer_step is not None:  # e.g. xm.optimizer_step(optimizer)
-            loop.impl.optimizer_step(loop.ddp, loop.opt, ctx)
-        else:
-            loop.opt.step()
+        with obs.unchanged_rng("the optimizer step"):
+            if loop.impl.optimizer_step is not None:  # e.g. xm.optimizer_step(optimizer)
+                loop.impl.optimizer_step(loop.ddp, loop.opt, ctx)
+            else:
+                loop.opt.step()
         ctx.mark_step()
+        obs.after_step(step + 1)
         losses.append(float(loss.detach().cpu()))
         params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
@@ -296,4 +312,4 @@ def train_replica(ctx, spec: dict) -> dict:
               "optim": optimizer_state_layout(loop.opt, final, loop.model)}
     return {"params": np.stack(params), "losses": np.asarray(losses),
             "buffers": np.stack(buffers), "optim": flat_optimizer_state(loop.opt, final),
-            "optim_digests": digests, "shard": which, "layout": layout}
+            "optim_digests": digests, "shard": which, "layout": layout, "transparency": merged(loop.observers)}

@@ -315,6 +315,21 @@ class DroppedBucket(RefDDP):
         return None if bucket.index == 1 else super()._reduce_bucket(bucket)
 
 
+class ExactFullBucketDropped(RefDDP):
+    """Honours ``bucket_cap_mb`` but skips the all-reduce of the last bucket when it is exactly
+    full (its bytes equal the cap: an off-by-one in a ``>`` / ``>=`` bucket-closing test)."""
+
+    def __init__(self, module, *args, bucket_cap_mb=None, **kwargs):
+        super().__init__(module, *args, bucket_cap_mb=bucket_cap_mb, **kwargs)
+        self._cap_bytes = None if bucket_cap_mb is None else int(bucket_cap_mb * 2 ** 20)
+
+    def _reduce_bucket(self, bucket):
+        full = sum(p.numel() * p.element_size() for p in bucket.params) == self._cap_bytes
+        if full and bucket.index == len(self._buckets) - 1:
+            return None
+        return super()._reduce_bucket(bucket)
+
+
 class StaticGraphStale(RefDDP):
     """Honours ``static_graph`` by caching each parameter's first reduced
     gradient and replaying it on later steps."""
@@ -749,6 +764,7 @@ MUTANTS = {m.name: m for m in [
     Mutant("no_sync_ignored", NoSyncIgnored.__doc__, NoSyncIgnored),
     Mutant("no_sync_sticky", NoSyncSticky.__doc__, NoSyncSticky),
     Mutant("dropped_bucket", DroppedBucket.__doc__, DroppedBucket),
+    Mutant("exact_full_bucket_dropped", ExactFullBucketDropped.__doc__, ExactFullBucketDropped),
     Mutant("static_graph_stale", StaticGraphStale.__doc__, StaticGraphStale),
     Mutant("unfreezes_params", UnfreezesParams.__doc__, UnfreezesParams),
     Mutant("unties_shared_weights", UntiesSharedWeights.__doc__, UntiesSharedWeights),
@@ -772,7 +788,11 @@ MUTANTS = {m.name: m for m in [
                         ("arrival_order_pairing", S.ArrivalOrderPairing),
                         ("cached_buffer_list", S.CachedBufferList), ("replica_drift", S.ReplicaDrift),
                         ("late_desync", S.LateDesync), ("batch_weighted", S.BatchWeighted),
-                        ("fp16_allreduce", S.Fp16AllReduce))],
+                        ("fp16_allreduce", S.Fp16AllReduce), ("param_swap", S.ParamSwap),
+                        ("rng_sync", S.RngSync), ("rng_consume", S.RngConsume),
+                        ("train_mode_at_wrap", S.TrainModeAtWrap), ("unfreeze_at_wrap", S.UnfreezeAtWrap),
+                        ("state_dict_unprefixed", S.StateDictUnprefixed),
+                        ("output_flattened", S.OutputFlattened), ("user_hook_bypassed", S.UserHookBypassed))],
     # PyTorch's shipped paths (conformance/impls/torch_paths.py), one fault each.
     Mutant("fsdp2_no_divide", "fully_shard with set_gradient_divide_factor(1.0): the gradient "
            "reduce-scatter sums instead of averaging (W x the gradient; a divide factor set for a "

@@ -13,6 +13,7 @@ code with ``ddp_impl`` keeps the reference's own faults from hiding theirs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 
 import torch
@@ -197,3 +198,112 @@ class Fp16AllReduce(ScratchDDP):
         half = flat.half()
         dist.all_reduce(half)
         return half.float() / self.world_size
+
+
+# -- transparency: what the module, the optimizer, the RNG and the user's code observe ----------
+class ParamSwap(ScratchDDP):
+    """Replaces every parameter with a new ``nn.Parameter`` holding the same values at wrap
+    time: an optimizer a user built on ``module.parameters()`` before wrapping updates tensors
+    that no longer train (numbers stay right for an optimizer built after wrapping)."""
+
+    def __init__(self, module, **kw):
+        for m in module.modules():
+            for name, p in list(m._parameters.items()):
+                if p is not None:
+                    setattr(m, name, nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+        super().__init__(module, **kw)
+
+
+class RngSync(ScratchDDP):
+    """Sets every replica's default generator to rank 0's state at wrap time: dropout masks
+    a user seeded per rank are then the same on every replica."""
+
+    def __init__(self, module, **kw):
+        super().__init__(module, **kw)
+        state = torch.get_rng_state()
+        dist.broadcast(state, 0)
+        torch.set_rng_state(state)
+
+
+class RngConsume(ScratchDDP):
+    """Draws a random bucket order from the default generator in every forward (a bucket
+    priority shuffle): the user's random stream shifts by one draw per forward."""
+
+    def forward(self, *args, **kwargs):
+        torch.randperm(4)
+        return super().forward(*args, **kwargs)
+
+
+class TrainModeAtWrap(ScratchDDP):
+    """Calls ``module.train()`` at wrap time: a submodule the user froze in eval mode (a
+    teacher, an embedding) trains in train mode."""
+
+    def __init__(self, module, **kw):
+        module.train()
+        super().__init__(module, **kw)
+
+
+class UnfreezeAtWrap(ScratchDDP):
+    """Sets ``requires_grad=True`` on every parameter at wrap time: frozen parameters train."""
+
+    def __init__(self, module, **kw):
+        for p in module.parameters():
+            p.requires_grad_(True)
+        super().__init__(module, **kw)
+
+
+class StateDictUnprefixed(ScratchDDP):
+    """``state_dict()`` returns the module's keys without the ``module.`` prefix torch's DDP
+    gives (a checkpoint saved from it does not load into torch's DDP, nor the reverse)."""
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+
+class OutputFlattened(ScratchDDP):
+    """Keeps only the tensors of the dicts in a structured output (as a DDP that walks the
+    output to find used tensors and rebuilds it from them): the module's non-tensor members
+    (a string, a flag) are silently dropped."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if dataclasses.is_dataclass(out):
+            return dataclasses.replace(out, **{f.name: {k: v for k, v in getattr(out, f.name).items()
+                                                        if torch.is_tensor(v)}
+                                               for f in dataclasses.fields(out)
+                                               if isinstance(getattr(out, f.name), dict)})
+        if isinstance(out, dict):
+            return {k: v for k, v in out.items() if torch.is_tensor(v)}
+        return out
+
+
+class UserHookBypassed(ScratchDDP):
+    """Captures each gradient with its own ``Tensor.register_hook`` at wrap time (so it runs
+    before any hook the user registers later) and reduces the captured raw gradients: a hook the
+    user put on a parameter after wrapping (scaling, clipping) is lost from the reduced gradient."""
+
+    def __init__(self, module, **kw):
+        super().__init__(module, **kw)
+        self._raw = {}
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_hook(self._capture(p))
+
+    def _capture(self, p):
+        ref = weakref.ref(p)
+
+        def hook(g):
+            q = ref()
+            if q is not None and self._sync_grads:
+                self._raw[id(q)] = g.detach().clone() if id(q) not in self._raw else self._raw[id(q)] + g.detach()
+            return g
+        return hook
+
+    @torch.no_grad()
+    def _finish(self):
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        for p in params:  # the raw sums of this backward stand in for what accumulated into .grad
+            if id(p) in self._raw and p.grad is not None:
+                p.grad.copy_(self._raw[id(p)])
+        self._raw = {}
+        super()._finish()
