@@ -102,12 +102,13 @@ def core_seconds() -> dict | None:
     return {"busy": (user + nice + system + irq + softirq) / tick, "idle": (idle + iowait) / tick, "steal": steal / tick}
 
 
-def one_run(python, runtime, impl, start, lanes, timeout, tmp, xla_flags=None) -> tuple[dict, dict | None]:
+def one_run(python, runtime, impl, start, lanes, timeout, tmp, xla_flags=None, root=ROOT) -> tuple[dict, dict | None]:
+    """The main command over ``impl`` with the kit at ``root`` (a checkout); the row and the verdict digest."""
     j, x = os.path.join(tmp, "run.json"), os.path.join(tmp, "run.xml")
     for p in (j, x):
         if os.path.exists(p):
             os.remove(p)
-    env = dict(os.environ, CONFORMANCE_HOST_START=start, PYTHONPATH=ROOT)
+    env = dict(os.environ, CONFORMANCE_HOST_START=start, PYTHONPATH=root)
     if xla_flags is not None:
         env["XLA_FLAGS"] = xla_flags
     cmd = [python, "-m", "conformance", "run", "--runtime", runtime, "--ddp", impl, "--lanes", str(lanes),

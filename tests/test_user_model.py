@@ -267,7 +267,7 @@ def test_ref_and_xla_recipe_pass_on_the_users_model_on_pjrt(tmp_path):
                "--only", "parity.user_model", json_path=tmp_path / "r.json")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     vs = _verdicts(tmp_path / "r.json")
-    assert len(vs) == 6 and {v["status"] for v in vs} == {"pass"}, [v["id"] for v in vs if v["status"] != "pass"]
+    assert len(vs) == 8 and {v["status"] for v in vs} == {"pass"}, [v["id"] for v in vs if v["status"] != "pass"]
 
 
 @pytest.mark.long

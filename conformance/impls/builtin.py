@@ -131,6 +131,8 @@ IMPLS = {i.name: i for i in [
     Strategy("xla_recipe", "torch_xla's data-parallel recipe: no wrapper, parameters (and buffers) "
          "broadcast from replica 0, xm.reduce_gradients(optimizer) before optimizer.step()",
          _wrap_xla_recipe, after_backward=_xla_recipe_after_backward,
+         not_transparent={"module_hooks": "no wrapper: the buffer broadcast before a forward is a forward "
+                                          "pre-hook registered on the module itself"},
          unsupported={"cpu": "needs the XLA runtime (torch_xla: xm.collective_broadcast, "
                              "xm.reduce_gradients); run it with --runtime pjrt"}),
 ]}

@@ -123,8 +123,19 @@ def _wrap_fsdpv2(module, ctx, kwargs):
     return wrapped
 
 
-def _spmd_row(name, description, wrap, guard=_require_sharded):
+#: xla_spmd has no wrapper: its input sharding is a forward pre-hook on the module (``Strategy.not_transparent``).
+SPMD_HOOK = {"module_hooks": "no wrapper: the input is sharded by a forward pre-hook registered on the module itself"}
+
+#: What SpmdFullyShardedDataParallel is documented to change: it registers a backward hook on the module
+#: and keeps it as ``_orig_module``.
+FSDPV2_CHANGES = {"module_hooks": "SpmdFullyShardedDataParallel registers a backward hook on the module",
+                  "state_dict": "SpmdFullyShardedDataParallel holds the module as '_orig_module' (its state_dict "
+                                "keys carry that prefix, not 'module.')"}
+
+
+def _spmd_row(name, description, wrap, guard=_require_sharded, not_transparent=None):
     return Strategy(name, description, wrap, after_backward=guard, unsupported=NOT_ON,
+                not_transparent=dict(not_transparent or {}),
                 sync_batchnorm=torch_sync_bn,
                 ignores=SPMD_IGNORES, holds_copies=False, no_copies_reason=NO_COPIES,
                 topology={"pjrt": "spmd"}, unsupported_kinds=UNSUPPORTED_KINDS)
@@ -149,9 +160,11 @@ def xla_shipped_rows() -> list[Strategy]:
     """The PJRT shipped paths (module docstring)."""
     return [
         _spmd_row("xla_spmd", "torch_xla SPMD data parallel: xr.use_spmd(), batch sharded with "
-                  "xs.mark_sharding over a 1-D 'data' mesh, parameters replicated", _wrap_spmd),
+                  "xs.mark_sharding over a 1-D 'data' mesh, parameters replicated", _wrap_spmd,
+                  not_transparent=SPMD_HOOK),
         _spmd_row("xla_fsdpv2", "torch_xla SpmdFullyShardedDataParallel (FSDPv2) on a 1-D 'fsdp' "
-                  "mesh: parameters and batch sharded", _wrap_fsdpv2, _require_sharded_params),
+                  "mesh: parameters and batch sharded", _wrap_fsdpv2, _require_sharded_params,
+                  not_transparent=FSDPV2_CHANGES),
         Strategy("xla_fsdp", "torch_xla XlaFullyShardedDataParallel (FSDPv1) in the thread topology",
              _wrap_xla_fsdp, unsupported={"pjrt": XLA_FSDP_ON_PJRT, **NOT_ON}, holds_copies=False),
     ]

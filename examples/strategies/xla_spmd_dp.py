@@ -92,6 +92,8 @@ strategy = Strategy(
     unsupported={"cpu": "needs torch_xla's SPMD (xr.use_spmd) on the PJRT runtime; run it with --runtime pjrt",
                  "xrt": "SPMD needs PJRT"},
     unsupported_kinds={"task": PER_REPLICA, "property": PER_REPLICA, "scenario": PER_REPLICA},
+    not_transparent={"module_hooks": "no wrapper: the input is sharded by a forward pre-hook registered on the "
+                                     "module itself"},
 )
 
 faulty = dataclasses.replace(strategy, after_backward=divide_by_devices)
