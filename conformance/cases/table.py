@@ -84,6 +84,11 @@ def _build() -> dict[str, Case]:
         _parity("mlp", P + ("clip_local_grad",) + T + ("param_swap", "rng_sync", "rng_consume", "train_mode_at_wrap",
                                                       "state_dict_unprefixed")),
         _parity("batchnorm", P + ("buffers_not_broadcast", "clip_local_grad")),
+        _parity("dropout", ("no_grad_sync", "sum_not_mean", "rng_sync", "rng_consume"),
+                "dropout between the layers, each replica's generator seeded per rank before wrapping (as a "
+                "user seeds dropout): the reference replays each replica's masks from its own generator "
+                "stream, so a DDP that draws random numbers or synchronises the generators changes the numbers",
+                tags=("rng",)),
         _feature_task("state_sync", "replicas built from their own seeds differ before wrapping and hold "
                       "rank 0's parameters and buffers bit-identically after construction", "batchnorm",
                       F.task_state_sync, F.judge_state_sync, ("state_sync",), ("no_initial_broadcast",),

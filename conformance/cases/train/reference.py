@@ -5,7 +5,9 @@ whole global batch: with equal shards and a mean-reduced loss its gradient is
 exactly what DDP promises. For batch-coupled models (BatchNorm) a DDP replica
 normalises with its *own* shard's statistics, so the reference runs the W shards
 one after another on one device and averages their losses - the documented
-semantics of DDP without SyncBatchNorm. Buffers follow upstream DDP: with
+semantics of DDP without SyncBatchNorm. A model that draws random numbers (dropout) also runs
+shard by shard, each shard on its replica's generator stream (seeded per rank before wrapping),
+so the reference replays each replica's masks. Buffers follow upstream DDP: with
 ``broadcast_buffers`` every replica starts a forward from rank 0's buffers, else
 from its own; the reference tracks the expected buffers of every rank.
 """
@@ -19,8 +21,9 @@ from conformance.cases.train.loop import RunSpec, build_optimizer, rank_buffer_o
 from conformance.cases.train.readback import flat_buffers, flat_optimizer_state, flat_params
 import contextlib
 from conformance.cases.train.setups import SETUPS
+from conformance.cases.transparency import RNG_SEED, RNG_SEED_STRIDE
 from fixtures import build_model, global_batch, shard
-from fixtures.models import MODELS, training_loss
+from fixtures.models import MODELS, StreamDropout, training_loss
 
 # Runtime quirks the reference can reproduce (a runtime adapter lists its own in
 # ``Runtime.reference_quirks``): measured differences of the runtime's *ops*
@@ -63,13 +66,40 @@ def _biased_running_var(net):
             mod.register_forward_hook(post)
 
 
+def _replica_streams(world_size: int) -> list:
+    """Each replica's default-generator state as the train loop leaves it before the first forward
+    (seeded per rank before wrapping, ``conformance.cases.transparency.RNG_SEED``), as a
+    ``torch.Generator`` each: the process's own generator is not touched."""
+    import torch
+    return [torch.Generator().manual_seed(RNG_SEED + RNG_SEED_STRIDE * r) for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def _stream(net, streams, r: int):
+    """Run the block with every ``StreamDropout`` of ``net`` drawing from replica ``r``'s generator
+    (``streams[r]``, advanced by the draws); no-op for ``streams`` ``None``."""
+    if streams is None:
+        yield
+        return
+    layers = [m for m in net.modules() if isinstance(m, StreamDropout)]
+    for m in layers:
+        m.generator = streams[r]
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.generator = None
+
+
 @functools.lru_cache(maxsize=32)
 def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers,
                momentum=0.0, autocast="", sync_bn=False, quirks=frozenset()):
     import torch
 
-    # SyncBatchNorm normalises with global-batch statistics: one global forward.
-    coupled = MODELS[model].batch_coupled and not sync_bn
+    # SyncBatchNorm normalises with global-batch statistics: one global forward. A model that draws
+    # random numbers runs shard by shard, each on its replica's generator stream.
+    coupled = (MODELS[model].batch_coupled and not sync_bn) or MODELS[model].draws_random
+    streams = _replica_streams(world_size) if MODELS[model].draws_random else None
     net = build_model(model, seed=seed)
     # SyncBatchNorm is the DDP's own code, except where the runtime's BatchNorm runs it
     if ("bn_running_var_biased" in quirks and not sync_bn) or ("sync_bn_running_var_biased" in quirks and sync_bn):
@@ -112,7 +142,9 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
             loss, after = 0.0, []
             for r in range(world_size):
                 set_bufs(rank_bufs[0] if broadcast_buffers else rank_bufs[r])
-                loss = loss + training_loss(model, fwd(shard(x, r, world_size)), shard(y, r, world_size)) / world_size
+                with _stream(net, streams, r):
+                    out = fwd(shard(x, r, world_size))
+                loss = loss + training_loss(model, out, shard(y, r, world_size)) / world_size
                 after.append([b.clone() for b in bufs()])
         loss.backward()
         opt.step()
@@ -143,7 +175,7 @@ def reference_run(spec: RunSpec, world_size: int, runtime: str | None = None) ->
     for name in spec.setups:
         over.update(SETUPS[name].reference)
     autocast, sync_bn = over.get("autocast", ""), over.get("sync_bn", False)
-    w = world_size if MODELS[spec.model].batch_coupled and not sync_bn else 1
+    w = world_size if (MODELS[spec.model].batch_coupled and not sync_bn) or MODELS[spec.model].draws_random else 1
     quirks = frozenset()
     if runtime is not None:
         from conformance.worlds.runtimes import get_runtime
