@@ -88,7 +88,7 @@ MUTANTS = (
     'join_dropped', 'sync_bn_local_stats', 'unused_accum_dropped', 'arrival_order_pairing',
     'cached_buffer_list', 'replica_drift', 'late_desync', 'batch_weighted', 'fp16_allreduce',
     'param_swap', 'rng_sync', 'rng_consume', 'train_mode_at_wrap', 'unfreeze_at_wrap',
-    'state_dict_unprefixed', 'output_flattened', 'user_hook_bypassed',
+    'state_dict_unprefixed', 'output_flattened', 'user_hook_bypassed', 'params_relaid', 'default_dtype_leak',
     'fsdp2_no_divide', 'fsdp2_wrong_mesh', 'zero_no_param_sync', 'torch_compile_eager',
     'group_sum_global_divide', 'broadcast_global_rank0', 'sparse_grad_unsynced',
     'strided_unpack', 'complex_real_bucket', 'fp32_fusion_buffer', 'output_walk_bare_tensor',

@@ -152,3 +152,15 @@ class ExitingAtStart(CpuRuntime):
 
     def setup_host(self, host, world_size, workdir):
         os._exit(3)
+
+
+def leak_default_dtype(ctx):
+    """Leaves float64 as the process's default dtype (a DDP that leaks a setting)."""
+    import torch
+    torch.set_default_dtype(torch.float64)
+    return str(torch.get_default_dtype())
+
+
+def read_default_dtype(ctx):
+    import torch
+    return str(torch.get_default_dtype())

@@ -160,3 +160,51 @@ def test_probe_modes_sets_only_torch_leaves_that_ignore_the_flag():
     m = nn.Sequential(nn.Linear(2, 2), nn.Dropout(), nn.Linear(2, 2), nn.BatchNorm1d(2), nn.Linear(2, 2))
     assert probe_modes(m) == ["2"]
     assert m[1].training and m[3].training and not m[2].training
+
+
+class Relaid(Wrapper):
+    """Makes a non-contiguous parameter contiguous in place: the same object, another layout."""
+
+    def __init__(self, module):
+        for p in module.parameters():
+            if not p.is_contiguous():
+                p.data = p.data.contiguous()
+        super().__init__(module)
+
+
+class LeaksDtype(Wrapper):
+    def __init__(self, module):
+        super().__init__(module)
+        torch.set_default_dtype(torch.float64)
+
+
+def test_a_parameter_laid_out_anew_is_named():
+    module = _model()
+    with torch.no_grad():  # a transposed weight, as a user's tied or channels-last layer holds
+        module[0].weight = nn.Parameter(module[0].weight.detach().t().contiguous().t())
+    got = _observe(Relaid, module)
+    assert any("parameter '0.weight' is laid out as float32 [4, 3] strides [3, 1]" in d
+               for d in got["differences"]), got["differences"]
+
+
+def test_a_leaked_process_setting_is_named():
+    module = _model()
+    obs = Observer(module, rank=0)
+    try:
+        obs.wrapped(LeaksDtype(module))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    got = obs.result()["differences"]
+    assert any("default dtype is float64 after wrapping (was float32)" in d for d in got), got
+
+
+def test_a_world_puts_back_what_a_task_left_changed():
+    """The next implementation in the same world must not inherit a leaked setting."""
+    from conformance.worlds.spawned import World
+    from tests import tasks
+    w = World("cpu", 2)
+    try:
+        assert w.run(tasks.leak_default_dtype) == ["torch.float64"] * 2
+        assert w.run(tasks.read_default_dtype) == ["torch.float32"] * 2
+    finally:
+        w.close()

@@ -254,14 +254,14 @@ def _build() -> dict[str, Case]:
         _parity("sparse_embedding", ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced"),
                 "Embedding(sparse=True): sparse gradients are averaged over replicas like dense ones "
                 "(upstream reduces them: pytorch#19443, #22037); parity and agreement", tags=("sparse",)),
-        _parity("channels_last", ("no_grad_sync", "sum_not_mean", "strided_unpack"),
+        _parity("channels_last", ("no_grad_sync", "sum_not_mean", "strided_unpack", "params_relaid"),
                 "a channels_last conv weight and a transposed (non-contiguous) parameter: the averaged "
                 "gradient is written back element for element, whatever the strides (the gradient "
                 "layout contract, pytorch#47163)", tags=("layout",)),
         _parity("complex64", ("no_grad_sync", "sum_not_mean", "complex_real_bucket"),
                 "a complex64 weight: its gradient is averaged as complex (real and imaginary parts; "
                 "pytorch#158753)", tags=("dtype", "complex")),
-        _parity("float64", ("no_grad_sync", "sum_not_mean", "fp32_fusion_buffer"),
+        _parity("float64", ("no_grad_sync", "sum_not_mean", "fp32_fusion_buffer", "default_dtype_leak"),
                 "float64 parameters are reduced in float64 (buckets per dtype: PiPPy#656), at a "
                 "float64 tolerance", tags=("dtype",)),
         _parity("mixed_dtype", ("no_grad_sync", "sum_not_mean"),

@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 
 from conformance.cases.checks import TRANSPARENCY
+from conformance.worlds.runtimes.base import torch_settings
 from conformance.verdict import Verdict
 
 
@@ -43,6 +44,9 @@ OBSERVABLES = {
     "module_hooks": "the module's forward / backward / state-dict hook dictionaries",
     "rng": "the default generator's state: the DDP draws no random numbers and synchronises none",
     "state_dict": "the module's state_dict keys, and the wrapper's the same under 'module.'",
+    "layout": "each parameter's dtype, shape, strides and device (a DDP may not re-lay a parameter out)",
+    "process_state": "the process-wide torch settings user code reads: default dtype, grad mode, anomaly "
+                     "mode, deterministic algorithms, intra-op threads",
     "output": "the DDP returns the module's output structure: containers, keys, non-tensor members, "
               "tensor shapes and dtypes (probed by hooks around the module's forward, which also "
               "separate the DDP's RNG use and tensor rebinding from the module's own; a strategy that "
@@ -119,6 +123,29 @@ class _Snapshot:
     training: dict
     hooks: dict
     state_dict: list
+    layout: dict
+    process: dict
+
+
+def process_state() -> dict:
+    """:func:`conformance.worlds.runtimes.base.torch_settings` with printable values."""
+    return {k: str(v).removeprefix("torch.") if k == "default dtype" else v for k, v in torch_settings().items()}
+
+
+def _layout(module) -> dict:
+    """``{parameter name: (dtype, shape, strides, device)}``; no strides where the tensor has none
+    (sparse, XLA: the layout is the compiler's)."""
+    return {n: (str(p.dtype), tuple(p.shape), _strides(p), str(p.device))
+            for n, p in module.named_parameters(remove_duplicate=False)}
+
+
+def _strides(t) -> tuple:
+    if t.device.type == "xla" or t.is_sparse:
+        return ()
+    try:
+        return tuple(t.stride())
+    except RuntimeError:  # a tensor type without strides
+        return ()
 
 
 def _ids(module) -> tuple:
@@ -137,7 +164,8 @@ def _snapshot(module, own_hooks=frozenset()) -> _Snapshot:
             keys = tuple(k for k in getattr(m, d, {}) if k not in own_hooks)
             if keys:
                 hooks[f"{n or '(root)'}.{d}"] = keys
-    return _Snapshot(params, buffers, req, training, hooks, list(module.state_dict().keys()))
+    return _Snapshot(params, buffers, req, training, hooks, list(module.state_dict().keys()), _layout(module),
+                     process_state())
 
 
 def _structure(obj, depth=0):
@@ -175,6 +203,11 @@ def _first_difference(a, b, path="output") -> str:
             if d:
                 return d
     return f"{path} is {b} (the module returned {a})"
+
+
+def _lay(entry) -> str:
+    dtype, shape, stride, device = entry
+    return f"{dtype.removeprefix('torch.')} {list(shape)} strides {list(stride)} on {device}"
 
 
 class Observer:
@@ -229,7 +262,14 @@ class Observer:
             if name in now.requires_grad and now.requires_grad[name] != req:
                 self._diff("requires_grad", f"parameter '{name}' has requires_grad={now.requires_grad[name]} "
                                             f"{when} (was {req})")
-        self._see("module_hooks")
+        self._see("module_hooks", "layout", "process_state")
+        for name, was in b.layout.items():
+            if name in now.layout and now.layout[name] != was:
+                self._diff("layout", f"parameter '{name}' is laid out as {_lay(now.layout[name])} {when} "
+                                     f"(was {_lay(was)})")
+        for key, was in b.process.items():
+            if now.process.get(key) != was:
+                self._diff("process_state", f"{key} is {now.process.get(key)} {when} (was {was})")
         if modes:
             self._see("training")
             for name, flag in b.training.items():
@@ -289,6 +329,7 @@ class Observer:
         flags = {n: m.training for n, m in self.module.named_modules(remove_duplicate=False)}
         rng = rng_digest()
         ids = _ids(self.module)
+        state = process_state()
         try:
             out = ddp(*args, **kwargs)
         except BaseException:  # a raising forward: what it left is the module's to explain
@@ -314,6 +355,10 @@ class Observer:
                 self._diff("output", _first_difference(self._inner["out"], got))
         if {n: m.training for n, m in self.module.named_modules(remove_duplicate=False)} != flags:
             self._diff("training", "the DDP's forward changed a module's training flag")
+        now = process_state()
+        for key, was in state.items():
+            if now[key] != was:
+                self._diff("process_state", f"{key} is {now[key]} after the DDP's forward (was {was})")
         # what the step must keep: the objects the forward left (the module's own rebinding included)
         self.before = dataclasses.replace(self.before, params=after[0], buffers=after[1])
         return out
@@ -328,11 +373,15 @@ class Observer:
     @contextlib.contextmanager
     def unchanged_rng(self, what: str):
         """A phase (backward, optimizer step) that must leave the RNG state as it found it."""
-        rng = rng_digest()
+        rng, state = rng_digest(), process_state()
         yield
-        self._see("rng")
+        self._see("rng", "process_state")
         if rng_digest() != rng:
             self._diff("rng", f"RNG state changed by {what}")
+        now = process_state()
+        for key, was in state.items():
+            if now[key] != was:
+                self._diff("process_state", f"{key} is {now[key]} after {what} (was {was})")
 
     def after_step(self, step: int, modes: bool = True) -> None:
         """After step ``step`` (1-based): the module's objects and hooks (and, with ``modes``, its

@@ -394,6 +394,20 @@ CATALOG = [
           "structured outputs rebuilt as plain tuples / dicts: the user's output type is lost",
           "transparency: the output structure (parity.structured_output)",
           "https://github.com/pytorch/pytorch/issues/44009", True),
+    # A helper's probe from outside (transparency_probe.py), given the README and the fault kind only:
+    # the first two were missed by the oracle of a61f437 (strides; the default dtype leaked into later cases).
+    Entry("transparency_default_dtype_leak", "transparency_probe:ProbeDefaultDtypeLeakDDP", "37.10",
+          "the process's default dtype set to the module's widest floating dtype at wrap time, never restored",
+          "transparency: process-wide torch settings (parity.float64)",
+          "https://github.com/ACEsuit/mace/issues/1659", True),
+    Entry("transparency_contiguous_params", "transparency_probe:ProbeContiguousParamsDDP", "37.11",
+          "non-contiguous parameters made contiguous in place at wrap time: the user's layout is lost",
+          "transparency: parameter layout (parity.channels_last)",
+          "https://github.com/pytorch/pytorch/issues/79043", True),
+    Entry("transparency_extra_buffer", "transparency_probe:ProbeExtraBufferDDP", "37.12",
+          "a persistent step-counter buffer registered on the user's module: its state_dict grows a key",
+          "transparency: the state_dict keys",
+          "https://github.com/NVIDIA/physicsnemo/issues/586", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -465,4 +479,7 @@ CAUGHT_BY = {
     "transparency_state_dict_prefix": "parity.mlp@2",
     "transparency_user_hook_bypass": "scenario.loop@2",
     "transparency_output_copy": "parity.structured_output@2",
+    "transparency_default_dtype_leak": "parity.float64@2",
+    "transparency_contiguous_params": "parity.channels_last@2",
+    "transparency_extra_buffer": "parity.linear@2",
 }

@@ -792,7 +792,8 @@ MUTANTS = {m.name: m for m in [
                         ("rng_sync", S.RngSync), ("rng_consume", S.RngConsume),
                         ("train_mode_at_wrap", S.TrainModeAtWrap), ("unfreeze_at_wrap", S.UnfreezeAtWrap),
                         ("state_dict_unprefixed", S.StateDictUnprefixed),
-                        ("output_flattened", S.OutputFlattened), ("user_hook_bypassed", S.UserHookBypassed))],
+                        ("output_flattened", S.OutputFlattened), ("user_hook_bypassed", S.UserHookBypassed),
+                        ("params_relaid", S.ParamsRelaid), ("default_dtype_leak", S.DefaultDtypeLeak))],
     # PyTorch's shipped paths (conformance/impls/torch_paths.py), one fault each.
     Mutant("fsdp2_no_divide", "fully_shard with set_gradient_divide_factor(1.0): the gradient "
            "reduce-scatter sums instead of averaging (W x the gradient; a divide factor set for a "

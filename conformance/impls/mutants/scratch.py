@@ -307,3 +307,27 @@ class UserHookBypassed(ScratchDDP):
                 p.grad.copy_(self._raw[id(p)])
         self._raw = {}
         super()._finish()
+
+
+class ParamsRelaid(ScratchDDP):
+    """Makes every non-contiguous parameter contiguous in place at wrap time (``p.data =
+    p.data.contiguous()``): the same objects and values, but a channels_last or transposed layout
+    the user chose is gone, and with it the gradients' layout."""
+
+    def __init__(self, module, **kw):
+        for p in module.parameters():
+            if not p.is_contiguous():
+                p.data = p.data.contiguous()
+        super().__init__(module, **kw)
+
+
+class DefaultDtypeLeak(ScratchDDP):
+    """Sets the process's default dtype to the widest floating dtype of the module's parameters at
+    wrap time and never restores it: the user's later ``torch.tensor(...)`` / ``torch.zeros(...)``
+    come out float64 after wrapping a float64 model."""
+
+    def __init__(self, module, **kw):
+        widest = max((p.dtype for p in module.parameters() if p.is_floating_point()),
+                     key=lambda d: torch.finfo(d).bits, default=torch.float32)
+        torch.set_default_dtype(widest)
+        super().__init__(module, **kw)

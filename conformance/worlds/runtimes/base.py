@@ -51,21 +51,48 @@ class ReplicaContext:
             self.progress.update(**fields)
 
 
+def torch_settings() -> dict:
+    """The process-wide torch settings user code reads and a task may leave changed: default dtype,
+    grad mode, anomaly mode, deterministic algorithms, intra-op threads (``{name: value}``)."""
+    import torch
+    return {"default dtype": torch.get_default_dtype(), "grad mode": torch.is_grad_enabled(),
+            "anomaly mode": torch.is_anomaly_enabled(),
+            "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+            "intra-op threads": torch.get_num_threads()}
+
+
+def restore_torch_settings(saved: dict) -> None:
+    """Put back what :func:`torch_settings` returned (only what changed): a DDP that leaks a setting
+    fails its own case, not the next implementation's in the same world."""
+    import torch
+    now = torch_settings()
+    setters = {"default dtype": torch.set_default_dtype, "grad mode": torch.set_grad_enabled,
+               "anomaly mode": torch.autograd.set_detect_anomaly,
+               "deterministic algorithms": torch.use_deterministic_algorithms,
+               "intra-op threads": torch.set_num_threads}
+    for key, value in saved.items():
+        if now[key] != value:
+            setters[key](value)
+
+
 def run_task(ctx: ReplicaContext, fn, payload: dict, on_raise=None, task=None) -> tuple:
     """Run ``fn(ctx, **payload)`` on one replica; return ``(rank, ok, value)``.
 
     On an exception ``value`` is :func:`conformance.worlds.diagnosis.failure_info`
     (type, message, traceback, step/phase/last collective), and
     ``on_raise(rank, value)`` is called at once, before the other replicas
-    finish (they may be blocked in a collective this one left).
+    finish (they may be blocked in a collective this one left). The process-wide torch settings
+    (:func:`torch_settings`) are put back after the task, whatever it left.
     """
     p = ctx.progress
     if p is not None:
         from conformance.worlds.diagnosis import task_name
         p.begin(task, task_name(fn, payload))
+    saved = torch_settings()
     try:
         value = fn(ctx, **payload)
     except BaseException as exc:
+        restore_torch_settings(saved)
         info = failure_info(exc, p)
         if p is not None:
             p.update(state="raised")
@@ -75,6 +102,7 @@ def run_task(ctx: ReplicaContext, fn, payload: dict, on_raise=None, task=None) -
             except Exception:  # a closed pipe: the parent is gone or tearing down
                 pass
         return ctx.rank, False, info
+    restore_torch_settings(saved)
     if p is not None:
         p.update(state="returned")
     return ctx.rank, True, value
