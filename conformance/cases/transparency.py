@@ -5,9 +5,9 @@ torch's ``DistributedDataParallel`` (``torch/nn/parallel/distributed.py``) avera
 broadcasts parameters and buffers *in place* (construction, and buffers before each forward);
 beyond that it leaves the wrapped module as it was: the same parameter and buffer objects, their
 ``requires_grad``, every submodule's ``training`` flag, the module's hook dictionaries, its own
-``state_dict`` keys (the wrapper's are the same under ``module.``), and it draws no random
-numbers (measured on torch 2.13: the default generator's state is identical before and after
-construction, forward, backward and the optimizer step; docs/transparency.md). It returns the
+``state_dict`` keys (the wrapper's are the same under ``module.``), the parameters' layout and
+the process-wide torch settings, and it draws no random numbers (the measurement is in
+docs/transparency.md). It returns the
 module's output as the module returned it (the same containers, keys and non-tensor members;
 tensors of the same shape and dtype, possibly new objects).
 
