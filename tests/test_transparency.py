@@ -90,9 +90,9 @@ def _observe(wrapper_cls, module=None, steps=2):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for s in range(steps):
         out = obs.call(ddp, torch.ones(2, 3))
-        with obs.unchanged_rng("backward"):
+        with obs.unchanged_by("backward"):
             (out[0] if isinstance(out, tuple) else out).sum().backward()
-        with obs.unchanged_rng("the optimizer step"):
+        with obs.unchanged_by("the optimizer step"):
             opt.step()
         obs.after_step(s + 1)
     obs.close()

@@ -13,7 +13,7 @@ tensors of the same shape and dtype, possibly new objects).
 
 An :class:`Observer` records these observables on one replica around the DDP: at wrap time
 (:meth:`Observer.wrapped`), around every DDP call (:meth:`Observer.call`), around backward and
-the optimizer step (:meth:`Observer.unchanged_rng`) and after every step
+the optimizer step (:meth:`Observer.unchanged_by`) and after every step
 (:meth:`Observer.after_step`); its :meth:`Observer.result` is a list of differences, each naming
 the observable and where it changed. :func:`judge_transparency` turns the replicas' lists into
 the ``transparency`` verdict. A strategy documented to change an observable (FSDP replaces the
@@ -122,7 +122,6 @@ class _Snapshot:
     requires_grad: dict
     training: dict
     hooks: dict
-    state_dict: list
     layout: dict
     process: dict
 
@@ -164,8 +163,7 @@ def _snapshot(module, own_hooks=frozenset()) -> _Snapshot:
             keys = tuple(k for k in getattr(m, d, {}) if k not in own_hooks)
             if keys:
                 hooks[f"{n or '(root)'}.{d}"] = keys
-    return _Snapshot(params, buffers, req, training, hooks, list(module.state_dict().keys()), _layout(module),
-                     process_state())
+    return _Snapshot(params, buffers, req, training, hooks, _layout(module), process_state())
 
 
 def _structure(obj, depth=0):
@@ -231,6 +229,7 @@ class Observer:
         self._own = frozenset()
         self._inner: dict = {}
         self.before = _snapshot(module)
+        self.keys = list(module.state_dict().keys())  # the wrapper's must be these under 'module.'
         self.rng = rng_digest()
 
     # -- recording ------------------------------------------------------------------------
@@ -267,9 +266,7 @@ class Observer:
             if name in now.layout and now.layout[name] != was:
                 self._diff("layout", f"parameter '{name}' is laid out as {_lay(now.layout[name])} {when} "
                                      f"(was {_lay(was)})")
-        for key, was in b.process.items():
-            if now.process.get(key) != was:
-                self._diff("process_state", f"{key} is {now.process.get(key)} {when} (was {was})")
+        self._same_process(b.process, now.process, when)
         if modes:
             self._see("training")
             for name, flag in b.training.items():
@@ -293,8 +290,7 @@ class Observer:
                 keys = None
                 self._diff("state_dict", f"the wrapper's state_dict() raised {type(exc).__name__}: {exc}")
             # a strategy that returns the module itself (no wrapper) keeps its keys
-            want = list(self.before.state_dict) if ddp is self.module else \
-                ["module." + k for k in self.before.state_dict]
+            want = self.keys if ddp is self.module else ["module." + k for k in self.keys]
             if keys is not None and keys != want:
                 missing = [k for k in want if k not in keys]
                 extra = [k for k in keys if k not in want]
@@ -355,13 +351,15 @@ class Observer:
                 self._diff("output", _first_difference(self._inner["out"], got))
         if {n: m.training for n, m in self.module.named_modules(remove_duplicate=False)} != flags:
             self._diff("training", "the DDP's forward changed a module's training flag")
-        now = process_state()
-        for key, was in state.items():
-            if now[key] != was:
-                self._diff("process_state", f"{key} is {now[key]} after the DDP's forward (was {was})")
+        self._same_process(state, process_state(), "after the DDP's forward")
         # what the step must keep: the objects the forward left (the module's own rebinding included)
         self.before = dataclasses.replace(self.before, params=after[0], buffers=after[1])
         return out
+
+    def _same_process(self, was: dict, now: dict, when: str) -> None:
+        for key, value in was.items():
+            if now.get(key) != value:
+                self._diff("process_state", f"{key} is {now.get(key)} {when} (was {value})")
 
     def _same_ids(self, was: tuple, now: tuple, when: str) -> None:
         for observable, kind, a, b in (("parameters", "parameter", was[0], now[0]),
@@ -371,17 +369,15 @@ class Observer:
                     self._diff(observable, f"{kind} '{name}' was replaced with a new tensor {when}")
 
     @contextlib.contextmanager
-    def unchanged_rng(self, what: str):
-        """A phase (backward, optimizer step) that must leave the RNG state as it found it."""
+    def unchanged_by(self, what: str):
+        """A phase (backward, optimizer step) that must leave the RNG state and the process-wide
+        settings as it found them."""
         rng, state = rng_digest(), process_state()
         yield
         self._see("rng", "process_state")
         if rng_digest() != rng:
             self._diff("rng", f"RNG state changed by {what}")
-        now = process_state()
-        for key, was in state.items():
-            if now[key] != was:
-                self._diff("process_state", f"{key} is {now[key]} after {what} (was {was})")
+        self._same_process(state, process_state(), f"after {what}")
 
     def after_step(self, step: int, modes: bool = True) -> None:
         """After step ``step`` (1-based): the module's objects and hooks (and, with ``modes``, its

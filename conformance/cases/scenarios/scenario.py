@@ -223,7 +223,7 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
                         with torch.no_grad():
                             y = blend(teacher(*targs, **tkwargs), y)
                     total = total + loss(obs.call(ddp, *args, **kwargs), y)
-                with obs.unchanged_rng("backward"):
+                with obs.unchanged_by("backward"):
                     (total * scale).backward()
             if j < len(micro) - 1:
                 ctx.mark_step()
@@ -237,7 +237,7 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
                         q.grad.div_(scale)
         if lp["clip"] == "norm":
             torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
-        with obs.unchanged_rng("the optimizer step"):
+        with obs.unchanged_by("the optimizer step"):
             if row.optimizer_step is not None:  # the strategy's step replaces optimizer.step()
                 row.optimizer_step(ddp, opt, ctx)
             else:

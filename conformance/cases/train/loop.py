@@ -288,12 +288,12 @@ def train_replica(ctx, spec: dict) -> dict:
         if loop.impl.forward_backward is None:
             loss = training_loss(run.model, out, ys)
             ctx.note(phase="backward")  # DDP's gradient all-reduces run here
-            with obs.unchanged_rng("backward"):
+            with obs.unchanged_by("backward"):
                 loss.backward()
         if loop.impl.after_backward is not None:
             loop.impl.after_backward(loop.ddp, loop.opt, ctx)
         ctx.note(phase="optimizer step")
-        with obs.unchanged_rng("the optimizer step"):
+        with obs.unchanged_by("the optimizer step"):
             if loop.impl.optimizer_step is not None:  # e.g. xm.optimizer_step(optimizer)
                 loop.impl.optimizer_step(loop.ddp, loop.opt, ctx)
             else:
