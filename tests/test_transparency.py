@@ -140,6 +140,22 @@ def test_a_raising_forward_leaves_no_difference():
     assert obs.result()["differences"] == []
 
 
+def test_a_forward_the_observer_cannot_see_into_is_the_modules_own_rebinding():
+    # a compiled forward+backward: no probes, so forward_unseen takes what the forward left
+    results = []
+    for unseen in (False, True):
+        module = RebindsBuffer()
+        obs = Observer(module, rank=0, skip={"output": "compiled"})
+        ddp = Wrapper(module)
+        obs.wrapped(ddp)
+        ddp(torch.ones(2, 3)).sum().backward()
+        if unseen:
+            obs.forward_unseen()
+        obs.after_step(1)
+        results.append(obs.result()["differences"])
+    assert results[0] == ["replica 0: buffer 'ema' is a new tensor after step 1"] and results[1] == []
+
+
 def test_skipped_observables_are_not_compared_and_are_said():
     module = _model()
     obs = Observer(module, rank=0, skip={"parameters": "sharded by design"})

@@ -356,6 +356,13 @@ class Observer:
         self.before = dataclasses.replace(self.before, params=after[0], buffers=after[1])
         return out
 
+    def forward_unseen(self) -> None:
+        """The module's forward ran inside a call the observer cannot see into (a compiled
+        forward+backward): the tensors it left are taken as the module's own, as :meth:`call`
+        takes them after a forward."""
+        now = _ids(self.module)
+        self.before = dataclasses.replace(self.before, params=now[0], buffers=now[1])
+
     def _same_process(self, was: dict, now: dict, when: str) -> None:
         for key, value in was.items():
             if now.get(key) != value:

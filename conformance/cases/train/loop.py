@@ -282,6 +282,7 @@ def train_replica(ctx, spec: dict) -> dict:
                 stack.enter_context(s.forward_context(loop, step))
             if loop.impl.forward_backward is not None:  # one compiled forward+loss+backward
                 loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: training_loss(run.model, out, ys))
+                loop.observer.forward_unseen()
             else:
                 out = loop.observer.call(loop.ddp, xs, **MODELS[run.model].forward_kwargs)
         obs = loop.observer
