@@ -4,8 +4,9 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
 2.x, ``torch/nn/parallel/distributed.py`` and its C++ reducer,
 ``torch/csrc/distributed/c10d/reducer.cpp``):
 
-* construction broadcasts every parameter (and, with ``broadcast_buffers``, every
-  buffer) from rank 0 (module-state sync, as ``init_sync=True``);
+* construction broadcasts every parameter (and every buffer, unless
+  ``broadcast_buffers=False`` without ``forward_sync_buffers``) from rank 0 (module-state
+  sync); ``init_sync=False`` skips it (torch 2.13's rule);
 * parameters that require grad are split into *buckets* at construction (see
   :func:`assign_buckets`), never rebuilt: the same on every replica;
 * a gradient's post-accumulate-grad hook marks it ready; a complete bucket is
@@ -18,7 +19,7 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
   scaled by ``1 / world_size``;
 * ``gradient_as_bucket_view=True``: after a synced backward ``p.grad`` *is* a
   view of its bucket buffer (the next backward accumulates into it in place);
-* ``broadcast_buffers=True`` broadcasts buffers from rank 0 before a forward
+* ``forward_sync_buffers`` (None: ``broadcast_buffers``, default True) broadcasts buffers from rank 0 before a forward
   when the previous forward was a synced one with grad enabled (or there was none):
   the start of an accumulation window, as upstream's ``require_forward_param_sync``;
 * :meth:`no_sync` lets gradients accumulate locally; the first synced backward
@@ -88,8 +89,8 @@ from ddp_impl.runtime.collectives import (Collectives, TorchDistributedCollectiv
 # torch DDP keywords accepted for drop-in use but not implemented (warned about).
 IGNORED_TORCH_DDP_KWARGS = frozenset({
     "device_ids", "output_device", "dim", "check_reduction", "delay_all_reduce_named_params",
-    "param_to_hook_all_reduce", "mixed_precision", "device_mesh", "init_sync",
-    "skip_all_reduce_unused_params"})
+    "param_to_hook_all_reduce", "mixed_precision", "device_mesh", "skip_all_reduce_unused_params",
+    "batched_grad_copy", "bucket_cap_mb_list"})
 DEFAULT_BUCKET_CAP_MB = 25.0
 MB = 2 ** 20
 FIRST_BUCKET_BYTES = MB  # upstream's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -218,7 +219,11 @@ class DistributedDataParallel(nn.Module):
         collectives: the :class:`Collectives` to use (default: the runtime's, see
             :func:`ddp_impl.runtime.collectives.default_collectives`).
         broadcast_buffers: broadcast buffers from rank 0 before a forward that
-            follows a synced one (default ``True``, as upstream).
+            follows a synced one, and at construction (default ``True``; None is True).
+        init_sync: broadcast rank 0's parameters (and buffers) at construction (default
+            ``True``; ``False``: the caller built equal replicas).
+        forward_sync_buffers: when not None, replaces ``broadcast_buffers`` for the forward
+            sync and leaves the construction sync of buffers on (torch 2.13).
         find_unused_parameters: tolerate parameters unused on some or all
             replicas (see the module docstring); costs one extra all-reduce.
         process_group: a torch.distributed group; shorthand for
@@ -241,7 +246,8 @@ class DistributedDataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, *, collectives: Collectives | None = None,
-                 broadcast_buffers: bool = True, process_group=None,
+                 broadcast_buffers: bool | None = True, process_group=None, init_sync: bool = True,
+                 forward_sync_buffers: bool | None = None,
                  find_unused_parameters: bool = False, bucket_cap_mb: float | None = None,
                  gradient_as_bucket_view: bool = False, static_graph: bool = False, **kwargs):
         super().__init__()
@@ -260,7 +266,9 @@ class DistributedDataParallel(nn.Module):
                            if process_group is not None else default_collectives())
         self.module = module
         self.collectives = collectives
-        self.broadcast_buffers = broadcast_buffers
+        bcast = True if broadcast_buffers is None else broadcast_buffers
+        self.broadcast_buffers = bcast if forward_sync_buffers is None else forward_sync_buffers
+        self.init_sync_buffers = forward_sync_buffers is not None or bcast
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
@@ -271,7 +279,8 @@ class DistributedDataParallel(nn.Module):
         self._comm_hook = self._comm_state = None  # register_comm_hook
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
-        self._sync_module_states()  # first: a mutant may replace parameter objects
+        if init_sync:
+            self._sync_module_states()  # first: a mutant may replace parameter objects
         cap = (DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * MB
         params = [p for p in self.module.parameters() if p.requires_grad]
         # Lazy XLA: packing into a flat buffer and copying back cost more than the
@@ -299,10 +308,10 @@ class DistributedDataParallel(nn.Module):
 
     @torch.no_grad()
     def _sync_module_states(self) -> None:
-        """Broadcast every parameter, and every buffer if ``broadcast_buffers``,
-        from rank 0 (upstream passes ``broadcast_buffers`` to its module-state sync)."""
+        """Broadcast every parameter, and every buffer if ``init_sync_buffers``, from rank 0
+        (upstream's module-state sync)."""
         states = [p.data for p in self.module.parameters()]
-        if self.broadcast_buffers:
+        if self.init_sync_buffers:
             states += list(self.module.buffers())
         broadcast_many(self.collectives, states, src=0)
 

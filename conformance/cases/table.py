@@ -183,6 +183,14 @@ def _build() -> dict[str, Case]:
                   "its gradients' sizes, buckets exactly full) and gradient_as_bucket_view",
                   {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket", "exact_full_bucket_dropped"),
                   tags=("buckets",)),
+        _scenario("keywords", "generated loop programs with torch 2.13's keywords at each value class: "
+                  "init_sync both ways (equal parameters, each replica's own buffers), broadcast_buffers "
+                  "True / None / False, forward_sync_buffers None / True / False (the construction sync stays "
+                  "on), batched_grad_copy, bucket_cap_mb_list at the model's boundaries (the first bucket's "
+                  "size drawn), skip_all_reduce_unused_params with the same unused branches on every replica",
+                  {"ddp_extra": ("keywords",), "loop": True, "budget": 0.25},
+                  ("forward_sync_off_skips_init", "init_sync_ignored", "last_listed_bucket_unreduced",
+                   "batched_copy_undivided"), tags=("keywords",)),
         _scenario("comm_hook", "the same with torch's all-reduce comm hook registered",
                   {"ddp_extra": ("comm_hook",), "budget": 0.5}, ("comm_hook_no_divide",), tags=("comm_hook",)),
         # The workload axis drawn (issue 18, docs/scenarios.md): the scenarios above on the workload

@@ -31,7 +31,31 @@ SCENARIO_KEYS = {"seed", "lr", "optimizer", "ddp", "rebind_buffers", "loss_scale
 #: Scenario keys a JSON file may leave out (older files: the plain workload, loop and module).
 OPTIONAL_KEYS = {"workload", "loop", "module"}
 DDP_KEYS = {"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view",
-            "static_graph", "comm_hook"}
+            "static_graph", "comm_hook", "init_sync", "forward_sync_buffers", "batched_grad_copy",
+            "bucket_cap_mb_list", "skip_all_reduce_unused_params"}
+#: torch's default of each DDP keyword a scenario may hold: a scenario passes the others to the DDP.
+DDP_DEFAULTS = {"find_unused_parameters": False, "broadcast_buffers": None, "bucket_cap_mb": None,
+                "gradient_as_bucket_view": False, "static_graph": False, "init_sync": True,
+                "forward_sync_buffers": None, "batched_grad_copy": False, "bucket_cap_mb_list": None,
+                "skip_all_reduce_unused_params": False}
+#: Keywords whose value must be a bool, or a bool or None.
+BOOL_KEYS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "init_sync", "batched_grad_copy",
+             "skip_all_reduce_unused_params")
+OPTIONAL_BOOL_KEYS = ("broadcast_buffers", "forward_sync_buffers")
+
+
+def buffer_sync(ddp: dict) -> tuple[bool, bool]:
+    """``(at construction, before a forward)``: whether the DDP keywords ``ddp`` broadcast rank
+    0's buffers then, as torch 2.13's ``DistributedDataParallel.__init__`` decides:
+    ``forward_sync_buffers`` (None: follow ``broadcast_buffers``) rules the forward sync and
+    leaves the construction sync on; ``broadcast_buffers=False`` (deprecated) turns both off;
+    ``init_sync=False`` skips the whole construction sync (parameters too)."""
+    bcast = ddp.get("broadcast_buffers")
+    bcast = True if bcast is None else bcast
+    fwd = ddp.get("forward_sync_buffers")
+    at_forward = bcast if fwd is None else fwd
+    at_init = bool(ddp.get("init_sync", True)) and (fwd is not None or bcast)
+    return at_init, at_forward
 STEP_KEYS = {"micro"}
 #: Keys a step may add (the loop programs): forwards without backward before its micro-steps.
 STEP_OPTIONAL = {"eval"}
@@ -357,6 +381,16 @@ class Scenario:
             raise ScenarioError(f"optimizer {self.optimizer!r}: one of {ALL_OPTIMIZERS}")
         if not isinstance(self.ddp, dict) or set(self.ddp) - DDP_KEYS:
             raise ScenarioError(f"unknown DDP keyword(s) {sorted(set(self.ddp) - DDP_KEYS)}; known: {sorted(DDP_KEYS)}")
+        for k in BOOL_KEYS:
+            if not isinstance(self.ddp.get(k, False), bool):
+                raise ScenarioError(f"DDP keyword {k} {self.ddp[k]!r}: true or false")
+        for k in OPTIONAL_BOOL_KEYS:
+            if self.ddp.get(k) is not None and not isinstance(self.ddp[k], bool):
+                raise ScenarioError(f"DDP keyword {k} {self.ddp[k]!r}: true, false or null")
+        caps = self.ddp.get("bucket_cap_mb_list")
+        if caps is not None and not (isinstance(caps, list) and caps and all(
+                isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in caps)):
+            raise ScenarioError(f"bucket_cap_mb_list {caps!r}: a non-empty list of positive MiB")
         if self.ddp.get("comm_hook") not in (None, "allreduce"):
             raise ScenarioError(f"comm_hook {self.ddp['comm_hook']!r}: only 'allreduce'")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
@@ -457,6 +491,11 @@ class Scenario:
                 raise ScenarioError("static_graph=True: every replica and micro-step runs the same plan")
             if not self.ddp.get("find_unused_parameters") and len(next(iter(plans))) != len(BRANCHES):
                 raise ScenarioError("static_graph=True without find_unused_parameters: the plan uses every branch")
+        if self.ddp.get("skip_all_reduce_unused_params"):
+            plans = {tuple(sorted(p)) for st in self.steps for m in st["micro"] for p in m["plan"]}
+            if len(plans) != 1:  # torch: else replicas desynchronise or hang
+                raise ScenarioError("skip_all_reduce_unused_params=True: every replica and micro-step leaves "
+                                    "the same branches unused")
 
     def describe_step(self, s: int, config: bool = True) -> str:
         """The scenario dimensions in play at step ``s`` (0-based), for verdict reasons;

@@ -53,7 +53,15 @@ FEW_UNUSED_PLANS = (("a", "b"), ("c",), ())
 
 #: ``Space.ddp_extra`` values -> the DDP keywords / methods their scenarios require.
 DDP_EXTRAS = {"buckets": ("bucket_cap_mb", "gradient_as_bucket_view"), "comm_hook": ("register_comm_hook",),
-              "static_graph": ("static_graph",)}
+              "static_graph": ("static_graph",), "keywords": ()}
+#: ``keywords``: the DDP keywords of torch 2.13 drawn at each value class, the default first (the
+#: shrink target). Each scenario requires the ones it passes (``init_sync``, ``forward_sync_buffers``;
+#: the performance switches are dropped where refused, see ``train.loop.PERFORMANCE_HINTS``).
+KEYWORD_VALUES = {"init_sync": (True, False), "broadcast_buffers": (True, None, False),
+                  "forward_sync_buffers": (None, True, False), "batched_grad_copy": (False, True)}
+#: ``bucket_cap_mb_list``: up to this many per-bucket caps, each a class of CAP_CLASSES (the first
+#: is the first bucket's size).
+MAX_CAP_LIST = 3
 
 
 def space_problem(space: dict) -> str | None:
@@ -121,10 +129,19 @@ def scenarios(world_size: int, space: Space):
         if "static_graph" in space.ddp_extra:  # upstream needs it for a reentrant checkpoint
             static = workload["graph"] == "checkpoint_reentrant" or draw(st.booleans())
             ddp["static_graph"] = static
+        skip_unused, caps = False, None
+        if "keywords" in space.ddp_extra:
+            ddp.update({k: draw(st.sampled_from(v)) for k, v in KEYWORD_VALUES.items()})
+            if draw(st.booleans()):
+                caps = draw(st.lists(st.tuples(st.sampled_from(CAP_CLASSES), st.integers(2, 6)),
+                                     min_size=1, max_size=MAX_CAP_LIST))
+            # torch requires the same unused parameters on every replica throughout: one plan
+            skip_unused = draw(st.booleans())
+            ddp["skip_all_reduce_unused_params"] = skip_unused
         # static_graph: one graph for the run, so one plan everywhere (all branches unless
-        # find_unused_parameters)
+        # find_unused_parameters); skip_all_reduce_unused_params too
         fixed = (draw(plan(find_unused)) if find_unused else draw(st.permutations(BRANCHES).map(list))) \
-            if static else None
+            if static or skip_unused else None
         pattern = []
         for _ in range(draw(st.integers(1, space.max_pattern))):
             # static_graph with a no_sync window crashes torch's DDP (UPSTREAM_DEFECTS): not drawn
@@ -179,9 +196,12 @@ def scenarios(world_size: int, space: Space):
                     for f in step.get("eval", ()):
                         if f["mode"] == "train" and f["grad"] == "inference_mode":
                             f["grad"] = "no_grad"
-        if "buckets" in space.ddp_extra:
-            model = build_scenario_model(sc.seed, sc.rebind_buffers, 0.0, sc.workload, sc.module)
-            sc.ddp["bucket_cap_mb"] = cap_mb(grad_bytes(model), *cap)
+        if "buckets" in space.ddp_extra or caps:
+            sizes = grad_bytes(build_scenario_model(sc.seed, sc.rebind_buffers, 0.0, sc.workload, sc.module))
+            if "buckets" in space.ddp_extra:
+                sc.ddp["bucket_cap_mb"] = cap_mb(sizes, *cap)
+            if caps:
+                sc.ddp["bucket_cap_mb_list"] = [cap_mb(sizes, *c) for c in caps]
         return sc
 
     def eval_forward(k):
@@ -234,6 +254,8 @@ def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
     dimension a fault hides in, so the default budget always covers them."""
     if space.workload:
         return explicit_workload_scenarios(world_size, space)
+    if "keywords" in space.ddp_extra:
+        return explicit_keyword_scenarios(world_size, space)
     if space.loop:
         return explicit_loop_scenarios(world_size, space)
     w = world_size
@@ -332,6 +354,45 @@ def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]
     ]
     if space.xla_corners:
         out = [e for e in out if not xla_unsupported(e.workload)]
+    return _finished(out, space)
+
+
+def explicit_keyword_scenarios(world_size: int, space: Space) -> list[Scenario]:
+    """The keyword case's scenarios every run includes: each value class of
+    :data:`KEYWORD_VALUES`, ``bucket_cap_mb_list`` and ``skip_all_reduce_unused_params`` once,
+    on three steps with uneven local batches, rank-dependent hook order and a validation forward
+    (buffers move without a backward)."""
+    w = world_size
+    all_b = list(BRANCHES)
+    rev = [all_b if r % 2 == 0 else all_b[::-1] for r in range(w)]
+    uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
+    sizes = grad_bytes(build_scenario_model(41, False))
+
+    def sc(plans=None, optimizer="sgd", find_unused=False, **ddp):
+        steps = [{"micro": [micro_step(uneven, plans or rev)],
+                  "eval": [eval_forward(1, "no_grad", "train", uneven)]} for _ in range(3)]
+        out = loop_program(steps, seed=41, lr=LRS[optimizer][-1], optimizer=optimizer, find_unused=find_unused,
+                           module={"int_buffer": "samples"})
+        out.ddp.update(ddp)
+        return out
+    out = [
+        # equal parameters built by the user, each replica's own buffers kept (no forward sync),
+        # and synced at the first forward
+        sc(init_sync=False, forward_sync_buffers=False),
+        sc(init_sync=False, broadcast_buffers=True),
+        # forward_sync_buffers=False still syncs the buffers at construction; True wins over a
+        # deprecated broadcast_buffers=False; the torch default (None) of both
+        sc(broadcast_buffers=None, forward_sync_buffers=False),
+        sc(broadcast_buffers=False, forward_sync_buffers=True),
+        sc(broadcast_buffers=None),
+        # per-bucket caps: the first bucket exactly one gradient, then below the smallest; and
+        # caps closing several buckets exactly full, with the batched gradient copy
+        sc(bucket_cap_mb_list=[cap_mb(sizes, "one_parameter"), cap_mb(sizes, "below_smallest")]),
+        sc(bucket_cap_mb_list=[cap_mb(sizes, "fills_several")] * 2 + [cap_mb(sizes, "model_exactly")],
+           batched_grad_copy=True, optimizer="sgd_momentum"),
+        # branch c unused on every replica at every step, its reduction skipped
+        sc(plans=[["a", "b"]] * w, find_unused=True, skip_all_reduce_unused_params=True),
+    ]
     return _finished(out, space)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 from conformance.cases.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, TRANSPARENCY, judge, judge_agreement
 from conformance.cases.transparency import judge_transparency
 from conformance.cases.scenarios.format import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT, Scenario,
-                                                grad_mode, prediction_of)
+                                                buffer_sync, grad_mode, prediction_of)
 from conformance.cases.scenarios.model import (BadBatch, build_scenario_model, forward_kwargs, scenario_batch,
                                                scenario_indices, seen_start, user_grad_hook)
 from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
@@ -29,8 +29,9 @@ def scenario_reference(sc: Scenario) -> dict:
     replica holds ``None``), except a parameter no replica's backward reached since the last
     synced one with ``find_unused_parameters``: torch's reducer leaves its gradient as it is
     (``None``, a zero tensor after ``zero_grad(set_to_none=False)``, or an earlier synced
-    backward's mean). Buffers: a forward through the DDP starts from rank 0's buffers when
-    ``broadcast_buffers`` and the previous forward was a synced one with grad enabled, or there
+    backward's mean). Buffers (``broadcast_buffers``, ``forward_sync_buffers`` and ``init_sync`` as
+    :func:`~.format.buffer_sync` reads them): a forward through the DDP starts from rank 0's buffers when
+    the forward sync is on and the previous forward was a synced one with grad enabled, or there
     was none since construction (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
     ``_post_forward``: ``require_forward_param_sync``, whatever the module's mode): also between
     two forwards before one backward, and after a grad-enabled forward that no backward follows;
@@ -56,7 +57,7 @@ def scenario_reference(sc: Scenario) -> dict:
     net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
     user_grad_hook(net, sc.module)
     sparse = sc.workload["grad"] != "dense"
-    bcast = sc.ddp.get("broadcast_buffers", True)
+    bcast = buffer_sync(sc.ddp)[0]  # rank 0's buffers at construction
     names = [n for n, _ in net.named_buffers()]
 
     def start(n, t, r):  # what replica r's own construction gave buffer n (build_scenario_model)
@@ -124,7 +125,7 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
     scale = 2.0 ** sc.loss_scale_log2
     params = list(net.parameters())
     find_unused = bool(sc.ddp.get("find_unused_parameters"))
-    bcast = sc.ddp.get("broadcast_buffers", True)
+    bcast = buffer_sync(sc.ddp)[1]  # rank 0's buffers before a forward
     names = [n for n, _ in net.named_buffers()]
     rank_bufs = [start_buffers(r) for r in range(w)]
     grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad

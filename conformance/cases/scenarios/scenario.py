@@ -58,8 +58,8 @@ from conformance.verdict import Verdict
 from conformance.worlds.runtimes import get_runtime
 
 from conformance.cases.scenarios.format import (  # noqa: F401 (re-exported)
-    BRANCHES, CLIP_NORM, DDP_KEYS, EVAL_DATA, EVAL_GRAD, EVAL_KEYS, EVAL_MODE, FORWARD_DATA, HIDDEN,
-    INDICES_PER_SAMPLE, IN_FEATURES, LOOPS, LR_DROP, MICRO_KEYS, MICRO_OPTIONAL, MODULES,
+    BRANCHES, CLIP_NORM, DDP_DEFAULTS, DDP_KEYS, EVAL_DATA, EVAL_GRAD, EVAL_KEYS, EVAL_MODE, FORWARD_DATA,
+    HIDDEN, INDICES_PER_SAMPLE, IN_FEATURES, LOOPS, LR_DROP, MICRO_KEYS, MICRO_OPTIONAL, MODULES,
     MODULE_PHRASES, OPTIMIZER_REVEALS, OPTIONAL_KEYS, OUT_FEATURES, PLAIN_LOOP, PLAIN_MODULE,
     PLAIN_WORKLOAD, SCENARIO_KEYS, SHORT_RUN_DTYPES, SPARSE_OPTIMIZERS, STEP_KEYS, STEP_OPTIONAL, TEACHER_SALT,
     Scenario, ScenarioError, ScenarioOutput, UPSTREAM_DEFECTS, VOCAB, WORKLOADS, WORKLOAD_PHRASES,
@@ -101,14 +101,19 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
         raise Unsupported(f"{impl} brings its own {'compiled step' if row.forward_backward else 'optimizer'}, "
                           "which the scenario loop (its own optimizers, micro-steps) would bypass")
     r = ctx.rank
-    # Only keywords that change something are passed (a recipe without them stays usable).
-    kwargs = {"broadcast_buffers": sc.ddp.get("broadcast_buffers", True)}
+    # Only keywords that change something are passed (a recipe without them stays usable);
+    # broadcast_buffers always, unless the scenario leaves it at torch's default (None).
+    kwargs = {"broadcast_buffers": sc.ddp.get("broadcast_buffers", True)} if sc.ddp.get(
+        "broadcast_buffers", True) is not None else {}
     kwargs.update({k: v for k, v in sc.ddp.items() if k not in ("comm_hook", "broadcast_buffers")
-                   and v not in (None, False)})
+                   and v != DDP_DEFAULTS[k]})
     # every replica runs every branch at every micro-step: find_unused_parameters changes
-    # nothing (torch's DDP reduces the same gradients), so a DDP refusing it still runs
+    # nothing (torch's DDP reduces the same gradients), so a DDP refusing it still runs;
+    # skip_all_reduce_unused_params is drawn only where every replica leaves the same branches
+    # unused, where it changes nothing either; the performance switches change no number
     every_branch = all(set(p) == set(BRANCHES) for s in sc.steps for m in s["micro"] for p in m["plan"])
-    optional = ("find_unused_parameters",) if every_branch else ()
+    optional = ("skip_all_reduce_unused_params", "batched_grad_copy", "bucket_cap_mb_list") + (
+        ("find_unused_parameters",) if every_branch else ())
     requires = [k for k in kwargs if k != "broadcast_buffers" and k not in optional]
     if any(not sc.synced(s, j) for s in range(len(sc.steps)) for j in range(len(sc.steps[s]["micro"]))):
         requires.append("no_sync")
@@ -123,8 +128,11 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
         raise Unsupported(XLA_UNSUPPORTED_LOOP[("eval", "inference_mode")])
     sparse = sc.workload["grad"] != "dense"
 
+    # init_sync=False: the user builds equal parameters (rank 0's seed); buffers stay each replica's
+    owner = r if sc.ddp.get("init_sync", True) else 0
+
     def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
-        m = to_device(build_scenario_model(rank_seed(sc.seed, r, salt), sc.rebind_buffers,
+        m = to_device(build_scenario_model(rank_seed(sc.seed, owner, salt), sc.rebind_buffers,
                                            rank_buffer_offset(r, salt), sc.workload, sc.module), ctx.device)
         ddp, obs = observed_wrap(row, m, ctx, lambda: wrap(row, m, ctx, kwargs, tuple(requires), optional))
         user_grad_hook(m, sc.module)

@@ -31,6 +31,8 @@ from ddp_impl.sync_batchnorm import SyncBatchNorm
 
 SCRATCH_ON_PJRT = ("written on torch.distributed (gloo collectives); the PJRT world has no "
                    "process-per-replica torch.distributed group")
+KEYWORDS_ON_PJRT = ("torch 2.13's DDP keywords (init_sync=False, forward_sync_buffers, bucket_cap_mb_list, "
+                    "batched_grad_copy): torch_xla pins an older torch")
 
 
 
@@ -448,6 +450,70 @@ def _join_dropped():
     return JoinDropped
 
 
+def _forward_sync_off_skips_init():
+
+    class ForwardSyncOffSkipsInit(_torch_ddp_class()):
+        """torch DDP that reads ``forward_sync_buffers=False`` as the deprecated
+        ``broadcast_buffers=False``: the construction sync of buffers is skipped too, so each
+        replica keeps its own buffers (torch 2.13 syncs them at construction anyway)."""
+
+        def __init__(self, module, forward_sync_buffers=None, **kwargs):
+            if forward_sync_buffers is False:
+                kwargs["broadcast_buffers"] = False
+            else:
+                kwargs["forward_sync_buffers"] = forward_sync_buffers
+            super().__init__(module, **kwargs)
+    return ForwardSyncOffSkipsInit
+
+
+def _init_sync_ignored():
+
+    class InitSyncIgnored(_torch_ddp_class()):
+        """torch DDP that accepts ``init_sync=False`` and syncs at construction anyway: rank 0's
+        buffers overwrite the replicas' own, which the user kept apart on purpose."""
+
+        def __init__(self, module, init_sync=True, **kwargs):
+            super().__init__(module, **kwargs)
+    return InitSyncIgnored
+
+
+def _last_listed_bucket_unreduced():
+
+    class LastListedBucketUnreduced(_torch_ddp_class()):
+        """torch DDP that, given ``bucket_cap_mb_list``, never reduces its last bucket (an
+        off-by-one over the per-bucket caps): those gradients stay each replica's own."""
+
+        def __init__(self, module, bucket_cap_mb_list=None, **kwargs):
+            super().__init__(module, bucket_cap_mb_list=bucket_cap_mb_list, **kwargs)
+            if bucket_cap_mb_list:
+                super().register_comm_hook(None, _mean_but_last)
+    return LastListedBucketUnreduced
+
+
+def _mean_but_last(state, bucket):
+    import torch
+    import torch.distributed as dist
+    if bucket.is_last():
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    buf = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _batched_copy_undivided():
+
+    class BatchedCopyUndivided(_torch_ddp_class()):
+        """torch DDP whose ``batched_grad_copy=True`` path loses the flat ``div_``: gradients
+        are summed over replicas, not averaged."""
+
+        def __init__(self, module, batched_grad_copy=False, **kwargs):
+            super().__init__(module, batched_grad_copy=batched_grad_copy, **kwargs)
+            if batched_grad_copy:
+                super().register_comm_hook(None, _sum_hook)
+    return BatchedCopyUndivided
+
+
 class LoadAssigns(RefDDP):
     """``load_state_dict`` swaps in the checkpoint's tensors (``assign=True``) instead of
     copying into the live parameters: the optimizer keeps updating the old ones."""
@@ -780,6 +846,19 @@ MUTANTS = {m.name: m for m in [
            _comm_hook_value_ignored, torch_based=True),
     Mutant("join_dropped", "torch DDP whose join() does nothing: the replica with more batches "
            "hangs in an all-reduce.", _join_dropped, torch_based=True),
+    # torch 2.13's keywords (scenario.keywords), on torch's own DDP.
+    *[Mutant(name, doc, factory, torch_based=True,
+             unsupported={"pjrt": KEYWORDS_ON_PJRT})
+      for name, factory, doc in (
+          ("forward_sync_off_skips_init", _forward_sync_off_skips_init,
+           "torch DDP that reads forward_sync_buffers=False as broadcast_buffers=False: the "
+           "construction sync of buffers is skipped too."),
+          ("init_sync_ignored", _init_sync_ignored,
+           "torch DDP that accepts init_sync=False and syncs parameters and buffers at construction anyway."),
+          ("last_listed_bucket_unreduced", _last_listed_bucket_unreduced,
+           "torch DDP that, given bucket_cap_mb_list, never reduces its last bucket."),
+          ("batched_copy_undivided", _batched_copy_undivided,
+           "torch DDP whose batched_grad_copy=True path sums gradients instead of averaging them."))],
     Mutant("sync_bn_local_stats", SyncBNLocalStats.__doc__, SyncBNLocalStats,
            sync_bn=_local_stats_bn_class),
     # Scenario kinds, on a from-scratch DDP (conformance/impls/mutants/scratch.py).
