@@ -2,6 +2,7 @@
 caps drawn at the model's boundaries (conformance.cases.scenarios.buckets)."""
 import pathlib
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from conformance.cases.scenarios.buckets import CAP_CLASSES, MIB, cap_bytes, cap_mb, exactly_full, grad_bytes, \
@@ -60,3 +61,55 @@ def test_a_drawn_bucket_cap_is_one_of_the_models_boundaries(sc):
     sizes = grad_bytes(build_scenario_model(sc.seed, sc.rebind_buffers, 0.0, sc.workload, sc.module))
     caps = {cap_bytes(sizes, c, k) for c in CAP_CLASSES for k in range(2, 7)}
     assert int(sc.ddp["bucket_cap_mb"] * MIB) in caps
+
+
+@pytest.mark.filterwarnings("ignore:.*broadcast_buffers:FutureWarning")
+def test_the_oracles_buffer_sync_is_torchs_constructor(monkeypatch):
+    """format.buffer_sync against torch's own DDP.__init__ on a one-rank gloo group: the
+    construction sync it asks for (recorded) and the forward sync it keeps."""
+    import itertools
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.parallel.distributed as tdist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from conformance.cases.scenarios.format import buffer_sync
+    seen = []
+    monkeypatch.setattr(tdist, "_sync_module_states",
+                        lambda **kw: seen.append(kw["broadcast_buffers"]))
+    with tempfile.NamedTemporaryFile() as f:
+        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
+        try:
+            for bcast, fwd, init in itertools.product((True, None, False), (None, True, False), (True, False)):
+                seen.clear()
+                ddp = DistributedDataParallel(torch.nn.Linear(2, 2), broadcast_buffers=bcast,
+                                              forward_sync_buffers=fwd, init_sync=init)
+                want = buffer_sync({"broadcast_buffers": bcast, "forward_sync_buffers": fwd, "init_sync": init})
+                assert (bool(seen and seen[0]), ddp.forward_sync_buffers) == want, (bcast, fwd, init)
+                assert bool(seen) == init
+        finally:
+            dist.destroy_process_group()
+
+
+@settings(max_examples=60, deadline=None)
+@given(sc=scenarios(2, Space(ddp_extra=("keywords",), loop=True)))
+def test_a_drawn_keyword_scenario_is_valid_and_its_caps_are_the_models_boundaries(sc):
+    sc.validate()
+    caps = sc.ddp.get("bucket_cap_mb_list")
+    if caps:
+        sizes = grad_bytes(build_scenario_model(sc.seed, sc.rebind_buffers, 0.0, sc.workload, sc.module))
+        assert all(any(c == cap_mb(sizes, cls, k) for cls in CAP_CLASSES for k in range(2, 7)) for c in caps)
+
+
+def test_the_keyword_case_holds_every_value_class_explicitly():
+    from conformance.cases.scenarios.explicit import explicit_scenarios
+    from conformance.cases.scenarios.generate import KEYWORD_VALUES
+    explicit = explicit_scenarios(2, Space(ddp_extra=("keywords",), loop=True))
+    for k, values in KEYWORD_VALUES.items():
+        held = {e.ddp.get(k, True if k == "init_sync" else None if k.endswith("buffers") else False)
+                for e in explicit}
+        assert set(values) <= held, (k, held)
+    assert any(e.ddp.get("bucket_cap_mb_list") for e in explicit)
+    assert any(e.ddp.get("skip_all_reduce_unused_params") for e in explicit)

@@ -71,9 +71,10 @@ from conformance.cases.scenarios.model import (  # noqa: F401 (re-exported)
 from conformance.cases.scenarios.oracle import (  # noqa: F401 (re-exported)
     distilled_target, judge_scenario, scenario_reference)
 from conformance.cases.scenarios.generate import (  # noqa: F401 (re-exported)
-    DDP_EXTRAS, FEW_BATCHES, FEW_PLANS, FEW_UNUSED_PLANS, LRS, Space, WORKLOAD_TOLERANCE,
-    explicit_loop_scenarios, explicit_scenarios, explicit_workload_scenarios, judged_on,
+    DDP_EXTRAS, FEW_BATCHES, FEW_PLANS, FEW_UNUSED_PLANS, LRS, Space, WORKLOAD_TOLERANCE, judged_on,
     scenario_tolerance, scenarios, space_problem, space_requires, workloads)
+from conformance.cases.scenarios.explicit import (  # noqa: F401 (re-exported)
+    explicit_loop_scenarios, explicit_scenarios, explicit_workload_scenarios)
 
 
 # --------------------------------------------------------------------------

@@ -42,7 +42,8 @@ import numpy as np
 
 from conformance.cases.checks import SCENARIO_CHECKS, UNBOUNDED
 from conformance.cases.scenarios.format import BRANCHES, Scenario
-from conformance.cases.scenarios.generate import LRS, eval_forward, loop_program, micro_step
+from conformance.cases.scenarios.explicit import eval_forward, loop_program, micro_step
+from conformance.cases.scenarios.generate import LRS
 from conformance.cases.scenarios.oracle import judge_scenario, loop_reference
 from conformance.cases.scenarios.scenario import run_loop
 from conformance.cases.train.loop import build_optimizer, rank_buffer_offset, rank_seed, wrap
