@@ -93,6 +93,42 @@ SURFACE = {c.name: c for c in [
 ]}
 
 
+def keyword_classes() -> list[tuple[str, object]]:
+    """``(keyword, value class)`` of every keyword ``scenario.keywords`` draws
+    (``scenarios.generate.KEYWORD_VALUES``, ``bucket_cap_mb_list`` absent or a list,
+    ``skip_all_reduce_unused_params`` both ways)."""
+    from conformance.cases.scenarios.generate import KEYWORD_VALUES
+    out = [(k, v) for k, vs in KEYWORD_VALUES.items() for v in vs]
+    return out + [("bucket_cap_mb_list", None), ("bucket_cap_mb_list", "list"),
+                  ("skip_all_reduce_unused_params", False), ("skip_all_reduce_unused_params", True)]
+
+
+def dimension_values() -> list[tuple[str, str]]:
+    """``("module.<dim>" | "loop.<dim>", value)`` of every module and loop dimension a loop
+    program draws (``scenarios.format.MODULES``, ``LOOPS``)."""
+    from conformance.cases.scenarios.format import LOOPS, MODULES
+    return ([(f"module.{d}", v) for d, vs in MODULES.items() for v in vs]
+            + [(f"loop.{d}", v) for d, vs in LOOPS.items() for v in vs])
+
+
+def cells_of(sc) -> set:
+    """The (keyword class, module/loop value) cells scenario ``sc`` exercises: one value of each
+    keyword times one value of each dimension."""
+    from conformance.cases.scenarios.format import DDP_DEFAULTS
+    keys = []
+    for k in dict.fromkeys(k for k, _ in keyword_classes()):
+        v = sc.ddp.get(k, DDP_DEFAULTS[k])
+        keys.append((k, "list" if k == "bucket_cap_mb_list" and v else v))
+    dims = [(f"module.{d}", v) for d, v in sc.module.items()] + [
+        (f"loop.{d}", v) for d, v in sc.loop.items() if d != "lr_drop_at"]
+    return {(a, b) for a in keys for b in dims}
+
+
+def joint_cells() -> int:
+    """How many (keyword class, module/loop value) cells there are."""
+    return len(keyword_classes()) * len(dimension_values())
+
+
 def torch_surface() -> dict[str, str]:
     """``{name: "keyword" | "method"}`` of the installed torch's ``DistributedDataParallel``:
     the keywords of ``__init__`` (after ``self``) and the public callables its class defines."""
@@ -117,6 +153,8 @@ def summary(cases_tested=None) -> str:
     names = [c for c in SURFACE.values() if c.covered and (cases_tested is None or set(c.covered) & set(cases_tested))]
     left = [c.name for c in SURFACE.values() if c not in names]
     where = "by the cases run" if cases_tested is not None else "by a case"
+    joint = "" if cases_tested is not None and "scenario.keywords" not in set(cases_tested) else (
+        f"; {joint_cells()} keyword class x module/loop value cells drawn together by scenario.keywords")
     return (f"coverage DDP surface: {len(names)} of {len(SURFACE)} keywords and methods covered {where}"
-            + (f"; not covered: {', '.join(left[:6])}{' ...' if len(left) > 6 else ''} (docs/transparency.md)"
-               if left else ""))
+            + (f"; not covered: {', '.join(left[:6])}{' ...' if len(left) > 6 else ''}" if left else "")
+            + joint + " (docs/transparency.md)")

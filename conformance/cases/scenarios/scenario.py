@@ -47,6 +47,7 @@ from conformance.cases.search import (SearchRunner, kit_settings, loop_depth, lo
                                       workload_examples)
 from conformance.cases.train.commhooks import register_hook
 from conformance.cases.train.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, wrap
+from conformance.cases.surface import cells_of, joint_cells
 from conformance.cases.transparency import merged, observed_wrap
 from conformance.cases.train.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
                                               optimizer_state_layout, param_layout, saved_checkpoint,
@@ -289,7 +290,8 @@ def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_exam
     from hypothesis import given
 
     worst: dict = {}
-    state = {"examples": 0, "vacuous": 0, "failing": None, "unsupported": {}}  # + "crashed": a Scenario
+    # + "crashed": a Scenario; "cells": what the keyword scenarios exercised (surface.cells_of)
+    state = {"examples": 0, "vacuous": 0, "failing": None, "unsupported": {}, "cells": set()}
 
     def check(sc: Scenario):
         try:
@@ -307,6 +309,8 @@ def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_exam
             raise
         vs = judge_scenario(sc, results, tol(sc), agreement_atol=agreement_atol)
         state["examples"] += 1
+        if "keywords" in space.ddp_extra:
+            state["cells"] |= cells_of(sc)
         bad = [v for v in vs if v.status == "fail"]
         if bad:
             state["failing"] = (sc, vs)
@@ -373,6 +377,8 @@ def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_exam
     for c in SCENARIO_CHECKS:
         v = worst.get(c) or Verdict("", c, "", "", "scenario", runner.world_size, "pass")
         v.reason = f"{n} scenario(s)" + (f", {state['vacuous']} vacuous (discarded)" if state["vacuous"] else "")
+        if state["cells"]:  # docs/transparency.md: the keyword x module/loop map
+            v.reason += f"; {len(state['cells'])} of {joint_cells()} keyword x module/loop cells"
         if unsup:  # the corners this implementation lacks, said where the pass is reported
             v.reason += ("; unsupported corner(s) skipped: "
                          + "; ".join(f"{wl}: {why}" for why, wl in list(unsup.items())[:3]))
