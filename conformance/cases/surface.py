@@ -13,6 +13,8 @@ import inspect
 from dataclasses import dataclass
 
 from conformance.cases.scenarios.buckets import CAP_CLASSES
+from conformance.cases.scenarios.format import DDP_DEFAULTS, LOOPS, MODULES
+from conformance.cases.scenarios.generate import KEYWORD_VALUES
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,6 @@ def keyword_classes() -> list[tuple[str, object]]:
     """``(keyword, value class)`` of every keyword ``scenario.keywords`` draws
     (``scenarios.generate.KEYWORD_VALUES``, ``bucket_cap_mb_list`` absent or a list,
     ``skip_all_reduce_unused_params`` both ways)."""
-    from conformance.cases.scenarios.generate import KEYWORD_VALUES
     out = [(k, v) for k, vs in KEYWORD_VALUES.items() for v in vs]
     return out + [("bucket_cap_mb_list", None), ("bucket_cap_mb_list", "list"),
                   ("skip_all_reduce_unused_params", False), ("skip_all_reduce_unused_params", True)]
@@ -106,7 +107,6 @@ def keyword_classes() -> list[tuple[str, object]]:
 def dimension_values() -> list[tuple[str, str]]:
     """``("module.<dim>" | "loop.<dim>", value)`` of every module and loop dimension a loop
     program draws (``scenarios.format.MODULES``, ``LOOPS``)."""
-    from conformance.cases.scenarios.format import LOOPS, MODULES
     return ([(f"module.{d}", v) for d, vs in MODULES.items() for v in vs]
             + [(f"loop.{d}", v) for d, vs in LOOPS.items() for v in vs])
 
@@ -114,7 +114,6 @@ def dimension_values() -> list[tuple[str, str]]:
 def cells_of(sc) -> set:
     """The (keyword class, module/loop value) cells scenario ``sc`` exercises: one value of each
     keyword times one value of each dimension."""
-    from conformance.cases.scenarios.format import DDP_DEFAULTS
     keys = []
     for k in dict.fromkeys(k for k, _ in keyword_classes()):
         v = sc.ddp.get(k, DDP_DEFAULTS[k])
