@@ -91,3 +91,21 @@ def test_the_html_report_judges_the_ddp_and_names_the_backend_apart(tmp_path):
     doc["backend"]["judged"] = True
     page = Path(write_report([doc], [], str(tmp_path / "html2"))["html"]).read_text()
     assert "FAIL: " in page and "backend gloo" in page.split("FAIL: ")[1][:300]
+
+
+def test_a_subclass_of_torchs_ddp_fails_torchs_findings_and_is_told_so():
+    """A user's class that subclasses torch's DDP inherits its defects: the verdict stays fail
+    and names torch's finding; a from-scratch class or a built-in row is not told so."""
+    from conformance.impls.builtin import inherits_from
+    from conformance.report.expected import note_inherited, parse_expected_failures
+    from conformance.verdict import Verdict
+    assert inherits_from("tests.outside.transparency_named:TransparentDDP") is None
+    assert inherits_from(CORRECT) is None and inherits_from("torch") is None
+    assert inherits_from("tests.outside.raising_torch:RaisingTorchDDP") == "torch"
+    expected = parse_expected_failures("c:param_parity[torch-cpu-w2]  # finding 12: the reducer\n", shipped=True)
+    mine = [Verdict("c", "param_parity", "pkg:Mine", "cpu", "m", 2, "fail", reason="dev 1"),
+            Verdict("c", "loss_parity", "pkg:Mine", "cpu", "m", 2, "fail", reason="dev 2")]
+    note_inherited(mine, expected, "torch")
+    assert mine[0].status == "fail" and mine[0].reason.startswith("inherited from torch, which fails it too "
+                                                                  "(finding 12: the reducer")
+    assert mine[1].reason == "dev 2"

@@ -13,6 +13,7 @@ from conformance.cases.surface import summary as surface_summary
 from conformance.cases.table import select
 from conformance.errors import UsageError, split_list
 from conformance.evaluate import Session, evaluate, kill_rows
+from conformance.impls.builtin import inherits_from
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import case_runs_at, parse_matrix, parse_model
 from conformance.outcome import repro_command
@@ -21,7 +22,8 @@ from conformance.cli.lanes import Lanes, Unit, skip_finalization
 from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
 from conformance.report.causes import shared_cause
 from conformance.report.coverage import TESTED, coverage, unmet_requirements
-from conformance.report.expected import expected_failure_warnings, mark_expected_failures, read_expected_failures
+from conformance.report.expected import (expected_failure_warnings, mark_expected_failures, note_inherited,
+                                         read_expected_failures)
 from conformance.report.findings import run_expectations
 from conformance.report.text import (backend_section, build_json, counts, exit_code, kill_matrix_text, kill_summary,
                                      verdict_table, write_json_doc)
@@ -109,6 +111,8 @@ class _Run:
                          for rt, w, impls in targets)
         # the backend's verdicts decide the exit code when asked, or when the backend is the subject
         self.judge_backend = o.fail_on_backend or settings.backend != "gloo"
+        # a user's subclass of torch's DDP inherits torch's findings: its failures name them
+        self.parents = {i: p for _, _, impls in targets for i in impls if (p := inherits_from(i))}
         self.done = 0
         self.bar = progress_bar(self.total, o.quiet or o.env_launch, settings.progress_every,
                                 counts=lambda: counts(self.verdicts))
@@ -238,6 +242,8 @@ class _Run:
         ``unit``, the run's index in it, when lanes finish runs out of order), counted; where
         ``--exitfirst`` / ``--exitfirst-each`` stop; the report so far saved."""
         mark_expected_failures(got, self.expected)
+        if impl in self.parents:
+            note_inherited(got, self.expected, self.parents[impl])
         if unit is None:
             self.verdicts += got
         else:

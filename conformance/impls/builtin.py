@@ -300,6 +300,19 @@ def resolve_impl(spec: str) -> Strategy:
     return row
 
 
+def inherits_from(spec: str) -> str | None:
+    """The shipped row whose code a user's ``--ddp module:Class`` inherits: ``"torch"`` for a
+    subclass of ``torch.nn.parallel.DistributedDataParallel`` (torch's findings are then the
+    class's own defects too), else None (a built-in row, a mutant, a factory, a Strategy)."""
+    row = resolve_impl(spec)
+    if spec in IMPLS or row.mutant or ":" not in spec:
+        return None
+    mod_name, _, attr = spec.strip().partition(":")
+    obj = getattr(importlib.import_module(mod_name), attr, None)
+    from torch.nn.parallel import DistributedDataParallel
+    return "torch" if isinstance(obj, type) and issubclass(obj, DistributedDataParallel) else None
+
+
 def parse_impls(specs: str, runtime: str | None = None) -> list[Strategy]:
     """Resolve a comma-separated list of specs (see :func:`resolve_impl`). ``all`` names
     every row of the table that runs on ``runtime`` (every row when ``runtime`` is None)."""

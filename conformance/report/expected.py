@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import replace
 
 from conformance.cases.row import FAMILIES
 from conformance.errors import UsageError
@@ -149,6 +150,18 @@ def mark_expected_failures(verdicts: list[Verdict], expected) -> None:
             v.status = "xfail"
             why = ", ".join(x for x in (was if was != "fail" else "", note) if x)
             v.reason = f"expected failure{f' ({why})' if why else ''}: " + v.reason
+
+
+def note_inherited(verdicts: list[Verdict], expected, parent: str) -> None:
+    """Name, on every ``fail`` / ``vacuous`` verdict whose id under implementation ``parent`` (the
+    row whose code the DDP under test inherits, ``builtin.inherits_from``) is a listed failure,
+    that finding (in place). The status stays: the DDP under test has the inherited defect."""
+    expected = _as_expected(expected)
+    for v in verdicts:
+        pid = replace(v, impl=parent).id
+        if v.status in BAD and v.impl != parent and pid in expected:
+            v.reason = (f"inherited from {parent}, which fails it too ({expected.note(pid) or pid}; list it "
+                        "in --expected-failures to expect it): " + v.reason)
 
 
 def expected_failure_warnings(verdicts: list[Verdict], expected) -> list[str]:
