@@ -408,6 +408,32 @@ CATALOG = [
           "a persistent step-counter buffer registered on the user's module: its state_dict grows a key",
           "transparency: the state_dict keys",
           "https://github.com/NVIDIA/physicsnemo/issues/586", True),
+    # torch 2.13's keywords (keywords_2_13.py): a helper's DDPs from outside, given the README and
+    # the fault kind only; modelled on the keywords' documented semantics.
+    Entry("keywords_fsb_as_legacy_broadcast", "keywords_2_13:FsbAsLegacyBroadcast", "37.13",
+          "forward_sync_buffers mapped onto the deprecated broadcast_buffers: False also skips the construction sync of buffers",
+          "keywords: forward_sync_buffers (scenario.keywords)", "torch 2.13 DistributedDataParallel docstring: forward_sync_buffers", True),
+    Entry("keywords_legacy_broadcast_as_fsb", "keywords_2_13:LegacyBroadcastAsFsb", "37.14",
+          "broadcast_buffers translated into forward_sync_buffers: False still syncs buffers at construction",
+          "keywords: broadcast_buffers (feature.broadcast_buffers_off, scenario.*)", "torch 2.13 DistributedDataParallel docstring: broadcast_buffers", True),
+    Entry("keywords_legacy_broadcast_wins", "keywords_2_13:LegacyBroadcastWins", "37.15",
+          "both given: broadcast_buffers honoured, forward_sync_buffers dropped (precedence inverted)",
+          "keywords: forward_sync_buffers (scenario.keywords)", "torch 2.13 DistributedDataParallel docstring: forward_sync_buffers", True),
+    Entry("keywords_init_sync_buffers_still_synced", "keywords_2_13:InitSyncFalseStillSyncsBuffers", "37.16",
+          "init_sync=False skips the parameter broadcast but still broadcasts rank 0's buffers",
+          "keywords: init_sync (scenario.keywords)", "torch 2.13 DistributedDataParallel docstring: init_sync", True),
+    Entry("keywords_init_sync_ignored", "keywords_2_13:InitSyncIgnored", "37.17",
+          "init_sync accepted and never passed on: parameters and buffers broadcast anyway",
+          "keywords: init_sync (scenario.keywords)", "torch 2.13 DistributedDataParallel docstring: init_sync", True),
+    Entry("keywords_bucket_list_last_dropped", "keywords_2_13:BucketListDropsLastBucket", "37.18",
+          "with bucket_cap_mb_list and several buckets the last bucket is never all-reduced",
+          "keywords: bucket_cap_mb_list (scenario.keywords)", "torch 2.13 DistributedDataParallel docstring: bucket_cap_mb_list", True),
+    Entry("keywords_batched_copy_no_average", "keywords_2_13:BatchedCopyNoAverage", "37.19",
+          "batched_grad_copy=True sums gradients over replicas, never divides",
+          "keywords: batched_grad_copy (scenario.keywords)", "torch 2.13 DistributedDataParallel docstring: batched_grad_copy", True),
+    Entry("keywords_skip_unused_any_in_bucket", "keywords_2_13:SkipUnusedAnyInBucket", "37.20",
+          "skip_all_reduce_unused_params=True skips a bucket when any (not all) of its parameters is unused",
+          "keywords: skip_all_reduce_unused_params (scenario.keywords)", "torch 2.13 DistributedDataParallel docstring: skip_all_reduce_unused_params", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -482,4 +508,13 @@ CAUGHT_BY = {
     "transparency_default_dtype_leak": "parity.float64@2",
     "transparency_contiguous_params": "parity.channels_last@2",
     "transparency_extra_buffer": "parity.linear@2",
+    # measured 2026-12-06, the main command per entry (each also fails finding 12, inherited)
+    "keywords_fsb_as_legacy_broadcast": "scenario.keywords@2",
+    "keywords_legacy_broadcast_as_fsb": "feature.broadcast_buffers_off@2",
+    "keywords_legacy_broadcast_wins": "scenario.keywords@2",
+    "keywords_init_sync_buffers_still_synced": "scenario.keywords@2",
+    "keywords_init_sync_ignored": "scenario.keywords@2",
+    "keywords_bucket_list_last_dropped": "scenario.keywords@2",
+    "keywords_batched_copy_no_average": "scenario.keywords@2",
+    "keywords_skip_unused_any_in_bucket": "scenario.keywords@2",
 }
