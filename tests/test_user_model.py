@@ -108,6 +108,11 @@ def sum_loss_model():
                      loss=lambda out, t: nn.functional.cross_entropy(out.logits, t, reduction="sum"))
 
 
+def dropout_model():
+    """The block behind a dropout of its inputs: the training forward is random."""
+    return UserModel(build=lambda seed: nn.Sequential(nn.Dropout(0.3), _build(seed)), batch=_batch, loss=_loss)
+
+
 def broken_forward_model():
     """Inputs of 5 features where the block takes 8: its forward raises."""
     return UserModel(build=_build, batch=lambda s, k, n: (torch.ones(n, 4, 5), torch.zeros(n, dtype=torch.long)),
@@ -299,6 +304,7 @@ def test_bad_model_is_one_error_line_and_exit_2(tmp_path, spec, says):
     ("tests.test_user_model:SPEC", "neither a conformance.UserModel nor a zero-argument factory"),
     ("tests.test_user_model:sum_loss_model", "the loss is not a mean over the samples"),
     ("tests.test_user_model:unseeded_model", "is not deterministic"),
+    ("tests.test_user_model:dropout_model", "the training forward is random"),
     ("tests.test_user_model", "give package.module:factory"),
     ("tests.test_user_model:not_a_module_model", "returned a Tensor, not a torch.nn.Module"),
     ("tests.test_user_model:scalar_batch_model", "must return (inputs, target), two tensors"),

@@ -159,6 +159,17 @@ def check_model(spec: str, world_sizes) -> list[str]:
     call("the backward", loss.backward)
     if not any(p.grad is not None for p in m.parameters()):
         raise UsageError(f"{where}: the backward gave no parameter a gradient")
+    twice = []
+    for rng_seed in (1, 2):  # one batch on equal builds from two generator states: a random forward differs
+        fresh = build_model(spec, seed).train()
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(rng_seed)
+            twice.append(float(training_loss(spec, fresh(x, **user.forward_kwargs), y)))
+    if twice[0] != twice[1]:
+        raise UsageError(f"{where}: the training forward is random (two forwards of one batch on equal builds "
+                         f"give losses {twice[0]:.6g} and {twice[1]:.6g}: dropout?); the reference replays "
+                         "dropout masks only for the kit's own model (parity.dropout): build the module "
+                         "with p=0 to certify the DDP on it")
     if not user.batch_coupled:  # a per-sample mean: the full batch's loss is the mean of its halves'
         fresh = build_model(spec, seed)
         fresh.train()
