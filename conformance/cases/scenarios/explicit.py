@@ -118,10 +118,10 @@ def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]
 
 
 def explicit_keyword_scenarios(world_size: int, space: Space) -> list[Scenario]:
-    """The keyword case's scenarios every run includes: each value class of
-    :data:`KEYWORD_VALUES`, ``bucket_cap_mb_list`` and ``skip_all_reduce_unused_params`` once,
-    on three steps with uneven local batches, rank-dependent hook order and a validation forward
-    (buffers move without a backward)."""
+    """The keyword case's scenarios every run includes: together they hold each value class of
+    :data:`~.generate.KEYWORD_VALUES`, ``bucket_cap_mb_list`` and ``skip_all_reduce_unused_params``,
+    each on two steps with uneven local batches, rank-dependent hook order and a validation
+    forward (buffers move without a backward)."""
     w = world_size
     all_b = list(BRANCHES)
     rev = [all_b if r % 2 == 0 else all_b[::-1] for r in range(w)]
@@ -130,28 +130,28 @@ def explicit_keyword_scenarios(world_size: int, space: Space) -> list[Scenario]:
 
     def sc(plans=None, optimizer="sgd", find_unused=False, **ddp):
         steps = [{"micro": [micro_step(uneven, plans or rev)],
-                  "eval": [eval_forward(1, "no_grad", "train", uneven)]} for _ in range(3)]
+                  "eval": [eval_forward(1, "no_grad", "train", uneven)]} for _ in range(2)]
         out = loop_program(steps, seed=41, lr=LRS[optimizer][-1], optimizer=optimizer, find_unused=find_unused,
                            module={"int_buffer": "samples"})
         out.ddp.update(ddp)
         return out
     out = [
-        # equal parameters built by the user, each replica's own buffers kept (no forward sync),
-        # and synced at the first forward
-        sc(init_sync=False, forward_sync_buffers=False),
-        sc(init_sync=False, broadcast_buffers=True),
-        # forward_sync_buffers=False still syncs the buffers at construction; True wins over a
-        # deprecated broadcast_buffers=False; the torch default (None) of both
-        sc(broadcast_buffers=None, forward_sync_buffers=False),
+        # equal parameters built by the user, each replica's own buffers kept (no forward sync);
+        # the batched gradient copy
+        sc(init_sync=False, forward_sync_buffers=False, batched_grad_copy=True),
+        # the same synced at the first forward; per-bucket caps: the first bucket exactly one
+        # gradient, then below the smallest
+        sc(init_sync=False, broadcast_buffers=True,
+           bucket_cap_mb_list=[cap_mb(sizes, "one_parameter"), cap_mb(sizes, "below_smallest")]),
+        # forward_sync_buffers=False still syncs the buffers at construction; caps closing several
+        # buckets exactly full
+        sc(broadcast_buffers=None, forward_sync_buffers=False, optimizer="sgd_momentum",
+           bucket_cap_mb_list=[cap_mb(sizes, "fills_several")] * 2 + [cap_mb(sizes, "model_exactly")]),
+        # forward_sync_buffers=True wins over a deprecated broadcast_buffers=False
         sc(broadcast_buffers=False, forward_sync_buffers=True),
-        sc(broadcast_buffers=None),
-        # per-bucket caps: the first bucket exactly one gradient, then below the smallest; and
-        # caps closing several buckets exactly full, with the batched gradient copy
-        sc(bucket_cap_mb_list=[cap_mb(sizes, "one_parameter"), cap_mb(sizes, "below_smallest")]),
-        sc(bucket_cap_mb_list=[cap_mb(sizes, "fills_several")] * 2 + [cap_mb(sizes, "model_exactly")],
-           batched_grad_copy=True, optimizer="sgd_momentum"),
-        # branch c unused on every replica at every step, its reduction skipped
-        sc(plans=[["a", "b"]] * w, find_unused=True, skip_all_reduce_unused_params=True),
+        # torch's defaults (None) of both; branch c unused on every replica at every step, its
+        # reduction skipped
+        sc(plans=[["a", "b"]] * w, find_unused=True, broadcast_buffers=None, skip_all_reduce_unused_params=True),
     ]
     return _finished(out, space)
 
