@@ -20,8 +20,9 @@ Semantics mirrored from ``torch.nn.parallel.DistributedDataParallel`` (PyTorch
 * ``gradient_as_bucket_view=True``: after a synced backward ``p.grad`` *is* a
   view of its bucket buffer (the next backward accumulates into it in place);
 * ``forward_sync_buffers`` (None: ``broadcast_buffers``, default True) broadcasts buffers
-  from rank 0 before a forward when the previous forward was a synced one with grad enabled (or there was none):
-  the start of an accumulation window, as upstream's ``require_forward_param_sync``;
+  from rank 0 before a forward when the previous forward was a synced one with grad enabled
+  (or there was none): the start of an accumulation window, as upstream's
+  ``require_forward_param_sync``;
 * :meth:`no_sync` lets gradients accumulate locally; the first synced backward
   after it reduces the accumulated gradients;
 * ``find_unused_parameters=True`` defers every bucket to the end of backward and
