@@ -311,7 +311,7 @@ class Observer:
         def post(mod, args, out):
             self._inner["post"] = rng_digest()
             self._inner["ids_post"] = ids = _ids(mod)
-            self.before = dataclasses.replace(self.before, params=ids[0], buffers=ids[1])
+            self._adopt(ids)
             self._inner["out"] = _structure(out)
         self._handles = [self.module.register_forward_pre_hook(pre, prepend=True),
                          self.module.register_forward_hook(post)]
@@ -329,8 +329,7 @@ class Observer:
         try:
             out = ddp(*args, **kwargs)
         except BaseException:  # a raising forward: what it left is the module's to explain
-            now = _ids(self.module)
-            self.before = dataclasses.replace(self.before, params=now[0], buffers=now[1])
+            self._adopt(_ids(self.module))
             raise
         after = _ids(self.module)
         if "pre" in self._inner:
@@ -353,15 +352,18 @@ class Observer:
             self._diff("training", "the DDP's forward changed a module's training flag")
         self._same_process(state, process_state(), "after the DDP's forward")
         # what the step must keep: the objects the forward left (the module's own rebinding included)
-        self.before = dataclasses.replace(self.before, params=after[0], buffers=after[1])
+        self._adopt(after)
         return out
 
     def forward_unseen(self) -> None:
         """The module's forward ran inside a call the observer cannot see into (a compiled
         forward+backward): the tensors it left are taken as the module's own, as :meth:`call`
         takes them after a forward."""
-        now = _ids(self.module)
-        self.before = dataclasses.replace(self.before, params=now[0], buffers=now[1])
+        self._adopt(_ids(self.module))
+
+    def _adopt(self, ids: tuple) -> None:
+        """Take ``ids`` (:func:`_ids`) as the module's own tensors: later differences are against them."""
+        self.before = dataclasses.replace(self.before, params=ids[0], buffers=ids[1])
 
     def _same_process(self, was: dict, now: dict, when: str) -> None:
         for key, value in was.items():

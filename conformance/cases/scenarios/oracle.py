@@ -57,11 +57,11 @@ def scenario_reference(sc: Scenario) -> dict:
     net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
     user_grad_hook(net, sc.module)
     sparse = sc.workload["grad"] != "dense"
-    bcast = buffer_sync(sc.ddp)[0]  # rank 0's buffers at construction
+    init_synced = buffer_sync(sc.ddp)[0]  # rank 0's buffers at construction
     names = [n for n, _ in net.named_buffers()]
 
     def start(n, t, r):  # what replica r's own construction gave buffer n (build_scenario_model)
-        if bcast:
+        if init_synced:
             return 0
         return (rank_buffer_offset(r) if t.is_floating_point() else
                 seen_start(rank_buffer_offset(r)) if n == "seen" else 0)
@@ -70,12 +70,12 @@ def scenario_reference(sc: Scenario) -> dict:
         return [t.detach().clone() + start(n, t, r) for n, t in net.named_buffers()]
 
     def reload_buffers(r, bufs):  # after a checkpoint reload: ema, when non-persistent, is the new module's own
-        if sc.module["buffers"] != "non_persistent":  # (construction broadcasts rank 0's if bcast)
+        if sc.module["buffers"] != "non_persistent":  # (construction broadcasts rank 0's if init_synced)
             return bufs
         import torch
         ema = names.index("ema")
         bufs = list(bufs)
-        bufs[ema] = torch.zeros_like(bufs[ema]) + rank_buffer_offset(0 if bcast else r, 1)
+        bufs[ema] = torch.zeros_like(bufs[ema]) + rank_buffer_offset(0 if init_synced else r, 1)
         return bufs
 
     def inputs(s, j, r, sizes, plan):
@@ -125,7 +125,7 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
     scale = 2.0 ** sc.loss_scale_log2
     params = list(net.parameters())
     find_unused = bool(sc.ddp.get("find_unused_parameters"))
-    bcast = buffer_sync(sc.ddp)[1]  # rank 0's buffers before a forward
+    forward_synced = buffer_sync(sc.ddp)[1]  # rank 0's buffers before a forward
     names = [n for n, _ in net.named_buffers()]
     rank_bufs = [start_buffers(r) for r in range(w)]
     grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
@@ -163,7 +163,7 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
         return out, y
 
     def begin_forwards():
-        if bcast and state["sync_next"]:
+        if forward_synced and state["sync_next"]:
             for r in range(1, w):
                 rank_bufs[r] = [t.clone() for t in rank_bufs[0]]
 

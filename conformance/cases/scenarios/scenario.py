@@ -105,8 +105,8 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     r = ctx.rank
     # Only keywords that change something are passed (a recipe without them stays usable);
     # broadcast_buffers always, unless the scenario leaves it at torch's default (None).
-    kwargs = {"broadcast_buffers": sc.ddp.get("broadcast_buffers", True)} if sc.ddp.get(
-        "broadcast_buffers", True) is not None else {}
+    bcast = sc.ddp.get("broadcast_buffers", True)
+    kwargs = {} if bcast is None else {"broadcast_buffers": bcast}
     kwargs.update({k: v for k, v in sc.ddp.items() if k not in ("comm_hook", "broadcast_buffers")
                    and v != DDP_DEFAULTS[k]})
     # every replica runs every branch at every micro-step: find_unused_parameters changes

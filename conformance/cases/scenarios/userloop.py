@@ -41,7 +41,7 @@ import json
 import numpy as np
 
 from conformance.cases.checks import SCENARIO_CHECKS, UNBOUNDED
-from conformance.cases.scenarios.format import BRANCHES, Scenario
+from conformance.cases.scenarios.format import BRANCHES, Scenario, buffer_sync
 from conformance.cases.scenarios.explicit import eval_forward, loop_program, micro_step
 from conformance.cases.scenarios.generate import LRS
 from conformance.cases.scenarios.oracle import judge_scenario, loop_reference
@@ -194,16 +194,16 @@ def user_loop_reference(spec: str, sc: Scenario, float64: bool = False) -> dict:
         return (wide(x),), {k: wide(v) for k, v in kwargs.items()}, wide(y)
 
     net = build(0)
-    bcast = sc.ddp.get("broadcast_buffers", True)
+    init_synced = buffer_sync(sc.ddp)[0]  # rank 0's buffers at construction
     persistent = set(net.state_dict())
     names = [n for n, _ in net.named_buffers()]
 
     def start_buffers(r):
-        own = net if bcast or r == 0 else build(r)
+        own = net if init_synced or r == 0 else build(r)
         return [t.detach().clone() for t in own.buffers()]
 
     def reload_buffers(r, bufs):
-        fresh = dict(build(0 if bcast else r, 1).named_buffers())
+        fresh = dict(build(0 if init_synced else r, 1).named_buffers())
         return [b if n in persistent else fresh[n].detach().clone() for n, b in zip(names, bufs)]
 
     return loop_reference(sc, net, inputs, lambda out, y: training_loss(spec, out, y), start_buffers, reload_buffers)

@@ -91,6 +91,13 @@ def _stream(net, streams, r: int):
             m.generator = None
 
 
+def _per_shard(model: str, sync_bn: bool) -> bool:
+    """Whether the reference runs the W shards one after another: a batch-coupled model without
+    SyncBatchNorm (each replica's own statistics), or one that draws random numbers (each
+    replica's generator stream)."""
+    return (MODELS[model].batch_coupled and not sync_bn) or MODELS[model].draws_random
+
+
 @functools.lru_cache(maxsize=32)
 def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers,
                momentum=0.0, autocast="", sync_bn=False, quirks=frozenset()):
@@ -98,7 +105,7 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
 
     # SyncBatchNorm normalises with global-batch statistics: one global forward. A model that draws
     # random numbers runs shard by shard, each on its replica's generator stream.
-    coupled = (MODELS[model].batch_coupled and not sync_bn) or MODELS[model].draws_random
+    coupled = _per_shard(model, sync_bn)
     streams = _replica_streams(world_size) if MODELS[model].draws_random else None
     net = build_model(model, seed=seed)
     # SyncBatchNorm is the DDP's own code, except where the runtime's BatchNorm runs it
@@ -175,7 +182,7 @@ def reference_run(spec: RunSpec, world_size: int, runtime: str | None = None) ->
     for name in spec.setups:
         over.update(SETUPS[name].reference)
     autocast, sync_bn = over.get("autocast", ""), over.get("sync_bn", False)
-    w = world_size if (MODELS[spec.model].batch_coupled and not sync_bn) or MODELS[spec.model].draws_random else 1
+    w = world_size if _per_shard(spec.model, sync_bn) else 1
     quirks = frozenset()
     if runtime is not None:
         from conformance.worlds.runtimes import get_runtime
