@@ -42,7 +42,7 @@ from conformance.cases.row import select_rows
 from conformance.cases.table import CASES, select
 from conformance.cases.train.usercases import user_case_rows
 from conformance.errors import UsageError, split_list
-from conformance.cases.properties.run import profile_examples
+from conformance.cases.property.kind import profile_examples
 from conformance.evaluate import evaluate
 from conformance.options import parse_matrix, parse_model
 from conformance.outcome import outcome

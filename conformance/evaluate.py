@@ -25,7 +25,7 @@ from conformance.report.text import KillRow
 from conformance.verdict import Verdict
 import json
 from conformance.cases.table import CASES
-from conformance.cases.train.loop import train_replica
+from conformance.cases.shared.loop import train_replica
 from conformance.impls.builtin import resolve_impl
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.settings import Settings
@@ -78,7 +78,7 @@ class Session:
             replica of a launcher-started world (non-root ranks get ``[]``).
         settings: the run's :class:`~conformance.settings.Settings` (timeouts, example budget
             profile); default: ``Settings.from_env()``.
-        profile: overrides ``settings.profile`` (a name of ``conformance.settings.PROFILES``; budgets: ``conformance.cases.search.PROFILES``).
+        profile: overrides ``settings.profile`` (a name of ``conformance.settings.PROFILES``; budgets: ``conformance.cases.shared.search.PROFILES``).
     """
 
     def __init__(self, pool=None, profile: str | None = None, settings=None):
@@ -109,7 +109,7 @@ class Session:
         return out
 
     def trajectories(self, runtime: str, world_size: int, spec) -> list | None:
-        """Every replica's :func:`~conformance.cases.train.loop.train_replica` result (cached per spec)."""
+        """Every replica's :func:`~conformance.cases.shared.loop.train_replica` result (cached per spec)."""
         key = (runtime, world_size, spec)
         if key not in self._cache:
             self._cache[key] = self.run(runtime, world_size, train_replica, spec=spec.as_dict())
@@ -161,7 +161,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
 
     ``overrides`` change the run of ``train`` cases (``seed``, ``lr``, ``steps``:
     calibration and flakiness sweeps); for a ``scenario`` case, ``scenario=``
-    (a :class:`~conformance.cases.scenarios.scenario.Scenario`) runs that one scenario only; ``shrink=False``
+    (a :class:`~conformance.cases.scenario.scenario.Scenario`) runs that one scenario only; ``shrink=False``
     reports a failing property or scenario search as found, not shrunk to a minimal
     counterexample (the kill matrix only needs to know that it fails). Returns one verdict per ``case.checks``
     entry (``[]`` on a non-root process of a launcher-built world).

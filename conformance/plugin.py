@@ -94,7 +94,7 @@ def pytest_configure(config):
         return  # nothing of ours was asked for: validate nothing, import nothing
     from conformance.errors import split_list
     from conformance.options import parse_impl_names, parse_runtimes, parse_world_sizes
-    from conformance.cases.properties.run import profile_examples
+    from conformance.cases.property.kind import profile_examples
     ws = _opt(config, "world-size")
     sizes = _usage(parse_world_sizes, ws) if ws else []
     rts = _usage(parse_runtimes, _opt(config, "runtime"), sizes) if _opt(config, "runtime") else []

@@ -47,7 +47,7 @@ DEFAULT_CPU_HOSTS = {2: 2}
 # hosts are emulated in torch_xla's per-host queries (process_index, addressable_device_count,
 # local_ordinal, ...; conformance.worlds.runtimes.pjrt_hosts, docs/multi-host.md).
 DEFAULT_PJRT_HOSTS = {2: 2, 4: 2}
-# Example budget profiles (their numbers live with the searches, conformance.cases.search).
+# Example budget profiles (their numbers live with the searches, conformance.cases.shared.search).
 PROFILES = ("dev", "ci", "ci-pjrt", "thorough")
 DEFAULT_PROFILE = "dev"
 

@@ -23,7 +23,7 @@ VACUITY_FACTOR = 100.0
 MIN_WORLD_SIZE = 2
 #: The safety factor between a bound and what it separates: ``atol >= MIN_SIDE_FACTOR x noise``
 #: (and, where the signal is known, ``<= signal / MIN_SIDE_FACTOR``); calibrate checks a row
-#: against it, and a user model's bound is derived with it (conformance.cases.train.measured).
+#: against it, and a user model's bound is derived with it (conformance.cases.shared.measured).
 MIN_SIDE_FACTOR = 10.0
 
 
@@ -87,7 +87,7 @@ TOLERANCES = [
     # it; lr/steps are raised until parameters move >= 100 x atol.
     Tolerance("*", "linear", "bf16-autocast", lr=0.2, steps=40, global_batch=24,
               atol=3e-3, rtol=0.0, loss_atol=3e-3, note="bf16 autocast forward"),
-    # Generated scenarios (conformance/cases/scenarios/scenario.py): each scenario brings its own lr and
+    # Generated scenarios (conformance/cases/scenario/scenario.py): each scenario brings its own lr and
     # length; the row gives the bounds. Noise measured in the issue notes.
     Tolerance("*", "scenario", "float32", lr=0.0, steps=0, global_batch=0,
               atol=1e-5, rtol=0.0, loss_atol=1e-5, note="generated scenarios"),

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from conformance.cases.checks import worst_element
+from conformance.cases.shared.checks import worst_element
 
 
 def test_worst_element_uses_the_per_element_bound():

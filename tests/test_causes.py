@@ -5,7 +5,7 @@ from conformance.report.causes import replica_cause, shared_cause
 from conformance.verdict import Verdict
 
 TB = ('Traceback (most recent call last):\n'
-      '  File "/x/conformance/cases/train/loop.py", line 10, in train_replica\n'
+      '  File "/x/conformance/cases/shared/loop.py", line 10, in train_replica\n'
       '    out = model(x)\n'
       '  File "/u/mydp/raising.py", line 30, in forward\n'
       '    raise ValueError("boom on replica 1")\n'

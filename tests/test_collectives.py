@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from conformance.cases.collectives.ops import (DTYPES, LAYOUT_OPS, OPS, REDUCTIONS, SIZES, lay_out, reduce_host,
+from conformance.cases.collective.ops import (DTYPES, LAYOUT_OPS, OPS, REDUCTIONS, SIZES, lay_out, reduce_host,
                                                splits, sum_bound)
-from conformance.cases.collectives.run import HOWS, LAYOUT_DTYPES, compare, judge, members, plan, plan_layout
+from conformance.cases.collective.run import HOWS, LAYOUT_DTYPES, compare, judge, members, plan, plan_layout
 from conformance.cases.table import CASES
 
 
@@ -345,7 +345,7 @@ def test_search_finds_a_size_band_fault_shrinks_it_and_the_draw_replays():
     """A backend wrong only for outputs of 70000-250000 elements: the search fails with a
     shrunk draw in that band, and the draw (the replay file's content) fails again on that
     backend and passes on gloo."""
-    from conformance.cases.collectives.search import evaluate_draw, load_draw
+    from conformance.cases.collective.search import evaluate_draw, load_draw
     from conformance.evaluate import Session, evaluate
     from tests.outside.backends.size_band import HIGH
     s = _session("size_band")
@@ -372,7 +372,7 @@ def test_search_finds_a_size_band_fault_shrinks_it_and_the_draw_replays():
     ({"collective": {"op": "all_reduce", "dtype": "float32", "red": "SUM"}, "world_size": 1}, "world_size"),
 ])
 def test_a_bad_replay_draw_is_refused(doc, needle):
-    from conformance.cases.collectives.search import load_draw
+    from conformance.cases.collective.search import load_draw
     with pytest.raises(ValueError, match=needle):
         load_draw(doc)
     assert load_draw({"steps": []}) is None  # a scenario: not a draw
@@ -399,7 +399,7 @@ def test_a_backend_that_caches_by_address_fails_reused_input_and_torch_ddp_over_
 # --- PJRT: torch_xla's collectives ---------------------------------------------------------
 
 def test_the_pjrt_plan_is_small_covers_every_size_and_groups_pairs_at_w4():
-    from conformance.cases.collectives.xla import NO_EQUIVALENT, PJRT_SIZES, XLA_OPS, plan_pjrt
+    from conformance.cases.collective.xla import NO_EQUIVALENT, PJRT_SIZES, XLA_OPS, plan_pjrt
     assert set(XLA_OPS) | set(NO_EQUIVALENT) == set(OPS) and not set(XLA_OPS) & set(NO_EQUIVALENT)
     for op in XLA_OPS:
         draws = plan_pjrt(op, 4)
@@ -460,7 +460,7 @@ def fault_xla(ctx, fault):
 
 
 def _pjrt_verdicts(world, op, keep=lambda d: True):
-    from conformance.cases.collectives.xla import plan_pjrt, task_collective_pjrt
+    from conformance.cases.collective.xla import plan_pjrt, task_collective_pjrt
     draws = [d for d in plan_pjrt(op, world.world_size) if keep(d)]
     results = world.run(task_collective_pjrt, op=op, draws=draws)
     return draws, judge(CASES[f"collective.{op}"], draws, results, world.world_size, "pjrt")

@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from conformance.cases.properties import gradsync as P
-from conformance.cases.scenarios import scenario as S
+from conformance.cases.property import gradsync as P
+from conformance.cases.scenario import scenario as S
 from tests.draws import draw_examples
 from conformance.worlds.runtimes import get_runtime
 

@@ -220,7 +220,7 @@ def test_hook_firing_twice_keeps_both_contributions_with_and_without_static_grap
 def task_out_of_place_hook(ctx):
     import torch
 
-    from conformance.cases.train.setups import out_of_place_mean_hook
+    from conformance.cases.shared.setups import out_of_place_mean_hook
 
     class Bucket:  # the part of torch.distributed.GradBucket the hook reads
         def __init__(self, t):

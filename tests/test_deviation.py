@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conformance.cases.checks import CHECKS, judge, judge_agreement
+from conformance.cases.shared.checks import CHECKS, judge, judge_agreement
 from conformance.report.text import first_sentence, text_table
 from conformance.tolerances import lookup
 

@@ -197,7 +197,7 @@ def test_spawned_world_ignores_parent_launcher_variables(monkeypatch):
     """A kit-spawned world started from inside a torchrun job (launcher variables
     exported) keeps its own layout: ranks 0..W-1 on its own emulated hosts (W=2: 2 hosts
     x 1, conformance.settings.DEFAULT_CPU_HOSTS), not the parent's GROUP_RANK / LOCAL_RANK."""
-    from conformance.cases.ranks import rank_report
+    from conformance.cases.invariant.kind import rank_report
     for var, value in {"GROUP_RANK": "1", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(var, value)

@@ -99,6 +99,6 @@ def test_tolerance_fields_are_documented_and_are_the_report_keys():
 
 
 def test_the_search_runner_is_named_as_the_glossary_says():
-    from conformance.cases import search
+    from conformance.cases.shared import search
     assert "SearchRunner" in GLOSSARY and hasattr(search, "SearchRunner")
     assert not hasattr(search, "SearchWorld")

@@ -1,9 +1,9 @@
 """graph_agreement (issue 26, item 4): replicas of an XLA DDP build one step graph under torch_xla's
 default graph rules, or the verdict names the step, the replica and the first differing HLO op
-(conformance.cases.graphs)."""
+(conformance.cases.task.graphs)."""
 import pytest
 
-from conformance.cases.graphs import first_difference, hlo_ops, judge_graph_agreement, user_of
+from conformance.cases.task.graphs import first_difference, hlo_ops, judge_graph_agreement, user_of
 from conformance.cases.table import CASES
 from conformance.evaluate import evaluate
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from conformance.cases.ranks import check_reports, rank_report
+from conformance.cases.invariant.kind import check_reports, rank_report
 from conformance.cases.table import CASES
 from conformance.errors import UsageError
 from conformance.evaluate import evaluate

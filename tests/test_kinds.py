@@ -37,8 +37,8 @@ def test_the_doc_reader_reads_a_row():
 
 def test_strategy_kinds_are_the_kinds_that_need_an_implementation():
     assert STRATEGY_KINDS == tuple(k for k in KINDS if REGISTRY[k].needs_impl)
-    assert Registration("conformance.cases.ranks").package == "conformance.cases.ranks"
-    assert Registration("conformance.cases.train.evaluate").package == "conformance.cases.train"
+    assert Registration("conformance.cases.invariant.kind").package == "conformance.cases.invariant"
+    assert Registration("conformance.cases.train.kind").package == "conformance.cases.train"
 
 
 def test_a_registered_module_without_its_kind_is_refused(monkeypatch):

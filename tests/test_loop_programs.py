@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conformance.cases.scenarios.scenario import (BRANCHES, EVAL_DATA, MODULES, PLAIN_LOOP, PLAIN_MODULE, Scenario,
+from conformance.cases.scenario.scenario import (BRANCHES, EVAL_DATA, MODULES, PLAIN_LOOP, PLAIN_MODULE, Scenario,
                                                   ScenarioError, Space, explicit_loop_scenarios,
                                                   scenario_reference, scenarios)
 
@@ -32,8 +32,8 @@ def step(*plans, sync=None, evals=(), batch=(2, 3)):
 
 def c_weight(ref, s):
     """Branch c's weight after step ``s`` (0 = construction) in the oracle's flat parameters."""
-    from conformance.cases.scenarios.scenario import build_scenario_model
-    from conformance.cases.train.readback import param_layout
+    from conformance.cases.scenario.scenario import build_scenario_model
+    from conformance.cases.shared.readback import param_layout
     names = [n for n, _ in param_layout(build_scenario_model(5, False))]
     sizes = [p.numel() for _, p in build_scenario_model(5, False).named_parameters()]
     at = names.index("branch.c.weight")
@@ -103,7 +103,7 @@ def test_buffers_after_a_forward_without_grad_are_not_broadcast():
     the training forward does not broadcast them: that relation no longer holds."""
     import torch
 
-    from conformance.cases.scenarios.scenario import build_scenario_model, scenario_batch
+    from conformance.cases.scenario.scenario import build_scenario_model, scenario_batch
     batch = (2, 3)
 
     def run(mode):
@@ -132,7 +132,7 @@ def ema_gaps(ref, s, batch, data):
     ``sum_k 0.1 * 0.9 ** (n - 1 - k) * (m_1[k] - m_0[k])``."""
     import torch
 
-    from conformance.cases.scenarios.scenario import build_scenario_model, scenario_batch
+    from conformance.cases.scenario.scenario import build_scenario_model, scenario_batch
     net = build_scenario_model(5, False)
     torch.nn.utils.vector_to_parameters(torch.tensor(ref["params"][s - 1], dtype=torch.float32), net.parameters())
     want = 0.0
@@ -151,7 +151,7 @@ def test_the_second_of_two_forwards_starts_from_rank_0s_buffers_when_synced(sync
     arms DDP's forward-sync flag, so the second starts every replica from rank 0's buffers; under
     ``no_sync()`` the flag stays clear, and neither the second forward nor the window's synced
     micro-step after it broadcasts: every forward of the step since its first adds up."""
-    from conformance.cases.scenarios.scenario import FORWARD_DATA
+    from conformance.cases.scenario.scenario import FORWARD_DATA
     batch = (2, 3)
     if synced:
         two = step(BRANCHES, batch=batch)
@@ -273,7 +273,7 @@ def one_sgd_step(module, batch=(2, 3), kwargs=True):
     equal average, ``p - lr * mean`` (flat parameters, the oracle's order)."""
     import torch
 
-    from conformance.cases.scenarios.scenario import (build_scenario_model, forward_kwargs, prediction_of,
+    from conformance.cases.scenario.scenario import (build_scenario_model, forward_kwargs, prediction_of,
                                                       scenario_batch)
     net = build_scenario_model(5, False, module=module)
     grads = []
@@ -303,8 +303,8 @@ def test_a_module_dimension_trains_as_ddp_on_one_device(dims):
 
 
 def test_module_dimensions_name_their_tensors():
-    from conformance.cases.scenarios.scenario import build_scenario_model
-    from conformance.cases.train.readback import buffer_layout, param_layout
+    from conformance.cases.scenario.scenario import build_scenario_model
+    from conformance.cases.shared.readback import buffer_layout, param_layout
     names = {n for n, *_ in param_layout(build_scenario_model(5, False, module={
         "params": "containers", "parametrize": "symmetric"}))}
     assert {"gains.0", "gains.1", "offsets.h", "offsets.out", "branch.a.parametrizations.weight.original"} <= names
@@ -322,8 +322,8 @@ def test_an_int_buffer_follows_rank_0_at_each_synced_forward(rebind):
     ``DistributedDataParallel._sync_buffers``), so replica r holds rank 0's count plus its own
     batch: 0 -> [2, 3] -> [4, 5]. Without ``broadcast_buffers`` each keeps its own start (0 and
     ``seen_start(0.5)`` = 5) and count: [2, 8] -> [4, 11]."""
-    from conformance.cases.scenarios.scenario import seen_start
-    from conformance.cases.train.loop import rank_buffer_offset
+    from conformance.cases.scenario.scenario import seen_start
+    from conformance.cases.shared.loop import rank_buffer_offset
     for bcast, want in ((True, [[0, 0], [2, 3], [4, 5]]), (False, [[0, 5], [2, 8], [4, 11]])):
         sc = module_program([step(BRANCHES), step(BRANCHES)], bcast=bcast, int_buffer="samples")
         sc.rebind_buffers = rebind

@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conformance.cases.ranks import check_reports, rank_invariant_violations, rank_report
+from conformance.cases.invariant.kind import check_reports, rank_invariant_violations, rank_report
 from conformance.settings import Settings, emulated_hosts
 from conformance.worlds.runtimes.pjrt_hosts import HostLayout
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
@@ -102,7 +102,7 @@ def process_group_task(ctx):
     import torch
     import torch.distributed as dist
 
-    from conformance.cases.ranks import rank_report
+    from conformance.cases.invariant.kind import rank_report
     from ddp_impl.runtime.xla import init_pjrt_process_group
     first = init_pjrt_process_group()
     again = init_pjrt_process_group()  # idempotent per process
@@ -152,7 +152,7 @@ def equal_scalar_buffers_task(ctx, seed):
     """Rank 0's two BatchNorm layers get equal num_batches_tracked, rank 1's differ
     (properties.broadcast_task): with torch_xla's device-data cache on, equal 0-dim
     values shared one graph parameter and XLA aborted the host."""
-    from conformance.cases.properties.gradsync import broadcast_task
+    from conformance.cases.property.gradsync import broadcast_task
     return broadcast_task(ctx, impl="ref", widths=(3, 3, 12, 3), seed=seed)
 
 
@@ -403,7 +403,7 @@ def test_rank_invariants_pjrt(pjrt_world):
 
 @pytest.mark.pjrt
 def test_xla_batchnorm_running_var_is_biased(world_pool):
-    """Pins the runtime quirk the reference reproduces on PJRT (conformance.cases.train.reference.QUIRKS):
+    """Pins the runtime quirk the reference reproduces on PJRT (conformance.cases.shared.reference.QUIRKS):
     torch_xla 2.9 updates running_var with the biased batch variance, CPU torch the unbiased."""
     _available(2)
     assert "bn_running_var_biased" in get_runtime("pjrt").reference_quirks
@@ -417,9 +417,9 @@ def test_xla_batchnorm_running_var_is_biased(world_pool):
 
 def host_copies_task(ctx):
     """Pending (not yet stepped) and materialised XLA tensors of several dtypes and shapes,
-    and a CPU one, read back by conformance.cases.train.readback.on_host and by .cpu()."""
+    and a CPU one, read back by conformance.cases.shared.readback.on_host and by .cpu()."""
     import torch
-    from conformance.cases.train.readback import on_host
+    from conformance.cases.shared.readback import on_host
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4) + ctx.rank
     ts = [base.to(ctx.device), torch.tensor([1.5, -2.0], dtype=torch.float64).to(ctx.device),
           torch.tensor(7, dtype=torch.int64).to(ctx.device), base.t().contiguous(), torch.ones(2).to(ctx.device) * 3]
@@ -447,7 +447,7 @@ def test_graphs_do_not_depend_on_scalar_values(world_pool):
     _available(2)
     world = world_pool.get("pjrt", 2)
     assert world.run(graph_flags_task) == [(False, False)] * 2
-    from conformance.cases.properties.gradsync import build_bn_net
+    from conformance.cases.property.gradsync import build_bn_net
     counts = [[int(b) for n, b in build_bn_net((3, 3, 12, 3), 10 + 7919 * r).named_buffers()
                if n.endswith("num_batches_tracked")] for r in range(2)]
     assert counts[0][0] == counts[0][1] and counts[1][0] != counts[1][1]  # the trap is armed

@@ -1,7 +1,7 @@
 """Rank bindings: invariants across a live world, and consistency with torch.distributed."""
 import pytest
 
-from conformance.cases.ranks import rank_invariant_violations, rank_report
+from conformance.cases.invariant.kind import rank_invariant_violations, rank_report
 
 
 @pytest.fixture(params=[pytest.param(w, marks=pytest.mark.cpu, id=f"cpu-w{w}") for w in (2, 3, 4)])

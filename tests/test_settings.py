@@ -116,7 +116,7 @@ def test_usage_errors_come_before_torch_is_imported():
 
 def test_the_profile_names_are_the_budget_table_s():
     """settings validates profile names without importing the searches; the two must agree."""
-    from conformance.cases.search import PROFILES as BUDGETS
+    from conformance.cases.shared.search import PROFILES as BUDGETS
     from conformance.settings import PROFILES
     assert tuple(BUDGETS) == PROFILES
 
@@ -196,7 +196,7 @@ def test_a_pool_whose_results_reach_the_root_only_skips_the_searches():
 
 
 def test_the_collective_family_judges_the_runtimes_that_say_so():
-    from conformance.cases.collectives.kind import evaluate
+    from conformance.cases.collective.kind import evaluate
     from conformance.worlds.runtimes import runtime_class
     assert [r for r in RUNTIMES if runtime_class(r).collectives_judged] == ["cpu", "pjrt"]
     case = next(c for c in CASES.values() if c.kind == "collective")

@@ -145,18 +145,15 @@ def test_the_top_level_names_the_layers():
     assert len(flat) <= 12, f"the top level is filling up again: {flat}"
 
 
-#: The case kinds, from the registry (conformance.cases.kinds.REGISTRY): kind -> its package
-#: (or module). A kind may import the shared modules (checks, search, row, kinds, the training
-#: loop's helpers and state reading in train/), never another kind.
+#: The case kinds, from the registry (conformance.cases.kinds.REGISTRY): kind -> its package.
+#: A kind may import the shared room (conformance.cases.shared: checks, search, the training
+#: loop, its reference and state reading) and the row modules, never another kind.
 def _kind_packages():
     from conformance.cases.kinds import REGISTRY
     return {name: line.package for name, line in REGISTRY.items()}
 
 
 KINDS = _kind_packages()
-SHARED = {"conformance.cases.train.loop", "conformance.cases.train.readback",
-          "conformance.cases.train.commhooks",
-          "conformance.cases.train.measured"}  # a user model's measured bound: its parity and loop cases
 #: The module that imports the registry's kind modules (by name, importlib): its edges to them
 #: join the import graph, so a kind importing it back is a cycle.
 KIND_LOADER = "conformance.cases.validation"
@@ -177,7 +174,7 @@ def _full_graph():
 def test_kinds_do_not_import_each_other():
     graph = _graph(_modules())
     bad = [f"{m} -> {t}" for m, targets in graph.items() for t in targets
-           if _kind(m) and _kind(t) and _kind(m) != _kind(t) and t not in SHARED]
+           if _kind(m) and _kind(t) and _kind(m) != _kind(t)]
     assert not bad, bad
 
 
@@ -232,13 +229,13 @@ def test_no_import_runs_back_up():
 
 
 def test_the_floor_rule_finds_an_upward_import():
-    assert _upward({"conformance.cases.train.evaluate": {"conformance.evaluate"},
-                    "conformance.cases.row": {"conformance.cases.ranks"},
-                    "conformance.impls.builtin": {"conformance.cases.features"},
+    assert _upward({"conformance.cases.train.kind": {"conformance.evaluate"},
+                    "conformance.cases.row": {"conformance.cases.invariant.kind"},
+                    "conformance.impls.builtin": {"conformance.cases.task.kind"},
                     "conformance.evaluate": {"conformance.cases.row"}}) == [
-        "conformance.cases.row -> conformance.cases.ranks",
-        "conformance.cases.train.evaluate -> conformance.evaluate",
-        "conformance.impls.builtin -> conformance.cases.features"]
+        "conformance.cases.row -> conformance.cases.invariant.kind",
+        "conformance.cases.train.kind -> conformance.evaluate",
+        "conformance.impls.builtin -> conformance.cases.task.kind"]
 
 
 # Modules that import no torch, numpy, torch_xla, hypothesis or matplotlib: the faces' parsing
@@ -249,13 +246,13 @@ LIGHT = (
     "conformance",
     "conformance.cases",
     "conformance.cases.kinds",
-    "conformance.cases.properties",
-    "conformance.cases.ranks",
+    "conformance.cases.property",
+    "conformance.cases.invariant.kind",
     "conformance.cases.row",
-    "conformance.cases.scenarios",
-    "conformance.cases.search",
+    "conformance.cases.scenario",
+    "conformance.cases.shared.search",
     "conformance.cases.train",
-    "conformance.cases.train.setups",
+    "conformance.cases.shared.setups",
     "conformance.cases.validation",
     "conformance.cli",
     "conformance.cli.calibrate",

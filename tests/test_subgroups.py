@@ -3,8 +3,8 @@ its global ranks, and the case on a CPU world of 4 (two groups of two)."""
 import pytest
 
 from conformance.cases.table import CASES
-from conformance.cases.train.evaluate import in_group, worst
-from conformance.cases.train.setups import SETUPS, replica_groups
+from conformance.cases.train.kind import in_group, worst
+from conformance.cases.shared.setups import SETUPS, replica_groups
 from conformance.evaluate import evaluate
 from conformance.verdict import Verdict
 

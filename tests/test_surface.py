@@ -1,14 +1,14 @@
 """The DDP surface map (conformance.cases.surface) against the installed torch, and the bucket
-caps drawn at the model's boundaries (conformance.cases.scenarios.buckets)."""
+caps drawn at the model's boundaries (conformance.cases.scenario.buckets)."""
 import pathlib
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conformance.cases.scenarios.buckets import CAP_CLASSES, MIB, cap_bytes, cap_mb, exactly_full, grad_bytes, \
+from conformance.cases.scenario.buckets import CAP_CLASSES, MIB, cap_bytes, cap_mb, exactly_full, grad_bytes, \
     greedy_buckets
-from conformance.cases.scenarios.generate import Space, scenarios
-from conformance.cases.scenarios.model import build_scenario_model
+from conformance.cases.scenario.generate import Space, scenarios
+from conformance.cases.scenario.model import build_scenario_model
 from conformance.cases.surface import SURFACE, render, torch_surface
 from conformance.cases.table import CASES
 
@@ -75,7 +75,7 @@ def test_the_oracles_buffer_sync_is_torchs_constructor(monkeypatch):
     import torch.nn.parallel.distributed as tdist
     from torch.nn.parallel import DistributedDataParallel
 
-    from conformance.cases.scenarios.format import buffer_sync
+    from conformance.cases.scenario.format import buffer_sync
     seen = []
     monkeypatch.setattr(tdist, "_sync_module_states",
                         lambda **kw: seen.append(kw["broadcast_buffers"]))
@@ -104,8 +104,8 @@ def test_a_drawn_keyword_scenario_is_valid_and_its_caps_are_the_models_boundarie
 
 
 def test_the_keyword_case_holds_every_value_class_explicitly():
-    from conformance.cases.scenarios.explicit import explicit_scenarios
-    from conformance.cases.scenarios.generate import KEYWORD_VALUES
+    from conformance.cases.scenario.explicit import explicit_scenarios
+    from conformance.cases.scenario.generate import KEYWORD_VALUES
     explicit = explicit_scenarios(2, Space(ddp_extra=("keywords",), loop=True))
     for k, values in KEYWORD_VALUES.items():
         held = {e.ddp.get(k, True if k == "init_sync" else None if k.endswith("buffers") else False)

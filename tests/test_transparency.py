@@ -1,4 +1,4 @@
-"""The transparency oracle (conformance.cases.transparency) on wrappers that change one observable
+"""The transparency oracle (conformance.cases.shared.transparency) on wrappers that change one observable
 each, and torch's own DDP (gloo, two replicas) measured transparent on the default table's models.
 
 The wrappers need no process group: the Observer watches the module around any callable."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from conformance.cases.transparency import OBSERVABLES, Observer, judge_transparency, merged, probe_modes
+from conformance.cases.shared.transparency import OBSERVABLES, Observer, judge_transparency, merged, probe_modes
 
 
 class Wrapper(nn.Module):

@@ -227,9 +227,9 @@ def test_faulty_ddps_fail_the_loop_programs_on_the_users_model(tmp_path):
 
 
 def test_the_loop_programs_on_a_users_model_hold_every_loop_dimension():
-    from conformance.cases.scenarios.format import EVAL_GRAD, EVAL_MODE, LOOPS
-    from conformance.cases.scenarios.userloop import SCENARIO_MODEL_ONLY, user_loop_programs, user_loop_reference
-    from conformance.cases.train.loop import ALL_OPTIMIZERS
+    from conformance.cases.scenario.format import EVAL_GRAD, EVAL_MODE, LOOPS
+    from conformance.cases.scenario.userloop import SCENARIO_MODEL_ONLY, user_loop_programs, user_loop_reference
+    from conformance.cases.shared.loop import ALL_OPTIMIZERS
     from conformance.options import parse_model
     parse_model(SPEC, [2])
     programs = user_loop_programs(3, 1234, 0.2)
@@ -332,7 +332,7 @@ class _Session:
         self.delta, self.runs = delta, 0
 
     def trajectories(self, runtime, n, spec):
-        from conformance.cases.train.reference import reference_run
+        from conformance.cases.shared.reference import reference_run
         self.runs += 1
         ref = reference_run(spec, n, runtime)
         params = ref["params"].copy()
@@ -342,7 +342,7 @@ class _Session:
 
 @pytest.mark.parametrize("delta", [0.0, 3e-6])
 def test_the_bound_is_ten_times_the_measured_noise(delta):
-    from conformance.cases.train.measured import EPS32, NOISE_SEEDS, measured_tolerance, user_run
+    from conformance.cases.shared.measured import EPS32, NOISE_SEEDS, measured_tolerance, user_run
     from conformance.options import parse_model
     from conformance.tolerances import MIN_SIDE_FACTOR
     parse_model(SPEC, [2])
@@ -381,7 +381,7 @@ def test_a_batchnorm_model_under_adam_is_judged_with_its_own_rounding(tmp_path):
 
 @pytest.mark.parametrize("amplified, raised", [(1.6e-5, True), (1e-8, False), (None, False)])
 def test_a_loop_programs_bound_takes_in_its_own_rounding(amplified, raised):
-    from conformance.cases.scenarios.userloop import program_tolerance
+    from conformance.cases.scenario.userloop import program_tolerance
     from conformance.tolerances import Tolerance
     base = Tolerance("cpu", SPEC, "float32", lr=0.2, steps=8, global_batch=8, atol=7.2e-6, rtol=0.0,
                      loss_atol=2e-6, note="bound measured on the model")
@@ -397,7 +397,7 @@ def test_a_loop_programs_bound_takes_in_its_own_rounding(amplified, raised):
      "a forward under 'raising'"),
 ])
 def test_a_scenario_model_only_program_on_a_users_model_is_unsupported(change, named):
-    from conformance.cases.scenarios.userloop import user_loop_programs, user_loop_task
+    from conformance.cases.scenario.userloop import user_loop_programs, user_loop_task
     from conformance.errors import Unsupported
     d = user_loop_programs(2, 1234, 0.2)[0].to_json()
     d.setdefault("loop", {})

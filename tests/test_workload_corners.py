@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from conformance.cases.checks import Names
-from conformance.cases.train.readback import corner, flat_params, param_layout
+from conformance.cases.shared.checks import Names
+from conformance.cases.shared.readback import corner, flat_params, param_layout
 from fixtures import build_model, global_batch
 
 pytestmark = pytest.mark.cpu

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conformance.cases.scenarios import scenario as S
+from conformance.cases.scenario import scenario as S
 from tests.draws import draw_examples
 
 pytestmark = pytest.mark.cpu
@@ -96,7 +96,7 @@ def test_oracle_on_sparse_gradients_is_the_mean_of_the_replicas_dense_gradients(
 def test_workload_models_carry_their_corners_and_stay_deterministic():
     import torch
 
-    from conformance.cases.train.readback import param_layout
+    from conformance.cases.shared.readback import param_layout
     wl = {"dtype": "complex64", "layout": "channels_last", "grad": "sparse_bag", "graph": "shared"}
     a, b = (S.build_scenario_model(5, False, workload=wl) for _ in range(2))
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))

@@ -546,7 +546,7 @@ def test_unavailable_runtime_raises_the_detect_reason():
 def test_xrt_world_bindings_on_runtime(world_size):
     """Each replica of a live XRT world reports the bindings its host_envs promised."""
     _require_xrt(world_size)
-    from conformance.cases.ranks import rank_report
+    from conformance.cases.invariant.kind import rank_report
     from conformance.worlds.spawned import World
     with World("xrt", world_size) as world:
         reports = world.run(rank_report)

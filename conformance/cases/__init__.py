@@ -2,7 +2,7 @@
 
 ``from conformance.cases import CASES, Case, select, all_tags`` is the documented path;
 the names are resolved on first use (PEP 562), so importing a sub-module (a kind,
-``conformance.cases.train.loop``, the checks) does not build the whole table.
+``conformance.cases.shared.loop``, the checks) does not build the whole table.
 """
 from __future__ import annotations
 

@@ -88,21 +88,20 @@ class Registration:
 
     @property
     def package(self) -> str:
-        """The kind's code: the module's package, or the module itself when it sits directly
-        in ``conformance.cases`` (the unit kinds may not import across)."""
-        parent = self.module.rsplit(".", 1)[0]
-        return self.module if parent == "conformance.cases" else parent
+        """The kind's package (``conformance.cases.<kind>``): the module's parent; the unit
+        kinds may not import across packages."""
+        return self.module.rsplit(".", 1)[0]
 
 
 #: The registry: kind name -> its line. A new kind is its module (declaring ``KIND``), one line
 #: here and its rows (docs/extending.md).
 REGISTRY = {
-    "train": Registration("conformance.cases.train.evaluate"),
-    "task": Registration("conformance.cases.features"),
-    "property": Registration("conformance.cases.properties.run"),
-    "invariant": Registration("conformance.cases.ranks", needs_impl=False),
-    "scenario": Registration("conformance.cases.scenarios.kind"),
-    "collective": Registration("conformance.cases.collectives.kind", needs_impl=False, subject="backend"),
+    "train": Registration("conformance.cases.train.kind"),
+    "task": Registration("conformance.cases.task.kind"),
+    "property": Registration("conformance.cases.property.kind"),
+    "invariant": Registration("conformance.cases.invariant.kind", needs_impl=False),
+    "scenario": Registration("conformance.cases.scenario.kind"),
+    "collective": Registration("conformance.cases.collective.kind", needs_impl=False, subject="backend"),
 }
 #: What a verdict can judge: the DDP under test, or the backend beneath it.
 SUBJECTS = ("ddp", "backend")

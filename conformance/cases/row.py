@@ -11,14 +11,14 @@ dispatches to it):
   with the row's run overrides and setups (``run``), judged against the
   single-device reference by the check table and by replica agreement;
 * ``task`` - the row's own replica task and judge (``task``, ``judge``;
-  :mod:`conformance.cases.features`);
-* ``property`` - a Hypothesis property (:mod:`conformance.cases.properties.run`);
-* ``invariant`` - the rank-binding invariants of the world (:mod:`conformance.cases.ranks`);
-* ``scenario`` - generated training scenarios (:mod:`conformance.cases.scenarios.scenario`):
+  :mod:`conformance.cases.task.kind`);
+* ``property`` - a Hypothesis property (:mod:`conformance.cases.property.kind`);
+* ``invariant`` - the rank-binding invariants of the world (:mod:`conformance.cases.invariant.kind`);
+* ``scenario`` - generated training scenarios (:mod:`conformance.cases.scenario.scenario`):
   explicit ones, then Hypothesis-drawn ones, against the DDP-semantics oracle;
 * ``collective`` - one torch.distributed collective (``args["op"]``, a key of
-  :data:`conformance.cases.collectives.ops.OPS`) on the world's backend against its host
-  oracle (:mod:`conformance.cases.collectives.run`); no DDP is involved.
+  :data:`conformance.cases.collective.ops.OPS`) on the world's backend against its host
+  oracle (:mod:`conformance.cases.collective.run`); no DDP is involved.
 
 ``must_kill`` names the catalog mutants the case must fail: the only place the
 mutant <-> case relation is stored. :func:`conformance.cases.validation._validate`

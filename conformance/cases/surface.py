@@ -12,9 +12,9 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
-from conformance.cases.scenarios.buckets import CAP_CLASSES
-from conformance.cases.scenarios.format import DDP_DEFAULTS, LOOPS, MODULES
-from conformance.cases.scenarios.generate import KEYWORD_VALUES
+from conformance.cases.scenario.buckets import CAP_CLASSES
+from conformance.cases.scenario.format import DDP_DEFAULTS, LOOPS, MODULES
+from conformance.cases.scenario.generate import KEYWORD_VALUES
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ means are in :mod:`conformance.cases.row`, the validation in :mod:`conformance.c
 """
 from __future__ import annotations
 
-from conformance.cases import features as F
-from conformance.cases import graphs as G
-from conformance.cases.collectives.ops import LAYOUT_OPS, OPS
-from conformance.cases.checks import SCENARIO_CHECKS
+from conformance.cases.task import kind as F
+from conformance.cases.task import graphs as G
+from conformance.cases.collective.ops import LAYOUT_OPS, OPS
+from conformance.cases.shared.checks import SCENARIO_CHECKS
 from conformance.cases.row import Case, select_rows, tags_of
 from conformance.cases.validation import _validate
 

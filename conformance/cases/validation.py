@@ -11,7 +11,7 @@ import importlib
 
 from conformance.cases.kinds import REGISTRY, Kind
 from conformance.cases.row import FAMILIES, Case
-from conformance.cases.train.setups import SETUPS
+from conformance.cases.shared.setups import SETUPS
 from conformance.impls.mutants.claims import cannot_serve, claim_problems, unused_claims
 from conformance.tolerances import MIN_WORLD_SIZE, TOLERANCES
 from conformance.worlds.runtimes import RUNTIMES

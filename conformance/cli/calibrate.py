@@ -3,7 +3,7 @@ the noise of correct runs and the signal of the mutant catalog.
 
 For one (runtime, world size, model, correct implementation) it runs, with the
 same evaluation as ``run`` (:func:`conformance.evaluate.evaluate` on the ``parity.<model>`` case, a
-:class:`~conformance.cases.train.loop.RunSpec` whose ``seed`` is overridden):
+:class:`~conformance.cases.shared.loop.RunSpec` whose ``seed`` is overridden):
 
 * the correct implementation over ``N`` seeds (``table seed + k``, k < N), and
 * every mutant of the parity catalog (``must_kill`` of the parity cases)
@@ -170,7 +170,7 @@ def calibrate(runner, runtime: str, world_size: int, model: str, impl: str, seed
         problems.append(f"atol {atol:.3g} > signal {signal:.3g} / {MIN_SIDE_FACTOR:g}")
     if not (ratio >= MIN_SIGNAL_TO_NOISE):
         problems.append(f"signal/noise {ratio:.3g} < {MIN_SIGNAL_TO_NOISE:g}")
-    from conformance.cases.checks import UNBOUNDED  # numpy: this CLI module stays light
+    from conformance.cases.shared.checks import UNBOUNDED  # numpy: this CLI module stays light
     return {
         "runtime": runtime, "world_size": world_size, "model": model, "impl": impl, "dtype": dtype,
         "seeds": list(seeds), "lr": tol.lr, "steps": tol.steps, "atol": atol, "loss_atol": tol.loss_atol,

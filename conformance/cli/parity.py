@@ -27,7 +27,7 @@ class ParityRunner:
 
     def verdicts(self, runtime, w, impl, model, dtype="float32", **overrides):
         from conformance.cases.table import CASES
-        from conformance.cases.checks import UNBOUNDED
+        from conformance.cases.shared.checks import UNBOUNDED
         from conformance.evaluate import evaluate
         vs = evaluate(CASES[f"parity.{model}"], impl, runtime, w, self.session, **overrides)
         return {v.check: v for v in vs if v.check not in UNBOUNDED}

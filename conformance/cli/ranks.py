@@ -1,16 +1,16 @@
 """Rank bindings of a live world, checked: ``python -m conformance ranks`` and the ``invariant.ranks`` case.
 
-Every replica reports its bindings (:func:`conformance.cases.ranks.rank_report`:
+Every replica reports its bindings (:func:`conformance.cases.invariant.kind.rank_report`:
 ``ddp_impl.runtime.ranks``'s snapshot and module functions, torch.distributed's rank,
 and ``host`` = torchrun's ``GROUP_RANK``, the machine) and the world must satisfy
-:func:`conformance.cases.ranks.rank_invariant_violations` - global ordinals
+:func:`conformance.cases.invariant.kind.rank_invariant_violations` - global ordinals
 0..W-1, process indices 0..P-1, local ordinals 0..n-1 on every host - plus
 the consistency checks of ``check_reports``. Under ``torchrun --nnodes=2 --nproc-per-node=2``
 that is 4 replicas, process indices 0..3, local ordinals 0..1 on each of two hosts.
 """
 from __future__ import annotations
 
-from conformance.cases.ranks import check_reports, rank_report
+from conformance.cases.invariant.kind import check_reports, rank_report
 from conformance.cli.output import stdout_for_json
 from conformance.errors import split_list as _split, UsageError
 from conformance.report.text import document, write_json_doc

@@ -7,8 +7,8 @@ import json as _json
 import shlex
 from dataclasses import replace
 
-from conformance.cases.collectives.search import evaluate_draw, load_draw
-from conformance.cases.scenarios.scenario import ScenarioError, load_scenario
+from conformance.cases.collective.search import evaluate_draw, load_draw
+from conformance.cases.scenario.scenario import ScenarioError, load_scenario
 from conformance.cases.table import CASES
 from conformance.errors import UsageError
 from conformance.evaluate import Session, evaluate

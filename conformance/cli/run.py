@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from conformance.cases.scenarios.scenario import OPTIMIZER_REVEALS
+from conformance.cases.scenario.scenario import OPTIMIZER_REVEALS
 from conformance.cases.row import select_rows
 from conformance.cases.surface import summary as surface_summary
 from conformance.cases.table import select

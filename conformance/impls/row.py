@@ -33,7 +33,7 @@ DDP_KEYWORDS = ("device_ids", "output_device", "dim", "broadcast_buffers", "init
                 "static_graph", "delay_all_reduce_named_params", "param_to_hook_all_reduce",
                 "mixed_precision", "device_mesh", "skip_all_reduce_unused_params", "bucket_cap_mb_list",
                 "batched_grad_copy", "forward_sync_buffers")
-#: DDP methods a case may require (``conformance.cases.train.loop.DDP_METHODS``).
+#: DDP methods a case may require (``conformance.cases.shared.loop.DDP_METHODS``).
 DDP_METHOD_NAMES = ("join", "no_sync", "register_comm_hook")
 #: Case kinds a strategy serves: the registry's kinds whose rows build a model through it
 #: (``needs_impl``; not ``invariant``, which checks rank bindings, nor ``collective``, which
@@ -160,7 +160,7 @@ class Strategy:
             a step whose input stayed replicated, see ``conformance/impls/xla_paths.py``).
 
         not_transparent: ``{observable: reason}``, observables of
-            :data:`conformance.cases.transparency.OBSERVABLES` the strategy is documented to
+            :data:`conformance.cases.shared.transparency.OBSERVABLES` the strategy is documented to
             change (FSDP replaces parameters with sharded ones): the ``transparency`` check
             leaves them out and says why; every other one must be what the module, the
             optimizer, the RNG and the loop would see without the DDP.
@@ -195,7 +195,7 @@ class Strategy:
 
 def refuse_keywords(row: str, kwargs: dict, accepted) -> None:
     """The constructor contract for rows without DDP's full signature: a keyword
-    outside ``accepted`` raises ``TypeError`` (``conformance.cases.train.loop.wrap`` reports the case unsupported)."""
+    outside ``accepted`` raises ``TypeError`` (``conformance.cases.shared.loop.wrap`` reports the case unsupported)."""
     other = sorted(k for k in kwargs if k not in accepted)
     if other:
         raise TypeError(f"{row} has no counterpart for keyword(s) {', '.join(other)}")

@@ -9,27 +9,27 @@ model column is the spec; :data:`fixtures.models.MODELS` loads it on first use):
 * ``parity.user_model_find_unused`` - the same with ``find_unused_parameters=True``, which
   makes the DDP walk whatever the forward returns (dataclass, dict, tuple) to find the graph
   (torch/nn/parallel/distributed.py, ``_find_tensors`` / ``prepare_for_backward``);
-* ``scenario.user_loop`` - the loop programs (:mod:`conformance.cases.scenarios.userloop`):
+* ``scenario.user_loop`` - the loop programs (:mod:`conformance.cases.scenario.userloop`):
   forwards without backward, several synced backwards, no_sync windows, zero_grad modes, every
   optimizer, clipping, a learning-rate drop, eval-mode backward, a checkpoint reload, on the
   user's module, batches and loss, judged step by step against DDP's semantics on one device.
 
-Their bound is measured on the model (:mod:`conformance.cases.train.measured`).
+Their bound is measured on the model (:mod:`conformance.cases.shared.measured`).
 """
 from __future__ import annotations
 
 import torch
 
-from conformance.cases.checks import SCENARIO_CHECKS
+from conformance.cases.shared.checks import SCENARIO_CHECKS
 from conformance.cases.row import Case
-from conformance.cases.train.evaluate import train_checks
-from conformance.cases.train.loop import RANK_SEED_STRIDE
+from conformance.cases.train.kind import train_checks
+from conformance.cases.shared.loop import RANK_SEED_STRIDE
 from conformance.errors import UsageError
 from conformance.cases.usermodel import UserModelError
 from fixtures import build_model, global_batch, shard
 from fixtures.models import MODELS, training_loss
 
-#: The case's name and description (the ``--model`` cases, this module; run by :mod:`conformance.cases.scenarios.userloop`).
+#: The case's name and description (the ``--model`` cases, this module; run by :mod:`conformance.cases.scenario.userloop`).
 USER_LOOP_CASE = (
     "scenario.user_loop",
     "the loop programs on the user's model, with its batches and loss: forwards without backward "

@@ -142,7 +142,7 @@ class Runtime:
     # ``process_group`` (feature.subgroups); None: the runtime has no process groups.
     make_process_group = None
     # Measured ways the runtime's own ops differ from CPU PyTorch, which the
-    # single-device reference must reproduce (see conformance.cases.train.reference.QUIRKS).
+    # single-device reference must reproduce (see conformance.cases.shared.reference.QUIRKS).
     reference_quirks: frozenset = frozenset()
     # True where every replica must run the same graph for its collectives to meet
     # (XLA's in-process CPU collectives, docs/runtimes/pjrt.md, cause 1): generated

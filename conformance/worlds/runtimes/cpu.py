@@ -118,7 +118,7 @@ class CpuRuntime(Runtime):
     # Emulated hosts (Settings.cpu_hosts; torchrun's LOCAL_*/GROUP_* variables per host).
     hosts_field = "cpu_hosts"
     launchable = True  # one replica per process: a launcher's processes are the world
-    collectives_judged = True  # torch.distributed's collectives, op by op (conformance.cases.collectives)
+    collectives_judged = True  # torch.distributed's collectives, op by op (conformance.cases.collective)
     make_process_group = staticmethod(torch_process_group)
     # The World's collective bound is shorter than gloo's own timeout: a replica
     # left waiting in an all-reduce by a hung peer would otherwise raise gloo's

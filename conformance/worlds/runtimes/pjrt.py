@@ -172,7 +172,7 @@ class PjrtRuntime(Runtime):
     # spmd: one program over a W-device mesh, in its own host process (use_spmd() is global).
     topologies = {"spmd": "conformance.worlds.runtimes.pjrt_spmd:PjrtSpmdRuntime"}
     make_process_group = staticmethod(xla_process_group)
-    collectives_judged = True  # torch_xla's collectives, op by op (conformance.cases.collectives.xla)
+    collectives_judged = True  # torch_xla's collectives, op by op (conformance.cases.collective.xla)
     # torch_xla 2.9 updates BatchNorm's running_var with the *biased* batch
     # variance (CPU PyTorch: unbiased); measured, pinned by
     # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.

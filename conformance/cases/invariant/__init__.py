@@ -1,0 +1,1 @@
+"""The ``invariant`` kind: rank bindings checked against the launcher, with no implementation under test."""

@@ -1,1 +1,0 @@
-"""conformance.cases.properties."""

@@ -1,0 +1,263 @@
+"""The scenario model and its data, built identically in every replica and in the oracle."""
+from __future__ import annotations
+
+import math
+
+from conformance.cases.scenario.format import (BRANCHES, GRAD_HOOK_PARAM, GRAD_HOOK_SCALE, HIDDEN,
+                                                INDICES_PER_SAMPLE, IN_FEATURES, KW_SCALE, OUT_FEATURES, PLAIN_MODULE,
+                                                PLAIN_WORKLOAD, ScenarioOutput, ScenarioPair, VOCAB)
+
+# --------------------------------------------------------------------------
+# the model and the data (built identically in replicas and in the oracle)
+# --------------------------------------------------------------------------
+
+class BadBatch(RuntimeError):
+    """Raised by the scenario model's forward with ``bad=True``, after its buffers moved: the
+    loop programs' skipped batch (:data:`~.format.EVAL_GRAD` ``raising``)."""
+
+
+def user_grad_hook(net, module: dict | None) -> None:
+    """With ``module["grad_hook"] == "after_wrap"``, register the user's gradient hook on
+    :data:`~.format.GRAD_HOOK_PARAM` of ``net`` (``Tensor.register_hook``: the gradient times
+    :data:`~.format.GRAD_HOOK_SCALE`). The replicas call it after wrapping, the reference after
+    building: torch's DDP reduces what accumulated into ``.grad``, after the tensor's hooks."""
+    if dict(PLAIN_MODULE, **(module or {}))["grad_hook"] == "after_wrap":
+        dict(net.named_parameters())[GRAD_HOOK_PARAM].register_hook(lambda g: g * GRAD_HOOK_SCALE)
+
+
+def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, workload: dict | None = None,
+                         module: dict | None = None):
+    """``stem -> h; h + sum over the plan's branches (in plan order) of tanh(branch(h)) -> head``.
+
+    Parameters U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from ``seed`` (fan_in of a conv or
+    embedding weight: its first row's size; complex: real and imaginary parts so drawn);
+    buffers ``ema`` (``[HIDDEN]``: moving average of the stem's batch mean, 0.9/0.1) and
+    ``count`` (int64 scalar: training forwards), updated in training forward by
+    assignment of new tensors when ``rebind`` else in place. Buffers feed the output only with
+    ``module["buffer_use"] == "centre"`` (a training forward's hidden layer minus ``ema``, after
+    the update). ``buffer_offset`` is added to ``ema`` (rank-dependent starts). ``workload``
+    (:data:`WORKLOADS`; default plain) changes the parameters' dtype, layout, gradient
+    kind and the graph; inputs ``x`` float32 ``[n, IN_FEATURES]`` and, for a sparse
+    workload, ``idx`` int64 ``[n, INDICES_PER_SAMPLE]``; output ``[n, OUT_FEATURES]``
+    (float64 for the float64 workload, else float32). ``module`` (:data:`MODULES`; default plain):
+    the output's structure, ``ema``'s persistence, a forward pre-hook, forward keywords ``scale`` /
+    ``mask`` (:func:`forward_kwargs`), ``ema`` feeding the output, ``bad=True`` raising
+    :class:`BadBatch` after the buffers' update (a bad batch the loop skips), an int64 buffer
+    ``seen`` (``+= n`` at each training forward;
+    starts at :func:`seen_start` of ``buffer_offset``), a parametrized weight (registered after
+    initialisation: ``symmetric`` reads ``branch.a``'s ``original`` through ``triu(X) + triu(X, 1)^T``;
+    ``weight_norm`` splits the head's weight into ``original0`` (g, the row norms) and ``original1``
+    (v)), parameters held in containers (``gains`` ``nn.ParameterList`` of two ``[HIDDEN]``,
+    ``offsets`` ``nn.ParameterDict`` ``{"h": [HIDDEN], "out": [OUT_FEATURES]}``, drawn from ``seed``).
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    wl = dict(PLAIN_WORKLOAD, **(workload or {}))
+    md = dict(PLAIN_MODULE, **(module or {}))
+
+    class LowPrecisionLinear(nn.Linear):
+        """A Linear in a lower dtype (bfloat16) between float layers: input cast down, output back."""
+
+        def forward(self, h):
+            return super().forward(h.to(self.weight.dtype)).to(h.dtype)
+
+    class ComplexLinear(nn.Module):
+        """A complex64 weight [out, in] and bias; a real output ``Re z + Im z / 2`` (only the
+        matmul is complex: torch_xla's complex tanh backward differs from CPU's)."""
+
+        def __init__(self, n_in, n_out):
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(n_out, n_in, dtype=torch.complex64))
+            self.bias = nn.Parameter(torch.zeros(n_out, dtype=torch.complex64))
+
+        def forward(self, h):
+            z = F.linear(h.to(self.weight.dtype), self.weight, self.bias)
+            return (z.real + 0.5 * z.imag).to(h.dtype)
+
+    class ConvStem(nn.Module):
+        """The stem as a 2x2 conv over ``x`` seen as ``[n, 2, 2, 2]`` (the same map as a Linear),
+        its weight ``[HIDDEN, 2, 2, 2]`` in ``channels_last`` memory format."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(2, HIDDEN, 2).to(memory_format=torch.channels_last)
+
+        def forward(self, x):
+            return self.conv(x.reshape(-1, 2, 2, 2).contiguous(memory_format=torch.channels_last)).flatten(1)
+
+    def branch(b):
+        if b == "b" and wl["dtype"] == "complex64":
+            return ComplexLinear(HIDDEN, HIDDEN)
+        if b == "b" and wl["dtype"] == "bfloat16":
+            return LowPrecisionLinear(HIDDEN, HIDDEN, dtype=torch.bfloat16)
+        return nn.Linear(HIDDEN, HIDDEN)
+
+    class ScenarioNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = ConvStem() if wl["layout"] == "channels_last" else nn.Linear(IN_FEATURES, HIDDEN)
+            self.branch = nn.ModuleDict({b: branch(b) for b in BRANCHES})
+            self.head = nn.Linear(HIDDEN, OUT_FEATURES)
+            if wl["layout"] == "transposed":  # [OUT, HIDDEN] with strides (1, OUT)
+                self.head.weight = nn.Parameter(torch.zeros(HIDDEN, OUT_FEATURES).t())
+            if wl["graph"] == "shared":
+                self.branch["c"].weight = self.branch["a"].weight
+            if wl["grad"] == "sparse":
+                self.emb = nn.Embedding(VOCAB, HIDDEN, sparse=True)
+            elif wl["grad"] == "sparse_bag":
+                self.emb = nn.EmbeddingBag(VOCAB, HIDDEN, mode="mean", sparse=True)
+            self.register_buffer("ema", torch.zeros(HIDDEN), persistent=md["buffers"] == "persistent")
+            self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+            if md["int_buffer"] == "samples":
+                self.register_buffer("seen", torch.full((), seen_start(buffer_offset), dtype=torch.int64))
+            if md["params"] == "containers":
+                self.gains = nn.ParameterList([nn.Parameter(torch.ones(HIDDEN)) for _ in range(2)])
+                self.offsets = nn.ParameterDict({"h": nn.Parameter(torch.zeros(HIDDEN)),
+                                                 "out": nn.Parameter(torch.zeros(OUT_FEATURES))})
+            self.rebind = rebind
+            self.calls = 0
+
+        def _branch(self, b, h):
+            graph = wl["graph"]
+            if graph in ("plain", "shared"):
+                return h + torch.tanh(self.branch[b](h))
+            # Applied twice: each application adds half, so the model is no deeper in effect
+            # than the plain one (measured: at full weight an SGD lr-0.2 run grew its steps
+            # 0.2 -> 16 in 5 steps and float32 rounding noise to 5.7e-5, torch and ref alike).
+            fn = (lambda t: 0.5 * torch.tanh(self.branch[b](t)))
+            for _ in range(2):  # applied twice; each under its own checkpoint if so drawn
+                if graph == "applied_twice":
+                    h = h + fn(h)
+                    continue
+                reentrant = graph == "checkpoint_reentrant"
+                ckpt = checkpoint
+                if h.device.type == "xla":  # torch.utils.checkpoint looks up torch.xla (torch 2.9)
+                    from torch_xla.utils.checkpoint import checkpoint as ckpt  # reentrant only
+                h = h + ckpt(fn, h, use_reentrant=reentrant)
+            return h
+
+        def forward(self, x, plan=BRANCHES, idx=None, *, scale=1.0, mask=None, bad=False):
+            x = x.to(self.head.weight.dtype)
+            pre = self.stem(x)
+            if idx is not None:
+                e = self.emb(idx)
+                pre = pre + (e.mean(1) if e.dim() == 3 else e)
+            if md["params"] == "containers":
+                pre = pre * self.gains[0] + self.offsets["h"]
+            h = torch.tanh(pre) * scale
+            if mask is not None:
+                h = h * mask.to(h.dtype).unsqueeze(1)
+            if self.training:
+                with torch.no_grad():
+                    new = 0.9 * self.ema + 0.1 * h.detach().mean(0)
+                    if self.rebind:  # a new object each forward: a cached buffer list goes stale
+                        self.ema = new
+                        self.count = self.count + 1
+                        if md["int_buffer"] == "samples":
+                            self.seen = self.seen + x.shape[0]
+                    else:
+                        self.ema.copy_(new)
+                        self.count.add_(1)
+                        if md["int_buffer"] == "samples":
+                            self.seen.add_(x.shape[0])
+                if md["buffer_use"] == "centre":  # ema feeds the output; a subtraction saves nothing
+                    h = h - self.ema.to(h.dtype)
+            if bad:  # a bad batch found mid-forward, after the statistics moved (the loop skips it)
+                raise BadBatch("the scenario's bad batch (bad=True): the loop skips it")
+            for b in plan:
+                h = self._branch(b, h)
+            if md["params"] == "containers":
+                h = h * self.gains[1]
+            out = self.head(h)
+            if md["params"] == "containers":
+                out = out + self.offsets["out"]
+            if md["output"] == "namedtuple":
+                return ScenarioPair(pred=out, hidden=h.detach(), tag="scenario")
+            if md["output"] == "dict":
+                return {"pred": out, "hidden": h.detach(), "note": "scenario"}
+            if md["output"] == "dataclass":
+                self.calls += 1  # a host int (reading ``count`` would run the graph on XLA)
+                return ScenarioOutput(pred=out, hidden=h.detach(), calls=self.calls)
+            return out
+
+    net = ScenarioNet()
+    if md["hook"] == "pre_hook":
+        net.register_forward_pre_hook(lambda mod, args: (args[0] * 0.5,) + tuple(args[1:]))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mod in net.modules():
+            if isinstance(mod, nn.Linear):
+                bound = 1.0 / math.sqrt(mod.in_features)
+                mod.weight.uniform_(-bound, bound, generator=gen)
+                mod.bias.uniform_(-bound, bound, generator=gen)
+            elif isinstance(mod, (nn.Conv2d, nn.Embedding, nn.EmbeddingBag, ComplexLinear)):
+                for p in mod.parameters(recurse=False):  # in place: dtype and strides kept
+                    real = torch.view_as_real(p) if p.is_complex() else p
+                    bound = 1.0 / math.sqrt(p[0].numel() if p.dim() > 1 else p.numel())
+                    real.copy_(torch.empty(real.shape, dtype=torch.float64).uniform_(-bound, bound, generator=gen))
+        if md["params"] == "containers":  # gains 1 + U(-0.25, 0.25), offsets U(-0.25, 0.25)
+            for p in net.gains:
+                p.add_(torch.empty(p.shape).uniform_(-0.25, 0.25, generator=gen).to(p.dtype))
+            for p in net.offsets.values():
+                p.copy_(torch.empty(p.shape).uniform_(-0.25, 0.25, generator=gen).to(p.dtype))
+        if wl["dtype"] == "float64":
+            net.double()  # parameters and ema; strides kept
+        net.ema.add_(buffer_offset)
+    if md["parametrize"] == "symmetric":
+        from torch.nn.utils import parametrize
+
+        class Symmetric(nn.Module):
+            """Parametrization ``W = triu(X) + triu(X, 1)^T`` (square ``X``)."""
+
+            def forward(self, X):
+                return X.triu() + X.triu(1).transpose(0, 1)
+        parametrize.register_parametrization(net.branch["a"], "weight", Symmetric())
+    elif md["parametrize"] == "weight_norm":
+        from torch.nn.utils.parametrizations import weight_norm
+        weight_norm(net.head)
+    return net
+
+
+def seen_start(buffer_offset: float) -> int:
+    """Where the int64 buffer ``seen`` starts for a replica built with ``buffer_offset``
+    (rank-dependent: only a DDP that broadcasts integer buffers at construction aligns it)."""
+    return int(round(10 * buffer_offset))
+
+
+def scenario_mask(seed: int, step: int, micro: int, rank: int, n: int):
+    """The ``mask=`` keyword (``module["kwargs"] == "mask"``): float32 ``[n]`` of 0/1, sample 0
+    always kept, from (seed, step, micro, rank) apart from :func:`scenario_batch`'s draw."""
+    import torch
+    gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 101 + micro) * 257 + rank + 13)
+    m = (torch.rand(n, generator=gen) < 0.7).float()
+    m[0] = 1.0
+    return m
+
+
+def forward_kwargs(module: dict, seed: int, step: int, micro: int, rank: int, n: int) -> dict:
+    """The keywords of a forward on micro-batch ``(step, micro)`` of replica ``rank`` (``n``
+    samples) for ``module["kwargs"]``: ``{}``, ``{"scale": KW_SCALE}`` or ``{"mask": ...}``."""
+    kind = module.get("kwargs", "none")
+    if kind == "scale":
+        return {"scale": KW_SCALE}
+    if kind == "mask":
+        return {"mask": scenario_mask(seed, step, micro, rank, n)}
+    return {}
+
+
+def scenario_batch(seed: int, step: int, micro: int, rank: int, n: int):
+    """``(x [n, IN_FEATURES], y [n, OUT_FEATURES])`` float32 N(0, 1), from (seed, step, micro, rank)."""
+    import torch
+    gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 101 + micro) * 257 + rank)
+    return torch.randn(n, IN_FEATURES, generator=gen), torch.randn(n, OUT_FEATURES, generator=gen)
+
+
+def scenario_indices(seed: int, step: int, micro: int, rank: int, n: int):
+    """``idx`` int64 ``[n, INDICES_PER_SAMPLE]`` in ``[0, VOCAB)`` (the sparse corner's embedding
+    lookups), from (seed, step, micro, rank) apart from :func:`scenario_batch`'s draw."""
+    import torch
+    gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 101 + micro) * 257 + rank + 7)
+    return torch.randint(0, VOCAB, (n, INDICES_PER_SAMPLE), generator=gen)

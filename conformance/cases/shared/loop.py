@@ -1,0 +1,316 @@
+"""The one training loop every runtime runs, and the run specification.
+
+:func:`train_replica` is a World task: it runs on every replica, builds the
+model (rank 0 from the run's seed, other ranks deliberately from other seeds and
+with offset buffers, so only a DDP that broadcasts module states can match the
+reference), wraps it in the implementation under test, trains ``steps`` steps on
+the replica's shard of each global batch and returns the trajectory as numpy.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params, optimizer_state, optimizer_state_dict, optimizer_state_layout, param_layout, state_digest, to_device)
+from conformance.tolerances import lookup
+from conformance.cases.shared.setups import SETUPS, replica_groups
+from conformance.cases.shared.transparency import merged, observed_wrap, probe_modes
+from conformance.errors import Unsupported
+from conformance.impls.builtin import resolve_impl
+from fixtures import build_model, global_batch, shard
+from fixtures.models import MODELS, training_loss
+
+# Rank r != 0 builds its model from seed + RANK_SEED_STRIDE * r and adds
+# r * RANK_BUFFER_OFFSET to its buffers before the DDP is constructed (every kind
+# that builds replicas does, so only a DDP that broadcasts module states matches).
+RANK_SEED_STRIDE = 7919
+RANK_BUFFER_OFFSET = 0.5
+
+
+def rank_seed(seed: int, rank: int, salt: int = 0) -> int:
+    """The seed replica ``rank`` builds its model from (``salt``: a rebuild, e.g. after a checkpoint)."""
+    return seed + RANK_SEED_STRIDE * rank + salt
+
+
+def rank_buffer_offset(rank: int, salt: float = 0.0) -> float:
+    """What replica ``rank`` adds to its floating buffers before wrapping."""
+    return RANK_BUFFER_OFFSET * rank + salt
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that defines one training run (picklable, hashable).
+
+    ``setups`` names rows of :data:`conformance.cases.shared.setups.SETUPS` (SyncBatchNorm,
+    comm hook, autocast, checkpoint, ...): each brings its own model conversion,
+    forward context and per-step action, so this loop has no feature branches.
+    ``requires`` lists DDP keywords / methods the case needs the implementation
+    to honour (else the case is ``unsupported``).
+    """
+
+    impl: str
+    model: str
+    lr: float
+    steps: int
+    global_batch: int
+    seed: int
+    dtype: str = "float32"
+    broadcast_buffers: bool = True
+    ddp_kwargs: tuple = ()      # extra DDP keywords as ((name, value), ...)
+    requires: tuple = ()        # keywords/methods the implementation must honour
+    momentum: float = 0.0       # SGD momentum (optimizer state for checkpoints)
+    setups: tuple = ()          # names in conformance.cases.shared.setups.SETUPS
+
+    @classmethod
+    def from_table(cls, runtime: str, impl: str, model: str, dtype: str = "float32", **overrides):
+        """The run the tolerance table prescribes for ``(runtime, model, dtype)``."""
+        tol = lookup(runtime, model, dtype)
+        fields = dict(impl=impl, model=model, lr=tol.lr, steps=tol.steps,
+                      global_batch=tol.global_batch, seed=tol.seed, dtype=dtype)
+        fields.update(overrides)
+        return cls(**fields)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+#: DDP methods a case may require (an implementation without one is unsupported).
+DDP_METHODS = ("join", "register_comm_hook", "no_sync")
+#: Performance-only keywords (torch's DDP: they change bucketing, not the result). A case that
+#: passes one without requiring it (``parity.mlp``'s ``bucket_cap_mb``) runs without it when the
+#: DDP refuses it with ``TypeError``; a case that requires one (the bucket cases) is unsupported.
+PERFORMANCE_HINTS = ("bucket_cap_mb", "gradient_as_bucket_view")
+
+
+def require(ddp, impl, requires) -> None:
+    """Raise :class:`~conformance.errors.Unsupported` if ``ddp`` (built by the
+    :class:`~conformance.impls.row.Strategy` ``impl``) cannot serve ``requires``.
+
+    A keyword is unsupported when the implementation's row lists it in
+    ``ignores`` (the reference DDP accepts some torch keywords and ignores them,
+    with a warning); a user's DDP that does not honour a keyword must raise
+    ``TypeError`` on it, which :func:`wrap` turns into ``Unsupported``. A method
+    (``join``, ``register_comm_hook``, ``no_sync``) is unsupported when missing.
+    """
+    for need in requires:
+        if need in impl.unsupported_features:
+            raise Unsupported(f"{impl.name}: {impl.unsupported_features[need]}")
+        if need in impl.ignores:
+            raise Unsupported(f"{impl.name} ignores constructor argument {need}")
+        if need in DDP_METHODS and not callable(getattr(ddp, need, None)):
+            raise Unsupported(f"{impl.name} has no {need}()")
+
+
+def wrap(impl, module, ctx, kwargs: dict, requires=(), optional=()):
+    """``impl.wrap(module, ctx, kwargs)``, then :func:`require`.
+
+    A refused :data:`PERFORMANCE_HINTS` keyword, or one of ``optional`` (keywords this run's
+    semantics do not depend on, e.g. ``find_unused_parameters`` when every parameter is used
+    at every step), not in ``requires`` is dropped and the construction retried without it.
+
+    Raises:
+        Unsupported: a required keyword is refused with ``TypeError`` (the
+            constructor contract: refuse what you do not implement) or ignored,
+            or a required method is missing.
+    """
+    kwargs = dict(kwargs)
+    while True:
+        try:
+            ddp = impl.wrap(module, ctx, dict(kwargs))
+            break
+        except TypeError as exc:
+            refused = [k for k in kwargs if k in str(exc)]
+            if not refused:
+                raise
+            hints = [k for k in refused if (k in PERFORMANCE_HINTS or k in optional) and k not in requires]
+            if not hints:
+                raise Unsupported(f"{impl.name} refuses keyword {refused[0]}: {exc}") from None
+            for k in hints:
+                del kwargs[k]
+    require(ddp, impl, requires)
+    return ddp
+
+
+def mse(out, y):
+    """The training loss: ``mse_loss`` in float32, or float64 for a float64 output (a float64
+    model's gradients would otherwise carry float32 rounding; ``y`` is cast to match)."""
+    import torch
+    import torch.nn.functional as F
+    out = out if out.dtype == torch.float64 else out.float()
+    return F.mse_loss(out, y.to(out.dtype))
+
+
+#: The kit's optimizers by name (a scenario draws one; a training run uses ``sgd``).
+OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw")
+#: Every optimizer :func:`build_optimizer` builds: :data:`OPTIMIZERS` and ``sgd_wd`` (SGD with
+#: weight decay, drawn by the loop programs: a ``None`` gradient skips a parameter, a zero
+#: gradient still decays it, so the two differ).
+ALL_OPTIMIZERS = OPTIMIZERS + ("sgd_wd",)
+#: Weight decay of ``sgd_wd`` and ``adamw``.
+WEIGHT_DECAY = 0.01
+
+#: Adam's / AdamW's ``eps``. An element's update is about ``lr * g / (sqrt(v) + eps)``; where
+#: ``g`` and ``v`` are near zero its sensitivity to a gradient difference approaches ``lr / eps``
+#: (1e6 with torch's default 1e-8 at lr 0.01). Gradients on XLA differ from CPU's by up to
+#: 1.1e-7 (measured: a one-step scenario replayed with SGD at lr 1), so a near-zero gradient
+#: moved a parameter by 1.65e-5 at eps 1e-8 and 8.9e-5 at 1e-6, over the 1e-5 bound of a correct
+#: DDP. At 1e-3 the amplification is at most 10; Adam's own faults (direction, state) still
+#: move parameters by ~lr.
+ADAM_EPS = 1e-3
+
+
+def build_optimizer(name: str, params, lr: float, momentum: float = 0.0):
+    """Optimizer ``name`` of :data:`OPTIMIZERS` over ``params``: ``sgd`` (with ``momentum``),
+    ``sgd_momentum`` (0.9), ``sgd_wd`` (weight decay :data:`WEIGHT_DECAY`), ``adam``, ``adamw``
+    (weight decay :data:`WEIGHT_DECAY`; both with ``eps`` :data:`ADAM_EPS`).
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`ALL_OPTIMIZERS`."""
+    import torch
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if name == "sgd_momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "sgd_wd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=WEIGHT_DECAY)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, eps=ADAM_EPS)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
+    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(ALL_OPTIMIZERS)}")
+
+
+def make_optimizer(params, run: RunSpec):
+    """A training run's optimizer (a ``Strategy.make_optimizer`` replaces it): SGD with the run's momentum."""
+    return build_optimizer("sgd", params, run.lr, run.momentum)
+
+
+class Loop:
+    """The state of one replica's training loop, handed to setups' hooks.
+
+    Attributes: ``ctx``, ``run``, ``impl`` (the Strategy row), ``model`` (the inner
+    module), ``ddp`` (the wrapped model), ``opt``, ``setups``.
+    """
+
+    def __init__(self, ctx, run: RunSpec, impl, setups):
+        self.ctx, self.run, self.impl, self.setups = ctx, run, impl, setups
+        self.model = self.ddp = self.opt = None
+        self.observers = []  # one per wrap (a checkpoint reload wraps again)
+
+    def fresh_model(self, salt: int = 0):
+        """The run's model as this replica builds it: rank 0 from the run's seed,
+        rank r from :func:`rank_seed` with buffers offset by :func:`rank_buffer_offset`
+        (only a DDP that broadcasts module states matches)."""
+        r = self.ctx.rank
+        m = to_device(build_model(self.run.model, seed=rank_seed(self.run.seed, r, salt),
+                                  perturb_buffers=rank_buffer_offset(r, salt)), self.ctx.device)
+        for s in self.setups:
+            m = s.prepare_model(m, self)
+        probe_modes(m)
+        return m
+
+    @property
+    def observer(self):
+        """The :class:`~conformance.cases.shared.transparency.Observer` of the current DDP."""
+        return self.observers[-1]
+
+    def wrap(self):
+        """Wrap :attr:`model` (observed), run the construction's collectives, build the optimizer."""
+        kwargs = dict(MODELS[self.run.model].ddp_kwargs, broadcast_buffers=self.run.broadcast_buffers)
+        kwargs.update(dict(self.run.ddp_kwargs))
+        for s in self.setups:
+            kwargs.update(s.ddp_kwargs(self))
+        requires = tuple(self.run.requires) + tuple(r for s in self.setups for r in s.requires)
+        with contextlib.ExitStack() as stack:
+            for s in self.setups:
+                stack.enter_context(s.construction_context(self))
+            self.ddp, obs = observed_wrap(self.impl, self.model, self.ctx,
+                                          lambda: wrap(self.impl, self.model, self.ctx, kwargs, requires))
+        for old in self.observers:
+            old.close()
+        self.observers.append(obs)
+        for s in self.setups:
+            s.after_wrap(self)
+        # Run the construction's broadcasts before reading parameters back: on XLA a
+        # read (.cpu()) of a pending collective would compile it outside the step
+        # lock, per replica, and the replicas' collectives would never meet.
+        self.ctx.mark_step()
+        self.opt = (self.impl.make_optimizer or make_optimizer)(self.ddp.parameters(), self.run)
+
+
+def train_replica(ctx, spec: dict) -> dict:
+    """World task: train one replica; return its trajectory.
+
+    Returns a dict with ``params`` float32 ``[steps+1, P]`` (after DDP
+    construction, then after each step), ``losses`` float64 ``[steps]`` (this
+    replica's local mean loss), ``buffers`` float64 ``[steps+1, B]``, ``optim``
+    (final optimizer state, float64), ``optim_digests`` (SHA-1 of the optimizer
+    state after each step), ``shard`` (the shard index trained on) and ``layout``
+    (``{"params" | "buffers" | "optim": [(name, shape), ...]}``: the tensors behind
+    each flat vector, so verdicts can name them).
+
+    Raises:
+        Unsupported: the implementation cannot serve the run (see :func:`wrap`).
+    """
+    run = RunSpec(**spec)
+    loop = Loop(ctx, run, resolve_impl(run.impl), [SETUPS[n] for n in run.setups])
+    if loop.impl.forward_backward is not None and MODELS[run.model].forward_kwargs:
+        raise Unsupported(f"{loop.impl.name} brings its own step (forward_backward(model, inputs, loss_fn)), "
+                          f"which passes no forward keywords; model {run.model} needs "
+                          f"{sorted(MODELS[run.model].forward_kwargs)}")
+    loop.model = loop.fresh_model()
+    ctx.note(step=None, phase="DDP construction")
+    loop.wrap()
+    which = loop.impl.shard_rank(ctx)
+    # This replica's data-parallel job (the whole world unless a setup splits it): the
+    # job's global batch is seeded by its first rank, sharded over its members.
+    group = next(g for g in replica_groups(loop.setups, ctx.world_size) if ctx.rank in g)
+    data_seed = rank_seed(run.seed, group[0])
+    index = group.index(which) if which in group else which % len(group)
+    params, losses, buffers = [flat_params(loop.model)], [], [flat_buffers(loop.model)]
+    digests = []
+    for step in range(run.steps):
+        x, y = global_batch(run.model, data_seed, step, run.global_batch)
+        xs = shard(x, index, len(group)).to(ctx.device)
+        ys = shard(y, index, len(group)).to(ctx.device)
+        loop.opt.zero_grad(set_to_none=True)
+        ctx.note(step=step + 1, phase="forward")  # 1-based, as verdicts count
+        with contextlib.ExitStack() as stack:
+            for s in loop.setups:
+                stack.enter_context(s.forward_context(loop, step))
+            if loop.impl.forward_backward is not None:  # one compiled forward+loss+backward
+                loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: training_loss(run.model, out, ys))
+                loop.observer.forward_unseen()
+            else:
+                out = loop.observer.call(loop.ddp, xs, **MODELS[run.model].forward_kwargs)
+        obs = loop.observer
+        if loop.impl.forward_backward is None:
+            loss = training_loss(run.model, out, ys)
+            ctx.note(phase="backward")  # DDP's gradient all-reduces run here
+            with obs.unchanged_by("backward"):
+                loss.backward()
+        if loop.impl.after_backward is not None:
+            loop.impl.after_backward(loop.ddp, loop.opt, ctx)
+        ctx.note(phase="optimizer step")
+        with obs.unchanged_by("the optimizer step"):
+            if loop.impl.optimizer_step is not None:  # e.g. xm.optimizer_step(optimizer)
+                loop.impl.optimizer_step(loop.ddp, loop.opt, ctx)
+            else:
+                loop.opt.step()
+        ctx.mark_step()
+        obs.after_step(step + 1)
+        losses.append(float(loss.detach().cpu()))
+        params.append(flat_params(loop.model))
+        buffers.append(flat_buffers(loop.model))
+        digests.append(state_digest(optimizer_state(loop.impl, loop.opt, ctx)))
+        for s in loop.setups:
+            s.after_step(loop, step)
+    # the optimizer_state() read, with its state dict kept for the names (a collective when sharded)
+    final = optimizer_state_dict(loop.impl, loop.opt, ctx) if loop.impl.optimizer_state_dict else None
+    layout = {"params": param_layout(loop.model), "buffers": buffer_layout(loop.model),
+              "optim": optimizer_state_layout(loop.opt, final, loop.model)}
+    return {"params": np.stack(params), "losses": np.asarray(losses),
+            "buffers": np.stack(buffers), "optim": flat_optimizer_state(loop.opt, final),
+            "optim_digests": digests, "shard": which, "layout": layout, "transparency": merged(loop.observers)}

@@ -1,0 +1,194 @@
+"""The single-device reference (oracle): the same steps on one CPU device.
+
+For models whose forward does not couple samples, the reference trains on the
+whole global batch: with equal shards and a mean-reduced loss its gradient is
+exactly what DDP promises. For batch-coupled models (BatchNorm) a DDP replica
+normalises with its *own* shard's statistics, so the reference runs the W shards
+one after another on one device and averages their losses - the documented
+semantics of DDP without SyncBatchNorm. A model that draws random numbers (dropout) also runs
+shard by shard, each shard on its replica's generator stream (seeded per rank before wrapping),
+so the reference replays each replica's masks. Buffers follow upstream DDP: with
+``broadcast_buffers`` every replica starts a forward from rank 0's buffers, else
+from its own; the reference tracks the expected buffers of every rank.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from conformance.cases.shared.loop import RunSpec, build_optimizer, rank_buffer_offset
+from conformance.cases.shared.readback import flat_buffers, flat_optimizer_state, flat_params
+import contextlib
+from conformance.cases.shared.setups import SETUPS
+from conformance.cases.shared.transparency import RNG_SEED, RNG_SEED_STRIDE
+from fixtures import build_model, global_batch, shard
+from fixtures.models import MODELS, StreamDropout, training_loss
+
+# Runtime quirks the reference can reproduce (a runtime adapter lists its own in
+# ``Runtime.reference_quirks``): measured differences of the runtime's *ops*
+# from CPU PyTorch, which are not the DDP's to fix.
+QUIRKS = {
+    # torch_xla 2.9 (PJRT): BatchNorm in training mode updates running_var with
+    # the biased batch variance (sum / n) where CPU PyTorch uses the unbiased one
+    # (sum / (n - 1)); the normalisation itself (biased) and running_mean agree.
+    "bn_running_var_biased": "BatchNorm running_var is updated with the biased batch variance",
+    # The same op when SyncBatchNorm runs as XLA's BatchNorm over the global
+    # batch (SPMD: torch.nn.SyncBatchNorm without a process group falls back to it).
+    "sync_bn_running_var_biased": "SyncBatchNorm's running_var is updated with the biased batch "
+                                  "variance (it runs as XLA's BatchNorm)",
+}
+
+
+def _biased_running_var(net):
+    """Make every BatchNorm of ``net`` update running_var as torch_xla does."""
+    import torch
+
+    def pre(mod, args):
+        if mod.training and mod.track_running_stats:
+            x = args[0]
+            dims = [0] + list(range(2, x.dim()))
+            mod._quirk = (mod.running_var.detach().clone(),
+                          x.detach().float().var(dim=dims, unbiased=False))
+
+    def post(mod, args, out):
+        saved = mod.__dict__.pop("_quirk", None)
+        if saved is None:
+            return
+        old, biased = saved
+        m = mod.momentum if mod.momentum is not None else 1.0 / float(mod.num_batches_tracked)
+        # A fresh tensor, not copy_(): BatchNorm's backward saved the old one.
+        mod._buffers["running_var"] = ((1 - m) * old + m * biased).to(old.dtype)
+
+    for mod in net.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+            mod.register_forward_pre_hook(pre)
+            mod.register_forward_hook(post)
+
+
+def _replica_streams(world_size: int) -> list:
+    """Each replica's default-generator state as the train loop leaves it before the first forward
+    (seeded per rank before wrapping, ``conformance.cases.shared.transparency.RNG_SEED``), as a
+    ``torch.Generator`` each: the process's own generator is not touched."""
+    import torch
+    return [torch.Generator().manual_seed(RNG_SEED + RNG_SEED_STRIDE * r) for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def _stream(net, streams, r: int):
+    """Run the block with every ``StreamDropout`` of ``net`` drawing from replica ``r``'s generator
+    (``streams[r]``, advanced by the draws); no-op for ``streams`` ``None``."""
+    if streams is None:
+        yield
+        return
+    layers = [m for m in net.modules() if isinstance(m, StreamDropout)]
+    for m in layers:
+        m.generator = streams[r]
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.generator = None
+
+
+def _per_shard(model: str, sync_bn: bool) -> bool:
+    """Whether the reference runs the W shards one after another: a batch-coupled model without
+    SyncBatchNorm (each replica's own statistics), or one that draws random numbers (each
+    replica's generator stream)."""
+    return (MODELS[model].batch_coupled and not sync_bn) or MODELS[model].draws_random
+
+
+@functools.lru_cache(maxsize=32)
+def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers,
+               momentum=0.0, autocast="", sync_bn=False, quirks=frozenset()):
+    import torch
+
+    # SyncBatchNorm normalises with global-batch statistics: one global forward. A model that draws
+    # random numbers runs shard by shard, each on its replica's generator stream.
+    coupled = _per_shard(model, sync_bn)
+    streams = _replica_streams(world_size) if MODELS[model].draws_random else None
+    net = build_model(model, seed=seed)
+    # SyncBatchNorm is the DDP's own code, except where the runtime's BatchNorm runs it
+    if ("bn_running_var_biased" in quirks and not sync_bn) or ("sync_bn_running_var_biased" in quirks and sync_bn):
+        _biased_running_var(net)
+    opt = build_optimizer("sgd", net.parameters(), lr, momentum)
+
+    def fwd(inp):
+        ctx = (torch.autocast(device_type="cpu", dtype=getattr(torch, autocast)) if autocast
+               else contextlib.nullcontext())
+        with ctx:
+            return net(inp, **MODELS[model].forward_kwargs)
+    slots = [(m, n) for m in net.modules() for n, b in m._buffers.items() if b is not None]
+
+    def bufs():
+        return [m._buffers[n] for m, n in slots]
+
+    def set_bufs(values):
+        # Fresh tensors, not copy_(): BatchNorm's backward saved the old ones.
+        for (m, n), v in zip(slots, values):
+            m._buffers[n] = v.clone()
+
+    # Without broadcast_buffers nothing aligns the buffers: rank r keeps the
+    # offset the train loop gave it (rank_buffer_offset; upstream's construction sync skips buffers too).
+    rank_bufs = [[b.clone() + (0 if broadcast_buffers or not b.is_floating_point()
+                               else rank_buffer_offset(r)) for b in bufs()]
+                 for r in range(world_size)]
+    params, losses = [flat_params(net)], []
+    buffers = []
+    for r in range(world_size):
+        set_bufs(rank_bufs[r])
+        buffers.append(flat_buffers(net))
+    buffers = [np.stack(buffers)]
+    for step in range(steps):
+        x, y = global_batch(model, seed, step, global_batch_size)
+        opt.zero_grad(set_to_none=True)
+        if not coupled:
+            loss = training_loss(model, fwd(x), y)
+            after = [[b.clone() for b in bufs()] for _ in range(world_size)]
+        else:
+            loss, after = 0.0, []
+            for r in range(world_size):
+                set_bufs(rank_bufs[0] if broadcast_buffers else rank_bufs[r])
+                with _stream(net, streams, r):
+                    out = fwd(shard(x, r, world_size))
+                loss = loss + training_loss(model, out, shard(y, r, world_size)) / world_size
+                after.append([b.clone() for b in bufs()])
+        loss.backward()
+        opt.step()
+        rank_bufs = after
+        losses.append(float(loss.detach()))
+        params.append(flat_params(net))
+        flat = []
+        for r in range(world_size):
+            set_bufs(rank_bufs[r])
+            flat.append(flat_buffers(net))
+        buffers.append(np.stack(flat))
+    return {"params": np.stack(params), "losses": np.asarray(losses), "buffers": np.stack(buffers),
+            "optim": flat_optimizer_state(opt)}
+
+
+def reference_run(spec: RunSpec, world_size: int, runtime: str | None = None) -> dict:
+    """Trajectory of ``spec`` on one CPU device in float32.
+
+    ``runtime`` names the runtime the replicas ran on: the reference then
+    reproduces that runtime's :data:`QUIRKS` (its adapter's ``reference_quirks``).
+
+    Returns ``params`` float32 ``[steps+1, P]``, ``losses`` float64 ``[steps]``
+    (the global-batch loss), ``buffers`` float64 ``[steps+1, world_size, B]``
+    (the buffers each rank should hold after each step). Cached per spec.
+    """
+
+    over = {}
+    for name in spec.setups:
+        over.update(SETUPS[name].reference)
+    autocast, sync_bn = over.get("autocast", ""), over.get("sync_bn", False)
+    w = world_size if _per_shard(spec.model, sync_bn) else 1
+    quirks = frozenset()
+    if runtime is not None:
+        from conformance.worlds.runtimes import get_runtime
+        quirks = frozenset(get_runtime(runtime).reference_quirks)
+    out = _reference(spec.model, spec.lr, spec.steps, spec.global_batch, spec.seed, w,
+                     spec.broadcast_buffers, spec.momentum, autocast, sync_bn, quirks)
+    if w != world_size:
+        out = dict(out, buffers=np.repeat(out["buffers"], world_size, axis=1))
+    return out
