@@ -2,7 +2,7 @@
 """Property checks on a persistent world vs a fresh process group per example.
 
 Examples/second of property 1 (``allreduce_mean``, see
-``conformance/cases/properties/run.py``) evaluated two ways on the same
+``conformance/cases/property/kind.py``) evaluated two ways on the same
 examples:
 
 * **persistent** - one :class:`conformance.worlds.spawned.World` started once (its
@@ -43,7 +43,7 @@ def draw_examples(n: int, world_size: int, dtypes) -> list:
     """``n`` property-1 examples, the same on every call (derandomized Hypothesis)."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from conformance.cases.properties.gradsync import allreduce_examples
+    from conformance.cases.property.gradsync import allreduce_examples
     out = []
 
     @settings(max_examples=n, derandomize=True, database=None, deadline=None,
@@ -56,7 +56,7 @@ def draw_examples(n: int, world_size: int, dtypes) -> list:
 
 
 def one_example(world, impl: str, ex) -> None:
-    from conformance.cases.properties.gradsync import allreduce_mean_task, check_allreduce_mean
+    from conformance.cases.property.gradsync import allreduce_mean_task, check_allreduce_mean
     check_allreduce_mean(ex, world.run(allreduce_mean_task, impl=impl, **ex.payload()))
 
 
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from conformance.cases.properties.gradsync import ALLREDUCE_DTYPES, DEFAULT_ALLREDUCE_DTYPES
+    from conformance.cases.property.gradsync import ALLREDUCE_DTYPES, DEFAULT_ALLREDUCE_DTYPES
     dtypes = ALLREDUCE_DTYPES.get(args.runtime, DEFAULT_ALLREDUCE_DTYPES)
     examples = draw_examples(args.examples, args.world_size, dtypes)
     sizes = [int(np.prod(ex.shape, dtype=np.int64)) for ex in examples]

@@ -3,7 +3,7 @@
     python benchmarks/leak_probe.py --ddp ref,torch --runs 300 --every 50 --out benchmarks/results/leak-cpu.json
 
 For each implementation, one CPU world of ``--world-size`` replicas runs
-:func:`conformance.cases.train.loop.train_replica` ``--runs`` times (the tolerance table's
+:func:`conformance.cases.shared.loop.train_replica` ``--runs`` times (the tolerance table's
 run of ``--model``, seed + k), as ``run --repeat`` does. After the first run and
 every ``--every`` runs, each host reports, after ``gc.collect()``: VmRSS, glibc's
 heap (``mallinfo2``: bytes in use, free, arena), the number of gc-tracked objects
@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from conformance.cases.train.loop import RunSpec, train_replica  # noqa: E402
+from conformance.cases.shared.loop import RunSpec, train_replica  # noqa: E402
 from conformance.worlds.procmem import rss_mib  # noqa: E402
 from conformance.worlds.spawned import World  # noqa: E402
 

@@ -10,7 +10,7 @@ numbers. Variants:
   ``xla_recipe`` when the table has it, ``package.module:Class``), built with
   ``ddp_kwargs`` only (each implementation's defaults otherwise, not the
   model table's test settings such as ``bucket_cap_mb=1``): the same
-  loop as the train cases (conformance.cases.train.loop) - ``zero_grad``, forward, MSE loss, backward,
+  loop as the train cases (conformance.cases.shared.loop) - ``zero_grad``, forward, MSE loss, backward,
   the implementation's ``after_backward`` hook if any, ``SGD.step``,
   ``ctx.mark_step()``;
 * ``floor:local``: that loop on the bare module (no DDP, no gradient sync);
