@@ -43,7 +43,7 @@ def draw_examples(n: int, world_size: int, dtypes) -> list:
     """``n`` property-1 examples, the same on every call (derandomized Hypothesis)."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from conformance.cases.property.gradsync import allreduce_examples
+    from conformance.cases.property.strategies import allreduce_examples
     out = []
 
     @settings(max_examples=n, derandomize=True, database=None, deadline=None,
@@ -56,7 +56,8 @@ def draw_examples(n: int, world_size: int, dtypes) -> list:
 
 
 def one_example(world, impl: str, ex) -> None:
-    from conformance.cases.property.gradsync import allreduce_mean_task, check_allreduce_mean
+    from conformance.cases.property.oracles import check_allreduce_mean
+    from conformance.cases.property.tasks import allreduce_mean_task
     check_allreduce_mean(ex, world.run(allreduce_mean_task, impl=impl, **ex.payload()))
 
 
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from conformance.cases.property.gradsync import ALLREDUCE_DTYPES, DEFAULT_ALLREDUCE_DTYPES
+    from conformance.cases.shared.numerics import ALLREDUCE_DTYPES, DEFAULT_ALLREDUCE_DTYPES
     dtypes = ALLREDUCE_DTYPES.get(args.runtime, DEFAULT_ALLREDUCE_DTYPES)
     examples = draw_examples(args.examples, args.world_size, dtypes)
     sizes = [int(np.prod(ex.shape, dtype=np.int64)) for ex in examples]

@@ -98,11 +98,11 @@ def worker_memory(runtime: str, world_size: int) -> dict:
     from conformance.evaluate import Session, evaluate
     from conformance.worlds.procmem import peak_rss_mib, rss_mib
     from conformance.report.text import counts, environment
-    from conformance.worlds.spawned import WorldPool
+    from conformance.worlds.pool import WorldPool
 
     class Pool(WorldPool):  # remembers the world in use (a failure replaces it)
-        def get(self, rt, w):
-            self.last = super().get(rt, w)
+        def get(self, world):
+            self.last = super().get(world)
             return self.last
 
     pool = Pool()

@@ -25,7 +25,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.tasks import fault  # noqa: E402
-from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World  # noqa: E402
+from conformance.worlds.failure import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout  # noqa: E402
+from conformance.worlds.spawned import World  # noqa: E402
 
 K = 1
 EXPECTED = {"raise": (ReplicaFailed,), "exit": (ReplicaDied,), "sleep": (ReplicaTimeout,),

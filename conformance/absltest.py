@@ -44,7 +44,7 @@ from conformance.cases.train.usercases import user_case_rows
 from conformance.errors import UsageError, split_list
 from conformance.cases.property.kind import profile_examples
 from conformance.evaluate import evaluate
-from conformance.options import parse_matrix, parse_model
+from conformance.options import parse_matrix, parse_model, runtimes_text
 from conformance.outcome import outcome
 from conformance.settings import Settings, default_help, use_hypothesis_cache
 from conformance.worlds.runtimes.cpu import resolve_backend
@@ -52,7 +52,7 @@ from conformance.report.expected import mark_expected_failures, read_expected_fa
 from conformance.report.findings import run_expectations
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("runtime", "cpu", "comma list of runtimes: cpu, pjrt, xrt")
+flags.DEFINE_string("runtime", "cpu", f"comma list of runtimes: {runtimes_text()}")
 flags.DEFINE_string("ddp", None, "comma list of DDP implementations (default: the class's DDP, "
                     "else the runtime's)")
 flags.DEFINE_string("world_size", None, "comma list of world sizes >= 2 (default: the runtime's, "

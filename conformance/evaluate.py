@@ -23,14 +23,15 @@ from conformance.cases.validation import kinds
 from conformance.errors import Unsupported
 from conformance.report.text import KillRow
 from conformance.verdict import Verdict
+import copy
 import json
 from conformance.cases.table import CASES
 from conformance.cases.shared.loop import train_replica
 from conformance.impls.builtin import resolve_impl
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.settings import Settings
-from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime, world_key
-from conformance.worlds.spawned import ReplicaError
+from conformance.worlds.failure import ReplicaError
+from conformance.worlds.runtimes import RuntimeUnavailable, WorldKey, check_world, get_runtime, world_key
 
 _UNSUPPORTED = "__unsupported__"
 
@@ -69,16 +70,21 @@ def _jsonable(obj):
 
 
 class Session:
-    """Persistent worlds and cached training runs shared by every evaluation.
+    """Persistent worlds and finished runs shared by every evaluation.
 
     Args:
-        pool: anything with ``get(runtime, world_size) -> world`` and ``close()``
-            (default: a new :class:`conformance.worlds.spawned.WorldPool`); a
+        pool: the :class:`conformance.worlds.pool.Pool` whose worlds the session runs on
+            (default: a new :class:`conformance.worlds.pool.WorldPool`); a
             :class:`conformance.worlds.launched.ExternalPool` makes this process one
             replica of a launcher-started world (non-root ranks get ``[]``).
         settings: the run's :class:`~conformance.settings.Settings` (timeouts, example budget
             profile); default: ``Settings.from_env()``.
         profile: overrides ``settings.profile`` (a name of ``conformance.settings.PROFILES``; budgets: ``conformance.cases.shared.search.PROFILES``).
+
+    Attributes:
+        measured_tolerances: ``{(runtime, W, run): Tolerance}``, the bounds measured on a user's
+            model (:func:`conformance.cases.shared.measured.measured_tolerance` keeps them here;
+            a run prints each once); shared with the session's lanes (:meth:`lane`).
     """
 
     def __init__(self, pool=None, profile: str | None = None, settings=None):
@@ -86,20 +92,45 @@ class Session:
         if profile is not None:
             settings = settings.replace(profile=profile)
         if pool is None:
-            from conformance.worlds.spawned import WorldPool
+            from conformance.worlds.pool import WorldPool
             pool = WorldPool(settings)
         self.pool, self.settings, self.profile = pool, settings, settings.profile
-        self._cache: dict = {}
+        self._memo: dict = {}
+        self.measured_tolerances: dict = {}
 
-    def run(self, runtime: str, world_size: int, fn, timeout: float | None = None, **payload):
-        """Run ``fn(ctx, **payload)`` on every replica; results by rank, or ``None`` on a
+    def lane(self, pool) -> "Session":
+        """Another session of this run on ``pool`` (a lane, :mod:`conformance.cli.lanes`, with
+        worlds of its own) that shares this one's finished runs (:meth:`memo`,
+        :meth:`trajectories`) and :attr:`measured_tolerances`."""
+        other = Session(pool, settings=self.settings)
+        other._memo, other.measured_tolerances = self._memo, self.measured_tolerances
+        return other
+
+    def memo(self, key, compute):
+        """What ``compute()`` returned for ``key``, computed once per session (and its lanes):
+        e.g. a collective's verdicts, which no implementation changes. A list comes back as
+        shallow copies of its items, which a caller may change (:func:`evaluate` labels each
+        verdict). ``None`` (a non-root process of a launcher-built world) is returned, not kept."""
+        if key not in self._memo:
+            value = compute()
+            if value is None:
+                return None
+            self._memo[key] = value
+        value = self._memo[key]
+        return [copy.copy(v) for v in value] if isinstance(value, list) else value
+
+    def run(self, runtime: str | WorldKey, world_size: int | None, fn, timeout: float | None = None, **payload):
+        """Run ``fn(ctx, **payload)`` on every replica of the world ``runtime`` and
+        ``world_size`` name (a runtime name and its replicas, a topology world's name and 1,
+        or the :class:`~conformance.worlds.registry.WorldKey` itself: :meth:`WorldKey.of
+        <conformance.worlds.registry.WorldKey.of>`); results by rank, or ``None`` on a
         non-root process of a launcher-built world.
 
         Raises:
             Unsupported: a replica raised it.
             ReplicaError: a replica raised anything else, hung or died.
         """
-        world = self.pool.get(runtime, world_size)
+        world = self.pool.get(WorldKey.of(runtime, world_size))
         out = world.run(guarded, timeout=timeout, task_fn_=fn, **payload)
         if out is None:
             return None
@@ -108,41 +139,38 @@ class Session:
                 raise Unsupported(r[_UNSUPPORTED])
         return out
 
-    def trajectories(self, runtime: str, world_size: int, spec) -> list | None:
-        """Every replica's :func:`~conformance.cases.shared.loop.train_replica` result (cached per spec)."""
-        key = (runtime, world_size, spec)
-        if key not in self._cache:
-            self._cache[key] = self.run(runtime, world_size, train_replica, spec=spec.as_dict())
-        return self._cache[key]
+    def trajectories(self, runtime: str | WorldKey, world_size: int | None, spec) -> list | None:
+        """Every replica's :func:`~conformance.cases.shared.loop.train_replica` result (cached per
+        world and spec; the world as :meth:`run` takes it)."""
+        key = ("trajectories", WorldKey.of(runtime, world_size), spec)
+        if key not in self._memo:
+            self._memo[key] = self.run(key[1], None, train_replica, spec=spec.as_dict())
+        return self._memo[key]
 
     def prestart(self, runtime: str, world_size: int, impls) -> None:
         """Start, without waiting, the worlds ``impls`` will train on at ``runtime`` x
-        ``world_size`` (a no-op for a pool without ``prestart``, e.g. a launcher-built world).
-        Nothing is raised: an implementation or world that cannot start is reported by
-        :func:`evaluate` when it is used."""
-        prestart = getattr(self.pool, "prestart", None)
-        if prestart is None:
-            return
+        ``world_size`` (:meth:`conformance.worlds.pool.Pool.prestart`; a pool that starts
+        nothing ahead, e.g. a launcher-built world's, does nothing). Nothing is raised: an
+        implementation or world that cannot start is reported by :func:`evaluate` when it is used."""
         for impl in impls:
             try:
                 row = resolve_impl(impl)
                 if runtime in row.unsupported:  # no case of it starts a world there
                     continue
-                world = world_key(runtime, row.topology.get(runtime), world_size)
-                prestart(world.world, world.replicas)
+                self.pool.prestart(world_key(runtime, row.topology.get(runtime), world_size))
             except Exception:  # reported where evaluate() uses it
                 continue
 
     def forget(self) -> None:
-        """Drop cached training runs (long sweeps: calibrate, run --repeat)."""
-        self._cache.clear()
+        """Drop finished runs (long sweeps: calibrate, run --repeat)."""
+        self._memo.clear()
 
     def close(self) -> None:
         self.pool.close()
 
     def halt(self) -> None:
-        """Close the worlds and start no new one (a pool without ``halt``: closed only)."""
-        getattr(self.pool, "halt", self.pool.close)()
+        """Close the worlds and start no new one (:meth:`conformance.worlds.pool.Pool.halt`)."""
+        self.pool.halt()
 
 
 _DEFAULT: Session | None = None
@@ -161,7 +189,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
 
     ``overrides`` change the run of ``train`` cases (``seed``, ``lr``, ``steps``:
     calibration and flakiness sweeps); for a ``scenario`` case, ``scenario=``
-    (a :class:`~conformance.cases.scenario.scenario.Scenario`) runs that one scenario only; ``shrink=False``
+    (a :class:`~conformance.cases.scenario.format.Scenario`) runs that one scenario only; ``shrink=False``
     reports a failing property or scenario search as found, not shrunk to a minimal
     counterexample (the kill matrix only needs to know that it fails). Returns one verdict per ``case.checks``
     entry (``[]`` on a non-root process of a launcher-built world).
@@ -183,11 +211,11 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         return [Verdict(case.name, c, label, runtime, model, world_size, status, reason=reason,
                         diagnosis=diagnosis, family=case.family, subject=subject) for c in case.checks]
 
-    if kind.searches and not getattr(session.pool, "sees_every_result", True):
+    if kind.searches and not session.pool.sees_every_result:
         return each("skip", f"{case.family} cases need a world the kit spawns: Hypothesis draws each example "
                     "from the result of the last one, which only the root process of a launcher-built world sees")
     try:
-        get_runtime(runtime).check(world_size)
+        check_world(WorldKey(runtime, world_size))
     except RuntimeUnavailable as exc:
         return each("skip", f"runtime {runtime}: {exc}")
     try:

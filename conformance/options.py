@@ -1,5 +1,6 @@
-"""Validation of the options every face shares (CLI, pytest plugin, absltest):
-runtimes, world sizes, implementations. Bad input raises
+"""Validation of the options every face shares (CLI, pytest plugin, absltest) - runtimes, world
+sizes, implementations, models - and of the subcommands' own (:func:`parse_calibration`,
+:func:`parse_ranks_world`), done here once. Bad input raises
 :class:`~conformance.errors.UsageError` with the one line to print."""
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import sys
 
 from conformance.errors import UsageError, split_list
 from conformance.settings import default_impls, default_world_sizes, max_world_size
-from conformance.tolerances import MIN_WORLD_SIZE
-from conformance.worlds.runtimes import get_runtime, RUNTIMES, RuntimeUnavailable
+from conformance.tolerances import MIN_WORLD_SIZE, lookup
+from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, WorldKey, check_world
 
 
 def parse_world_sizes(value: str | None, runtime: str = "cpu") -> list[int]:
@@ -79,9 +80,39 @@ def parse_runtime_names(value: str | None) -> list[str]:
     if not runtimes:
         raise UsageError("--runtime is empty")
     for rt in runtimes:
-        if rt not in RUNTIMES:
-            raise UsageError(f"--runtime: unknown runtime {rt!r}; known: {', '.join(RUNTIMES)}")
+        check_runtime_name(rt)
     return runtimes
+
+
+def check_runtime_name(name: str) -> str:
+    """``name`` if a runtime is registered under it (:data:`conformance.worlds.runtimes.RUNTIMES`).
+
+    Raises:
+        UsageError: no runtime has that name (the known ones listed).
+    """
+    if name not in RUNTIMES:
+        raise UsageError(f"--runtime: unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
+    return name
+
+
+def runtimes_text(last: str = ", ") -> str:
+    """The registered runtimes as help text lists them: ``cpu, pjrt, xrt``; ``last`` joins the
+    last two (``" or "``: ``cpu, pjrt or xrt``)."""
+    names = list(RUNTIMES)
+    return ", ".join(names[:-1]) + last + names[-1] if len(names) > 1 else "".join(names)
+
+
+def check_runs_here(runtime: str, world_size: int) -> None:
+    """Refuse a world of ``world_size`` replicas of ``runtime`` that cannot run here
+    (:func:`conformance.worlds.runtimes.check_world`), in a face's words.
+
+    Raises:
+        UsageError: ``--runtime RT: <the runtime's one-line reason>``.
+    """
+    try:
+        check_world(WorldKey(runtime, world_size))
+    except RuntimeUnavailable as exc:
+        raise UsageError(f"--runtime {runtime}: {exc}") from None
 
 
 def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> list[str]:
@@ -90,11 +121,25 @@ def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> 
     for rt in runtimes:
         if strict:
             for w in sizes:
-                try:
-                    get_runtime(rt).check(w)
-                except RuntimeUnavailable as exc:
-                    raise UsageError(f"--runtime {rt}: {exc}") from None
+                check_runs_here(rt, w)
     return runtimes
+
+
+def world_matrix(runtimes, world_size: str | None, cases=None) -> list[tuple[str, int]]:
+    """``[(runtime, W)]`` of every face (:func:`parse_matrix`; the pytest plugin's tests): for
+    each of ``runtimes``, the sizes of ``world_size`` (a comma list); without it, every size some
+    of ``cases`` runs at by default (:func:`cases_world_sizes`), else the runtime's defaults.
+
+    Raises:
+        UsageError: ``world_size`` is not a comma list of sizes >= 2.
+    """
+    out = []
+    for rt in runtimes:
+        sizes = parse_world_sizes(world_size, rt)
+        if not world_size and cases:
+            sizes = cases_world_sizes(cases, rt)
+        out += [(rt, w) for w in sizes]
+    return out
 
 
 def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
@@ -130,10 +175,8 @@ def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
                                  f"(only {', '.join(external_runtimes())})")
     out = []
     for rt in parse_runtime_names(runtime):
-        sizes = parse_world_sizes(world_size, rt)
-        check_world_size_range(sizes, rt)
-        if not world_size and cases:
-            sizes = cases_world_sizes(cases, rt)
+        check_world_size_range(parse_world_sizes(world_size, rt), rt)
+        sizes = [w for _, w in world_matrix([rt], world_size, cases)]
         parse_runtimes(rt, sizes)
         impls = parse_impl_names(ddp, rt)
         out += [(rt, w, impls) for w in sizes]
@@ -182,3 +225,71 @@ def parse_model(spec: str, world_sizes, flag: str = "--model") -> tuple[list, li
     except UsageError as exc:
         raise UsageError(str(exc).replace("--model ", f"{flag} ", 1)) from None
     return model_cases(spec), notes
+
+
+def parse_calibration(runtime: str, model: str, ddp: str, seeds: int,
+                      world_size: str) -> tuple[list[str], list[str], list[str], int]:
+    """``(runtimes, models, impls, W)`` of ``python -m conformance calibrate``: correct
+    implementations only, one world size, models of the zoo with a tolerance row on each runtime.
+
+    Raises:
+        UsageError: the first bad value (one line).
+    """
+    from fixtures.models import MODELS  # the model zoo imports torch
+    from conformance.impls.builtin import ImplSpecError, parse_impls
+
+    runtimes, models = split_list(runtime), split_list(model)
+    try:
+        impls = [i.name for i in parse_impls(ddp)]
+    except ImplSpecError as exc:
+        raise UsageError(str(exc)) from None
+    if any(i.startswith("mutant:") for i in impls):
+        raise UsageError("--ddp: calibrate measures the noise of a correct implementation, not a mutant")
+    try:
+        w = int(world_size)
+    except ValueError:
+        raise UsageError(f"--world-size: not an integer: {world_size!r}") from None
+    if w < MIN_WORLD_SIZE:
+        raise UsageError(f"--world-size: parity checks need world size >= {MIN_WORLD_SIZE}, got {w}")
+    if seeds < 1:
+        raise UsageError(f"--seeds: need at least 1 seed, got {seeds}")
+    if not runtimes or not models:
+        raise UsageError("--runtime and --model must name at least one value")
+    for m in models:
+        if m not in MODELS:
+            raise UsageError(f"--model: unknown model {m!r}; known: {', '.join(MODELS)}")
+    for rt in runtimes:
+        check_runtime_name(rt)
+        check_runs_here(rt, w)
+        for m in models:
+            try:
+                lookup(rt, m)
+            except KeyError as exc:
+                raise UsageError(str(exc.args[0])) from None
+    return runtimes, models, impls, w
+
+
+def parse_ranks_world(runtime: str, world_size: str | None, launcher: str) -> int:
+    """The world size of ``python -m conformance ranks``: one runtime, one size (default 2, or
+    the launcher's with ``launcher="env"``), that runs here.
+
+    Raises:
+        UsageError: the first bad value (one line).
+    """
+    check_runtime_name(runtime)
+    sizes = split_list(world_size) if world_size else []
+    try:
+        size = int(sizes[0]) if len(sizes) == 1 else None
+    except ValueError:
+        size = None
+    if world_size and size is None:
+        raise UsageError(f"--world-size: one integer, got {world_size!r}")
+    if launcher == "env":
+        from conformance.worlds.launched import LauncherEnvError, WorldSizeMismatch, check_external
+        try:
+            return check_external(runtime, size)
+        except (LauncherEnvError, WorldSizeMismatch, RuntimeUnavailable) as exc:
+            raise UsageError(f"--launcher env: {exc}") from None
+    size = size or 2
+    check_runs_here(runtime, size)
+    return size

@@ -139,19 +139,16 @@ def settings_of(config):
 
 
 def runtime_worlds(config):
-    """``[(runtime, world_size, marks)]`` to generate tests for."""
+    """``[(runtime, world_size, marks)]`` to generate tests for: the worlds
+    :func:`conformance.options.world_matrix` gives every face (the CLI's too), over every
+    runtime unless ``--conformance-runtime`` names some."""
     from conformance.errors import split_list
-    from conformance.settings import default_world_sizes
+    from conformance.options import world_matrix
     from conformance.worlds.runtimes import RUNTIMES
-    rt, ws = _opt(config, "runtime"), _opt(config, "world-size")
-    from conformance.options import cases_world_sizes
-    cases = selected_cases(config)
-    out = []
-    for name in (split_list(rt) if rt else list(RUNTIMES)):
-        for w in ([int(w) for w in split_list(ws)] if ws else
-                  cases_world_sizes(cases, name) or default_world_sizes(name)):
-            out.append((name, w, [getattr(pytest.mark, name)] + ([pytest.mark.slow] if w >= SLOW_WORLD_SIZE else [])))
-    return out
+    rt = _opt(config, "runtime")
+    names = split_list(rt) if rt else list(RUNTIMES)
+    return [(name, w, [getattr(pytest.mark, name)] + ([pytest.mark.slow] if w >= SLOW_WORLD_SIZE else []))
+            for name, w in world_matrix(names, _opt(config, "world-size"), selected_cases(config))]
 
 
 def _runs_at(config, case, runtime, w) -> bool:
@@ -205,10 +202,11 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def conformance_world_pool(request):
-    """The session's persistent worlds (``get(runtime, world_size)``), closed at the end."""
-    from conformance.worlds.spawned import WorldPool
-    pool = WorldPool(request.config.stash.get(_SETTINGS, None) or settings_of(request.config))
-    pool.restarts = request.config.stash.setdefault(_RESTARTS, [])  # said in the terminal summary
+    """The session's persistent worlds (a :class:`conformance.worlds.pool.WorldPool`:
+    ``get(WorldKey(runtime, world_size))``), closed at the end."""
+    from conformance.worlds.pool import WorldPool
+    pool = WorldPool(request.config.stash.get(_SETTINGS, None) or settings_of(request.config),
+                     restarts=request.config.stash.setdefault(_RESTARTS, []))  # said in the terminal summary
     yield pool
     pool.close()
 

@@ -139,7 +139,7 @@ def test_repeat_passes_for_a_correct_implementation(tmp_path):
 
 
 def test_repeat_reports_a_failing_implementation(tmp_path):
-    r = run_cli("run", "--ddp", "conformance.impls.mutants.catalog:NoGradSync", "--only", "linear", "--world-size", "2", "--repeat", "2",
+    r = run_cli("run", "--ddp", "conformance.impls.mutants.refmutants:NoGradSync", "--only", "linear", "--world-size", "2", "--repeat", "2",
                 "--json", str(tmp_path / "r.json"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "NOT PASSING at seed 1234" in r.stdout and "NOT PASSING at seed 1235" in r.stdout

@@ -55,13 +55,13 @@ def test_bad_input_one_line_exit_2(args, needle, tmp_path):
     ["--runtime", "tpu"], ["--runtime", "cpu,nope"], ["--ddp", "no_such_pkg.mod:DDP"], ["--world-size", "1"],
     ["--expected-failures", "/no/such/file"], ["--replica-timeout", "0"], ["--profile", "huge"],
     ["--json", "/no/such/folder/r.json"], ["--world-size", "99"],
-    # issue 29 item 7c: these waited for the case table / implementation rows (torch)
+    # names checked against the case table, the implementation rows and the mutant catalog
     ["--only", "nosuchtag"], ["--skip", "parity,bogus"], ["--ddp", "nosuch"], ["--ddp", "ref,mutant:nope"],
     ["--exitfirst", "--exitfirst-each"], ["--exitfirst", "--launcher", "env"],
 ])
 def test_usage_errors_come_before_torch(args):
-    """Usage errors come at once (issue 19: they waited 3-30 s for torch): counted by what is
-    imported, not by a wall time that load would stretch."""
+    """Usage errors come at once, before torch loads: counted by what is imported, not by a wall
+    time that load would stretch."""
     code = ("import sys\nfrom conformance.cli import main\n"
             f"rc = main(['run', *{args!r}])\nprint(rc, 'torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -72,7 +72,7 @@ def test_usage_errors_come_before_torch(args):
 def test_an_error_after_the_fork_server_started_leaves_no_process(tmp_path):
     """``--ddp json:NoSuchClass`` is refused after torch loaded, so after the hosts' fork server
     started (conformance.worlds.hoststart.start_server): the CLI kills it on the way out, where
-    the server would otherwise finish its imports (~3 s) on its own. The CLI's process group
+    the server would otherwise finish its imports (seconds) on its own. The CLI's process group
     holds whatever it started (multiprocessing's resource tracker, which exits by itself, is not
     the server)."""
     err_file = tmp_path / "stderr"
@@ -94,22 +94,38 @@ def _pgid(pid):
         return None
 
 
-def test_early_names_are_the_tables():
-    """conformance/names.py copies the names the CLI checks before torch; a new case tag,
-    implementation row or mutant must be added there too (the assertion prints the literal)."""
-    from conformance import names
-    from conformance.cases.row import tags_of
-    from conformance.cases.table import CASES
-    from conformance.impls.builtin import IMPLS
-    from conformance.impls.mutants.catalog import MUTANTS
-    assert names.TAGS == tuple(sorted(tags_of(CASES.values()))), f"TAGS = {tuple(sorted(tags_of(CASES.values())))!r}"
-    assert names.IMPLS == tuple(IMPLS), f"IMPLS = {tuple(IMPLS)!r}"
-    assert names.MUTANTS == tuple(MUTANTS), f"MUTANTS = {tuple(MUTANTS)!r}"
+def test_the_name_check_reads_the_tables_before_torch():
+    """The CLI checks ``--only`` / ``--skip`` tags and ``--ddp`` names against the tables themselves
+    (the case table, the implementation rows, the mutant catalog), which load without torch: every
+    name of the tables passes, an unknown tag, implementation or mutant is one ``error:`` line
+    listing the tables' names, and torch is never imported."""
+    code = (
+        "import sys\n"
+        "from conformance.cli import main, parse\n"
+        "from conformance.cases.table import all_tags\n"
+        "from conformance.impls.builtin import ROWS\n"
+        "from conformance.impls.mutants.catalog import MUTANTS\n"
+        "parse(['run', '--only', ','.join(sorted(all_tags())), '--skip', 'parity.mlp', '--ddp', "
+        "','.join(['all', *ROWS, *('mutant:' + m for m in MUTANTS)])])\n"
+        "codes = [main(['run', *a]) for a in (['--only', 'nosuchtag'], ['--skip', 'parity,bogus'], "
+        "['--ddp', 'nosuch'], ['--ddp', 'ref,mutant:nope'])]\n"
+        "print(','.join(map(str, codes)), 'torch' in sys.modules, ','.join(ROWS), ','.join(MUTANTS))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = r.stdout.split()
+    assert len(out) == 4, r.stdout + r.stderr
+    codes, torch_loaded, rows, mutants = out
+    assert (codes, torch_loaded) == ("2,2,2,2", "False"), r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 4 and all(line.startswith("error: ") for line in lines), r.stderr
+    assert "--only: unknown tag(s) nosuchtag; use a family (parity," in lines[0]
+    assert "--skip: unknown tag(s) bogus;" in lines[1]
+    assert f"unknown DDP implementation 'nosuch'; use one of {rows.replace(',', ', ')}, all," in lines[2]
+    assert lines[3] == f"error: unknown mutant 'nope'; known: {mutants.replace(',', ', ')}"
 
 
 def test_world_size_bounds_are_the_adapters_and_say_the_range():
     """The early bound (settings.max_world_size, read before torch loads) is each adapter's; an
-    adapter's own refusal names the size it runs, not a range that starts at 1 (issue 29 item 7b)."""
+    adapter's own refusal names the size it runs, not a range that starts at 1."""
     from conformance.settings import max_world_size
     from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
     assert {rt: max_world_size(rt) for rt in RUNTIMES} == {"cpu": 16, "pjrt": 16, "xrt": 8}
@@ -235,7 +251,7 @@ def test_binary_expected_failures_file_is_one_error_line(tmp_path):
 
 
 def test_garbage_expected_failures_file_is_one_error_line_before_torch(tmp_path):
-    """Random words are no entries: exit 2 at once, not warnings and exit 0 (issue 29 item 6)."""
+    """Random words are no entries: exit 2 at once, not warnings and exit 0."""
     bad = tmp_path / "xfails.txt"
     bad.write_text("the quick brown fox\njumps over\nparity.linear\n")
     code = ("import sys\nfrom conformance.cli import main\n"
@@ -384,8 +400,8 @@ def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
 
 
 def test_a_run_leaves_only_its_report_in_the_folder_it_starts_in(tmp_path):
-    """Hypothesis's files go to the user's cache folder, not a .hypothesis/ in the cwd (issue 29
-    item 7d); a property case draws examples, so it would write them."""
+    """Hypothesis's files go to the user's cache folder, not a .hypothesis/ in the cwd; a property
+    case draws examples, so it would write them."""
     cwd, cache = tmp_path / "cwd", tmp_path / "cache"
     cwd.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}

@@ -10,7 +10,8 @@ import pytest
 
 from conformance.cases.collective.ops import (DTYPES, LAYOUT_OPS, OPS, REDUCTIONS, SIZES, lay_out, reduce_host,
                                                splits, sum_bound)
-from conformance.cases.collective.run import HOWS, LAYOUT_DTYPES, compare, judge, members, plan, plan_layout
+from conformance.cases.collective.draws import HOWS, LAYOUT_DTYPES, members, plan, plan_layout
+from conformance.cases.collective.run import compare, judge
 from conformance.cases.table import CASES
 
 
@@ -303,18 +304,18 @@ def test_torch_ddp_fails_parity_over_a_backend_that_breaks_it(backend):
 
 def test_a_collective_row_is_validated():
     from conformance.cases.row import Case
-    from conformance.cases.validation import _validate
+    from conformance.cases.validation import validate
     for args, checks, needle in [({"op": "nope"}, ("result", "coverage"), "unknown collective op 'nope'"),
                                  ({"op": "all_reduce"}, ("result", "coverage"), "reports the checks")]:
         with pytest.raises(ValueError, match=needle):
-            _validate([Case("collective.x", "collective", "-", "collective", tolerance="exact", args=args,
+            validate([Case("collective.x", "collective", "-", "collective", tolerance="exact", args=args,
                             checks=checks)], mutants={})
     assert {c.args.get("op") for c in CASES.values() if c.family == "collective"} == set(OPS) | {None}
     assert {c.args["layout"] for c in CASES.values() if "layout" in c.args} == set(LAYOUT_OPS)
     for args, needle in [({"op": "all_reduce", "layout": "sideways"}, "unknown collective layout 'sideways'"),
                          ({"op": "barrier", "layout": "noncontiguous"}, "not drawn for barrier")]:
         with pytest.raises(ValueError, match=needle):
-            _validate([Case("collective.x", "collective", "-", "collective", tolerance="exact",
+            validate([Case("collective.x", "collective", "-", "collective", tolerance="exact",
                             args=args, checks=("result", "agreement", "coverage"))], mutants={})
     layout_rows = [c for c in CASES.values() if "layout" in c.args]  # one per (layout, op)
     assert sorted(c.name for c in layout_rows) == sorted(f"collective.{lay}.{op}" for lay, ops in LAYOUT_OPS.items()

@@ -4,8 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from conformance.cases.property import gradsync as P
-from conformance.cases.scenario import scenario as S
+from conformance.cases.property.strategies import (FEW_BN_WIDTHS, FEW_LOCAL_BATCHES, FEW_MLP_WIDTHS, bn_examples,
+                                                   mlp_examples)
+from conformance.cases.scenario.generate import FEW_BATCHES, FEW_PLANS, FEW_UNUSED_PLANS, Space, scenarios
+from conformance.cases.scenario.run import evaluate_scenario
 from tests.draws import draw_examples
 from conformance.worlds.runtimes import get_runtime
 
@@ -22,27 +24,27 @@ def test_only_xla_runtimes_compile_per_graph():
 
 
 def test_property_examples_draw_from_the_few_shapes():
-    few = _draw(P.mlp_examples(2, few_shapes=True))
-    assert {e.widths for e in few} <= set(P.FEW_MLP_WIDTHS)
-    assert {e.local_batch for e in few} <= set(P.FEW_LOCAL_BATCHES)
+    few = _draw(mlp_examples(2, few_shapes=True))
+    assert {e.widths for e in few} <= set(FEW_MLP_WIDTHS)
+    assert {e.local_batch for e in few} <= set(FEW_LOCAL_BATCHES)
     assert len({(e.widths, e.local_batch) for e in few}) >= 6  # still several architectures
-    full = _draw(P.mlp_examples(2))
-    assert len({e.widths for e in full}) > len(P.FEW_MLP_WIDTHS)  # the CPU draw is unchanged
-    assert {e.widths for e in _draw(P.bn_examples(2, few_shapes=True))} <= set(P.FEW_BN_WIDTHS)
+    full = _draw(mlp_examples(2))
+    assert len({e.widths for e in full}) > len(FEW_MLP_WIDTHS)  # the CPU draw is unchanged
+    assert {e.widths for e in _draw(bn_examples(2, few_shapes=True))} <= set(FEW_BN_WIDTHS)
 
 
 def _micro_steps(space, n=40):
-    return [m for sc in _draw(S.scenarios(2, space), n) for st in sc.steps for m in st["micro"]]
+    return [m for sc in _draw(scenarios(2, space), n) for st in sc.steps for m in st["micro"]]
 
 
 def test_scenarios_draw_few_batch_sizes_and_plans():
-    micro = _micro_steps(replace(S.Space(), rank_uniform=True, few_shapes=True))
-    assert {b for m in micro for b in m["batch"]} <= set(S.FEW_BATCHES)
+    micro = _micro_steps(replace(Space(), rank_uniform=True, few_shapes=True))
+    assert {b for m in micro for b in m["batch"]} <= set(FEW_BATCHES)
     plans = {tuple(p) for m in micro for p in m["plan"]}
-    assert plans <= set(S.FEW_PLANS + S.FEW_UNUSED_PLANS)
+    assert plans <= set(FEW_PLANS + FEW_UNUSED_PLANS)
     # every kind of plan is still drawn: both hook orders, a branch left out, none run
-    assert {("c", "b", "a"), ("a", "b", "c"), ()} <= plans and plans & set(S.FEW_UNUSED_PLANS[:2])
-    full = {tuple(p) for m in _micro_steps(replace(S.Space(), rank_uniform=True)) for p in m["plan"]}
+    assert {("c", "b", "a"), ("a", "b", "c"), ()} <= plans and plans & set(FEW_UNUSED_PLANS[:2])
+    full = {tuple(p) for m in _micro_steps(replace(Space(), rank_uniform=True)) for p in m["plan"]}
     assert len(full) > len(plans)  # the CPU draw is unchanged
 
 
@@ -53,12 +55,12 @@ def test_scenarios_on_compiled_runtimes_use_the_few_shapes(monkeypatch):
     def fake_run(space, runner, *a, **k):
         seen[runner.runtime] = space
         return []
-    monkeypatch.setattr(S, "run_scenario_case", fake_run)
+    monkeypatch.setattr("conformance.cases.scenario.run.run_scenario_case", fake_run)
     from conformance.cases import CASES
     from conformance.evaluate import Session
     case = CASES["scenario.core"]
     for rt in ("cpu", "pjrt"):
-        S.evaluate_scenario(case, "ref", rt, 2, Session(), {})
+        evaluate_scenario(case, "ref", rt, 2, Session(), {})
     assert seen["pjrt"].few_shapes and seen["pjrt"].rank_uniform
     assert not seen["cpu"].few_shapes and not seen["cpu"].rank_uniform
 

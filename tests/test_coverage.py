@@ -116,7 +116,7 @@ def test_require_supported_selects_unsupported_verdicts_by_cause():
 
 
 def test_html_label_says_how_much_a_correct_run_tested():
-    from conformance.report.html import impl_label
+    from conformance.report.runs import impl_label
     assert impl_label({"pass": 3}) == "correct"
     label = impl_label({"pass": 3, "unsupported": 1})
     assert label.startswith("correct on 75.0 %") and "1 not tested" in label

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conformance.tolerances import lookup
+from conformance.worlds.registry import WorldKey
 
 pytestmark = pytest.mark.cpu
 
@@ -16,7 +17,7 @@ TINY_BUCKETS_MB = 1e-6  # every parameter closes its own bucket
 
 @pytest.fixture
 def world2(world_pool):
-    return world_pool.get("cpu", 2)
+    return world_pool.get(WorldKey("cpu", 2))
 
 
 def _batch(rank, step, n=6, features=10):

@@ -24,7 +24,9 @@ import pytest
 
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
 from tests.tasks import fault
-from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, World
+from conformance.worlds.failure import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout
+from conformance.worlds.pool import Pool
+from conformance.worlds.spawned import World
 
 from tests.procs import default_signals, descendants, gone, measured_scale, start_world, world_hosts
 
@@ -391,11 +393,11 @@ Thread 0x00007fad18c106c0 (most recent call first):
 def test_where_a_replica_is_skips_threads_waiting_for_its_other_threads():
     """The one-line 'hung at' of a culprit is the thread doing something, not its main thread
     waiting on an Event for it; when every thread waits, the first one is still named."""
-    from conformance.worlds.spawned import _top_frame
-    assert _top_frame(MAIN_WAITS_FOR_COMM_THREAD).startswith("u/commdp.py:199 in _before_all_reduce")
+    from conformance.worlds.stacks import top_frame
+    assert top_frame(MAIN_WAITS_FOR_COMM_THREAD).startswith("u/commdp.py:199 in _before_all_reduce")
     idle = MAIN_WAITS_FOR_COMM_THREAD.split("\n\nThread")[0]
-    assert _top_frame(idle).startswith("python3.11/threading.py:327 in wait")
-    assert _top_frame(SLEEPER_STACK).startswith("u/mydp.py:30 in _reduce")
+    assert top_frame(idle).startswith("python3.11/threading.py:327 in wait")
+    assert top_frame(SLEEPER_STACK).startswith("u/mydp.py:30 in _reduce")
 
 
 def _replica(rank, status, stack=None, **kw):
@@ -438,6 +440,16 @@ def test_collective_in_recognises_the_kit_runtime_frames():
     assert collective_in(reduce) == "ddp_impl.runtime.xla.all_reduce_ at u/dp.py:9 in _hook"
 
 
+class NoPool(Pool):
+    """A pool the test never asks for a world."""
+
+    def get(self, world):
+        raise AssertionError(f"no world is needed here, asked for {world}")
+
+    def close(self):
+        pass
+
+
 @pytest.mark.parametrize("culprits, column", [([1], 1), ([0, 1], None)])
 def test_world_failure_verdicts_fill_the_replica_column_only_for_one_culprit(monkeypatch, culprits, column):
     """The table's replica column says who failed; with several culprits none stands out (the
@@ -450,7 +462,7 @@ def test_world_failure_verdicts_fill_the_replica_column_only_for_one_culprit(mon
     def fails(*args, **kwargs):
         raise ReplicaTimeout("cpu world of 2 replica(s): task t: no answer\ndetails", diag)
     monkeypatch.setitem(ev.KINDS, case.kind, replace(ev.KINDS[case.kind], evaluate=fails))
-    verdicts = ev.evaluate(case, "ref", "cpu", 2, session=ev.Session(pool=type("NoPool", (), {})()))
+    verdicts = ev.evaluate(case, "ref", "cpu", 2, session=ev.Session(pool=NoPool()))
     assert verdicts and {(v.status, v.replica, v.first_bad_step) for v in verdicts} == {("fail", column, 2)}
 
 
@@ -601,7 +613,7 @@ def test_hang_in_a_ddp_communication_thread_names_that_thread():
 def test_a_mutant_whose_own_code_raises_is_not_a_kill():
     """A mutant that cannot run (its own code raises AttributeError) fails every case: that is
     no evidence of the case's power, so the kill row says survived with the reason."""
-    from conformance.report.text import KILLED, SURVIVED, KillRow
+    from conformance.report.kills import KILLED, SURVIVED, KillRow
     from conformance.verdict import Verdict
 
     def failed(tb, etype="AttributeError"):

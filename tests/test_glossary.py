@@ -68,13 +68,13 @@ def test_every_replica_state_is_explained_by_blame():
 
 
 def test_kill_results_are_the_codes():
-    from conformance.report.text import KILL_RESULTS
+    from conformance.report.kills import KILL_RESULTS
     assert listed_after(GLOSSARY, "**kill result** is one of") == list(KILL_RESULTS)
 
 
 def test_no_string_in_the_code_spells_a_kill_result_otherwise():
     """``KILL``/``SURVIVED``/``Killed``...: a kill result is spelled from ``KILL_RESULTS`` only."""
-    from conformance.report.text import KILL_RESULTS
+    from conformance.report.kills import KILL_RESULTS
     bad = []
     for p in _code_files():
         for node in ast.walk(ast.parse(p.read_text())):

@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 from conformance.outcome import repro_command
 from conformance.report.junit import build_junit, write_junit
-from conformance.report.text import KillRow
+from conformance.report.kills import KillRow
 from conformance.verdict import Verdict
 
 

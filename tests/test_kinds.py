@@ -11,6 +11,7 @@ import pytest
 from conformance.cases.kinds import KINDS, REGISTRY, Kind, Registration
 from conformance.cases.row import Case
 from conformance.impls.row import STRATEGY_KINDS
+from conformance.worlds.pool import Pool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ROW = re.compile(r"^\s*\| `(\w+)` \| `([\w/]+\.py)` \| (yes|no) \| (yes|no) \|\s*$")
@@ -64,6 +65,16 @@ KIND = Kind("probe", evaluate_probe, validate=lambda case: None if case.args.get
 '''
 
 
+class NoPool(Pool):
+    """A pool the test never asks for a world."""
+
+    def get(self, world):
+        raise AssertionError(f"no world is needed here, asked for {world}")
+
+    def close(self):
+        pass
+
+
 @pytest.mark.cpu
 def test_a_new_kind_is_its_module_and_one_registry_line(tmp_path, monkeypatch):
     """The module and the registry line are all validation and evaluate need."""
@@ -77,11 +88,11 @@ def test_a_new_kind_is_its_module_and_one_registry_line(tmp_path, monkeypatch):
     loaded = validation.kinds()
     assert isinstance(loaded["probe"], Kind)
     row = Case("feature.probe", "feature", "a probe", "probe", "linear", checks=("seen",), args={"ok": True})
-    assert list(validation._validate([row], mutants={})) == ["feature.probe"]
+    assert list(validation.validate([row], mutants={})) == ["feature.probe"]
     with pytest.raises(ValueError, match="row 'feature.probe': not ok"):
-        validation._validate([Case("feature.probe", "feature", "-", "probe", "linear", checks=("seen",))], mutants={})
+        validation.validate([Case("feature.probe", "feature", "-", "probe", "linear", checks=("seen",))], mutants={})
     monkeypatch.setattr(ev, "KINDS", loaded)
-    session = ev.Session(pool=type("NoPool", (), {})())
+    session = ev.Session(pool=NoPool())
     verdicts = ev.evaluate(row, "ref", "cpu", 2, session=session)
     # searches=True: evaluate hands the evaluator its shrink flag
     assert [(v.check, v.status, v.reason) for v in verdicts] == [("seen", "pass", "['shrink']")]

@@ -5,9 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from conformance.cases.scenario.scenario import (BRANCHES, EVAL_DATA, MODULES, PLAIN_LOOP, PLAIN_MODULE, Scenario,
-                                                  ScenarioError, Space, explicit_loop_scenarios,
-                                                  scenario_reference, scenarios)
+from conformance.cases.scenario.dimensions import BRANCHES, EVAL_DATA, MODULES, PLAIN_LOOP, PLAIN_MODULE
+from conformance.cases.scenario.explicit import explicit_loop_scenarios
+from conformance.cases.scenario.format import Scenario, ScenarioError
+from conformance.cases.scenario.generate import Space, scenarios
+from conformance.cases.scenario.oracle import scenario_reference
 
 pytestmark = pytest.mark.cpu
 
@@ -32,7 +34,7 @@ def step(*plans, sync=None, evals=(), batch=(2, 3)):
 
 def c_weight(ref, s):
     """Branch c's weight after step ``s`` (0 = construction) in the oracle's flat parameters."""
-    from conformance.cases.scenario.scenario import build_scenario_model
+    from conformance.cases.scenario.model import build_scenario_model
     from conformance.cases.shared.readback import param_layout
     names = [n for n, _ in param_layout(build_scenario_model(5, False))]
     sizes = [p.numel() for _, p in build_scenario_model(5, False).named_parameters()]
@@ -103,7 +105,7 @@ def test_buffers_after_a_forward_without_grad_are_not_broadcast():
     the training forward does not broadcast them: that relation no longer holds."""
     import torch
 
-    from conformance.cases.scenario.scenario import build_scenario_model, scenario_batch
+    from conformance.cases.scenario.model import build_scenario_model, scenario_batch
     batch = (2, 3)
 
     def run(mode):
@@ -132,7 +134,7 @@ def ema_gaps(ref, s, batch, data):
     ``sum_k 0.1 * 0.9 ** (n - 1 - k) * (m_1[k] - m_0[k])``."""
     import torch
 
-    from conformance.cases.scenario.scenario import build_scenario_model, scenario_batch
+    from conformance.cases.scenario.model import build_scenario_model, scenario_batch
     net = build_scenario_model(5, False)
     torch.nn.utils.vector_to_parameters(torch.tensor(ref["params"][s - 1], dtype=torch.float32), net.parameters())
     want = 0.0
@@ -151,7 +153,7 @@ def test_the_second_of_two_forwards_starts_from_rank_0s_buffers_when_synced(sync
     arms DDP's forward-sync flag, so the second starts every replica from rank 0's buffers; under
     ``no_sync()`` the flag stays clear, and neither the second forward nor the window's synced
     micro-step after it broadcasts: every forward of the step since its first adds up."""
-    from conformance.cases.scenario.scenario import FORWARD_DATA
+    from conformance.cases.scenario.dimensions import FORWARD_DATA
     batch = (2, 3)
     if synced:
         two = step(BRANCHES, batch=batch)
@@ -273,8 +275,8 @@ def one_sgd_step(module, batch=(2, 3), kwargs=True):
     equal average, ``p - lr * mean`` (flat parameters, the oracle's order)."""
     import torch
 
-    from conformance.cases.scenario.scenario import (build_scenario_model, forward_kwargs, prediction_of,
-                                                      scenario_batch)
+    from conformance.cases.scenario.dimensions import prediction_of
+    from conformance.cases.scenario.model import build_scenario_model, forward_kwargs, scenario_batch
     net = build_scenario_model(5, False, module=module)
     grads = []
     for r, n in enumerate(batch):
@@ -303,7 +305,7 @@ def test_a_module_dimension_trains_as_ddp_on_one_device(dims):
 
 
 def test_module_dimensions_name_their_tensors():
-    from conformance.cases.scenario.scenario import build_scenario_model
+    from conformance.cases.scenario.model import build_scenario_model
     from conformance.cases.shared.readback import buffer_layout, param_layout
     names = {n for n, *_ in param_layout(build_scenario_model(5, False, module={
         "params": "containers", "parametrize": "symmetric"}))}
@@ -322,7 +324,7 @@ def test_an_int_buffer_follows_rank_0_at_each_synced_forward(rebind):
     ``DistributedDataParallel._sync_buffers``), so replica r holds rank 0's count plus its own
     batch: 0 -> [2, 3] -> [4, 5]. Without ``broadcast_buffers`` each keeps its own start (0 and
     ``seen_start(0.5)`` = 5) and count: [2, 8] -> [4, 11]."""
-    from conformance.cases.scenario.scenario import seen_start
+    from conformance.cases.scenario.model import seen_start
     from conformance.cases.shared.loop import rank_buffer_offset
     for bcast, want in ((True, [[0, 0], [2, 3], [4, 5]]), (False, [[0, 5], [2, 8], [4, 11]])):
         sc = module_program([step(BRANCHES), step(BRANCHES)], bcast=bcast, int_buffer="samples")

@@ -277,12 +277,13 @@ def test_launcher_env_usage_errors(args, env, needle):
 
 def test_external_pool_refuses_other_world_size(monkeypatch):
     from conformance.worlds.launched import ExternalPool, WorldSizeMismatch, launched
+    from conformance.worlds.registry import WorldKey
     for k, v in FAKE_LAUNCH.items():
         monkeypatch.setenv(k, v)
     assert launched()
     pool = ExternalPool("cpu")
     with pytest.raises(WorldSizeMismatch, match="launcher started 4 processes.*not 2"):
-        pool.get("cpu", 2)
+        pool.get(WorldKey("cpu", 2))
     assert pool.world is None  # nothing was initialised
 
 

@@ -71,6 +71,6 @@ def test_raising_ddp_keeps_the_world_and_is_named_in_every_case(conformance_sess
         if case.startswith("parity."):  # a scenario's verdict carries the reason only
             culprits = [d["rank"] for d in v.replicas or [] if d.get("culprit")]
             assert culprits == [1] and (v.replica, v.first_bad_step) == (1, 1), v.reason
-        world = conformance_session.pool.get("cpu", 2)
+        world = conformance_session.pool.get(WorldKey("cpu", 2))
         assert pids is None or world.pids() == pids, f"{case} ran in a new world"
         pids = world.pids()

@@ -19,7 +19,9 @@ from conformance.cases.invariant.kind import check_reports, rank_invariant_viola
 from conformance.settings import Settings, emulated_hosts
 from conformance.worlds.runtimes.pjrt_hosts import HostLayout
 from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
-from conformance.worlds.spawned import ReplicaDied, ReplicaFailed, World
+from conformance.worlds.failure import ReplicaDied, ReplicaFailed
+from conformance.worlds.registry import WorldKey
+from conformance.worlds.spawned import World
 
 SIZES = [2, 4, pytest.param(8, marks=pytest.mark.slow)]
 STEPS, GLOBAL_BATCH, LR = 20, 24, 0.1
@@ -152,7 +154,7 @@ def equal_scalar_buffers_task(ctx, seed):
     """Rank 0's two BatchNorm layers get equal num_batches_tracked, rank 1's differ
     (properties.broadcast_task): with torch_xla's device-data cache on, equal 0-dim
     values shared one graph parameter and XLA aborted the host."""
-    from conformance.cases.property.gradsync import broadcast_task
+    from conformance.cases.property.tasks import broadcast_task
     return broadcast_task(ctx, impl="ref", widths=(3, 3, 12, 3), seed=seed)
 
 
@@ -294,7 +296,7 @@ def _available(w):
 @pytest.fixture
 def pjrt_world(request, world_pool):
     _available(request.param)
-    return world_pool.get("pjrt", request.param)
+    return world_pool.get(WorldKey("pjrt", request.param))
 
 
 @pytest.mark.pjrt
@@ -407,7 +409,7 @@ def test_xla_batchnorm_running_var_is_biased(world_pool):
     torch_xla 2.9 updates running_var with the biased batch variance, CPU torch the unbiased."""
     _available(2)
     assert "bn_running_var_biased" in get_runtime("pjrt").reference_quirks
-    for d in world_pool.get("pjrt", 2).run(batchnorm_running_var_task):
+    for d in world_pool.get(WorldKey("pjrt", 2)).run(batchnorm_running_var_task):
         x, m = d["x"].astype(np.float64), 0.1
         biased, unbiased = x.var(axis=0), x.var(axis=0, ddof=1)
         np.testing.assert_allclose(d["running_var"], (1 - m) + m * biased, rtol=1e-6)
@@ -434,7 +436,7 @@ def test_host_copies_match_per_tensor_reads(world_pool):
     """The batched device-to-host copy the readback uses on XLA gives what .cpu() gives,
     in order, for every dtype, a pending tensor and a CPU tensor among them."""
     _available(2)
-    for rows in world_pool.get("pjrt", 2).run(host_copies_task):
+    for rows in world_pool.get(WorldKey("pjrt", 2)).run(host_copies_task):
         assert [r[0] for r in rows] == ["cpu"] * 6
         assert [r[1] for r in rows] == ["torch.float32", "torch.float64", "torch.int64", "torch.float32",
                                         "torch.float32", "torch.float32"]
@@ -445,9 +447,9 @@ def test_host_copies_match_per_tensor_reads(world_pool):
 def test_graphs_do_not_depend_on_scalar_values(world_pool):
     """ddp_impl.runtime.xla measure 5 (value_independent_graphs, set by the adapter)."""
     _available(2)
-    world = world_pool.get("pjrt", 2)
+    world = world_pool.get(WorldKey("pjrt", 2))
     assert world.run(graph_flags_task) == [(False, False)] * 2
-    from conformance.cases.property.gradsync import build_bn_net
+    from conformance.cases.property.models import build_bn_net
     counts = [[int(b) for n, b in build_bn_net((3, 3, 12, 3), 10 + 7919 * r).named_buffers()
                if n.endswith("num_batches_tracked")] for r in range(2)]
     assert counts[0][0] == counts[0][1] and counts[1][0] != counts[1][1]  # the trap is armed
@@ -460,7 +462,7 @@ def test_graphs_do_not_depend_on_scalar_values(world_pool):
 def test_host_buffers_step_does_not_abort(world_pool):
     """Regression for buffer donation in the step marker (ddp_impl.runtime.xla, measure 4)."""
     _available(2)
-    world = world_pool.get("pjrt", 2)
+    world = world_pool.get(WorldKey("pjrt", 2))
     for _ in range(5):
         res = world.run(host_buffers_step_task, timeout=60)
         for a, b in zip(*res):  # gradients synced: bit-identical on both replicas

@@ -2,11 +2,12 @@
 import pytest
 
 from conformance.cases.invariant.kind import rank_invariant_violations, rank_report
+from conformance.worlds.registry import WorldKey
 
 
 @pytest.fixture(params=[pytest.param(w, marks=pytest.mark.cpu, id=f"cpu-w{w}") for w in (2, 3, 4)])
 def cpu_world(request, world_pool):
-    return world_pool.get("cpu", request.param)
+    return world_pool.get(WorldKey("cpu", request.param))
 
 
 def test_rank_invariants_cpu(cpu_world):

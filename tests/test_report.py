@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from conformance.report.text import KillRow, write_json
+from conformance.report.kills import KillRow
+from conformance.report.text import write_json
 from conformance.verdict import Verdict
 
 pytestmark = pytest.mark.cpu
@@ -268,9 +269,10 @@ def _eleven_models_doc():
 def test_sensitivity_figure_wraps_small_multiples_and_keeps_points_and_bound_in_view():
     hr = htmlreport()
     series = hr.sensitivity_series(hr.merge_runs([_eleven_models_doc()]))
-    fig = hr.sensitivity_figure(series)
+    from conformance.report import plots
+    fig = plots.sensitivity_figure(series)
     try:
-        assert fig.get_figwidth() * hr.SENS_DPI <= 1400  # was 5,995 px: 11 panels a row
+        assert fig.get_figwidth() * plots.SENS_DPI <= 1400  # was 5,995 px: 11 panels a row
         panels = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
         assert len(panels) == 22
         rows: dict = {}

@@ -6,7 +6,11 @@ import sys
 import numpy as np
 import pytest
 
-from conformance.cases.scenario.scenario import BRANCHES, Scenario, ScenarioError, Space, explicit_scenarios, scenario_reference
+from conformance.cases.scenario.dimensions import BRANCHES
+from conformance.cases.scenario.explicit import explicit_scenarios
+from conformance.cases.scenario.format import Scenario, ScenarioError
+from conformance.cases.scenario.generate import Space
+from conformance.cases.scenario.oracle import scenario_reference
 
 pytestmark = pytest.mark.cpu
 
@@ -40,7 +44,7 @@ def test_oracle_averages_local_means_not_the_global_batch():
     import torch
     import torch.nn.functional as F
 
-    from conformance.cases.scenario.scenario import build_scenario_model, scenario_batch
+    from conformance.cases.scenario.model import build_scenario_model, scenario_batch
     sc = one_step([[5, 1]], [[list(BRANCHES)] * 2])
     ref = scenario_reference(sc)
     net = build_scenario_model(sc.seed, False)
@@ -121,7 +125,7 @@ def test_a_sibling_too_small_to_judge_on_the_minimal_scenario_is_judged_elsewher
     """Issue 29 item 4: shrinking keeps what fails, not what trains; a sibling check vacuous on
     the minimal failing scenario takes its verdict over the passing scenarios, else the unshrunk
     failing scenario's, and stays vacuous only when neither judged it."""
-    from conformance.cases.scenario.scenario import judged_on
+    from conformance.cases.scenario.generate import judged_on
     from conformance.verdict import Verdict
 
     def vs(**status):

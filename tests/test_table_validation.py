@@ -1,11 +1,11 @@
-"""The case table checks itself: bad rows fed to the validator (conformance.cases.validation._validate)
+"""The case table checks itself: bad rows fed to the validator (conformance.cases.validation.validate)
 are refused with an error naming the row (and the mutant, for a mutant the row cannot kill)."""
 from dataclasses import replace
 
 import pytest
 
 from conformance.cases.row import Case
-from conformance.cases.validation import _validate
+from conformance.cases.validation import validate
 from conformance.cases.table import CASES
 from conformance.impls.mutants.catalog import MUTANTS
 
@@ -17,7 +17,7 @@ def rows(**changes):
 
 def refused(rows, *needles, mutants=None):
     with pytest.raises(ValueError) as err:
-        _validate(rows, mutants)
+        validate(rows, mutants)
     for n in needles:
         assert n in str(err.value), str(err.value)
     return str(err.value)
@@ -29,7 +29,7 @@ def mutants(**changes):
 
 
 def test_the_table_validates_as_built():
-    again = _validate(list(CASES.values()))
+    again = validate(list(CASES.values()))
     assert list(again) == list(CASES)
     assert [c.checks for c in again.values()] == [c.checks for c in CASES.values()]
 

@@ -227,7 +227,7 @@ def test_faulty_ddps_fail_the_loop_programs_on_the_users_model(tmp_path):
 
 
 def test_the_loop_programs_on_a_users_model_hold_every_loop_dimension():
-    from conformance.cases.scenario.format import EVAL_GRAD, EVAL_MODE, LOOPS
+    from conformance.cases.scenario.dimensions import EVAL_GRAD, EVAL_MODE, LOOPS
     from conformance.cases.scenario.userloop import SCENARIO_MODEL_ONLY, user_loop_programs, user_loop_reference
     from conformance.cases.shared.loop import ALL_OPTIMIZERS
     from conformance.options import parse_model
@@ -330,6 +330,7 @@ class _Session:
 
     def __init__(self, delta):
         self.delta, self.runs = delta, 0
+        self.measured_tolerances = {}
 
     def trajectories(self, runtime, n, spec):
         from conformance.cases.shared.reference import reference_run

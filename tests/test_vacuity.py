@@ -5,7 +5,7 @@ Runs on every runtime that can run here (CPU: ``ref``; PJRT: ``ref`` and
 """
 import pytest
 
-from conformance.worlds.runtimes import RuntimeUnavailable, get_runtime
+from conformance.worlds.runtimes import RuntimeUnavailable, WorldKey, get_runtime
 
 CASES = {"cpu": ("ref",), "pjrt": ("ref", "xla_recipe")}
 
@@ -21,7 +21,7 @@ def runtime(request):
 
 def test_tiny_lr_is_vacuous_not_pass(runtime, world_pool, runner):
     # The upstream trap: lr=1e-100 makes every DDP, broken or not, match.
-    world_pool.get(runtime, 2)
+    world_pool.get(WorldKey(runtime, 2))
     for impl in CASES[runtime] + ("mutant:no_grad_sync",):
         verdicts = runner.verdicts(runtime, 2, impl, "linear", lr=1e-100)
         assert set(verdicts) == {"param_parity", "loss_parity"}
@@ -30,7 +30,7 @@ def test_tiny_lr_is_vacuous_not_pass(runtime, world_pool, runner):
 
 
 def test_world_size_one_is_vacuous(runtime, world_pool, runner):
-    world_pool.get(runtime, 1)
+    world_pool.get(WorldKey(runtime, 1))
     for impl in CASES[runtime]:
         verdicts = runner.verdicts(runtime, 1, impl, "linear")
         assert verdicts["param_parity"].status == "vacuous"
@@ -39,7 +39,7 @@ def test_world_size_one_is_vacuous(runtime, world_pool, runner):
 
 def test_failure_wins_over_vacuity(runtime, world_pool, runner):
     # A mismatch is reported as a failure even when the run is short.
-    world_pool.get(runtime, 2)
+    world_pool.get(WorldKey(runtime, 2))
     v = runner.verdicts(runtime, 2, "mutant:no_initial_broadcast", "linear", steps=1)["param_parity"]
     assert v.status == "fail" and v.first_bad_step == 1
 
@@ -47,7 +47,7 @@ def test_failure_wins_over_vacuity(runtime, world_pool, runner):
 def test_agreement_is_vacuous_when_nothing_moves(runtime, world_pool, conformance_session):
     from conformance.cases.table import CASES
     from conformance.evaluate import evaluate
-    world_pool.get(runtime, 2)
+    world_pool.get(WorldKey(runtime, 2))
     (v,) = [v for v in evaluate(CASES["parity.linear"], "ref", runtime, 2, conformance_session, lr=1e-100)
             if v.check == "agreement"]
     assert v.status == "vacuous" and "never changed" in v.reason

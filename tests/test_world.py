@@ -11,7 +11,10 @@ import time
 import pytest
 
 from conformance.settings import Settings
-from conformance.worlds.spawned import HostDiedStarting, ReplicaDied, ReplicaFailed, ReplicaTimeout, World, WorldPool
+from conformance.worlds.failure import HostDiedStarting, ReplicaDied, ReplicaFailed, ReplicaTimeout
+from conformance.worlds.pool import Pool, WorldPool
+from conformance.worlds.registry import WorldKey
+from conformance.worlds.spawned import World
 from tests.procs import QUIET_START_S, REPO, alive, default_signals, gone, load_scale, start_world
 from tests import tasks
 from tests.tasks import all_reduce_value, env_and_parent, fail_on, raise_while_peer_waits
@@ -97,10 +100,10 @@ def test_dead_replica_reported_with_exit_code(fresh_world):
 
 
 def test_pool_replaces_broken_world(world_pool):
-    w = world_pool.get("cpu", 2)
+    w = world_pool.get(WorldKey("cpu", 2))
     with pytest.raises(ReplicaDied):
         w.run(fail_on, rank=0, how="exit")
-    w2 = world_pool.get("cpu", 2)
+    w2 = world_pool.get(WorldKey("cpu", 2))
     assert w2 is not w and w2.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0], [3.0]]
 
 
@@ -108,10 +111,10 @@ def test_prestarted_world_is_the_one_get_returns():
     """A world spawned ahead (WorldPool.prestart) is waited for and used by get(), not started twice."""
     pool = WorldPool()
     try:
-        ahead = pool.prestart("cpu", 2)
+        ahead = pool.prestart(WorldKey("cpu", 2))
         assert ahead is not None and not ahead.started and len(ahead.pids()) == 2
-        assert pool.prestart("cpu", 2) is ahead  # asked again while starting: the same hosts
-        w = pool.get("cpu", 2)
+        assert pool.prestart(WorldKey("cpu", 2)) is ahead  # asked again while starting: the same hosts
+        w = pool.get(WorldKey("cpu", 2))
         assert w is ahead and w.started
         assert w.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0], [3.0]]
     finally:
@@ -123,9 +126,9 @@ def test_prestart_error_is_reported_by_get():
     """A world that cannot start is not an error when spawned ahead; get() raises it."""
     pool = WorldPool()
     try:
-        assert pool.prestart("nosuch", 2) is None
+        assert pool.prestart(WorldKey("nosuch", 2)) is None
         with pytest.raises(KeyError, match="unknown runtime 'nosuch'"):
-            pool.get("nosuch", 2)
+            pool.get(WorldKey("nosuch", 2))
     finally:
         pool.close()
 
@@ -224,11 +227,11 @@ def test_the_pool_starts_again_a_world_a_crash_undid_and_says_so(registered, tmp
     pool = WorldPool()
     try:
         if works:
-            world = pool.get(registered, 2)
+            world = pool.get(WorldKey(registered, 2))
             assert world.run(all_reduce_value, values=[[1.0], [2.0]]) == [[3.0]] * 2
         else:
             with pytest.raises(HostDiedStarting):
-                pool.get(registered, 2)
+                pool.get(WorldKey(registered, 2))
         assert len(pool.restarts) == lines, pool.restarts
         if text:
             assert re.search(text, pool.restarts[0]), pool.restarts
@@ -288,15 +291,15 @@ def test_collective_watch_keeps_no_locals_alive(monkeypatch):
     import threading
     import types
     import weakref
-    from conformance.worlds import spawned
+    from conformance.worlds import blame, host
 
     def slow_collective_in(text, *a, **k):
         time.sleep(0.02)
         return None
 
-    monkeypatch.setattr(spawned.blame_mod, "collective_in", slow_collective_in)
+    monkeypatch.setattr(blame, "collective_in", slow_collective_in)
     ctx = types.SimpleNamespace(progress=_Progress(threading.get_ident()))
-    threading.Thread(target=spawned._watch_collectives, args=([ctx, ctx],),
+    threading.Thread(target=host.watch_collectives, args=([ctx, ctx],),
                      kwargs={"every": 0.001}, daemon=True).start()
 
     def step():
@@ -314,16 +317,19 @@ def test_session_prestarts_the_worlds_its_implementations_train_on():
     cannot be resolved (evaluate() reports it)."""
     from conformance.evaluate import Session
 
-    class Pool:
+    class Prestarts(Pool):
         def __init__(self):
             self.started = []
 
-        def prestart(self, runtime, world_size):
-            self.started.append((runtime, world_size))
+        def get(self, world):
+            raise AssertionError("nothing is run")
+
+        def prestart(self, world):
+            self.started.append(world)
 
         def close(self):
             pass
 
-    pool = Pool()
+    pool = Prestarts()
     Session(pool=pool).prestart("pjrt", 2, ["torch", "ref", "xla_spmd", "nosuch.module:DDP"])
-    assert pool.started == [("pjrt", 2), ("pjrt_spmd:2", 1)]
+    assert [(k.world, k.replicas) for k in pool.started] == [("pjrt", 2), ("pjrt_spmd:2", 1)]

@@ -21,9 +21,9 @@ def _out():
 
 
 def test_every_format_is_one_writer_in_the_order():
-    assert list(WRITERS) == ["scenarios", "json", "failures", "junit", "html"]  # the order they write in
+    assert list(WRITERS) == ["scenarios", "json", "failures", "junit", "html", "terminal"]  # the order they write in
     assert writers.report_formats() == ("html", "json", "failures", "junit")
-    assert {n for n, w in WRITERS.items() if w.run} == {"scenarios", "json", "failures", "junit"}
+    assert {n for n, w in WRITERS.items() if w.run} == {"scenarios", "json", "failures", "junit", "terminal"}
     with pytest.raises(ValueError, match="unknown report writer"):
         write_all(_out(), {"pdf": "x"})
 
@@ -55,9 +55,10 @@ def test_report_command_converts_a_run(tmp_path, fmt, name, needle):
 def test_run_targets_come_from_the_writers(tmp_path):
     opts = cli.RunOptions(json=str(tmp_path / "r.json"), junitxml=str(tmp_path / "j.xml"))
     assert run_targets(opts.json, None, opts) == {"scenarios": opts.json, "json": opts.json,
-                                                  "failures": opts.json, "junit": opts.junitxml}
+                                                  "failures": opts.json, "junit": opts.junitxml, "terminal": "-"}
     stream = object()
-    assert run_targets("-", stream, cli.RunOptions(json="-")) == {"scenarios": "-", "json": stream, "failures": "-"}
+    assert run_targets("-", stream, cli.RunOptions(json="-")) == {"scenarios": "-", "json": stream, "failures": "-",
+                                                                  "terminal": "-"}
 
 
 class ToyWriter(Writer):
@@ -84,7 +85,8 @@ def toy():
 
 
 def test_a_new_format_is_its_writer_and_one_registration(toy, tmp_path, capsys):
-    # write_all writes it, after the built-in formats
+    # write_all writes it, after the built-in file formats and before the terminal text
+    assert list(WRITERS)[-2:] == ["toy", "terminal"]
     out = _out()
     lines = write_all(out, {"json": str(tmp_path / "r.json"), "toy": str(tmp_path / "r.toy.txt")})
     assert lines == [f"toy: {tmp_path / 'r.toy.txt'}"]

@@ -10,7 +10,7 @@ from conformance.evaluate import Session, evaluate
 from conformance.impls.builtin import IMPLS
 from conformance.worlds.runtimes import RuntimeUnavailable, WorldKey, get_runtime, world_key
 from conformance.settings import Settings
-from conformance.worlds.spawned import WorldPool
+from conformance.worlds.pool import WorldPool
 
 SPMD_ROWS = ("xla_spmd", "xla_fsdpv2")
 

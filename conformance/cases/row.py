@@ -14,18 +14,24 @@ dispatches to it):
   :mod:`conformance.cases.task.kind`);
 * ``property`` - a Hypothesis property (:mod:`conformance.cases.property.kind`);
 * ``invariant`` - the rank-binding invariants of the world (:mod:`conformance.cases.invariant.kind`);
-* ``scenario`` - generated training scenarios (:mod:`conformance.cases.scenario.scenario`):
+* ``scenario`` - generated training scenarios (:mod:`conformance.cases.scenario.kind`):
   explicit ones, then Hypothesis-drawn ones, against the DDP-semantics oracle;
 * ``collective`` - one torch.distributed collective (``args["op"]``, a key of
   :data:`conformance.cases.collective.ops.OPS`) on the world's backend against its host
   oracle (:mod:`conformance.cases.collective.run`); no DDP is involved.
 
 ``must_kill`` names the catalog mutants the case must fail: the only place the
-mutant <-> case relation is stored. :func:`conformance.cases.validation._validate`
-checks the rows when the table is built and raises ``ValueError`` naming the row.
+mutant <-> case relation is stored. :func:`conformance.cases.validation.validate`
+checks the rows when the table is first used and raises ``ValueError`` naming the row.
+
+A row names code by reference, ``"package.module:attr"`` (:func:`resolve`, on first use), so the
+tables that hold such rows - the case table, the implementation rows
+(:data:`conformance.impls.builtin.ROWS`), the mutant catalog - load without torch and the CLI
+checks names against them before torch is imported.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 from conformance.errors import UsageError
@@ -49,8 +55,8 @@ class Case:
             gradient tolerances of the properties).
         train: for ``train``: RunSpec overrides (``setups``, ``ddp_kwargs``,
             ``requires``, ``momentum``, ``broadcast_buffers``...).
-        task / judge: for ``task``: ``task(ctx, impl, **args) -> dict`` on every
-            replica, ``judge(results, impl, runtime) -> list[Verdict]``.
+        task / judge: for ``task``: references (:func:`resolve`) to ``task(ctx, impl, **args)
+            -> dict``, run on every replica, and ``judge(results, impl, runtime) -> list[Verdict]``.
         args: for ``task``: keyword arguments of ``task``; for ``scenario``:
             ``{"space": {...}}``, the fields of the scenarios' ``Space``.
         prop: for ``property``: the property name (a key of the property kind's
@@ -73,8 +79,8 @@ class Case:
     model: str = "-"
     tolerance: str = "float32"
     train: dict = field(default_factory=dict)
-    task: Callable | None = None
-    judge: Callable | None = None
+    task: str | Callable | None = None
+    judge: str | Callable | None = None
     args: dict = field(default_factory=dict)
     prop: str = ""
     checks: tuple = ()
@@ -86,6 +92,22 @@ class Case:
     @property
     def all_tags(self) -> frozenset:
         return frozenset((self.name, self.family, self.model, self.name.split(".", 1)[-1]) + tuple(self.tags)) - {"-"}
+
+
+def resolve(ref):
+    """What a row names by reference: ``"package.module:attr"``, imported on first use; any
+    other value (a callable a row holds itself, ``None``) is returned as it is.
+
+    Raises:
+        ValueError: a string that is not ``module:attr``.
+        ImportError, AttributeError: the module does not import, or has no ``attr``.
+    """
+    if not isinstance(ref, str):
+        return ref
+    module, colon, attr = ref.partition(":")
+    if not (colon and module and attr):
+        raise ValueError(f"{ref!r} is no reference: need 'package.module:attr'")
+    return getattr(importlib.import_module(module), attr)
 
 
 def tags_of(cases) -> frozenset:

@@ -13,7 +13,8 @@ import inspect
 from dataclasses import dataclass
 
 from conformance.cases.scenario.buckets import CAP_CLASSES
-from conformance.cases.scenario.format import DDP_DEFAULTS, LOOPS, MODULES
+from conformance.cases.scenario.dimensions import LOOPS, MODULES
+from conformance.cases.scenario.format import DDP_DEFAULTS
 from conformance.cases.scenario.generate import KEYWORD_VALUES
 
 

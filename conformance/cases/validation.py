@@ -1,4 +1,4 @@
-"""The case table's validation (:func:`_validate`) and the kinds it loads (:func:`kinds`).
+"""The case table's validation (:func:`validate`) and the kinds it loads (:func:`kinds`).
 
 It sits above every kind: it imports the kind modules :data:`conformance.cases.kinds.REGISTRY`
 names and checks each row's kind-specific columns with that kind's ``KIND``
@@ -12,6 +12,7 @@ import importlib
 from conformance.cases.kinds import REGISTRY, Kind
 from conformance.cases.row import FAMILIES, Case
 from conformance.cases.shared.setups import SETUPS
+from conformance.impls.mutants.catalog import MUTANTS
 from conformance.impls.mutants.claims import cannot_serve, claim_problems, unused_claims
 from conformance.tolerances import MIN_WORLD_SIZE, TOLERANCES
 from conformance.worlds.runtimes import RUNTIMES
@@ -36,12 +37,12 @@ def kinds() -> dict[str, Kind]:
     return dict(_KINDS)
 
 
-def _validate(rows: list[Case], mutants: dict | None = None) -> dict[str, Case]:
+def validate(rows, mutants: dict | None = None) -> dict[str, Case]:
     """The table of ``rows`` by name, every row checked against the kit's other tables.
 
     A row's name is unique and prefixed by its family; its kind, model, tolerance key,
     setups and mutants are known; its kind's own columns pass its kind's ``validate`` (a
-    ``train`` row gets its checks from the check table, a ``task`` row has a task and a judge,
+    ``train`` row gets its checks from the check table, a ``task`` row names a task and a judge,
     a ``property`` row names a property, a ``scenario`` row's space is one the scenarios are
     drawn from, a ``collective`` row names an op); every mutant a row must kill can serve
     the row (it honours the keywords and has the methods the row requires: else the case is
@@ -50,52 +51,68 @@ def _validate(rows: list[Case], mutants: dict | None = None) -> dict[str, Case]:
     row and uses its claims in one.
 
     ``mutants``: the catalog to check against (default: ``conformance.impls.mutants.catalog.MUTANTS``).
+    Imports the kinds, the models and every reference a row or mutant names (torch).
 
     Raises:
         ValueError: ``case table: row '<name>': <why>`` (or naming the mutant no row kills).
     """
     from fixtures.models import MODELS
     if mutants is None:
-        from conformance.impls.mutants.catalog import MUTANTS as mutants
+        mutants = MUTANTS
     known = kinds()
-    keys = {t.dtype for t in TOLERANCES} | {"grad"}
     table: dict[str, Case] = {}
     for c in rows:
-        def bad(why):
-            return ValueError(f"case table: row {c.name!r}: {why}")
-        if c.name in table:
-            raise bad("duplicate name")
-        if c.family not in FAMILIES or not c.name.startswith(c.family + "."):
-            raise bad(f"family {c.family!r} must be one of {FAMILIES} and prefix the name")
-        if c.kind not in known:
-            raise bad(f"unknown kind {c.kind!r}")
-        kind = known[c.kind]
-        if c.model not in ("-", "scenario") and c.model not in MODELS:
-            raise bad(f"unknown model {c.model!r}")
-        if c.tolerance not in keys:
-            raise bad(f"unknown tolerance key {c.tolerance!r}; known: {', '.join(sorted(keys))}")
-        unknown = [m for m in c.must_kill if m not in mutants]
-        if unknown:
-            raise bad(f"unknown mutant(s) {unknown}")
-        unknown = [s for s in c.train.get("setups", ()) if s not in SETUPS]
-        if unknown:
-            raise bad(f"unknown setup(s) {unknown}")
-        if kind.checks:
-            object.__setattr__(c, "checks", tuple(kind.checks(c)))
-        why = kind.problem(c)
+        why = "duplicate name" if c.name in table else _row_problem(c, known, mutants, MODELS)
         if why:
-            raise bad(why)
-        if not c.checks:
-            raise bad("no checks")
-        for rt, sizes in c.world_sizes.items():
-            if rt not in RUNTIMES or not sizes or not all(isinstance(w, int) and w >= MIN_WORLD_SIZE for w in sizes):
-                raise bad(f"world_sizes {rt!r}: {sizes!r}: need a runtime ({', '.join(RUNTIMES)}) and "
-                          f"world sizes >= {MIN_WORLD_SIZE}")
-        for m in c.must_kill:
-            why = claim_problems(mutants[m]) or cannot_serve(mutants[m], kind.required(c))
-            if why:
-                raise bad(f"mutant {m!r} {why}")
+            raise ValueError(f"case table: row {c.name!r}: {why}")
         table[c.name] = c
+    _check_catalog(rows, mutants, known)
+    return table
+
+
+def _row_problem(c: Case, known: dict, mutants: dict, models) -> str | None:
+    """The first thing wrong with row ``c`` (:func:`validate`), or None; fills in the checks a
+    row's kind derives."""
+    keys = {t.dtype for t in TOLERANCES} | {"grad"}
+    if c.family not in FAMILIES or not c.name.startswith(c.family + "."):
+        return f"family {c.family!r} must be one of {FAMILIES} and prefix the name"
+    if c.kind not in known:
+        return f"unknown kind {c.kind!r}"
+    kind = known[c.kind]
+    if c.model not in ("-", "scenario") and c.model not in models:
+        return f"unknown model {c.model!r}"
+    if c.tolerance not in keys:
+        return f"unknown tolerance key {c.tolerance!r}; known: {', '.join(sorted(keys))}"
+    unknown = [m for m in c.must_kill if m not in mutants]
+    if unknown:
+        return f"unknown mutant(s) {unknown}"
+    unknown = [s for s in c.train.get("setups", ()) if s not in SETUPS]
+    if unknown:
+        return f"unknown setup(s) {unknown}"
+    if kind.checks:
+        object.__setattr__(c, "checks", tuple(kind.checks(c)))
+    why = kind.problem(c)
+    if why:
+        return why
+    if not c.checks:
+        return "no checks"
+    for rt, sizes in c.world_sizes.items():
+        if rt not in RUNTIMES or not sizes or not all(isinstance(w, int) and w >= MIN_WORLD_SIZE for w in sizes):
+            return (f"world_sizes {rt!r}: {sizes!r}: need a runtime ({', '.join(RUNTIMES)}) and "
+                    f"world sizes >= {MIN_WORLD_SIZE}")
+    for m in c.must_kill:
+        why = claim_problems(mutants[m]) or cannot_serve(mutants[m], kind.required(c))
+        if why:
+            return f"mutant {m!r} {why}"
+    return None
+
+
+def _check_catalog(rows, mutants: dict, known: dict) -> None:
+    """Every mutant is killed by some row and each of its claims is used by one (:func:`validate`).
+
+    Raises:
+        ValueError: naming the mutant (and the rows that must kill it).
+    """
     orphans = sorted(set(mutants) - {m for c in rows for m in c.must_kill})
     if orphans:
         raise ValueError(f"case table: mutant(s) {orphans} are killed by no case (add them to a row's must_kill)")
@@ -105,4 +122,3 @@ def _validate(rows: list[Case], mutants: dict | None = None) -> dict[str, Case]:
         if unused:
             raise ValueError(f"case table: row(s) {[c.name for c in killers]}: mutant {name!r} claims {unused}, "
                              "which no row that must kill it uses (drop the claim or add a row that needs it)")
-    return table

@@ -24,10 +24,12 @@ from importlib.metadata import PackageNotFoundError, version as dist_version
 from conformance.cli.calibrate import add_parser as add_calibrate
 from conformance.cli.output import STDOUT, report_lock, signal_of, signals_raise
 from conformance.cli.report import add_parser as add_report
-from conformance import names
 from conformance.cases.row import unknown_tags
 from conformance.errors import UsageError, split_list
-from conformance.options import check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes
+from conformance.impls.builtin import ROWS, unknown_impl
+from conformance.impls.mutants.catalog import MUTANTS, unknown_mutant
+from conformance.options import (check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes,
+                                 runtimes_text)
 from conformance.settings import PROFILES, Settings, default_help, use_hypothesis_cache
 from conformance.worlds.hoststart import start_server, stop_server
 
@@ -97,7 +99,22 @@ def build_parser():
     p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_ErrorParser)
     run = sub.add_parser("run", help="run the case table and print the verdict table")
-    run.add_argument("--runtime", default="cpu", help="comma list: cpu, pjrt, xrt (default cpu)")
+    for add in (_add_run_selection, _add_run_execution, _add_run_output):
+        add(run)
+    run.set_defaults(command="run")
+    run_actions = {a.option_strings[-1] if a.option_strings[-1].startswith("--") else a.option_strings[0]: a
+                   for a in run._actions if a.option_strings}
+    for add in (_add_ranks, _add_replay, _add_repeat):
+        add(sub, run_actions)
+    add_calibrate(sub).set_defaults(command="calibrate")
+    add_report(sub).set_defaults(command="report")
+    return p
+
+
+def _add_run_selection(run) -> None:
+    """``run``'s options of what runs: runtimes, implementations, world sizes, the model, the
+    cases, the kill matrix, and what counts as a failure."""
+    run.add_argument("--runtime", default="cpu", help=f"comma list: {runtimes_text()} (default cpu)")
     run.add_argument("--ddp", default=None, help="comma list of implementations: torch, ref, "
                      "all (every row that runs on the runtime), mutant:<name>, package.module:Class (default: the runtime's)")
     run.add_argument("--world-size", default=None, help="comma list of world sizes >= 2 (default 2,3; "
@@ -126,6 +143,11 @@ def build_parser():
                      help="comma list of keywords or methods (find_unused_parameters, join, ...) or "
                      "'all': an unsupported verdict whose cause names one exits 1 (a DDP must "
                      "implement them to pass)")
+
+
+def _add_run_execution(run) -> None:
+    """``run``'s options of how it runs: the example budget, timeouts, the backend, lanes,
+    progress, where it stops."""
     run.add_argument("--profile", default=None, help="example budget of the property and scenario "
                      f"cases: {', '.join(PROFILES)} ({default_help('profile')})")
     run.add_argument("--replica-timeout", type=float, default=None, metavar="S",
@@ -143,6 +165,10 @@ def build_parser():
     run.add_argument("--exitfirst-each", action="store_true", help="stop each implementation at its "
                      "first fail or vacuous verdict not listed in --expected-failures and go on with "
                      "the next (a sweep over many DDPs: one world, shared reference runs; exit 1)")
+
+
+def _add_run_output(run) -> None:
+    """``run``'s options of what it writes, how it is launched, and ``--repeat``."""
     run.add_argument("--json", default="conformance-report.json", metavar="PATH",
                      help="JSON report path (default conformance-report.json; locked for the run: a second "
                      "live run on the same path is refused); '-' writes the JSON to stdout and the "
@@ -157,27 +183,45 @@ def build_parser():
                      help="the same as the repeat subcommand: python -m conformance repeat N")
     run.add_argument("--time-budget", type=float, default=None, metavar="S",
                      help="with --repeat: stop after S seconds (at a repetition boundary; printed)")
-    run.set_defaults(command="run")
-    run_actions = {a.option_strings[-1] if a.option_strings[-1].startswith("--") else a.option_strings[0]: a
-                   for a in run._actions if a.option_strings}
+
+
+def _add_shared(sp, run_actions, *flags) -> None:
+    """``flags`` of ``run`` (``--backend``, ``--replica-timeout``) on the subcommand ``sp``."""
+    for flag in flags:
+        action = run_actions[flag]
+        sp.add_argument(flag, default=None, type=action.type, metavar=action.metavar, help=action.help)
+
+
+def _add_ranks(sub, run_actions) -> None:
+    """The ``ranks`` subcommand."""
     ranks = sub.add_parser("ranks", help="print every replica's rank bindings and check the invariants")
-    ranks.add_argument("--runtime", default="cpu", help="cpu, pjrt or xrt (default cpu)")
+    ranks.add_argument("--runtime", default="cpu", help=f"{runtimes_text(' or ')} (default cpu)")
     ranks.add_argument("--world-size", default=None, help="world size (default 2; with --launcher env "
                        "the launcher's WORLD_SIZE)")
     ranks.add_argument("--launcher", choices=("spawn", "env"), default="spawn", help="as for run")
     ranks.add_argument("--json", default=None, metavar="PATH",
                        help="also write the reports to this JSON file ('-': to stdout, the table to stderr)")
     ranks.set_defaults(command="ranks")
+    _add_shared(ranks, run_actions, "--backend", "--replica-timeout")
+
+
+def _add_replay(sub, run_actions) -> None:
+    """The ``replay`` subcommand."""
     replay = sub.add_parser("replay", help="rerun one scenario JSON (e.g. the minimal failing one a "
                             "scenario case wrote) against implementations, or one collective draw "
                             "(the shrunk one collective.search wrote) on --backend")
     replay.add_argument("scenario", help="scenario JSON file")
     replay.add_argument("--ddp", default=None, help="comma list of implementations (default: the runtime's)")
-    replay.add_argument("--runtime", default="cpu", help="cpu or pjrt (default cpu)")
+    replay.add_argument("--runtime", default="cpu", help=f"{runtimes_text(' or ')} (default cpu)")
     replay.add_argument("--json", default="conformance-report.json", metavar="PATH",
                         help="JSON report path, as for run (default conformance-report.json; - : stdout); "
                         "failure details go to PATH with .failures.txt")
     replay.set_defaults(command="replay")
+    _add_shared(replay, run_actions, "--backend", "--replica-timeout")
+
+
+def _add_repeat(sub, run_actions) -> None:
+    """The ``repeat`` subcommand: ``run``'s options of the cases and worlds it sweeps."""
     repeat = sub.add_parser("repeat", help="flakiness sweep: rerun the parity cases of the correct "
                             "implementations N times (seed = table seed + k)")
     repeat.add_argument("times", type=int, metavar="N", help="repetitions (>= 1)")
@@ -187,13 +231,7 @@ def build_parser():
         repeat.add_argument(flag, default=action.default, type=action.type, metavar=action.metavar,
                             help=action.help.replace("JSON report path", "JSON report path (the sweep's)"))
     repeat.set_defaults(command="repeat")
-    add_calibrate(sub).set_defaults(command="calibrate")
-    add_report(sub).set_defaults(command="report")
-    for sp in (ranks, replay, repeat):
-        sp.add_argument("--backend", default=None, metavar="NAME|MOD:FUNC", help=run_actions["--backend"].help)
-    for sp in (ranks, replay):
-        sp.add_argument("--replica-timeout", type=float, default=None, metavar="S", help=run_actions["--replica-timeout"].help)
-    return p
+    _add_shared(repeat, run_actions, "--backend")
 
 
 def parse(argv=None) -> tuple[str, Settings, dict]:
@@ -227,15 +265,26 @@ def parse(argv=None) -> tuple[str, Settings, dict]:
 
 
 def _check_early(values: dict) -> None:
-    """What can be checked without torch: world sizes, that input files can be read (and an
-    expected-failures file is text), and that output paths can be written, before the first
-    world starts (a report is never lost at the end of a run)."""
+    """What can be checked without torch: world sizes, the selection, flags that exclude each
+    other, that input files can be read (and an expected-failures file is text), and that output
+    paths can be written, before the first world starts (a report is never lost at the end of a
+    run)."""
+    for check in (_check_sizes, _check_selection, _check_flags, _check_inputs, _check_outputs):
+        check(values)
+
+
+def _check_sizes(values: dict) -> None:
+    """Runtime names and world sizes in each runtime's range."""
     runtimes = parse_runtime_names(values["runtime"]) if values.get("runtime") else []  # names only:
     # whether one runs here needs torch
     if values.get("world_size") and "model" not in values:  # calibrate takes one size, checked there
         sizes = parse_world_sizes(values["world_size"])
         for rt in runtimes:
             check_world_size_range(sizes, rt)
+
+
+def _check_selection(values: dict) -> None:
+    """``--model``, the ``--only`` / ``--skip`` tags and the ``--ddp`` specs."""
     if values.get("user_model"):
         from conformance.options import check_model_spec
         check_model_spec(values["user_model"])
@@ -243,27 +292,38 @@ def _check_early(values: dict) -> None:
             raise UsageError("--model runs its own cases (parity.user_model, parity.user_model_find_unused, "
                              "scenario.user_loop) on "
                              "your model, which no mutant row names; drop --mutants")
-    for opt in ("only", "skip") if not values.get("user_model") else ():  # the case table imports torch: its
-        # tags are copied in names.py (the model's cases' tags are checked when they are built)
-        unknown = [t for t in split_list(values.get(opt)) if t not in names.TAGS]
-        if unknown:
-            raise UsageError(unknown_tags(f"--{opt}", unknown))
+    for opt in ("only", "skip") if not values.get("user_model") else ():  # the model's cases' tags are
+        # checked when they are built
+        wanted = split_list(values.get(opt))
+        if wanted:
+            from conformance.cases.table import all_tags  # no torch; numpy (the collective ops' table)
+            unknown = [t for t in wanted if t not in all_tags()]
+            if unknown:
+                raise UsageError(unknown_tags(f"--{opt}", unknown))
     for spec in split_list(values.get("ddp")):
         mod_name, colon, attr = spec.partition(":")
         top = mod_name.split(".")[0]
-        if not colon and spec != "all" and spec not in names.IMPLS:
-            raise UsageError(names.unknown_impl(spec))
-        if mod_name == "mutant" and attr not in names.MUTANTS:
-            raise UsageError(names.unknown_mutant(attr))
+        if not colon and spec != "all" and spec not in ROWS:
+            raise UsageError(unknown_impl(spec))
+        if mod_name == "mutant" and attr not in MUTANTS:
+            raise UsageError(unknown_mutant(attr))
         if colon and mod_name != "mutant" and top and importlib.util.find_spec(top) is None:  # a user's
             # module that is not there at all
             raise UsageError(f"--ddp {spec!r}: cannot import {mod_name!r}: "
                              f"ModuleNotFoundError: No module named {top!r}")
+
+
+def _check_flags(values: dict) -> None:
+    """Flags that exclude each other or the launcher."""
     if values.get("exitfirst") and values.get("exitfirst_each"):  # also in run.py: command() is API
         raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
     for flag in ("exitfirst", "exitfirst_each"):
         if values.get(flag) and values.get("launcher") == "env":
             raise UsageError(exitfirst_under_launcher(f"--{flag.replace('_', '-')}"))
+
+
+def _check_inputs(values: dict) -> None:
+    """Input files (``--expected-failures``, a replayed scenario) can be read."""
     for key in ("expected_failures", "scenario"):
         path = values.get(key)
         flag = "--expected-failures " if key == "expected_failures" else ""
@@ -275,6 +335,10 @@ def _check_early(values: dict) -> None:
     if values.get("expected_failures"):
         from conformance.report.expected import read_expected_failures
         read_expected_failures(values["expected_failures"])  # not text: one error line, not a traceback
+
+
+def _check_outputs(values: dict) -> None:
+    """Output paths (``--json``, ``--junitxml``) can be written, and are not the same file."""
     out = values.get("json")
     outputs = [("--json", out)] if isinstance(out, str) and values.get("calibration") is None else []
     if values.get("junitxml") is not None:

@@ -55,11 +55,10 @@ import math
 import time
 
 from conformance.cli.parity import ParityRunner, parity_mutants
-from conformance.errors import split_list as _split, UsageError
+from conformance.options import parse_calibration
 from conformance.report.text import document
-from conformance.tolerances import MIN_SIDE_FACTOR, MIN_WORLD_SIZE, lookup
-from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
-from conformance.worlds.spawned import WorldPool
+from conformance.tolerances import MIN_SIDE_FACTOR, lookup
+from conformance.worlds.pool import WorldPool
 
 MIN_SIGNAL_TO_NOISE = 100.0
 SILENT_FACTOR = 2.0        # a mutant run within 2 x noise on every check did not trigger
@@ -97,6 +96,49 @@ def calibrate(runner, runtime: str, world_size: int, model: str, impl: str, seed
     atol = tol.atol
     case = CASES[f"parity.{model}"] if f"parity.{model}" in CASES else None
     problems = []
+    correct, noise, noise_at, by_check = _noise(runner, runtime, world_size, model, impl, seeds, dtype, atol,
+                                                problems, progress)
+    mutants, excluded = [], []
+    signal, signal_at = float("inf"), None
+    for name in parity_mutants():
+        if case is None or name not in case.must_kill:
+            excluded.append({"mutant": name, "reason": f"the case table does not require parity.{model} "
+                             "to kill it (see its row's must_kill)"})
+            continue
+        row, weakest = _mutant_signal(runner, (runtime, world_size, model, dtype), name, seeds, atol, noise,
+                                      problems, progress, memo)
+        if len(row["silent_seeds"]) == len(seeds):
+            excluded.append({"mutant": name, "reason": f"indistinguishable from a correct run on "
+                             f"{model}: at every seed every check deviates <= {SILENT_FACTOR:g} x the "
+                             f"noise floor {noise:.3g} (the model does not exercise the mutation)"})
+            row["excluded"] = True  # its runs stay in "mutants", for the record
+        elif weakest < signal:
+            signal, signal_at = weakest, {"mutant": name, **(row["signal_at"] or {})}
+        mutants.append(row)
+
+    ratio = signal / noise if noise > 0 else float("inf")
+    if not any(not m.get("excluded") for m in mutants):
+        problems.append(f"no mutant of the catalog is visible on {model}: no signal")
+        signal = float("nan")
+    problems += _gate(atol, noise, signal, ratio)
+    from conformance.cases.shared.checks import UNBOUNDED  # numpy: this CLI module stays light
+    return {
+        "runtime": runtime, "world_size": world_size, "model": model, "impl": impl, "dtype": dtype,
+        "seeds": list(seeds), "lr": tol.lr, "steps": tol.steps, "atol": atol, "loss_atol": tol.loss_atol,
+        "checks": [c for c in (case.checks if case else ()) if c not in UNBOUNDED],
+        "noise": _num(noise), "noise_at": noise_at, "noise_by_check": by_check, "signal": _num(signal), "signal_at": signal_at,
+        "atol_over_noise": _num(atol / noise) if noise > 0 else None,
+        "signal_over_atol": _num(signal / atol),
+        "signal_over_noise": _num(ratio),
+        "ok": not problems, "problems": problems,
+        "correct": correct, "mutants": mutants, "excluded": excluded,
+    }
+
+
+def _noise(runner, runtime, world_size, model, impl, seeds, dtype, atol, problems, progress):
+    """``(runs, noise, noise_at, by_check)`` of the correct implementation over ``seeds``: its
+    runs' checks, the largest deviation (on the scale of ``atol``) and where, the largest per
+    check; a run that does not pass is added to ``problems``."""
     correct, noise, noise_at, by_check = [], 0.0, None, {}
     for seed in seeds:
         vs = runner.verdicts(runtime, world_size, impl, model, dtype, seed=seed)
@@ -114,74 +156,57 @@ def calibrate(runner, runtime: str, world_size: int, model: str, impl: str, seed
                 noise, noise_at = dev, {"check": name, "seed": seed}
         if progress:
             progress(f"{impl} seed {seed}")
+    return correct, noise, noise_at, by_check
 
-    mutants, excluded = [], []
-    signal, signal_at = float("inf"), None
-    for name in parity_mutants():
-        if case is None or name not in case.must_kill:
-            excluded.append({"mutant": name, "reason": f"the case table does not require parity.{model} "
-                             "to kill it (see its row's must_kill)"})
+
+def _mutant_signal(runner, where, name, seeds, atol, noise, problems, progress, memo) -> tuple[dict, float]:
+    """``(row, weakest)`` of mutant ``name`` over ``seeds`` on ``where`` = ``(runtime, W, model,
+    dtype)``: the row holds each seed's run (its signal: the largest deviation among the checks
+    that kill it; silent when none does and every check stays within ``SILENT_FACTOR`` x
+    ``noise``), its weakest non-silent seed (``signal_at``) and its silent seeds; ``weakest`` is
+    that seed's signal. A seed it survives goes to ``problems``."""
+    runtime, world_size, model, dtype = where
+    runs, weakest, weakest_at, silent = [], float("inf"), None, []
+    for seed in seeds:
+        key = (runtime, world_size, name, model, dtype, seed)
+        if memo is None or key not in memo:
+            vs = runner.verdicts(runtime, world_size, f"mutant:{name}", model, dtype, seed=seed)
+            runner.forget()
+            if memo is not None:
+                memo[key] = vs
+        vs = memo[key] if memo is not None else vs
+        killers = [n for n, v in vs.items() if v.status == "fail"]
+        devs = {n: _scaled(v, atol)[0] for n, v in vs.items()}
+        pool = killers or list(vs)
+        best = max(pool, key=lambda n: devs[n]) if pool else None
+        s = devs[best] if best else 0.0
+        quiet = not killers and all(d <= SILENT_FACTOR * noise for d in devs.values())
+        runs.append({"seed": seed, "killed_by": killers, "signal": _num(s), "signal_check": best,
+                     "silent": quiet, "checks": _checks_json(vs)})
+        if progress:
+            progress(f"mutant:{name} seed {seed}")
+        if quiet:  # the mutation did not change the run at this seed: no signal to measure
+            silent.append(seed)
             continue
-        runs, weakest, weakest_at, silent = [], float("inf"), None, []
-        for seed in seeds:
-            key = (runtime, world_size, name, model, dtype, seed)
-            if memo is None or key not in memo:
-                vs = runner.verdicts(runtime, world_size, f"mutant:{name}", model, dtype, seed=seed)
-                runner.forget()
-                if memo is not None:
-                    memo[key] = vs
-            vs = memo[key] if memo is not None else vs
-            killers = [n for n, v in vs.items() if v.status == "fail"]
-            devs = {n: _scaled(v, atol)[0] for n, v in vs.items()}
-            pool = killers or list(vs)
-            best = max(pool, key=lambda n: devs[n]) if pool else None
-            s = devs[best] if best else 0.0
-            quiet = not killers and all(d <= SILENT_FACTOR * noise for d in devs.values())
-            runs.append({"seed": seed, "killed_by": killers, "signal": _num(s), "signal_check": best,
-                         "silent": quiet, "checks": _checks_json(vs)})
-            if progress:
-                progress(f"mutant:{name} seed {seed}")
-            if quiet:  # the mutation did not change the run at this seed: no signal to measure
-                silent.append(seed)
-                continue
-            if not killers:
-                problems.append(f"mutant {name} survives seed {seed} on {model} "
-                                f"(largest deviation {s:.3g} <= atol {atol:.3g})")
-            if s < weakest:
-                weakest, weakest_at = s, {"seed": seed, "check": best}
-        row = {"mutant": name, "signal": _num(weakest), "signal_at": weakest_at,
-               "silent_seeds": silent, "runs": runs}
-        if len(silent) == len(seeds):
-            excluded.append({"mutant": name, "reason": f"indistinguishable from a correct run on "
-                             f"{model}: at every seed every check deviates <= {SILENT_FACTOR:g} x the "
-                             f"noise floor {noise:.3g} (the model does not exercise the mutation)"})
-            row["excluded"] = True  # its runs stay in "mutants", for the record
-        elif weakest < signal:
-            signal, signal_at = weakest, {"mutant": name, **(weakest_at or {})}
-        mutants.append(row)
+        if not killers:
+            problems.append(f"mutant {name} survives seed {seed} on {model} "
+                            f"(largest deviation {s:.3g} <= atol {atol:.3g})")
+        if s < weakest:
+            weakest, weakest_at = s, {"seed": seed, "check": best}
+    return {"mutant": name, "signal": _num(weakest), "signal_at": weakest_at,
+            "silent_seeds": silent, "runs": runs}, weakest
 
-    ratio = signal / noise if noise > 0 else float("inf")
-    if not any(not m.get("excluded") for m in mutants):
-        problems.append(f"no mutant of the catalog is visible on {model}: no signal")
-        signal = float("nan")
+
+def _gate(atol: float, noise: float, signal: float, ratio: float) -> list[str]:
+    """The placement conditions (module docstring) that ``atol`` fails, one line each."""
+    problems = []
     if not (atol >= MIN_SIDE_FACTOR * noise):
         problems.append(f"atol {atol:.3g} < {MIN_SIDE_FACTOR:g} x noise {noise:.3g}")
     if not (atol * MIN_SIDE_FACTOR <= signal):
         problems.append(f"atol {atol:.3g} > signal {signal:.3g} / {MIN_SIDE_FACTOR:g}")
     if not (ratio >= MIN_SIGNAL_TO_NOISE):
         problems.append(f"signal/noise {ratio:.3g} < {MIN_SIGNAL_TO_NOISE:g}")
-    from conformance.cases.shared.checks import UNBOUNDED  # numpy: this CLI module stays light
-    return {
-        "runtime": runtime, "world_size": world_size, "model": model, "impl": impl, "dtype": dtype,
-        "seeds": list(seeds), "lr": tol.lr, "steps": tol.steps, "atol": atol, "loss_atol": tol.loss_atol,
-        "checks": [c for c in (case.checks if case else ()) if c not in UNBOUNDED],
-        "noise": _num(noise), "noise_at": noise_at, "noise_by_check": by_check, "signal": _num(signal), "signal_at": signal_at,
-        "atol_over_noise": _num(atol / noise) if noise > 0 else None,
-        "signal_over_atol": _num(signal / atol),
-        "signal_over_noise": _num(ratio),
-        "ok": not problems, "problems": problems,
-        "correct": correct, "mutants": mutants, "excluded": excluded,
-    }
+    return problems
 
 
 def summary_text(cal: dict) -> str:
@@ -218,45 +243,9 @@ def summary_text(cal: dict) -> str:
 def command(settings, *, runtime: str, model: str, ddp: str, seeds: int, world_size: str,
             json: str | None) -> int:
     """The ``calibrate`` subcommand (see the module docstring)."""
-    from fixtures.models import MODELS
-
     from conformance.evaluate import Session
-    from conformance.impls.builtin import ImplSpecError, parse_impls
 
-    runtimes = _split(runtime)
-    models = _split(model)
-    try:
-        impls = [i.name for i in parse_impls(ddp)]
-    except ImplSpecError as exc:
-        raise UsageError(str(exc)) from None
-    if any(i.startswith("mutant:") for i in impls):
-        raise UsageError("--ddp: calibrate measures the noise of a correct implementation, not a mutant")
-    try:
-        w = int(world_size)
-    except ValueError:
-        raise UsageError(f"--world-size: not an integer: {world_size!r}") from None
-    if w < MIN_WORLD_SIZE:
-        raise UsageError(f"--world-size: parity checks need world size >= {MIN_WORLD_SIZE}, got {w}")
-    if seeds < 1:
-        raise UsageError(f"--seeds: need at least 1 seed, got {seeds}")
-    if not runtimes or not models:
-        raise UsageError("--runtime and --model must name at least one value")
-    for m in models:
-        if m not in MODELS:
-            raise UsageError(f"--model: unknown model {m!r}; known: {', '.join(MODELS)}")
-    for rt in runtimes:
-        if rt not in RUNTIMES:
-            raise UsageError(f"--runtime: unknown runtime {rt!r}; known: {', '.join(RUNTIMES)}")
-        try:
-            get_runtime(rt).check(w)
-        except RuntimeUnavailable as exc:
-            raise UsageError(f"--runtime {rt}: {exc}") from None
-        for m in models:
-            try:
-                lookup(rt, m)
-            except KeyError as exc:
-                raise UsageError(str(exc.args[0])) from None
-
+    runtimes, models, impls, w = parse_calibration(runtime, model, ddp, seeds, world_size)
     runner = ParityRunner(Session(WorldPool(settings), settings=settings))
     cals, memo = [], {}
     t0 = time.monotonic()

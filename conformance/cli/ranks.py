@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from conformance.cases.invariant.kind import check_reports, rank_report
 from conformance.cli.output import stdout_for_json
-from conformance.errors import split_list as _split, UsageError
 from conformance.report.text import document, write_json_doc
-from conformance.worlds.launched import root_decides
-from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime
+from conformance.options import parse_ranks_world
+from conformance.worlds.launched import ExternalPool, root_decides
+from conformance.worlds.runtimes import WorldKey
 
 
 def rank_check(world) -> dict | None:
@@ -52,32 +52,14 @@ def summary(check: dict) -> str:
 
 def command(settings, *, runtime: str, world_size: str | None, launcher: str, json: str | None) -> int:
     """``python -m conformance ranks``: print every replica's bindings; exit 1 on a violation."""
-    if runtime not in RUNTIMES:
-        raise UsageError(f"--runtime: unknown runtime {runtime!r}; known: {', '.join(RUNTIMES)}")
-    sizes = _split(world_size) if world_size else []
-    try:
-        size = int(sizes[0]) if len(sizes) == 1 else None
-    except ValueError:
-        size = None
-    if world_size and size is None:
-        raise UsageError(f"--world-size: one integer, got {world_size!r}")
+    size = parse_ranks_world(runtime, world_size, launcher)
     if launcher == "env":
-        from conformance.worlds.launched import ExternalPool, LauncherEnvError, WorldSizeMismatch, check_external
-        try:
-            size = check_external(runtime, size)
-        except (LauncherEnvError, WorldSizeMismatch, RuntimeUnavailable) as exc:
-            raise UsageError(f"--launcher env: {exc}") from None
         pool = ExternalPool(runtime, settings)
     else:
-        from conformance.worlds.spawned import WorldPool
-        size = size or 2
-        try:
-            get_runtime(runtime).check(size)
-        except RuntimeUnavailable as exc:
-            raise UsageError(f"--runtime {runtime}: {exc}") from None
+        from conformance.worlds.pool import WorldPool
         pool = WorldPool(settings)
     try:
-        check = rank_check(pool.get(runtime, size))
+        check = rank_check(pool.get(WorldKey(runtime, size)))
 
         def report():  # on the root only (the process that has every replica's report)
             with stdout_for_json(json) as json_out:  # --json -: the JSON on stdout, the table on stderr

@@ -27,7 +27,7 @@ from conformance.options import parse_matrix
 from conformance.report.text import document, write_json_doc
 from conformance.tolerances import lookup
 from conformance.worlds.procmem import host_rss
-from conformance.worlds.spawned import WorldPool
+from conformance.worlds.pool import Pool, WorldPool
 
 
 def _parity_cases(only, skip):
@@ -37,17 +37,17 @@ def _parity_cases(only, skip):
     return [c for c in select(split_list(only), split_list(skip)) if c.family == "parity"]
 
 
-class _MeteredPool:
-    """A :class:`~conformance.worlds.spawned.WorldPool` that reads each world's host RSS
+class _MeteredPool(Pool):
+    """A :class:`~conformance.worlds.pool.WorldPool` that reads each world's host RSS
     (:func:`conformance.worlds.procmem.host_rss`) right after the world starts."""
 
     def __init__(self, settings):
         self.pool, self.worlds, self.start = WorldPool(settings), {}, {}
 
-    def get(self, runtime, world_size):
-        world = self.worlds[(runtime, world_size)] = self.pool.get(runtime, world_size)
+    def get(self, key):
+        runtime, world_size = key.world, key.replicas
+        world = self.worlds[(runtime, world_size)] = self.pool.get(key)
         if (runtime, world_size) not in self.start:
-            from conformance.worlds.procmem import host_rss
             self.start[(runtime, world_size)] = host_rss(world)
         return world
 
@@ -110,7 +110,47 @@ def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: 
         return _sweep(settings, n, targets, models, time_budget, json, json_out)
 
 
+def _record(cells: dict, failures: list, where: tuple, seed: int, verdicts) -> None:
+    """One training run's ``verdicts`` at ``where`` = ``(runtime, W, impl, model)`` and ``seed``
+    into its cells (runs, statuses, the worst deviation and its seed) and ``failures`` (a
+    non-passing verdict, printed as it comes)."""
+    rt, w, impl, model = where
+    for v in verdicts:
+        c = cells.setdefault((rt, w, impl, model, v.check),
+                             {"runtime": rt, "world_size": w, "impl": impl, "model": model, "check": v.check,
+                              "runs": 0, "statuses": {}, "worst_max_dev": 0.0, "worst_seed": None,
+                              "atol": v.atol})
+        c["runs"] += 1
+        c["statuses"][v.status] = c["statuses"].get(v.status, 0) + 1
+        if math.isfinite(v.max_dev) and v.max_dev >= c["worst_max_dev"]:
+            c["worst_max_dev"], c["worst_seed"] = v.max_dev, seed
+        if v.status in ("fail", "vacuous"):
+            failures.append(dict(v.to_json(), seed=seed))
+            print(f"NOT PASSING at seed {seed}: {v.summary()}", flush=True)
+
+
+def _cells_text(cells: dict) -> str:
+    """The sweep's table: one row per (runtime, W, impl, model, check) cell."""
+    head = ("runtime", "W", "impl", "model", "check", "runs", "statuses", "worst_dev", "seed", "min_margin")
+    rows = [head] + [(c["runtime"], str(c["world_size"]), c["impl"], c["model"], c["check"], str(c["runs"]),
+                      ",".join(f"{s}:{k}" for s, k in sorted(c["statuses"].items())),
+                      f"{c['worst_max_dev']:.3g}", str(c["worst_seed"]),
+                      "inf" if c["min_margin"] is None else f"{c['min_margin']:.3g}")
+                     for c in cells.values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(x.ljust(wd) for x, wd in zip(r, widths)) for r in rows)
+
+
+def _ended(budget: float | None, interrupted: int | None) -> str:
+    """What cut the sweep short, for its summary line: the ``--time-budget`` that stopped it or
+    the signal that interrupted it (``""``: neither)."""
+    return ((f" - stopped by --time-budget {budget:g} s" if budget is not None else "")
+            + (f" - interrupted by {signal.Signals(interrupted).name}" if interrupted else ""))
+
+
 def _sweep(settings, n, targets, models, time_budget, json, json_out) -> int:
+    """The sweep: N repetitions over the targets, then its table, the hosts' RSS, the summary
+    line and the JSON report; the exit code."""
     from conformance.evaluate import Session
 
     pool = _MeteredPool(settings)
@@ -134,19 +174,7 @@ def _sweep(settings, n, targets, models, time_budget, json, json_out) -> int:
                             vs = runner.verdicts(rt, w, impl, model, seed=seed)
                             runner.forget()
                             runs += 1
-                            for v in vs.values():
-                                key = (rt, w, impl, model, v.check)
-                                c = cells.setdefault(key, {"runtime": rt, "world_size": w, "impl": impl,
-                                                           "model": model, "check": v.check, "runs": 0,
-                                                           "statuses": {}, "worst_max_dev": 0.0,
-                                                           "worst_seed": None, "atol": v.atol})
-                                c["runs"] += 1
-                                c["statuses"][v.status] = c["statuses"].get(v.status, 0) + 1
-                                if math.isfinite(v.max_dev) and v.max_dev >= c["worst_max_dev"]:
-                                    c["worst_max_dev"], c["worst_seed"] = v.max_dev, seed
-                                if v.status in ("fail", "vacuous"):
-                                    failures.append(dict(v.to_json(), seed=seed))
-                                    print(f"NOT PASSING at seed {seed}: {v.summary()}", flush=True)
+                            _record(cells, failures, (rt, w, impl, model), seed, vs.values())
                 done += 1
                 if done == 1:
                     rss_first = pool.read()
@@ -162,20 +190,12 @@ def _sweep(settings, n, targets, models, time_budget, json, json_out) -> int:
     wall = time.monotonic() - t0
     for c in cells.values():
         c["min_margin"] = (c["atol"] / c["worst_max_dev"]) if c["worst_max_dev"] > 0 else None
-    head = ("runtime", "W", "impl", "model", "check", "runs", "statuses", "worst_dev", "seed", "min_margin")
-    rows = [head] + [(c["runtime"], str(c["world_size"]), c["impl"], c["model"], c["check"], str(c["runs"]),
-                      ",".join(f"{s}:{k}" for s, k in sorted(c["statuses"].items())),
-                      f"{c['worst_max_dev']:.3g}", str(c["worst_seed"]),
-                      "inf" if c["min_margin"] is None else f"{c['min_margin']:.3g}")
-                     for c in cells.values()]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    print("\n".join("  ".join(x.ljust(wd) for x, wd in zip(r, widths)) for r in rows))
+    print(_cells_text(cells))
     cut = done < n and not interrupted
     rss = _rss_rows(pool.start, rss_first, rss_end)
     print(_rss_text(rss))
     print(f"\n{done}/{n} repetitions ({runs} training runs, {sum(c['runs'] for c in cells.values())} verdicts) "
-          f"in {wall:.0f} s" + (f" - stopped by --time-budget {budget:g} s" if cut else "")
-          + (f" - interrupted by {signal.Signals(interrupted).name}" if interrupted else "")
+          f"in {wall:.0f} s" + _ended(budget if cut else None, interrupted)
           + f"; {len(failures)} non-passing verdict(s)" + ("" if failures else ": no flakiness seen"))
     doc = document("repeat", requested=n, completed=done, stopped_by_budget=cut, wall_seconds=round(wall, 1),
                    seeds="table seed + k, k = 0..completed-1", cells=list(cells.values()),

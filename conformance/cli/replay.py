@@ -8,7 +8,7 @@ import shlex
 from dataclasses import replace
 
 from conformance.cases.collective.search import evaluate_draw, load_draw
-from conformance.cases.scenario.scenario import ScenarioError, load_scenario
+from conformance.cases.scenario.format import ScenarioError, load_scenario
 from conformance.cases.table import CASES
 from conformance.errors import UsageError
 from conformance.evaluate import Session, evaluate

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 from conformance.errors import UsageError
-from conformance.report.html import _load, merge_runs
-from conformance.report.text import KillRow
+from conformance.report.kills import KillRow
+from conformance.report.runs import load_document, merge_runs
 from conformance.report.writers import (DEFAULT_REPORT_FORMAT, WRITERS, RunOutput, report_formats,
                                         report_formats_help, write_all)
 from conformance.verdict import Verdict
@@ -25,7 +25,7 @@ def command(settings, *, json: list[str], calibration: list[str], out: str, form
             shows none, or what the writer lacks (matplotlib for HTML).
     """
     writer = WRITERS[format]
-    runs = [_load(p) for p in json]
+    runs = [load_document(p) for p in json]
     for p, d in zip(json, runs):
         if "verdicts" not in d:
             raise UsageError(f"{p}: no 'verdicts' key: not a run JSON "
@@ -33,7 +33,7 @@ def command(settings, *, json: list[str], calibration: list[str], out: str, form
     if calibration and not writer.calibration:
         raise UsageError("--calibration goes into the HTML report; drop it or use --format html")
     writer.check()
-    cals = [_load(p) for p in calibration or []]
+    cals = [load_document(p) for p in calibration or []]
     for p, d in zip(calibration or [], cals):
         if "calibrations" not in d:
             raise UsageError(f"{p}: no 'calibrations' key: not a calibration JSON "

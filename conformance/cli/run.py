@@ -7,9 +7,8 @@ import signal
 import sys
 import time
 
-from conformance.cases.scenario.scenario import OPTIMIZER_REVEALS
+from conformance.cases.scenario.dimensions import OPTIMIZER_REVEALS
 from conformance.cases.row import select_rows
-from conformance.cases.surface import summary as surface_summary
 from conformance.cases.table import select
 from conformance.errors import UsageError, split_list
 from conformance.evaluate import Session, evaluate, kill_rows
@@ -20,23 +19,19 @@ from conformance.outcome import repro_command
 from conformance.cli import RunOptions, exitfirst_under_launcher
 from conformance.cli.lanes import Lanes, Unit, skip_finalization
 from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
-from conformance.report.causes import shared_cause
-from conformance.report.coverage import TESTED, coverage, unmet_requirements
+from conformance.report.coverage import coverage, unmet_requirements
 from conformance.report.expected import (expected_failure_warnings, mark_expected_failures, note_inherited,
                                          read_expected_failures)
 from conformance.report.findings import run_expectations
-from conformance.report.text import (backend_section, build_json, counts, exit_code, kill_matrix_text, kill_summary,
-                                     verdict_table, write_json_doc)
+from conformance.report.text import build_json, counts, exit_code, write_json_doc
 from conformance.cases.kinds import REGISTRY
 from conformance.report.writers import RunOutput, run_targets, write_all
 from conformance.settings import Settings
 from conformance.verdict import BAD
 from conformance.worlds.launched import ExternalPool, root_decides
-from conformance.worlds.spawned import WorldPool
+from conformance.worlds.pool import WorldPool
 
 
-# Repro commands printed under the table (all of them go to the failures file).
-REPRO_LINES = 5
 # Least seconds between two progress writes of the JSON report (the first case run is always written).
 PROGRESS_SECONDS = 5.0
 
@@ -116,7 +111,7 @@ class _Run:
         self.done = 0
         self.bar = progress_bar(self.total, o.quiet or o.env_launch, settings.progress_every,
                                 counts=lambda: counts(self.verdicts))
-        self.root = getattr(self.pool, "is_root", True)
+        self.root = self.pool.is_root
         self.saved_at, self.save_cost = None, 0.0
 
     def cases_at(self, rt, w) -> list:
@@ -181,10 +176,8 @@ class _Run:
         """The case runs on :meth:`lane_count` lanes, each with its own worlds; the verdicts
         kept in table order; then the kill matrix of each target on the first lane's worlds."""
         for _ in range(self.lane_count() - 1):
-            lane = Session(WorldPool(self.settings), settings=self.settings)
-            lane._cache = self.session._cache  # finished runs are shared (e.g. a collective's verdicts)
-            lane.__dict__["_measured_tolerances"] = self.session.__dict__.setdefault("_measured_tolerances", {})
-            self.sessions.append(lane)
+            # finished runs (e.g. a collective's verdicts) and measured bounds are shared
+            self.sessions.append(self.session.lane(WorldPool(self.settings)))
         units = []
         for t, (rt, w, impls) in enumerate(self.targets):
             for impl, case in self.runs_at(rt, w, impls):
@@ -264,7 +257,7 @@ class _Run:
 
     def world_restarts(self) -> list[str]:
         """Each world start a host's crash undid and the pool made again (``WorldPool.restarts``)."""
-        return [line for session in self.sessions for line in getattr(session.pool, "restarts", ())]
+        return [line for session in self.sessions for line in session.pool.restarts]
 
     def extra(self, complete: bool) -> dict:
         """The JSON report's run keys (docs/report-format.md)."""
@@ -308,80 +301,23 @@ class _Run:
         return repro_command(v, self.settings)
 
     def report(self) -> int:
-        """Print the verdict table, write every report (:mod:`conformance.report.writers`), print
-        the summary; the exit code."""
+        """Write every report, the terminal text last (:mod:`conformance.report.writers`,
+        :mod:`conformance.report.terminal`); the exit code."""
         warnings = [w_ for w_ in expected_failure_warnings(self.verdicts, self.expected)  # not run is no news
                     if not (self.interrupted and w_.endswith("matches no verdict of this run"))]
         warnings += self.world_restarts()
-        self.print_verdicts()
-        self.write_reports(warnings)
-        return self.print_summary()
-
-    def print_verdicts(self) -> None:
-        """The shared cause, the verdict table, ``--model``'s bounds, reproduce commands, the
-        kill matrix and where the run stopped."""
-        shared = shared_cause(self.verdicts)  # one fault behind most failures: said first
-        if shared:
-            print(shared.text())
-        print(verdict_table([v for v in self.verdicts if v.subject != "backend"]))
-        section = backend_section(self.verdicts, self.judge_backend)
-        if section:
-            print(section)
-        measured = getattr(self.session, "_measured_tolerances", {})  # --model: each bound, said once
-        for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items()):
-            print(f"{self.o.user_model} on {rt_} W={w_}: {note}")
-        repros = list(dict.fromkeys(self.repro(v) for v in self.verdicts if v.status in BAD))
-        if repros:
-            print("\nreproduce one failing case:")
-            print("\n".join(f"  {c}" for c in repros[:REPRO_LINES]))
-            if len(repros) > REPRO_LINES:
-                print(f"  ... {len(repros) - REPRO_LINES} more in the failures file")
-        if self.kills:
-            print("\nmutant kill matrix (every catalog mutant x every case that must kill it)")
-            print(kill_matrix_text(self.kills))
-        if self.stopped:
-            print(f"\nstopped at the first failure (--exitfirst): {self.stopped.id}; later cases not run")
-        for impl, v in self.stopped_each.items():
-            print(f"\n{impl}: stopped at its first failure (--exitfirst-each): {v.id}")
-
-    def write_reports(self, warnings: list[str]) -> None:
-        """Every writer a run writes (:func:`conformance.report.writers.run_targets`), then the
-        expected-failure warnings and where the reports are."""
-        o = self.o
         out = RunOutput(self.verdicts, self.kills, self.extra(complete=not self.interrupted), self.seconds,
-                        _signame(self.interrupted) if self.interrupted else None, self.repro)
-        for line in write_all(out, run_targets(o.json, self.json_out, o)):
-            print(line)
-        for w_ in warnings:
-            print(f"warning: {w_}", file=sys.stderr)
-        print(f"\nJSON report: {'stdout' if self.json_out else o.json}"
-              + (f"; JUnit XML: {o.junitxml}" if o.junitxml else ""))
-
-    def print_summary(self) -> int:
-        """The counts line, the coverage lines, unmet ``--require-supported``; the exit code."""
-        mine = [v for v in self.verdicts if v.subject != "backend"]
-        c = counts(mine)
-        ks = kill_summary(self.kills)
-        print(", ".join(f"{n} {s}" for s, n in c.items() if n or s in ("pass", "fail"))
-              + (f"; mutants: {sum(r == 'killed' for r in ks.values())} killed, "
-                 f"{sum(r == 'survived' for r in ks.values())} survived, "
-                 f"{sum(r == 'unsupported' for r in ks.values())} unsupported" if self.kills else ""))
-        backend = [v for v in self.verdicts if v.subject == "backend"]
-        if backend:
-            print("backend " + ", ".join(f"{n} {s}" for s, n in counts(backend).items() if n)
-                  + ("" if self.judge_backend else " (reported apart: --fail-on-backend counts them)"))
-        for cov in coverage(self.verdicts):
-            print(cov.text())
-        tested = {v.case for v in mine if v.status in TESTED}
-        if tested:
-            print(surface_summary(tested))
-        required = self.o.required
-        unmet = unmet_requirements(self.verdicts, required)
-        if unmet:
-            print(f"--require-supported {','.join(required)}: {len(unmet)} verdict(s) unsupported, "
-                  f"e.g. {unmet[0].id}: {unmet[0].reason.splitlines()[0] if unmet[0].reason else ''}")
-        sys.stdout.flush()
+                        _signame(self.interrupted) if self.interrupted else None, self.repro,
+                        notes=self.model_bounds(), warnings=warnings)
+        write_all(out, run_targets(self.o.json, self.json_out, self.o))  # the terminal prints their lines
+        unmet = unmet_requirements(self.verdicts, self.o.required)
         return max(exit_code(self.verdicts, self.kills, self.judge_backend), 1 if unmet else 0)
+
+    def model_bounds(self) -> list[str]:
+        """``--model``: the bound taken from the model at each world, said once under the table."""
+        measured = self.session.measured_tolerances  # --model: each bound, said once
+        return [f"{self.o.user_model} on {rt_} W={w_}: {note}"
+                for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items())]
 
 
 def _signame(signum: int) -> str:

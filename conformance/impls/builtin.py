@@ -1,6 +1,6 @@
 """The table of DDP implementations under test, and ``--ddp`` spec resolution.
 
-A spec is a table key (``torch``, ``ref``, ...), ``mutant:<name>`` (see
+A spec is a table key (``torch``, ``ref``, ...: :data:`ROWS`), ``mutant:<name>`` (see
 :mod:`conformance.impls.mutants.catalog`), or ``package.module:obj`` for a user's own
 implementation, where ``obj`` is
 
@@ -10,6 +10,10 @@ implementation, where ``obj`` is
   ``torch.nn.parallel.DistributedDataParallel``: ``Class(module, **ddp_kwargs)`` inside a
   replica whose torch.distributed default group (CPU runtime) or XLA runtime (PJRT) is
   initialised.
+
+The module loads without torch: :data:`ROWS` names each row's factory by reference and
+:data:`IMPLS` builds the rows on first use (the reference's row reads ``ddp_impl``, which
+imports torch), so the CLI checks ``--ddp`` names against :data:`ROWS` before torch loads.
 """
 from __future__ import annotations
 
@@ -17,21 +21,34 @@ import importlib
 import inspect
 from dataclasses import fields, replace
 
+from conformance.cases.row import resolve
 from conformance.impls.row import (DDP_KEYWORDS, DDP_METHOD_NAMES, INTERNAL_FIELDS, STRATEGY_KINDS, ImplSpecError,
                                    Strategy, refuse_keywords, torch_sync_bn, wrap_torch_ddp)
 from conformance.worlds.runtimes import RUNTIMES, topologies
-from conformance.impls.mutants.catalog import MUTANTS
-from conformance.names import unknown_impl, unknown_mutant
-from conformance.impls.torch_paths import shipped_rows
-from conformance.impls.xla_paths import xla_shipped_rows
-from ddp_impl.ddp import IGNORED_TORCH_DDP_KWARGS
-from ddp_impl.sync_batchnorm import SyncBatchNorm
-import ddp_impl
+from conformance.impls.mutants.catalog import MUTANTS, unknown_mutant
+from conformance.impls.mutants.claims import ref_ignores
+
+#: The kit's implementation rows, in the order an error lists them: name -> the ``"module:attr"``
+#: of the zero-argument function building its :class:`~conformance.impls.row.Strategy`
+#: (:func:`conformance.cases.row.resolve`, on first use of :data:`IMPLS`).
+ROWS = {
+    "torch": "conformance.impls.builtin:torch_row",
+    "ref": "conformance.impls.builtin:ref_row",
+    "xla_recipe": "conformance.impls.builtin:xla_recipe_row",
+    "torch_compile": "conformance.impls.torch_paths:torch_compile_row",
+    "torch_compiled_autograd": "conformance.impls.torch_paths:compiled_autograd_row",
+    "replicate": "conformance.impls.torch_paths:replicate_row",
+    "zero": "conformance.impls.torch_paths:zero_row",
+    "fsdp2": "conformance.impls.torch_paths:fsdp2_row",
+    "fsdp2_no_reshard": "conformance.impls.torch_paths:fsdp2_no_reshard_row",
+    "xla_spmd": "conformance.impls.xla_paths:spmd_row",
+    "xla_fsdpv2": "conformance.impls.xla_paths:fsdpv2_row",
+    "xla_fsdp": "conformance.impls.xla_paths:xla_fsdp_row",
+}
 
 # Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
-# group, in the PJRT topology the kit runs (1 process x W replica threads).
-# Measured on torch 2.9.0 + torch_xla 2.9.0 by tests/test_pjrt_runtime.py
-# (test_torch_ddp_on_pjrt_*), which keeps this text honest.
+# group, in the PJRT topology the kit runs (1 process x W replica threads);
+# tests/test_pjrt_runtime.py (test_torch_ddp_on_pjrt_*) keeps this text true.
 TORCH_DDP_ON_PJRT = (
     "unsupported topology: DDP() raises IndexError: list index out of range in "
     "ProcessGroupXla.allgather (_verify_param_shape_across_processes): with 1 process x W replica "
@@ -39,6 +56,12 @@ TORCH_DDP_ON_PJRT = (
     "xm.all_gather returns W rows; initialised per thread with xla:// instead, the constructor's "
     "all-gathers compile per thread and XLA aborts the host (Termination timeout for all gather, "
     "1 of W arrived)")
+
+
+def unknown_impl(spec: str) -> str:
+    """The one line for an implementation name that is no row (nor ``all``, a mutant, a module)."""
+    return (f"unknown DDP implementation {spec!r}; use one of "
+            f"{', '.join(ROWS)}, all, mutant:<name> or package.module:obj")
 
 
 def _ref_kwargs(ctx, kwargs) -> dict:
@@ -54,11 +77,11 @@ def _ref_kwargs(ctx, kwargs) -> dict:
 
 
 def _wrap_ref(module, ctx, kwargs):
-    return ddp_impl.DistributedDataParallel(module, **_ref_kwargs(ctx, kwargs))
+    return resolve("ddp_impl:DistributedDataParallel")(module, **_ref_kwargs(ctx, kwargs))
 
 
 def _ref_sync_bn(module, ctx):
-    return SyncBatchNorm.convert_sync_batchnorm(module, ctx.collectives)
+    return resolve("ddp_impl.sync_batchnorm:SyncBatchNorm").convert_sync_batchnorm(module, ctx.collectives)
 
 
 # --- torch_xla's own data-parallel recipe (PJRT only) ------------------------
@@ -87,10 +110,9 @@ def _wrap_xla_recipe(module, ctx, kwargs):
     if broadcast_buffers and any(True for _ in module.buffers()):
         # Upstream DDP's buffer semantics: rank 0's buffers before a forward that follows a
         # grad-enabled one, or the first (DistributedDataParallel._post_forward:
-        # require_forward_param_sync; the recipe has no no_sync). The bare recipe broadcasts
-        # buffers only at the start, and fails buffer_parity from step 2 (measured: batchnorm,
-        # W=2, max dev 0.076); broadcasting before every grad-enabled forward instead fails
-        # scenario.loop after a train-mode no_grad forward (measured: 0.116).
+        # require_forward_param_sync; the recipe has no no_sync). Broadcasting only at the start
+        # fails buffer_parity from step 2; broadcasting before every grad-enabled forward fails
+        # scenario.loop after a train-mode no_grad forward.
         follows_synced = [True]
 
         def sync_buffers(mod, args):
@@ -113,37 +135,33 @@ def _xla_recipe_after_backward(model, optimizer, ctx):
     xm.reduce_gradients(optimizer)  # all_reduce(SUM, grads, scale=1/W, pin_layout=True)
 
 
-def _ref_ignores() -> frozenset:
-    return frozenset(IGNORED_TORCH_DDP_KWARGS)
-
-
 def _user_wrapper(cls):
     def wrap(module, ctx, kwargs):
         return cls(module, **kwargs)
     return wrap
 
 
-IMPLS = {i.name: i for i in [
-    Strategy("torch", "torch.nn.parallel.DistributedDataParallel", wrap_torch_ddp,
-         sync_batchnorm=torch_sync_bn, unsupported={"pjrt": TORCH_DDP_ON_PJRT}),
-    Strategy("ref", "ddp_impl.DistributedDataParallel (the kit's reference DDP)", _wrap_ref,
-         sync_batchnorm=_ref_sync_bn, ignores=_ref_ignores()),
-    Strategy("xla_recipe", "torch_xla's data-parallel recipe: no wrapper, parameters (and buffers) "
-         "broadcast from replica 0, xm.reduce_gradients(optimizer) before optimizer.step()",
-         _wrap_xla_recipe, after_backward=_xla_recipe_after_backward,
-         not_transparent={"module_hooks": "no wrapper: the buffer broadcast before a forward is a forward "
-                                          "pre-hook registered on the module itself"},
-         unsupported={"cpu": "needs the XLA runtime (torch_xla: xm.collective_broadcast, "
-                             "xm.reduce_gradients); run it with --runtime pjrt"}),
-]}
+def torch_row() -> Strategy:
+    """The ``torch`` row: upstream ``torch.nn.parallel.DistributedDataParallel``."""
+    return Strategy("torch", "torch.nn.parallel.DistributedDataParallel", wrap_torch_ddp,
+                    sync_batchnorm=torch_sync_bn, unsupported={"pjrt": TORCH_DDP_ON_PJRT})
 
 
-def _add_shipped_paths():
-    for row in shipped_rows() + xla_shipped_rows():
-        IMPLS[row.name] = row
+def ref_row() -> Strategy:
+    """The ``ref`` row: the kit's reference DDP (``ddp_impl``)."""
+    return Strategy("ref", "ddp_impl.DistributedDataParallel (the kit's reference DDP)", _wrap_ref,
+                    sync_batchnorm=_ref_sync_bn, ignores=ref_ignores())
 
 
-_add_shipped_paths()
+def xla_recipe_row() -> Strategy:
+    """The ``xla_recipe`` row: torch_xla's data-parallel recipe, no wrapper (PJRT only)."""
+    return Strategy("xla_recipe", "torch_xla's data-parallel recipe: no wrapper, parameters (and buffers) "
+                    "broadcast from replica 0, xm.reduce_gradients(optimizer) before optimizer.step()",
+                    _wrap_xla_recipe, after_backward=_xla_recipe_after_backward,
+                    not_transparent={"module_hooks": "no wrapper: the buffer broadcast before a forward is a "
+                                                     "forward pre-hook registered on the module itself"},
+                    unsupported={"cpu": "needs the XLA runtime (torch_xla: xm.collective_broadcast, "
+                                        "xm.reduce_gradients); run it with --runtime pjrt"})
 
 
 # --- the public contract, checked -------------------------------------------
@@ -234,8 +252,31 @@ def validate_strategy(row: Strategy, where: str = "") -> Strategy:
     return row
 
 
-for _row in IMPLS.values():  # the kit's own rows keep to the public contract
-    validate_strategy(_row, f"row {_row.name!r}")
+_IMPLS: dict = {}  # name -> Strategy: the kit's rows, built once per process
+
+
+def impls() -> dict[str, Strategy]:
+    """The kit's rows by name, in :data:`ROWS` order: each factory's row, built on first call
+    and checked to keep to the public contract (also :data:`IMPLS`).
+
+    Raises:
+        ImplSpecError: a row outside the contract (named), or a factory whose row has another name.
+    """
+    if not _IMPLS:
+        built = {}
+        for name, ref in ROWS.items():
+            row = resolve(ref)()
+            if row.name != name:
+                raise ImplSpecError(f"row {name!r}: {ref} builds a row named {row.name!r}")
+            built[name] = validate_strategy(row, f"row {name!r}")
+        _IMPLS.update(built)
+    return _IMPLS
+
+
+def __getattr__(name):
+    if name == "IMPLS":  # the rows, built on first use (PEP 562)
+        return impls()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _USER_ROWS: dict = {}  # spec -> Strategy: a user's factory runs once per process
@@ -281,8 +322,8 @@ def resolve_impl(spec: str) -> Strategy:
     spec = spec.strip()
     if spec.startswith("mutant:"):
         return mutant_impl(spec[len("mutant:"):])
-    if spec in IMPLS:
-        return IMPLS[spec]
+    if spec in ROWS:
+        return impls()[spec]
     if spec in _USER_ROWS:
         return _USER_ROWS[spec]
     if ":" not in spec:
@@ -305,7 +346,7 @@ def inherits_from(spec: str) -> str | None:
     subclass of ``torch.nn.parallel.DistributedDataParallel`` (torch's findings are then the
     class's own defects too), else None (a built-in row, a mutant, a factory, a Strategy)."""
     row = resolve_impl(spec)
-    if spec in IMPLS or row.mutant or ":" not in spec:
+    if spec in ROWS or row.mutant or ":" not in spec:
         return None
     mod_name, _, attr = spec.strip().partition(":")
     obj = getattr(importlib.import_module(mod_name), attr, None)
@@ -318,7 +359,7 @@ def parse_impls(specs: str, runtime: str | None = None) -> list[Strategy]:
     every row of the table that runs on ``runtime`` (every row when ``runtime`` is None)."""
     names = [s for s in (p.strip() for p in specs.split(",")) if s]
     if "all" in names:
-        rows = [n for n, row in IMPLS.items() if runtime is None or runtime not in row.unsupported]
+        rows = [n for n, row in impls().items() if runtime is None or runtime not in row.unsupported]
         names = [n for n in names if n != "all"] + [n for n in rows if n not in names]
     if not names:
         raise ImplSpecError("--ddp is empty; name at least one implementation")
@@ -335,20 +376,20 @@ def mutant_impl(name: str) -> Strategy:
         raise ImplSpecError(unknown_mutant(name))
     m = MUTANTS[name]
     if m.shipped_path is not None:  # a shipped path's row (conformance/impls/torch_paths.py) with one fault
-        return replace(m.shipped_path(), name=f"mutant:{name}", description=m.description, mutant=True)
+        return replace(resolve(m.shipped_path)(), name=f"mutant:{name}", description=m.description, mutant=True)
 
     def wrap(module, ctx, kwargs):
-        cls = m.ddp_class if isinstance(m.ddp_class, type) else m.ddp_class()
+        cls = resolve(m.ddp_class)
         if m.torch_based:
             return cls(module, **kwargs)
         return cls(module, **_ref_kwargs(ctx, kwargs))
-    extra = {"shard_rank": m.shard_rank} if m.shard_rank else {}
+    extra = {"shard_rank": resolve(m.shard_rank)} if m.shard_rank else {}
     if m.sync_bn:
-        extra["sync_batchnorm"] = lambda module, ctx: m.sync_bn().convert_sync_batchnorm(module, ctx.collectives)
+        extra["sync_batchnorm"] = lambda module, ctx: resolve(m.sync_bn).convert_sync_batchnorm(module, ctx.collectives)
     elif not m.torch_based:
         extra["sync_batchnorm"] = _ref_sync_bn
     if m.torch_based:  # torch.distributed underneath: cannot run where torch's DDP cannot
         extra["unsupported"] = m.unsupported or {"pjrt": TORCH_DDP_ON_PJRT}
     else:
-        extra["ignores"] = _ref_ignores() - frozenset(m.honours)
+        extra["ignores"] = ref_ignores() - frozenset(m.honours)
     return Strategy(f"mutant:{name}", m.description, wrap, mutant=True, **extra)

@@ -1,7 +1,7 @@
 """Implementation rows for PyTorch's shipped data-parallel paths (CPU runtime).
 
-Added to :data:`conformance.impls.builtin.IMPLS` by ``impls`` (:func:`shipped_rows`). Every row runs on the CPU runtime (gloo); on other runtimes
-it is ``unsupported`` with the reason. Semantics mirrored, per row:
+Each row is a zero-argument factory that :data:`conformance.impls.builtin.ROWS` names. Every row
+runs on the CPU runtime (gloo); on other runtimes it is ``unsupported`` with the reason. Semantics mirrored, per row:
 
 * ``torch_compile`` - ``torch.compile(DistributedDataParallel(m))`` with dynamo's
   default ``optimize_ddp`` (DDPOptimizer: the graph is split at bucket boundaries,
@@ -47,7 +47,7 @@ def _user_frame_root(module):
     defined outside torch, in place (state_dict keys unchanged). Dynamo skips
     frames in torch's files; below DDP's skipped forward a torch.nn root's
     frame is skipped too and ``torch.compile(DDP(m))`` compiles no graph at all
-    (measured, torch 2.13: docs/findings.md, compile_ddp_torch_nn_root)."""
+    (docs/findings.md, compile_ddp_torch_nn_root)."""
     cls = type(module)
     if cls.__module__.split(".")[0] != "torch":
         return module
@@ -99,7 +99,7 @@ def _wrap_compiled_autograd(module, ctx, kwargs):
         return loss.detach()
     # Both inside the patch: DDP reads the mode at construction, and a
     # compiled_autograd flag patched only around the call is not honoured
-    # (measured: no compiled-autograd capture).
+    # (compiled autograd captures nothing).
     with torch._dynamo.config.patch(**COMPILED_DDP_CONFIG):
         ddp = torch.nn.parallel.DistributedDataParallel(module, **kwargs)
         ddp._conformance_step = torch.compile(step)
@@ -269,8 +269,8 @@ def zero_row(zero_class=None) -> Strategy:
                 optimizer_state_dict=_zero_state_dict, unsupported_features={"process_group": ZERO_GROUP})
 
 
-def fsdp2_row(name, reshard, **wrap_options) -> Strategy:
-    """An FSDP2 row; ``wrap_options`` go to :func:`_fsdp2_wrap` (mutants)."""
+def fsdp2_row(name="fsdp2", reshard=True, **wrap_options) -> Strategy:
+    """An FSDP2 row (default: the ``fsdp2`` row); ``wrap_options`` go to :func:`_fsdp2_wrap` (mutants)."""
     return Strategy(name, f"torch.distributed.fsdp.fully_shard(reshard_after_forward={reshard}) per child "
                 "module and root on a 1-D CPU mesh; rank 0's state loaded with set_model_state_dict("
                 "broadcast_from_rank0); parameters read as DTensor.full_tensor()",
@@ -280,21 +280,30 @@ def fsdp2_row(name, reshard, **wrap_options) -> Strategy:
                                  "module_hooks": COMPOSABLE_HOOKS.format("fully_shard")})
 
 
+def fsdp2_no_reshard_row() -> Strategy:
+    """The ``fsdp2_no_reshard`` row: FSDP2 with ``reshard_after_forward=False``."""
+    return fsdp2_row("fsdp2_no_reshard", False)
+
+
+def compiled_autograd_row() -> Strategy:
+    """The ``torch_compiled_autograd`` row (compiled DDP, see the module docstring)."""
+    return Strategy("torch_compiled_autograd", "compiled DDP: DDP built with optimize_ddp='python_reducer', "
+                    "one torch.compile'd forward+loss+backward with compiled_autograd=True",
+                    _wrap_compiled_autograd, after_backward=_require_compiled, sync_batchnorm=torch_sync_bn,
+                    unsupported=NOT_ON, forward_backward=_compiled_forward_backward,
+                    not_transparent={"output": COMPILED_FORWARD},
+                    unsupported_features={k: _EAGER_TASKS.format(k) for k in
+                                          ("find_unused_parameters", "no_sync", "join")})
+
+
+def replicate_row() -> Strategy:
+    """The ``replicate`` row: the composable ``replicate()``."""
+    return Strategy("replicate", "torch.distributed._composable.replicate(m, **ddp_kwargs)", _wrap_replicate,
+                    sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,
+                    not_transparent={"module_hooks": COMPOSABLE_HOOKS.format("replicate")})
+
+
 def shipped_rows() -> list[Strategy]:
-    """The rows of this module (see the module docstring)."""
-    return [
-        torch_compile_row(),
-        Strategy("torch_compiled_autograd", "compiled DDP: DDP built with optimize_ddp='python_reducer', "
-             "one torch.compile'd forward+loss+backward with compiled_autograd=True",
-             _wrap_compiled_autograd, after_backward=_require_compiled, sync_batchnorm=torch_sync_bn,
-             unsupported=NOT_ON, forward_backward=_compiled_forward_backward,
-             not_transparent={"output": COMPILED_FORWARD},
-             unsupported_features={k: _EAGER_TASKS.format(k) for k in
-                                   ("find_unused_parameters", "no_sync", "join")}),
-        Strategy("replicate", "torch.distributed._composable.replicate(m, **ddp_kwargs)", _wrap_replicate,
-             sync_batchnorm=torch_sync_bn, unsupported=NOT_ON,
-             not_transparent={"module_hooks": COMPOSABLE_HOOKS.format("replicate")}),
-        zero_row(),
-        fsdp2_row("fsdp2", True),
-        fsdp2_row("fsdp2_no_reshard", False),
-    ]
+    """The rows of this module (see the module docstring), in :data:`conformance.impls.builtin.ROWS` order."""
+    return [torch_compile_row(), compiled_autograd_row(), replicate_row(), zero_row(), fsdp2_row(),
+            fsdp2_no_reshard_row()]

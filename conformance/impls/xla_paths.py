@@ -1,5 +1,5 @@
 """Implementation rows for torch_xla's shipped data-parallel paths beyond the
-recipe (PJRT runtime). Added to :data:`conformance.impls.builtin.IMPLS` by ``impls``.
+recipe (PJRT runtime): zero-argument factories that :data:`conformance.impls.builtin.ROWS` names.
 
 * ``xla_spmd`` - SPMD data parallelism (torch_xla's SPMD user guide): one
   program under ``xr.use_spmd()``, a 1-D ``data`` mesh over the W devices, the
@@ -11,7 +11,7 @@ recipe (PJRT runtime). Added to :data:`conformance.impls.builtin.IMPLS` by ``imp
 
 * ``xla_fsdp`` - ``torch_xla.distributed.fsdp.XlaFullyShardedDataParallel``
   (FSDPv1, per-replica collectives) in the thread topology: unsupported, with
-  the measured reason :data:`XLA_FSDP_ON_PJRT`.
+  the reason :data:`XLA_FSDP_ON_PJRT`.
 
 ``xla_spmd`` and ``xla_fsdpv2`` run in the ``spmd`` topology (:mod:`conformance.worlds.runtimes.pjrt_spmd`): one
 context trains on the whole global batch, so what DDP semantics mean there is
@@ -141,8 +141,8 @@ def _spmd_row(name, description, wrap, guard=_require_sharded, not_transparent=N
                 topology={"pjrt": "spmd"}, unsupported_kinds=UNSUPPORTED_KINDS)
 
 
-# Measured on torch 2.9.0 + torch_xla 2.9.0, W=2, by tests/test_pjrt_runtime.py
-# (test_xla_fsdp_in_threads_aborts), which keeps this text honest.
+# Why FSDPv1 cannot run in the PJRT thread topology; tests/test_pjrt_runtime.py
+# (test_xla_fsdp_in_threads_aborts) keeps this text true.
 XLA_FSDP_ON_PJRT = (
     "unsupported topology: XlaFullyShardedDataParallel constructs in 1 process x W replica threads, "
     "but in the first training step the replicas' all-reduces carry different op ids (measured: 3 and "
@@ -156,15 +156,21 @@ def _wrap_xla_fsdp(module, ctx, kwargs):
     return XlaFullyShardedDataParallel(module, flatten_parameters=False)
 
 
-def xla_shipped_rows() -> list[Strategy]:
-    """The PJRT shipped paths (module docstring)."""
-    return [
-        _spmd_row("xla_spmd", "torch_xla SPMD data parallel: xr.use_spmd(), batch sharded with "
-                  "xs.mark_sharding over a 1-D 'data' mesh, parameters replicated", _wrap_spmd,
-                  not_transparent=SPMD_HOOK),
-        _spmd_row("xla_fsdpv2", "torch_xla SpmdFullyShardedDataParallel (FSDPv2) on a 1-D 'fsdp' "
-                  "mesh: parameters and batch sharded", _wrap_fsdpv2, _require_sharded_params,
-                  not_transparent=FSDPV2_CHANGES),
-        Strategy("xla_fsdp", "torch_xla XlaFullyShardedDataParallel (FSDPv1) in the thread topology",
-             _wrap_xla_fsdp, unsupported={"pjrt": XLA_FSDP_ON_PJRT, **NOT_ON}, holds_copies=False),
-    ]
+def spmd_row() -> Strategy:
+    """The ``xla_spmd`` row: SPMD data parallelism (module docstring)."""
+    return _spmd_row("xla_spmd", "torch_xla SPMD data parallel: xr.use_spmd(), batch sharded with "
+                     "xs.mark_sharding over a 1-D 'data' mesh, parameters replicated", _wrap_spmd,
+                     not_transparent=SPMD_HOOK)
+
+
+def fsdpv2_row() -> Strategy:
+    """The ``xla_fsdpv2`` row: SpmdFullyShardedDataParallel (module docstring)."""
+    return _spmd_row("xla_fsdpv2", "torch_xla SpmdFullyShardedDataParallel (FSDPv2) on a 1-D 'fsdp' "
+                     "mesh: parameters and batch sharded", _wrap_fsdpv2, _require_sharded_params,
+                     not_transparent=FSDPV2_CHANGES)
+
+
+def xla_fsdp_row() -> Strategy:
+    """The ``xla_fsdp`` row: FSDPv1, unsupported in the thread topology (:data:`XLA_FSDP_ON_PJRT`)."""
+    return Strategy("xla_fsdp", "torch_xla XlaFullyShardedDataParallel (FSDPv1) in the thread topology",
+                    _wrap_xla_fsdp, unsupported={"pjrt": XLA_FSDP_ON_PJRT, **NOT_ON}, holds_copies=False)

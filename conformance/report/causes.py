@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from conformance.worlds.blame import frames
 
 # A cause is "shared" when it covers at least this fraction of the failing case runs
-# (and at least MIN_RUNS of them): "all (or most)" failures (issue 26).
+# (and at least MIN_RUNS of them): "all (or most)" failures.
 MOST = 0.5
 MIN_RUNS = 2
 

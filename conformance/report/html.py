@@ -16,7 +16,7 @@ Output in ``--out DIR``:
   runtime-wW columns, statuses colour-coded, margins decoded: :func:`margin_text`);
   the mutant kill matrix (folded), the calibration table, and the plots embedded
   as ``data:image/png;base64`` URIs;
-* ``sensitivity.png`` - per-step deviation from the single-device reference on a
+* ``sensitivity.png`` (drawn by :mod:`conformance.report.plots`) - per-step deviation from the single-device reference on a
   log axis, small multiples (one panel per model and runtime-wW, wrapped at 1400 px):
   the correct implementations' ``param_parity`` deviation (an implementation under
   test that failed is drawn like a mutant, labelled with its failures), and for every mutant
@@ -27,113 +27,39 @@ Output in ``--out DIR``:
   correct runs over every seed, each mutant's weakest seed, atol, noise and
   signal (definitions in :mod:`conformance.cli.calibrate`).
 
-Matplotlib (Agg backend) is needed: ``pip install -e '.[report]' (from a clone)``.
-Exit 0 when written, 2 on bad input (one ``error:`` line).
-
-Long because it is a single template renderer: one self-contained page built section by
-section from the run JSON, with its CSS, colours and escaping shared by every section.
+The inputs are read and merged by :mod:`conformance.report.runs`. Matplotlib (Agg backend) is
+needed: ``pip install -e '.[report]' (from a clone)``. Exit 0 when written, 2 on bad input (one
+``error:`` line).
 """
 from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import os
 import re
 
 from conformance.verdict import BAD, Verdict
-from conformance.report.coverage import UNTESTED, coverage
-from conformance.errors import UsageError
-from conformance.report.text import KILLED, SKIP, SURVIVED, UNSUPPORTED, KillRow, fmt, kill_summary
+from conformance.report.coverage import coverage
+from conformance.report.kills import KILLED, SKIP, SURVIVED, UNSUPPORTED, KillRow, kill_summary
+from conformance.report.plots import plot_calibrations, plot_sensitivity
+from conformance.report.runs import (impl_counts, impl_label, is_backend, is_correct, merge_runs,
+                                     sensitivity_series)
+from conformance.report.text import fmt
 
-ZERO_FLOOR = 1e-10   # a deviation of exactly 0 is drawn here on the log axis
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ef9a9a", "vacuous": "#ffcc80",
                   "unsupported": "#e0e0e0", "skip": "#bbdefb", "xfail": "#f8bbd0"}
-# Kill results (conformance.report.text.KILL_RESULTS, of a cell and of a mutant): survived is the red one.
+# Kill results (conformance.report.kills.KILL_RESULTS, of a cell and of a mutant): survived is the red one.
 KILL_COLOURS = {KILLED: "#c8e6c9", SURVIVED: "#ef9a9a", UNSUPPORTED: "#e0e0e0", SKIP: "#bbdefb"}
-
-
-def _load(path: str) -> dict:
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"{path}: not a conformance JSON object")
-    return doc
-
-
-def _panel(v: dict) -> str:
-    return f"{v['runtime']}-w{v['world_size']}"
 
 
 def _fmt(x, spec=".2e"):
     return fmt(x, spec)
 
 
-def _is_mutant(impl: str) -> bool:
-    return impl.startswith("mutant:")
-
-
-# --------------------------------------------------------------------- data
-def merge_runs(docs: list[dict]) -> dict:
-    """Verdicts and kill-matrix rows of several run JSON files. A verdict id seen
-    twice (the same run given twice, overlapping runs) keeps the later input's
-    verdict once: counts and tables show each verdict id once. ``backend_judged``: whether a
-    failing verdict of the backend (``subject`` ``backend``) decided an input's exit code."""
-    by_id, kills, envs, dups, judged = {}, [], [], 0, False
-    for d in docs:
-        for v in d.get("verdicts", []):
-            vid = v.get("id") or f"{v['case']}:{v['check']}[{v['impl']}-{v['runtime']}-w{v['world_size']}]"
-            dups += vid in by_id
-            by_id[vid] = v
-        kills += d.get("kill_matrix", [])
-        judged = judged or (d.get("backend") or {}).get("judged", False)
-        if d.get("environment"):
-            envs.append(d["environment"])
-    return {"verdicts": list(by_id.values()), "kill_matrix": kills, "environments": envs,
-            "duplicates": dups, "backend_judged": judged}
-
-
-def impl_counts(verdicts: list[dict]) -> dict:
-    """``{impl: {status: n}}`` in first-seen order: every implementation under test
-    (every ``impl`` of ``verdicts``, a ``mutant:`` named with ``--ddp`` included) on
-    its own; nothing is summed across implementations."""
-    out: dict = {}
-    for v in verdicts:
-        c = out.setdefault(v["impl"], dict.fromkeys(STATUS_COLOURS, 0))
-        c[v["status"]] = c.get(v["status"], 0) + 1
-    return out
-
-
-def _is_backend(verdicts: list[dict], impl: str) -> bool:
-    return any(v["impl"] == impl and v.get("subject") == "backend" for v in verdicts)
-
-
 def _title(verdicts: list[dict], impl: str) -> str:
     """``backend gloo`` for the backend beneath the DDPs, the implementation's name otherwise."""
-    return f"backend {impl}" if _is_backend(verdicts, impl) else impl
-
-
-def impl_label(counts: dict) -> str:
-    """What the verdicts say about one implementation: ``correct`` only when no verdict
-    is ``fail`` or ``vacuous`` (BAD), none is an expected failure and something passed."""
-    bad = [f"{counts[s]} {s}" for s in BAD if counts.get(s)]
-    if bad:
-        return "NOT conformant: " + ", ".join(bad)
-    if counts.get("xfail"):
-        return f"correct except {counts['xfail']} expected failure(s)"
-    if not counts.get("pass"):
-        return "nothing checked (no verdict passed)"
-    untested = sum(counts.get(s, 0) for s in UNTESTED)
-    if untested:  # a pass on part of the table says how much of it
-        total = sum(counts.values())
-        return f"correct on {100 * (total - untested) / total:.1f} % of its verdicts ({untested} not tested)"
-    return "correct"
+    return f"backend {impl}" if is_backend(verdicts, impl) else impl
 
 
 def margin_text(v: dict) -> str:
@@ -150,245 +76,6 @@ def margin_text(v: dict) -> str:
     if m is None and isinstance(dev, (int, float)) and dev == 0:
         return "∞ (exact)"
     return "-"
-
-
-def _signal_check(vs: list[dict]) -> dict | None:
-    """Of a mutant's verdicts on one model: ``param_parity`` if it fails (comparable
-    with the correct runs' line), else the failing check with the largest deviation
-    relative to its atol, else ``param_parity``."""
-    failing = [v for v in vs if v["status"] == "fail" and v.get("per_step")]
-    if any(v["check"] == "param_parity" for v in failing):
-        failing = [v for v in failing if v["check"] == "param_parity"]
-    if failing:
-        return max(failing, key=lambda v: (v["max_dev"] or math.inf) / (v["atol"] or 1.0))
-    pp = [v for v in vs if v["check"] == "param_parity" and v.get("per_step")]
-    return pp[0] if pp else None
-
-
-def sensitivity_series(run: dict) -> dict:
-    """``{panel: {model: {"atol": float, "lines": [(label, kind, per_step)]}}}``.
-
-    Implementations under test (``verdicts``) are labelled from their verdicts
-    (:func:`impl_label`): ``"<impl> (correct)"``, kind ``correct``, only when none of
-    them failed or was vacuous; any other is kind ``failing`` and drawn like a mutant
-    (its failing check with the largest deviation). Kill-matrix mutants are kind
-    ``mutant``."""
-    out: dict = {}
-
-    def slot(v):
-        return out.setdefault(_panel(v), {}).setdefault(v["model"], {"atol": None, "lines": []})
-
-    counts = impl_counts(run["verdicts"])
-    labels = {impl: impl_label(c) for impl, c in counts.items()}
-    by_line: dict = {}   # (panel, name, kind, model) -> parity verdicts
-    for v in run["verdicts"]:
-        if v.get("family") != "parity" or v["check"] == "agreement":  # parity trajectories only
-            continue
-        if is_correct(labels[v["impl"]]):
-            if v["check"] == "param_parity" and v.get("per_step"):
-                s = slot(v)
-                s["atol"] = v["atol"]
-                s["lines"].append((f"{v['impl']} (correct)", "correct", v["per_step"]))
-        else:   # the plot names what failed: "torch (78 fail)", "x (3 xfail)", "y (nothing checked)"
-            c = counts[v["impl"]]
-            what = [f"{c[s]} {s}" for s in (*BAD, "xfail") if c[s]]
-            name = f"{v['impl']} ({', '.join(what) or 'nothing checked'})"
-            by_line.setdefault((_panel(v), name, "failing", v["model"]), []).append(v)
-    for row in run["kill_matrix"]:
-        for v in row["verdicts"]:
-            if v.get("family") != "parity" or v["check"] == "agreement" or not _is_mutant(v["impl"]):
-                continue
-            by_line.setdefault((_panel(v), row["mutant"], "mutant", v["model"]), []).append(v)
-    for (panel, name, kind, model), vs in by_line.items():
-        best = _signal_check(vs)
-        if best is None:
-            continue
-        s = slot(best)
-        s["atol"] = s["atol"] or next((v["atol"] for v in vs if v["check"] == "param_parity"), best["atol"])
-        label = name if best["check"] == "param_parity" else f"{name} [{best['check']}]"
-        s["lines"].append((label, kind, best["per_step"]))
-    return out
-
-
-# --------------------------------------------------------------------- plots
-def _clip(values):
-    return [ZERO_FLOOR if (x is None or x <= 0) else (1e3 if not math.isfinite(x) else x) for x in values]
-
-
-def _mutant_colours(names):
-    import matplotlib
-    cmap = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
-    return {n: cmap(i % cmap.N) for i, n in enumerate(sorted(names))}
-
-
-# The sensitivity figure: small multiples, wrapped so the PNG stays within a laptop screen.
-SENS_DPI = 110
-SENS_MAX_PX = 1400
-SENS_PANEL_IN = (3.0, 2.5)  # one panel, inches (4 a row fit 1400 px)
-SENS_MARGIN_IN = 0.4
-
-
-def _panel_values(steps: list, lo: float, hi: float) -> list:
-    """A line's points on a panel whose data span ``lo..hi``: 0 (and None) at ``lo / 10``,
-    NaN/Inf at ``hi * 10``, so both stay inside the panel's limits and read as off-scale."""
-    return [lo / 10 if (x is None or x == 0) else hi * 10 if not math.isfinite(x) or x < 0 else x
-            for x in steps]
-
-
-def sensitivity_figure(series: dict):
-    """The sensitivity figure (module docstring) as a matplotlib figure: one panel per
-    (runtime-wW, model) with data, wrapped at :data:`SENS_MAX_PX`; each panel's log axis spans
-    its own points and its bound, so a float64 panel (deviations ~1e-16) keeps both in view."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    cells = [(panel, model) for panel in sorted(series) for model in series[panel]
-             if series[panel][model]["lines"]]
-    mutant_names = sorted({lab.split(" [")[0] for p in series.values() for s in p.values()
-                           for lab, kind, _ in s["lines"] if kind != "correct"})
-    colours = _mutant_colours(mutant_names)
-    correct_styles = ["-", "--", ":", "-."]
-    pw, ph = SENS_PANEL_IN
-    cols = max(1, min(len(cells), int((SENS_MAX_PX / SENS_DPI - SENS_MARGIN_IN) // pw)))
-    rows = max(1, -(-len(cells) // cols))
-    legend_rows = -(-(len(mutant_names) + 4) // max(1, cols * 2))  # legend below, 2 entries a column
-    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(pw * cols + SENS_MARGIN_IN, ph * rows + 0.6
-                                                                  + 0.22 * legend_rows))
-    handles = {}
-    for ax in axes.flat[len(cells):]:
-        ax.set_visible(False)
-    if not cells:
-        axes[0][0].set_visible(True)
-        axes[0][0].text(0.5, 0.5, "no data", ha="center", va="center", transform=axes[0][0].transAxes)
-    for n, (panel, model) in enumerate(cells):
-        ax = axes[n // cols][n % cols]
-        s = series[panel][model]
-        ax.set_yscale("log")
-        ax.grid(True, which="major", alpha=0.3)
-        finite = [x for _, _, steps in s["lines"] for x in steps if x is not None and math.isfinite(x) and x > 0]
-        bound = s["atol"] if s["atol"] and math.isfinite(s["atol"]) and s["atol"] > 0 else None
-        span = finite + ([bound] if bound else [])
-        lo, hi = (min(span), max(span)) if span else (1e-10, 1.0)
-        k = 0
-        for label, kind, steps in sorted(s["lines"], key=lambda x: (x[1] != "correct", x[0])):
-            xs = list(range(1, len(steps) + 1))
-            ys = _panel_values(steps, lo, hi)
-            if kind == "correct":
-                h, = ax.plot(xs, ys, color="black", lw=2.0, ls=correct_styles[k % len(correct_styles)],
-                             label=label, zorder=3)
-                k += 1
-                handles.setdefault(label, h)
-            else:
-                base = label.split(" [")[0]
-                failing = kind == "failing"  # an implementation under test that failed
-                h, = ax.plot(xs, ys, color=colours[base], lw=2.0 if failing else 1.1,
-                             ls="-." if failing else "-", marker="s" if failing else "o",
-                             ms=3 if failing else 2.2, label=base, alpha=0.9)
-                handles.setdefault(base, h)
-                if label != base:  # name the check on the panel
-                    ax.annotate(label[len(base) + 1:], (xs[-1], ys[-1]), fontsize=6, color=colours[base],
-                                xytext=(2, 0), textcoords="offset points")
-        if bound:
-            h = ax.axhline(bound, color="red", lw=1.4, ls="--", zorder=4)
-            handles.setdefault("bound (verdict's atol: atol + rtol·|ref| at the worst element)", h)
-            ax.annotate(f"bound {bound:.2g}", (0.01, bound), xycoords=("axes fraction", "data"), fontsize=6,
-                        color="red", xytext=(0, 2), textcoords="offset points")
-        zero = any(x == 0 or x is None for _, _, steps in s["lines"] for x in steps)
-        off = any(x is not None and not math.isfinite(x) for _, _, steps in s["lines"] for x in steps)
-        # room below and above: the points, the bound, and the 0 / off-scale rows (x10)
-        ax.set_ylim(lo / 30, hi * (300 if off else 30))
-        ax.set_title(f"{model} · {panel}" + ("  (0 at bottom)" if zero else ""), fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if n % cols == 0:
-            ax.set_ylabel("max |replica − ref|", fontsize=7)
-        if n // cols == rows - 1 or n + cols >= len(cells):
-            ax.set_xlabel("step", fontsize=7)
-    fig.suptitle("Sensitivity: per-step deviation from the single-device reference", fontsize=10)
-    legend_h = (0.22 * legend_rows + 0.1) / fig.get_figheight()
-    if handles:
-        fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", fontsize=7,
-                   frameon=False, ncol=max(1, min(len(handles), cols * 2)))
-    fig.tight_layout(rect=(0, legend_h, 1, 1 - 0.35 / fig.get_figheight()))
-    return fig
-
-
-def plot_sensitivity(series: dict, path: str) -> None:
-    """Write the sensitivity figure (:func:`sensitivity_figure`) to ``path``."""
-    import matplotlib.pyplot as plt
-    fig = sensitivity_figure(series)
-    fig.savefig(path, dpi=SENS_DPI)
-    plt.close(fig)
-
-
-def _per_step_max(checks: dict, atol: float) -> list:
-    """Per-step max over checks of the deviation scaled to ``atol`` (calibrate's scale)."""
-    rows = []
-    for c in checks.values():
-        if c.get("per_step"):
-            k = atol / c["atol"] if c.get("atol") else 1.0
-            rows.append([(x if x is not None else math.inf) * k for x in c["per_step"]])
-    return [max(col) for col in zip(*rows)] if rows else []
-
-
-def plot_calibrations(cals: list[dict], path: str) -> None:
-    """Write the calibration figure: one panel per calibration."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    n = len(cals)
-    cols = min(3, n)
-    rows = (n + cols - 1) // cols
-    names = sorted({m["mutant"] for c in cals for m in c["mutants"]})
-    colours = _mutant_colours(names)
-    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(4.8 * cols + 2.8, 3.8 * rows + 0.6))
-    handles = {}
-    for idx, cal in enumerate(cals):
-        ax = axes[idx // cols][idx % cols]
-        atol = cal["atol"]
-        ax.set_yscale("log")
-        ax.grid(True, alpha=0.3)
-        ax.set_title(f"{cal['runtime']}-w{cal['world_size']} · {cal['model']} · {cal['impl']} "
-                     f"({len(cal['seeds'])} seeds)", fontsize=9)
-        ax.set_xlabel("step")
-        for run in cal["correct"]:
-            ys = _per_step_max(run["checks"], atol)
-            h, = ax.plot(range(1, len(ys) + 1), _clip(ys), color="0.35", lw=1, alpha=0.7)
-            handles.setdefault("correct implementation, every seed", h)
-        for m in cal["mutants"]:
-            if m.get("excluded") or not m.get("signal_at"):
-                continue
-            run = next(r for r in m["runs"] if r["seed"] == m["signal_at"]["seed"])
-            chk = run["checks"].get(m["signal_at"]["check"]) or {}
-            k = atol / chk["atol"] if chk.get("atol") else 1.0
-            ys = [(x if x is not None else math.inf) * k for x in chk.get("per_step", [])]
-            h, = ax.plot(range(1, len(ys) + 1), _clip(ys), color=colours[m["mutant"]], lw=1.1,
-                         marker="o", ms=2.5)
-            handles.setdefault(m["mutant"], h)
-        h = ax.axhline(atol, color="red", ls="--", lw=1.5)
-        handles.setdefault("atol", h)
-        if cal.get("noise"):
-            h = ax.axhline(cal["noise"], color="0.35", ls=":", lw=1.2)
-            handles.setdefault("noise floor", h)
-        if cal.get("signal"):
-            h = ax.axhline(cal["signal"], color="purple", ls=":", lw=1.2)
-            handles.setdefault("signal (weakest mutant)", h)
-        ax.set_ylim(bottom=ZERO_FLOOR / 2)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if idx % cols == 0:
-            ax.set_ylabel("deviation (scale of atol)")
-    for idx in range(n, rows * cols):
-        axes[idx // cols][idx % cols].axis("off")
-    fig.suptitle("Calibration: correct runs over seeds vs each mutant's weakest seed "
-                 f"(0 drawn at {ZERO_FLOOR:g})", fontsize=11)
-    fig.legend(list(handles.values()), list(handles.keys()), loc="center right", fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1 - 2.6 / fig.get_figwidth(), 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # --------------------------------------------------------------------- HTML
@@ -443,11 +130,6 @@ def _measure_text(v: dict) -> str:
 
 def _vid(v: dict) -> str:
     return v.get("id") or f"{v['case']}:{v['check']}[{v['impl']}-{v['runtime']}-w{v['world_size']}]"
-
-
-def is_correct(label: str) -> bool:
-    """An :func:`impl_label` of a conformant implementation (on all or part of the table)."""
-    return label == "correct" or label.startswith("correct on ")
 
 
 def _label_status(label: str) -> str:
@@ -647,15 +329,36 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
     if cals:
         paths["calibration"] = os.path.join(out_dir, "calibration.png")
         plot_calibrations(cals, paths["calibration"])
-    summ = kill_summary([KillRow.from_json(r) for r in run["kill_matrix"]])
-    killed = sum(v == KILLED for v in summ.values())
-    survived = sum(v == SURVIVED for v in summ.values())
+    failed, overall = overall_result(run)
+    parts = [
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+        "<title>DDP conformance report</title>", f"<style>{CSS}</style></head><body>",
+        "<h1>DDP conformance report</h1>",
+        f'<p class="meta">{_meta(run, sources)}</p>',
+        f'<p id="overall" class="{"bad" if failed else "ok"}"><b>{_e(overall)}</b></p>',
+        *_verdict_parts(run), *_kill_parts(run["kill_matrix"]), *_sensitivity_parts(paths["sensitivity"]),
+        *(_calibration_parts(cals, paths["calibration"]) if cals else []), "</body></html>",
+    ]
+    with open(paths["html"], "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
+    return paths
+
+
+def _kill_counts(kill_rows: list[dict]) -> tuple[dict, int, int]:
+    """``(summary, killed, survived)`` of JSON kill-matrix rows (:func:`kill_summary`)."""
+    summ = kill_summary([KillRow.from_json(r) for r in kill_rows])
+    return summ, sum(v == KILLED for v in summ.values()), sum(v == SURVIVED for v in summ.values())
+
+
+def overall_result(run: dict) -> tuple[bool, str]:
+    """``(failed, text)`` of merged runs (:func:`conformance.report.runs.merge_runs`): what the
+    run's exit code says, in one line; the backend's failures only count when judged."""
+    summ, killed, survived = _kill_counts(run["kill_matrix"])
     per_impl = impl_counts(run["verdicts"])
-    backends = [i for i in per_impl if _is_backend(run["verdicts"], i)]
+    backends = [i for i in per_impl if is_backend(run["verdicts"], i)]
     judged = [i for i in per_impl if i not in backends or run["backend_judged"]]
     n_bad = sum(per_impl[i][s] for i in judged for s in BAD)
     bad_impls = [_title(run["verdicts"], i) for i in judged if any(per_impl[i][s] for s in BAD)]
-    failed = bool(n_bad or survived)
     n_ddp = len(per_impl) - len(backends)
     overall = (f"FAIL: {n_bad} failing or vacuous verdict(s) in {len(bad_impls)} of {len(judged)} "
                f"implementation(s) ({', '.join(bad_impls) or 'none'})" if n_bad else
@@ -667,17 +370,23 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
                     + " failing verdict(s), reported apart (--fail-on-backend counts them)")
     if run["kill_matrix"]:
         overall += f"; {killed}/{len(summ)} mutants killed" + (f", {survived} {SURVIVED}" if survived else "")
+    return bool(n_bad or survived), overall
+
+
+def _meta(run: dict, sources) -> str:
+    """The page's environment and inputs line (escaped HTML)."""
     env = run["environments"][0] if run["environments"] else {}
     meta = _e(", ".join(f"{k} {v}" for k, v in env.items() if v)) + "<br>" + \
         _e("inputs: " + ", ".join(os.path.basename(s) for s in sources))
     if run["duplicates"]:
         meta += f"<br>{run['duplicates']} verdict id(s) appeared in more than one input: the later input's verdict is shown"
-    parts = [
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-        "<title>DDP conformance report</title>", f"<style>{CSS}</style></head><body>",
-        "<h1>DDP conformance report</h1>",
-        f'<p class="meta">{meta}</p>',
-        f'<p id="overall" class="{"bad" if failed else "ok"}"><b>{_e(overall)}</b></p>',
+    return meta
+
+
+def _verdict_parts(run: dict) -> list[str]:
+    """The implementations, coverage, failures and per-implementation sections."""
+    per_impl = impl_counts(run["verdicts"])
+    return [
         "<h2>Implementations</h2>",
         "<p>Each implementation under test with its own counts. <i>correct</i> only when none of its "
         "verdicts failed or was vacuous (and one passed). A <i>backend</i> row is the torch.distributed "
@@ -698,12 +407,25 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
         '<p class="legend">' + "".join(f'<span style="background:{c}">{s}</span>'
                                        for s, c in STATUS_COLOURS.items()) + "</p>",
         *[impl_section(impl, run["verdicts"]) for impl in per_impl],
+    ]
+
+
+def _kill_parts(kill_rows: list[dict]) -> list[str]:
+    """The kill matrix section (collapsed)."""
+    summ, killed, survived = _kill_counts(kill_rows)
+    return [
         "<h2>Mutant kill matrix</h2>",
         "<p>Every catalog mutant through every case that must kill it. killed: a verdict of the case "
         "failed; survived: it ran and nothing failed; unsupported/skip: it could not run (reason).</p>",
-        (f'<details id="kill-section"><summary>{len(run["kill_matrix"])} cells: {killed}/{len(summ)} '
+        (f'<details id="kill-section"><summary>{len(kill_rows)} cells: {killed}/{len(summ)} '
          f"mutants killed{f', {survived} {SURVIVED}' if survived else ''}</summary>"
-         + kill_table(run["kill_matrix"]) + "</details>") if run["kill_matrix"] else kill_table([]),
+         + kill_table(kill_rows) + "</details>") if kill_rows else kill_table([]),
+    ]
+
+
+def _sensitivity_parts(png: str) -> list[str]:
+    """The sensitivity section, its figure embedded."""
+    return [
         "<h2>Sensitivity</h2>",
         "<p>Per-step deviation on a log axis, one panel per model and runtime-world size (each "
         "axis spans its own values): the correct implementations (black; <code>param_parity</code>), "
@@ -714,19 +436,17 @@ def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sourc
         "tolerance table's atol when its rtol is 0: then every point above it fails; with rtol &gt; 0 "
         "other elements have other bounds). "
         "A deviation of 0 is drawn at the panel's bottom.</p>",
-        _img(paths["sensitivity"], "per-step deviation of correct runs and mutants", "sensitivity-plot"),
+        _img(png, "per-step deviation of correct runs and mutants", "sensitivity-plot"),
     ]
-    if cals:
-        parts += ["<h2>Calibration</h2>",
-                  "<p>From <code>python -m conformance calibrate</code>: noise = largest deviation "
-                  "of a correct run over the seeds; signal = over visible mutants, the smallest of "
-                  "each mutant's weakest-seed largest deviation among the checks that kill it "
-                  "(definitions in <code>conformance/cli/calibrate.py</code>). Well placed: atol ≥ 10 × "
-                  "noise, atol ≤ signal / 10, signal / noise ≥ 100.</p>",
-                  calibration_table(cals),
-                  _img(paths["calibration"], "calibration: correct runs over seeds and mutants",
-                       "calibration-plot")]
-    parts.append("</body></html>")
-    with open(paths["html"], "w", encoding="utf-8") as f:
-        f.write("\n".join(parts))
-    return paths
+
+
+def _calibration_parts(cals: list[dict], png: str) -> list[str]:
+    """The calibration section (``--calibration``), its figure embedded."""
+    return ["<h2>Calibration</h2>",
+            "<p>From <code>python -m conformance calibrate</code>: noise = largest deviation "
+            "of a correct run over the seeds; signal = over visible mutants, the smallest of "
+            "each mutant's weakest-seed largest deviation among the checks that kill it "
+            "(definitions in <code>conformance/cli/calibrate.py</code>). Well placed: atol ≥ 10 × "
+            "noise, atol ≤ signal / 10, signal / noise ≥ 100.</p>",
+            calibration_table(cals),
+            _img(png, "calibration: correct runs over seeds and mutants", "calibration-plot")]

@@ -30,7 +30,7 @@ import socket
 import xml.etree.ElementTree as ET
 
 from conformance.outcome import repro_command
-from conformance.report.text import SKIP, SURVIVED, UNSUPPORTED
+from conformance.report.kills import SKIP, SURVIVED, UNSUPPORTED
 from conformance.verdict import BAD
 
 # XML 1.0 forbids most control characters (tracebacks and log tails may hold them).

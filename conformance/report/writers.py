@@ -7,13 +7,15 @@ whether a run writes it (beside its JSON report) and whether ``report --format``
 run's targets and ``report``'s ``--format`` choices, help and files derive from that.
 
 Order matters: scenario files are written first (the diagnoses then name them, in the JSON and
-in the failures text), and the JSON document's ``created`` stamp is the JUnit suites' timestamp.
+in the failures text), the JSON document's ``created`` stamp is the JUnit suites' timestamp, and
+the terminal text comes last (it prints what the writers before it said).
 This module imports no torch (the CLI builds ``report --format`` from it before torch loads).
 """
 from __future__ import annotations
 
 import json as _json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,6 +24,7 @@ from conformance.errors import UsageError
 from conformance.outcome import repro_command
 from conformance.report.html import write_report
 from conformance.report.junit import write_junit
+from conformance.report.terminal import write_terminal
 from conformance.report.text import build_json, write_json_doc
 
 
@@ -37,7 +40,8 @@ def side_file(json_path: str, suffix: str) -> str | None:
 class RunOutput:
     """Verdicts and kill rows of a run, the JSON report's extra keys (``extra``), per case run
     seconds (``seconds``: ``(case, impl, runtime, W) -> s``, for JUnit), the signal name that cut
-    it short (``interrupted``) and the command that reproduces a verdict (``repro``)."""
+    it short (``interrupted``) and the command that reproduces a verdict (``repro``); for the
+    terminal text, lines to say under the verdict table (``notes``) and warnings (``warnings``)."""
 
     verdicts: list
     kills: list = field(default_factory=list)
@@ -45,6 +49,8 @@ class RunOutput:
     seconds: dict = field(default_factory=dict)
     interrupted: str | None = None
     repro: Callable = repro_command
+    notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
     #: filled by the JSON writer: the document written (its ``created`` stamps JUnit)
     doc: dict | None = None
     #: ``python -m conformance report``: the run JSON documents as read (HTML shows them
@@ -52,6 +58,10 @@ class RunOutput:
     runs: list | None = None
     calibrations: list = field(default_factory=list)
     sources: list = field(default_factory=list)
+    #: filled by :func:`write_all`: the targets it writes (``{name: target}``) and the lines the
+    #: writers written so far returned (what the terminal text prints of them)
+    targets: dict = field(default_factory=dict)
+    lines: list = field(default_factory=list)
 
 
 class Writer:
@@ -257,18 +267,40 @@ class HtmlReport(Writer):
         return [f"{k}: {p}" for k, p in paths.items()]
 
 
+class TerminalText(Writer):
+    """What a run prints (:mod:`conformance.report.terminal`): the verdict table, the kill matrix,
+    the lines of the writers before it, where the reports are, the summary and the coverage lines;
+    to stdout (``-``; with ``--json -`` stdout is the JSON and this text goes to stderr) or a
+    stream. Always the last writer: it prints what the others said."""
+
+    name = "terminal"
+    suffix = ""  # no file
+    run, report = True, False
+
+    @classmethod
+    def run_target(cls, json, json_out=None, options=None):
+        return "-"  # conformance.cli.output.STDOUT: sys.stdout when written
+
+    def write(self, out: RunOutput) -> list[str]:
+        write_terminal(sys.stdout if self.target == "-" else self.target, out)
+        return []
+
+
 #: name -> writer class, in the order a run writes them (see the module docstring). A new format:
-#: one more class in this tuple, or ``register(MyWriter)``.
-WRITERS = {w.name: w for w in (ScenarioFiles, JsonReport, FailuresText, JUnitXml, HtmlReport)}
+#: one more class in this tuple, or ``register(MyWriter)``; the terminal text stays last.
+WRITERS = {w.name: w for w in (ScenarioFiles, JsonReport, FailuresText, JUnitXml, HtmlReport, TerminalText)}
 #: the ``report --format`` default
 DEFAULT_REPORT_FORMAT = "html"
 
 
 def register(writer: type[Writer]) -> type[Writer]:
-    """Add ``writer`` to :data:`WRITERS` (after the built-in ones; usable as a decorator)."""
+    """Add ``writer`` to :data:`WRITERS` (after the built-in ones, before the terminal text, which
+    prints what it says; usable as a decorator)."""
     if not writer.name or writer.name in WRITERS:
         raise ValueError(f"report writer name {writer.name!r}: empty or taken ({', '.join(WRITERS)})")
     WRITERS[writer.name] = writer
+    if TerminalText.name in WRITERS:
+        WRITERS[TerminalText.name] = WRITERS.pop(TerminalText.name)
     return writer
 
 
@@ -297,8 +329,8 @@ def write_all(out: RunOutput, targets: dict) -> list[str]:
     unknown = sorted(set(targets) - set(WRITERS))
     if unknown:
         raise ValueError(f"unknown report writer(s) {unknown}; known: {', '.join(WRITERS)}")
-    lines = []
+    out.targets, out.lines = dict(targets), []
     for name, writer in WRITERS.items():
         if name in targets:
-            lines += writer(targets[name]).write(out)
-    return lines
+            out.lines += writer(targets[name]).write(out)
+    return list(out.lines)

@@ -173,78 +173,119 @@ def blame(diagnoses: list[dict]) -> Blame:
     when outside any), ``collectives`` (how many it entered, from the board),
     ``last_collective`` and ``signal``. Pure: reads nothing else, changes nothing.
     """
-    by = {d["rank"]: d for d in diagnoses}
-    status = {r: d["status"] for r, d in by.items()}
-    inside = {r for r, d in by.items() if d.get("in_collective")}
-    of = {s: [r for r in sorted(by) if status[r] == s] for s in ("died", "raised", "hung", "ok")}
-    reason = {}
-    mismatched = [r for r in of["died"] + of["raised"] if r in inside and mismatch_text(by[r])]
+    ev = _Evidence(diagnoses)
+    mismatched = [r for r in ev.of["died"] + ev.of["raised"] if r in ev.inside and mismatch_text(ev.by[r])]
     if mismatched:
-        lasts = {by[r].get("last_collective") for r in mismatched}
-        elsewhere = [o for o in by if o not in mismatched and by[o].get("last_collective")
-                     and by[o].get("last_collective") not in lasts]
-        if elsewhere:  # a peer provably in a different collective
-            for o in elsewhere:
-                reason[o] = f"in a different collective ({by[o].get('last_collective')}) from replica {mismatched[0]}"
-            culprits = elsewhere
-        else:
-            culprits = sorted(r for r in by if r in inside or r in mismatched)
-            for r in culprits:
-                reason[r] = "collective mismatch: the replicas' calls differ at this point; which one deviated is unknown"
-                status[r] = "mismatched"
-        for r in by:
-            if r not in culprits and status[r] in ("hung", "raised"):
-                status[r] = "aborted-by-peer"
-        return Blame(sorted(culprits), status, reason)
-    if of["died"]:
-        culprits = set(of["died"])
-        for r in of["died"]:
-            reason[r] = "died"
-        for h in {by[r].get("host") for r in of["died"]}:  # a host of several replica threads
-            ds = [r for r in of["died"] if by[r].get("host") == h]
-            outside = [r for r in ds if r not in inside]
-            if len(ds) > 1 and 0 < len(outside) < len(ds):
-                culprits -= set(ds) - set(outside)
-                for r in outside:
-                    reason[r] = "outside any collective while its peers waited in one"
-        for r in of["died"]:  # an abort inside a collective whose peers sit in another one
-            d = by[r]
-            if d.get("signal") == "SIGABRT" and r in inside:
-                for o in by:
-                    last = by[o].get("last_collective")
-                    if status[o] != "died" and last and last != d.get("last_collective"):
-                        culprits.add(o)
-                        reason[o] = f"in a different collective ({last}) from replica {r}"
-        for r in of["hung"] + [r for r in of["raised"] if r in inside]:
-            if r not in culprits:
-                status[r] = "aborted-by-peer"
-        return Blame(sorted(culprits), status, reason)
-    if of["raised"]:
-        genuine = [r for r in of["raised"] if r not in inside]
-        if genuine:
-            for r in genuine:
-                reason[r] = "raised"
-            for r in of["hung"] + [r for r in of["raised"] if r in inside]:
-                status[r] = "aborted-by-peer"
-            return Blame(genuine, status, reason)
-        # Every exception came out of a collective (the runtime's own timeout): who
-        # did the raisers wait for?
-        elsewhere = [r for r in of["hung"] if r not in inside]
-        culprits = elsewhere or of["ok"]
-        if not culprits:
-            for r in of["raised"]:
-                reason[r] = "raised inside a collective"
-            for r in of["hung"]:
-                status[r] = "aborted-by-peer"
-            return Blame(of["raised"], status, reason)
+        return _blame_mismatch(ev, mismatched)
+    if ev.of["died"]:
+        return _blame_deaths(ev)
+    if ev.of["raised"]:
+        return _blame_raises(ev)
+    return _blame_bound(ev)
+
+
+class _Evidence:
+    """What :func:`blame` decides from: each replica's diagnosis by rank (``by``), its status
+    so far (``status``, changed as blame is decided), the ranks inside a collective
+    (``inside``), the ranks of each way a task ended (``of``) and the culprits' reasons."""
+
+    def __init__(self, diagnoses):
+        self.by = {d["rank"]: d for d in diagnoses}
+        self.status = {r: d["status"] for r, d in self.by.items()}
+        self.inside = {r for r, d in self.by.items() if d.get("in_collective")}
+        self.of = {s: [r for r in sorted(self.by) if self.status[r] == s] for s in ("died", "raised", "hung", "ok")}
+        self.reason = {}
+
+    def decided(self, culprits) -> Blame:
+        return Blame(sorted(culprits), self.status, self.reason)
+
+
+def _blame_mismatch(ev: _Evidence, mismatched) -> Blame:
+    """The runtime reported that the replicas' calls did not match: a peer provably in a
+    different collective, else every replica inside one (``mismatched``: which one deviated
+    cannot be told)."""
+    by, status, reason = ev.by, ev.status, ev.reason
+    lasts = {by[r].get("last_collective") for r in mismatched}
+    elsewhere = [o for o in by if o not in mismatched and by[o].get("last_collective")
+                 and by[o].get("last_collective") not in lasts]
+    if elsewhere:  # a peer provably in a different collective
+        for o in elsewhere:
+            reason[o] = f"in a different collective ({by[o].get('last_collective')}) from replica {mismatched[0]}"
+        culprits = elsewhere
+    else:
+        culprits = sorted(r for r in by if r in ev.inside or r in mismatched)
         for r in culprits:
-            reason[r] = ("outside any collective while its peers waited in one" if r in elsewhere
-                         else "returned from the task while its peers waited in a collective")
-        for r in of["raised"] + of["hung"]:
-            if r not in culprits:
-                status[r] = "waiting"
-        return Blame(culprits, status, reason)
-    # A bound passed.
+            reason[r] = "collective mismatch: the replicas' calls differ at this point; which one deviated is unknown"
+            status[r] = "mismatched"
+    for r in by:
+        if r not in culprits and status[r] in ("hung", "raised"):
+            status[r] = "aborted-by-peer"
+    return ev.decided(culprits)
+
+
+def _blame_deaths(ev: _Evidence) -> Blame:
+    """Replicas died: the dead (on a host of several replica threads, those outside any
+    collective while some were inside one), and the peers in another collective than one that
+    aborted inside its own; the rest were cut off."""
+    by, status, reason, inside, of = ev.by, ev.status, ev.reason, ev.inside, ev.of
+    culprits = set(of["died"])
+    for r in of["died"]:
+        reason[r] = "died"
+    for h in {by[r].get("host") for r in of["died"]}:  # a host of several replica threads
+        ds = [r for r in of["died"] if by[r].get("host") == h]
+        outside = [r for r in ds if r not in inside]
+        if len(ds) > 1 and 0 < len(outside) < len(ds):
+            culprits -= set(ds) - set(outside)
+            for r in outside:
+                reason[r] = "outside any collective while its peers waited in one"
+    for r in of["died"]:  # an abort inside a collective whose peers sit in another one
+        d = by[r]
+        if d.get("signal") == "SIGABRT" and r in inside:
+            for o in by:
+                last = by[o].get("last_collective")
+                if status[o] != "died" and last and last != d.get("last_collective"):
+                    culprits.add(o)
+                    reason[o] = f"in a different collective ({last}) from replica {r}"
+    for r in of["hung"] + [r for r in of["raised"] if r in inside]:
+        if r not in culprits:
+            status[r] = "aborted-by-peer"
+    return ev.decided(culprits)
+
+
+def _blame_raises(ev: _Evidence) -> Blame:
+    """Replicas raised: those that raised outside a collective; if every exception came out of
+    a collective (the runtime's own timeout), the replica they waited for."""
+    status, reason, inside, of = ev.status, ev.reason, ev.inside, ev.of
+    genuine = [r for r in of["raised"] if r not in inside]
+    if genuine:
+        for r in genuine:
+            reason[r] = "raised"
+        for r in of["hung"] + [r for r in of["raised"] if r in inside]:
+            status[r] = "aborted-by-peer"
+        return Blame(genuine, status, reason)
+    # Every exception came out of a collective (the runtime's own timeout): who
+    # did the raisers wait for?
+    elsewhere = [r for r in of["hung"] if r not in inside]
+    culprits = elsewhere or of["ok"]
+    if not culprits:
+        for r in of["raised"]:
+            reason[r] = "raised inside a collective"
+        for r in of["hung"]:
+            status[r] = "aborted-by-peer"
+        return Blame(of["raised"], status, reason)
+    for r in culprits:
+        reason[r] = ("outside any collective while its peers waited in one" if r in elsewhere
+                     else "returned from the task while its peers waited in a collective")
+    for r in of["raised"] + of["hung"]:
+        if r not in culprits:
+            status[r] = "waiting"
+    return Blame(culprits, status, reason)
+
+
+def _blame_bound(ev: _Evidence) -> Blame:
+    """A bound passed: replicas inside a collective wait; the culprit is one elsewhere, else one
+    that returned, else - all waiting - the ones in a different collective from the majority."""
+    by, status, reason, inside, of = ev.by, ev.status, ev.reason, ev.inside, ev.of
     waiters = [r for r in of["hung"] if r in inside]
     culprits = [r for r in of["hung"] if r not in inside]
     for r in culprits:
@@ -264,4 +305,4 @@ def blame(diagnoses: list[dict]) -> Blame:
     for r in waiters:
         if r not in culprits:
             status[r] = "waiting"
-    return Blame(sorted(culprits), status, reason)
+    return ev.decided(culprits)

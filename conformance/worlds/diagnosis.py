@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import linecache
 import mmap
+import os
 import re
 import signal
 import threading
@@ -264,6 +265,42 @@ def tail(path: str, lines: int) -> str:
             return "".join(f.readlines()[-lines:])
     except OSError:
         return ""
+
+
+def read_text(path: str) -> str:
+    """The text of ``path`` (``""`` when it cannot be read)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+# A stack dump (faulthandler, written inside the host's signal handler) is read once its file
+# has stopped growing for DUMP_STABLE_S and holds every replica thread, polled every DUMP_POLL_S.
+DUMP_POLL_S, DUMP_STABLE_S = 0.02, 0.06
+
+
+def request_stacks(pids: dict[int, int], paths: dict[int, str], tids=None, bound: float = 3.0) -> None:
+    """Ask host processes (``{host: pid}``) for their Python stacks (``faulthandler`` on SIGUSR1,
+    written to ``paths[host]``); wait until the dumps stop growing and hold every thread of
+    ``tids`` (``{host: [thread ident]}``: a replica's thread may come last), at most ``bound`` s."""
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    last, stable_since = None, None
+    end = time.monotonic() + bound
+    while time.monotonic() < end:
+        time.sleep(DUMP_POLL_S)
+        sizes = {i: (os.path.getsize(p) if os.path.exists(p) else 0) for i, p in paths.items()}
+        if sizes == last and all(sizes.values()):
+            if time.monotonic() - stable_since >= DUMP_STABLE_S and all(
+                    set((tids or {}).get(i, ())) <= set(thread_stacks(read_text(p))) for i, p in paths.items()):
+                break
+        else:
+            last, stable_since = sizes, time.monotonic()
 
 
 # --- formatting -------------------------------------------------------------

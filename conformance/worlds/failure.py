@@ -232,57 +232,77 @@ def classify(diag, head, *, timeout, elapsed, raised, dead, hang, collective_bou
     culprits = [d for d in diag if d["culprit"]]
     mism = [d for d in diag if d["status"] == "mismatched"]
     if mism:  # the runtime aborted a receiver: the calls did not match (blame.MISMATCH)
-        words = next(filter(None, (blame_mod.mismatch_text(d) for d in mism)), "")
-        sides = "; ".join(f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in mism)
-        return (f"{head}: collective mismatch between replicas {', '.join(str(d['rank']) for d in mism)} "
-                f"(the runtime says: {words[:300]}): their calls at this point differ in kind or size; "
-                f"which replica deviated cannot be told from their stacks [{sides}]"), \
-            (ReplicaDied if dead else ReplicaFailed)
+        return _mismatch_summary(mism, head), (ReplicaDied if dead else ReplicaFailed)
     if dead:
-        died = [d for d in diag if d["status"] == "died"]
-        hosts = sorted({d["host"] for d in died})
-        parts = []
-        for h in hosts:
-            ds = [d for d in died if d["host"] == h]
-            d0 = ds[0]
-            how = (f"killed by {d0['signal']}" if d0["signal"] else f"exited with code {d0['exit_code']}")
-            ranks = ", ".join(str(d["rank"]) for d in ds)
-            last = [ln.strip() for ln in (d0.get("log_tail") or "").splitlines() if ln.strip()]
-            if d0["signal"] == "SIGABRT" and last:  # the runtime's own words (gloo, XLA)
-                how += f" ({last[-1][:300]})"
-            parts.append(f"replica {ranks} (host {h}, pid {d0['pid']}) died: {how}")
-        # What each replica was doing: who waited in a collective, who was elsewhere.
-        doing = [f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in diag
-                 if dg.where(d)]
-        # An abort inside a collective whose peers sit in a different one (gloo's
-        # "Received data size doesn't match"): name both sides of the mismatch.
-        other = [d for d in culprits if d["status"] != "died"]
-        if other:
-            aborted = [d for d in died if d["signal"] == "SIGABRT" and d.get("in_collective")]
-            parts.append("collective mismatch: " + " vs ".join(
-                f"replica {x['rank']} in {x['last_collective'] or x['in_collective']} (step {x.get('step')})"
-                for x in aborted[:1] + other))
-        suspects = [d for d in culprits if d["status"] == "died" and d["culprit_reason"] != "died"]
-        if suspects:
-            parts.append("; ".join(f"replica {d['rank']} is the suspect: outside any collective "
-                                    f"({dg.where(d) or 'no progress noted'}) while its peers waited in one"
-                                    for d in suspects))
-        graphs = pjrt_graphs.describe(diag)
-        if graphs:  # the cause a user must fix, before where they died
-            parts.insert(0, graphs)
-        # the culprit's words lead: the suspect or the mismatch when named, else the dead
-        return (lead(parts[:1] if graphs else parts[-1:] if other or suspects else parts)
-                + f"{head}: {len(died)} replica(s) died: " + "; ".join(parts)
-                + (f" [{'; '.join(doing)}]" if doing else "")), ReplicaDied
+        return _death_summary(diag, culprits, head), ReplicaDied
     if any(d["status"] == "raised" for d in culprits):
-        parts = []
-        for d in culprits:
-            place = "; ".join(x for x in (f"host {d['host']}, pid {d['pid']}", dg.where(d)) if x)
-            parts.append(f"replica {d['rank']} raised {d['exception_type']}: "
-                         f"{first_line(d['exception_message'])} [{place}]")
-        return lead(parts, culprits) + f"{head}: {len(culprits)} replica(s) raised; " + "; ".join(parts), ReplicaFailed
-    # A hang: the task bound passed, a replica waited past the collective bound, or
-    # the runtime's own collective timeout fired first (the waiters raised it).
+        return _raise_summary(culprits, head), ReplicaFailed
+    return _hang_summary(diag, culprits, head, timeout=timeout, elapsed=elapsed, raised=raised, hang=hang,
+                         collective_bound=collective_bound, load=load), ReplicaTimeout
+
+
+def _mismatch_summary(mism, head) -> str:
+    """The summary of a collective mismatch between the ``mism`` replicas (none can be blamed)."""
+    words = next(filter(None, (blame_mod.mismatch_text(d) for d in mism)), "")
+    sides = "; ".join(f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in mism)
+    return (f"{head}: collective mismatch between replicas {', '.join(str(d['rank']) for d in mism)} "
+            f"(the runtime says: {words[:300]}): their calls at this point differ in kind or size; "
+            f"which replica deviated cannot be told from their stacks [{sides}]")
+
+
+def _death_summary(diag, culprits, head) -> str:
+    """The summary of a task some replicas' hosts died in: how each died, a mismatch or a
+    suspect their peers waited for, and what each replica was doing."""
+    died = [d for d in diag if d["status"] == "died"]
+    parts = []
+    for h in sorted({d["host"] for d in died}):
+        ds = [d for d in died if d["host"] == h]
+        d0 = ds[0]
+        how = (f"killed by {d0['signal']}" if d0["signal"] else f"exited with code {d0['exit_code']}")
+        ranks = ", ".join(str(d["rank"]) for d in ds)
+        last = [ln.strip() for ln in (d0.get("log_tail") or "").splitlines() if ln.strip()]
+        if d0["signal"] == "SIGABRT" and last:  # the runtime's own words (gloo, XLA)
+            how += f" ({last[-1][:300]})"
+        parts.append(f"replica {ranks} (host {h}, pid {d0['pid']}) died: {how}")
+    # What each replica was doing: who waited in a collective, who was elsewhere.
+    doing = [f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in diag
+             if dg.where(d)]
+    # An abort inside a collective whose peers sit in a different one (gloo's
+    # "Received data size doesn't match"): name both sides of the mismatch.
+    other = [d for d in culprits if d["status"] != "died"]
+    if other:
+        aborted = [d for d in died if d["signal"] == "SIGABRT" and d.get("in_collective")]
+        parts.append("collective mismatch: " + " vs ".join(
+            f"replica {x['rank']} in {x['last_collective'] or x['in_collective']} (step {x.get('step')})"
+            for x in aborted[:1] + other))
+    suspects = [d for d in culprits if d["status"] == "died" and d["culprit_reason"] != "died"]
+    if suspects:
+        parts.append("; ".join(f"replica {d['rank']} is the suspect: outside any collective "
+                                f"({dg.where(d) or 'no progress noted'}) while its peers waited in one"
+                                for d in suspects))
+    graphs = pjrt_graphs.describe(diag)
+    if graphs:  # the cause a user must fix, before where they died
+        parts.insert(0, graphs)
+    # the culprit's words lead: the suspect or the mismatch when named, else the dead
+    return (lead(parts[:1] if graphs else parts[-1:] if other or suspects else parts)
+            + f"{head}: {len(died)} replica(s) died: " + "; ".join(parts)
+            + (f" [{'; '.join(doing)}]" if doing else ""))
+
+
+def _raise_summary(culprits, head) -> str:
+    """The summary of a task the ``culprits`` raised in: each one's exception and place."""
+    parts = []
+    for d in culprits:
+        place = "; ".join(x for x in (f"host {d['host']}, pid {d['pid']}", dg.where(d)) if x)
+        parts.append(f"replica {d['rank']} raised {d['exception_type']}: "
+                     f"{first_line(d['exception_message'])} [{place}]")
+    return lead(parts, culprits) + f"{head}: {len(culprits)} replica(s) raised; " + "; ".join(parts)
+
+
+def _hang_summary(diag, culprits, head, *, timeout, elapsed, raised, hang, collective_bound, load) -> str:
+    """The summary of a hang: the task bound passed, a replica waited past the collective
+    bound, or the runtime's own collective timeout fired first (the waiters raised it); the
+    culprits (hung or returned) and who waits where. Sets each hung culprit's status."""
     if raised:
         why = (f"replica(s) {sorted(raised)} raised inside a collective (the runtime's own timeout) "
                f"after {elapsed:.1f} s of the task")
@@ -313,7 +333,7 @@ def classify(diag, head, *, timeout, elapsed, raised, dead, hang, collective_bou
              + (f" (raised {d['exception_type']})" if d.get("exception_type") else "")
              for d in diag if d["status"] == "waiting"]
     return (lead(parts, culprits) + f"{head}: {why}; " + "; ".join(parts)
-            + (f"; waiting: {', '.join(waits)}" if waits else "")), ReplicaTimeout
+            + (f"; waiting: {', '.join(waits)}" if waits else ""))
 
 
 def lead(parts: list[str], culprits=()) -> str:

@@ -82,10 +82,8 @@ def sample_stacks(skip: int) -> dict[int, str]:
 
     From ``sys._current_frames()``, which walks the interpreter's thread list under its
     lock. ``faulthandler.dump_traceback`` walks it without one (it is written for signal
-    handlers): called every half second it raced threads that C++ code gives a thread state
-    and takes it back, and killed the host with SIGSEGV (a reference DDP replica on CPU died
-    in 2 of 3 runs of the parity and scenario cases when sampled every 2 ms; once in a full
-    test run at every 500 ms). The frames are read into strings at once (microseconds, no I/O,
+    handlers): called often it races threads that C++ code gives a thread state and takes it
+    back, and kills the host with SIGSEGV. The frames are read into strings at once (microseconds, no I/O,
     no garbage collection) and dropped before anything else: a frame object still held when its
     function returns keeps the function's locals alive, and on PJRT a lazy tensor kept alive
     that way is one more output of the replica's next graph (docs/runtimes/pjrt.md, cause 1)."""
@@ -134,13 +132,13 @@ def watch_collectives(replicas, every=WATCH_S):
             pass
 
 
-def host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, settings, parent_env=None,
-              registered=None):
-    """Entry point of a host process (runs until told to stop). ``parent_env``: the kit's
-    environment when it started this host (a host forked by the fork server would otherwise
-    inherit the server's, from when the first world started). ``registered``: ``(runtime,
-    its entry in the kit's registry)`` (``"module:Class"`` or a class), for a runtime
-    registered after the fork server imported the registry."""
+def host_main(world, host, conn, workdir, env, parent_pid, settings, parent_env=None, registered=None):
+    """Entry point of host ``host`` of ``world`` (its :class:`~conformance.worlds.registry.WorldKey`;
+    runs until told to stop). ``parent_env``: the kit's environment when it started this host (a
+    host forked by the fork server would otherwise inherit the server's, from when the first
+    world started). ``registered``: ``(runtime, its entry in the kit's registry)``
+    (``"module:Class"`` or a class), for a runtime registered after the fork server imported the
+    registry."""
     if parent_env is not None:
         os.environ.clear()
         os.environ.update(parent_env)
@@ -165,8 +163,8 @@ def host_main(runtime_name, host, world_size, conn, workdir, env, parent_pid, se
     try:
         if registered is not None:
             register(*registered)
-        runtime = get_runtime(runtime_name, settings)
-        replicas = runtime.setup_host(host, world_size, workdir)
+        runtime = get_runtime(world, settings)
+        replicas = runtime.setup_host(host, world.replicas, workdir)
         board = dg.ProgressBoard(os.path.join(workdir, "progress"))
         for ctx in replicas:
             instrument(ctx, board, host, runtime)

@@ -2,11 +2,11 @@
 :mod:`conformance.worlds.preload` (torch, the parts of torch the tasks import lazily, the kit's
 task modules), or, with ``spawn``, as fresh interpreters.
 
-Measured on 2 cores (docs/robustness.md "A lost world is replaced in a tenth of a second",
-``benchmarks/default_run.py``): a CPU world of 2-4 replicas starts in 0.03-0.09 s from the server
-(1.5-3.8 s spawned: each host imported torch) and closes in 0.03-0.07 s (0.5-1.4 s). The server
-itself starts once per kit process (~3 s of imports); :func:`start_server` starts it early, while
-the kit process still imports and selects its cases.
+Why the server: a host forked from it starts and closes in a small fraction of the time of a
+fresh interpreter, which imports torch itself (the figures: docs/robustness.md "A lost world is
+replaced in a tenth of a second"). The server itself starts once per kit process (seconds of
+imports); :func:`start_server` starts it early, while the kit process still imports and selects
+its cases.
 
 Imports neither torch nor the kit's runtimes (the CLI calls :func:`start_server` first thing).
 """
@@ -44,7 +44,7 @@ def start_server(start: str = "forkserver") -> None:
 
 def stop_server() -> None:
     """Kill the fork server now, if this process started one: for a command that ends before
-    its first world (bad input, Ctrl-C), the server would otherwise finish its imports (~3 s)
+    its first world (bad input, Ctrl-C), the server would otherwise finish its imports (seconds)
     after this process exited. Its hosts, if any, die with it (``PR_SET_PDEATHSIG``). Reads
     ``multiprocessing.forkserver``'s server pid, a private attribute of CPython 3.8-3.13:
     without it the server is left to exit by itself."""

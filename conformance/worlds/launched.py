@@ -17,12 +17,12 @@ environment instead of spawning anything, and has the same API as ``World``:
   (``gather_object``, bounded by the task timeout). Rank 0 gets the list by
   global ordinal; every other rank gets ``None`` - rank 0 evaluates. Whether
   some replica raised is broadcast back, so every rank raises the same
-  :class:`~conformance.worlds.spawned.ReplicaFailed` and no rank is left waiting;
+  :class:`~conformance.worlds.failure.ReplicaFailed` and no rank is left waiting;
 * :meth:`ExternalWorld.broadcast` lets rank 0 share a verdict (the CLI's exit
   code) so every process exits alike.
 
-:class:`ExternalPool` is the ``WorldPool``-like object a
-:class:`conformance.evaluate.Session` takes: ``get(runtime, W)`` returns the
+:class:`ExternalPool` is the :class:`~conformance.worlds.pool.Pool` a
+:class:`conformance.evaluate.Session` takes: ``get(WorldKey(runtime, W))`` returns the
 launcher's world and refuses any other ``W`` with a clear error.
 
 Only the CPU runtime (plain PyTorch, gloo) runs under an external launcher.
@@ -44,8 +44,11 @@ import traceback
 from conformance.settings import Settings
 from conformance.worlds.blame import collective_in
 from conformance.worlds.diagnosis import blank as blank_diagnosis, details as diagnosis_details
-from conformance.worlds.runtimes import RUNTIMES, RuntimeUnavailable, get_runtime, runtime_class
-from conformance.worlds.spawned import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, _die_with_parent
+from conformance.worlds.failure import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout
+from conformance.worlds.host import die_with_parent
+from conformance.worlds.pool import Pool
+from conformance.worlds.runtimes import (RUNTIMES, RuntimeUnavailable, WorldKey, check_world, get_runtime,
+                                         runtime_class)
 from conformance.worlds.runtimes.base import ReplicaContext
 from conformance.worlds.runtimes.cpu import process_group_timeout_s, resolve_backend
 
@@ -119,7 +122,7 @@ def check_external(runtime: str, world_size: int | None = None, environ=None) ->
     if world_size is not None and world_size != size:
         raise WorldSizeMismatch(f"the launcher started {size} processes (WORLD_SIZE={size}), so the world "
                                 f"has {size} replicas, not {world_size}")
-    get_runtime(runtime).check(size)
+    check_world(WorldKey(runtime, size))
     return size
 
 
@@ -167,7 +170,7 @@ class ExternalWorld:
         self._groups: dict[float, object] = {}
         self._tasks = 0
         # The launcher owns this process: die with it rather than wait in gloo.
-        _die_with_parent(os.getppid())
+        die_with_parent(os.getppid())
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: stacks on stderr
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
         self._owns_group = not dist.is_initialized()
@@ -216,7 +219,6 @@ class ExternalWorld:
                 seconds (a stuck one dumps its stacks to stderr).
             ReplicaDied: a peer vanished (connection closed) during the gather.
         """
-        import torch.distributed as dist
         if self.broken:
             raise ReplicaError(f"{self.describe()} is broken by an earlier failure; an externally "
                                f"launched world cannot be restarted (relaunch it)")
@@ -237,6 +239,21 @@ class ExternalWorld:
             value = dict(value, rank=rank, host=self.members[rank]["host"], pid=os.getpid())
             print(f"--- replica {rank} raised in task {self._tasks}:\n{value['traceback']}", flush=True,
                   file=sys.stderr)
+        gathered, errors = self._gather(ok, value, group, fn, limit)
+        if errors:
+            self.broken = True
+            raise self._raised(errors)
+        return [v for _, v in gathered] if self.is_root else None
+
+    def _gather(self, ok, value, group, fn, limit) -> tuple[list | None, list | None]:
+        """Gather every replica's ``(ok, value)`` to rank 0 and broadcast the failures back:
+        ``(the gathered pairs on rank 0, else None; the failures' infos, or None)``.
+
+        Raises:
+            ReplicaTimeout / ReplicaDied: the gather or the broadcast failed (a replica stuck
+                past ``limit`` seconds, or gone); the world is then broken.
+        """
+        import torch.distributed as dist
         gathered = [None] * self.world_size if self.is_root else None
         try:
             dist.gather_object((ok, value), gathered, dst=0, group=group)
@@ -256,19 +273,20 @@ class ExternalWorld:
                     f"{text}") from None
             raise ReplicaDied(f"{self.describe()}: {task}: a replica vanished (exited or was killed) "
                               f"before delivering its result; see the launcher's log: {text}") from None
-        if status[0]:
-            self.broken = True
-            diag = []
-            for v in status[0]:
-                d = blank_diagnosis(v["rank"]) | {k: v.get(k) for k in ("host", "pid", "exception_type",
-                                                                          "exception_message", "traceback")}
-                diag.append(d | {"status": "raised", "culprit": True, "task": self._tasks})
-            head = "; ".join(f"replica {d['rank']} raised {d['exception_type']}: "
-                             f"{(d['exception_message'] or '').strip().splitlines()[0][:300] if d['exception_message'] else ''}"
-                             for d in diag)
-            raise ReplicaFailed(f"{self.describe()}: {len(diag)} replica(s) raised; {head}\n"
-                                + diagnosis_details(diag), diag)
-        return [v for _, v in gathered] if self.is_root else None
+        return gathered, status[0]
+
+    def _raised(self, errors: list[dict]) -> ReplicaFailed:
+        """The :class:`ReplicaFailed` of the replicas that raised (``errors``: their infos)."""
+        diag = []
+        for v in errors:
+            d = blank_diagnosis(v["rank"]) | {k: v.get(k) for k in ("host", "pid", "exception_type",
+                                                                      "exception_message", "traceback")}
+            diag.append(d | {"status": "raised", "culprit": True, "task": self._tasks})
+        head = "; ".join(f"replica {d['rank']} raised {d['exception_type']}: "
+                         f"{(d['exception_message'] or '').strip().splitlines()[0][:300] if d['exception_message'] else ''}"
+                         for d in diag)
+        return ReplicaFailed(f"{self.describe()}: {len(diag)} replica(s) raised; {head}\n"
+                             + diagnosis_details(diag), diag)
 
     def _dump_stacks(self, task, fn, limit):
         me = threading.get_ident()  # the watchdog: not evidence
@@ -320,16 +338,13 @@ class ExternalWorld:
         self.close()
 
 
-class ExternalPool:
-    """A :class:`conformance.worlds.spawned.WorldPool` stand-in holding the one launcher-built world.
+class ExternalPool(Pool):
+    """The :class:`~conformance.worlds.pool.Pool` of the one launcher-built world.
 
-    ``get(runtime, world_size)`` returns it (constructed on first use) when
-    ``runtime`` and ``world_size`` match the launch; anything else raises
-    :class:`WorldSizeMismatch` / ``RuntimeUnavailable`` - a launched world has
-    exactly the launcher's processes. A broken world cannot be replaced.
-
-    ``sees_every_result`` is false: a task's results reach the root process only (a pool
-    without the attribute, e.g. ``WorldPool``, returns them to the one process that runs it).
+    ``get(world)`` returns it (constructed on first use) when ``world`` is the launch's runtime
+    and size; anything else raises :class:`WorldSizeMismatch` / ``RuntimeUnavailable`` - a
+    launched world has exactly the launcher's processes. A broken world cannot be replaced.
+    A task's results reach the root process only (:attr:`sees_every_result` is false).
     """
 
     sees_every_result = False
@@ -346,12 +361,12 @@ class ExternalPool:
             return self.world.is_root
         return int(os.environ["RANK"]) == 0
 
-    def get(self, runtime: str, world_size: int) -> ExternalWorld:
-        if runtime != self.runtime:
-            raise RuntimeUnavailable(f"this launch runs runtime {self.runtime}, not {runtime}")
-        check_external(runtime, world_size)
+    def get(self, world: WorldKey) -> ExternalWorld:
+        if world.world != self.runtime:
+            raise RuntimeUnavailable(f"this launch runs runtime {self.runtime}, not {world.world}")
+        check_external(world.runtime, world.replicas)
         if self.world is None:
-            self.world = ExternalWorld(runtime, settings=self.settings)
+            self.world = ExternalWorld(world.runtime, settings=self.settings)
         elif self.world.broken:
             raise ReplicaError(f"{self.world.describe()} is broken by an earlier failure; relaunch it")
         return self.world
@@ -368,21 +383,19 @@ class ExternalPool:
 def root_decides(pool, decide) -> int:
     """Run ``decide() -> exit code`` on the root process only; return its code on every rank.
 
-    ``pool`` is a :class:`conformance.worlds.spawned.WorldPool` (one process: just calls
-    ``decide``) or an :class:`ExternalPool` (rank 0 decides - prints, writes
-    the report - and broadcasts the code, so every launched process exits
-    alike). If ``decide`` raises on the root, every rank gets 1 and the root
-    re-raises.
+    ``pool`` is a :class:`~conformance.worlds.pool.Pool`: of one process (a
+    :class:`~conformance.worlds.pool.WorldPool`: just calls ``decide``), or an
+    :class:`ExternalPool` (rank 0 decides - prints, writes the report - and broadcasts the
+    code, so every launched process exits alike). If ``decide`` raises on the root, every
+    rank gets 1 and the root re-raises.
     """
     code, error = None, None
-    if getattr(pool, "is_root", True):
+    if pool.is_root:
         try:
             code = decide()
         except BaseException as exc:  # still tell the others, then fail loudly here
             code, error = 1, exc
-    broadcast = getattr(pool, "broadcast", None)
-    if broadcast is not None:
-        code = broadcast(code)
+    code = pool.broadcast(code)
     if error is not None:
         raise error
     return code

@@ -3,11 +3,11 @@
 :class:`conformance.worlds.spawned.World` starts its hosts from a ``multiprocessing`` fork
 server that has imported this module, so a host starts with torch, the parts of torch that the
 kit's tasks and the DDPs under test import lazily, and the kit's task modules already loaded.
-A spawned host imported them itself: ~2.7 CPU-seconds to start, and ~2 more on its first
-optimizer (``torch.optim`` imports ``torch._dynamo``, which imports sympy) and its first DDP,
-for each of the 9 hosts of a default run. Thread pools are kept to one thread before anything
-is imported, so the server holds no worker thread when it forks (OpenBLAS starts one per extra
-core on import).
+A spawned host imports them itself (torch as it starts; ``torch._dynamo`` and sympy on its
+first optimizer, which ``torch.optim`` imports then; DDP's parts on its first DDP): CPU-seconds
+per host (docs/robustness.md "A lost world is replaced in a tenth of a second"). Thread pools
+are kept to one thread before anything is imported, so the server holds no worker thread when
+it forks (OpenBLAS starts one per extra core on import).
 """
 import importlib
 import os

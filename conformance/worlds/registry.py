@@ -81,7 +81,8 @@ def adapter_named(name: str) -> type | None:
 @dataclasses.dataclass(frozen=True)
 class WorldKey:
     """A world's identity: ``size`` devices of ``runtime`` in ``topology`` (``None``: the
-    runtime's own, one replica per device).
+    runtime's own, one replica per device). Hashable and frozen: the world pools key their
+    worlds by it, and it travels to the host processes as itself.
 
     Its spellings, kept as they are in reports and verdicts: :attr:`world` (the world's runtime
     name: ``"pjrt"``, or ``"pjrt_spmd:4"`` for a topology world) and :attr:`where` (the key of
@@ -94,7 +95,7 @@ class WorldKey:
 
     @property
     def world(self) -> str:
-        """The name :func:`conformance.worlds.runtimes.get_runtime` and the world pools take."""
+        """The world's name, for display (a world's ``describe()``, reports); :meth:`parse` reads it back."""
         return self.runtime if self.topology is None else f"{self.runtime}_{self.topology}:{self.size}"
 
     @property
@@ -105,6 +106,17 @@ class WorldKey:
     @property
     def where(self) -> str:
         return self.runtime if self.topology is None else f"{self.runtime}:{self.topology}"
+
+    @classmethod
+    def of(cls, world: "WorldKey | str", size: int | None = None) -> "WorldKey":
+        """``world`` itself when it is a key, else the key of its spelled name (:meth:`parse`): what
+        a world's constructor and :meth:`conformance.evaluate.Session.run` accept, so that a person
+        or a test may write ``"cpu", 2`` while the kit passes the key.
+
+        Raises:
+            KeyError: no registered runtime or topology has that name.
+        """
+        return world if isinstance(world, cls) else cls.parse(world, size)
 
     @classmethod
     def parse(cls, world: str, size: int | None = None) -> "WorldKey":

@@ -8,8 +8,6 @@ is computed once per session and repeated for every implementation.
 """
 from __future__ import annotations
 
-import copy
-
 from conformance.cases.collective.ops import LAYOUT_OPS, OPS
 from conformance.cases.collective.run import evaluate_collective
 from conformance.cases.collective.search import evaluate_search
@@ -31,12 +29,7 @@ def evaluate(case, impl, runtime, w, session, overrides):
     if runtime != "cpu":  # reached for xrt and runtimes to come
         return [Verdict(case.name, c, impl, runtime, "-", w, "skip", reason=SEARCH_ELSEWHERE) for c in case.checks]
     key = ("collective", case.name, runtime, w, session.settings.profile)
-    if key not in session._cache:
-        found = evaluate_search(case, impl, runtime, w, session)
-        if found is None:
-            return None
-        session._cache[key] = found
-    return [copy.copy(v) for v in session._cache[key]]
+    return session.memo(key, lambda: evaluate_search(case, impl, runtime, w, session))
 
 
 def validate(case) -> str | None:

@@ -22,21 +22,9 @@ from typing import Callable
 
 import numpy as np
 
-FLOAT64_UNIT_ROUNDOFF = 2.0 ** -53
+from conformance.cases.shared.numerics import FLOAT64_UNIT_ROUNDOFF, SMALLEST_NORMAL, UNIT_ROUNDOFF, gamma
 
-
-def gamma(k: int, u: float) -> float:
-    """Higham's ``gamma_k = k u / (1 - k u)`` (requires ``k u < 1``); kinds do not import each
-    other, so this repeats :func:`conformance.cases.property.gradsync.gamma`."""
-    assert k * u < 1, (k, u)
-    return k * u / (1 - k * u)
-
-#: Unit roundoff and smallest positive normal per floating dtype (IEEE 754; bfloat16 has
-#: binary32's exponent range). complex64 is judged per real component at float32's.
-UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24,
-                 "float64": 2.0 ** -53, "complex64": 2.0 ** -24}
-SMALLEST_NORMAL = {"float16": 2.0 ** -14, "bfloat16": 2.0 ** -126, "float32": 2.0 ** -126,
-                   "float64": 2.0 ** -1022, "complex64": 2.0 ** -126}
+#: The floating dtypes drawn: those with rounding constants (:data:`~conformance.cases.shared.numerics.UNIT_ROUNDOFF`).
 FLOATS = tuple(UNIT_ROUNDOFF)
 INTS = ("uint8", "int8", "int32", "int64")
 #: Every dtype drawn; the ones a backend rejects come back ``unsupported`` with its message.
@@ -76,7 +64,7 @@ def sum_bound(xs: list, red: str, dtype: str) -> np.ndarray:
     rounding of the division and one of a wider intermediate (half types are summed in
     float32), the float64 oracle's own sum; the absolute term covers flush-to-zero. The same
     derivation as the gradient all-reduce bound,
-    :func:`conformance.cases.property.gradsync.allreduce_bound`. 0 for exact results.
+    :func:`conformance.cases.shared.numerics.allreduce_bound`. 0 for exact results.
     """
     n = len(xs)
     if dtype not in UNIT_ROUNDOFF or red not in ("SUM", "AVG"):

@@ -1,7 +1,8 @@
 """``collective.search``: draws of the collective family searched by Hypothesis and shrunk.
 
-The op cases of :mod:`conformance.cases.collective.run` are a deterministic cover (every
-(dtype, reduction) pair, every size of ``SIZES``). A fault that lives between those points (a
+The op cases of :mod:`conformance.cases.collective.run` are a deterministic cover
+(:mod:`~conformance.cases.collective.draws`: every (dtype, reduction) pair, every size of
+``SIZES``). A fault that lives between those points (a
 backend wrong only above a chunk size, or for one size class) is found by drawing the draw
 itself: op, dtype and reduction, size (the cover's sizes, any size up to :data:`MAX_SIZE`, and
 the neighbours of powers of two), completion mode, group and input layout (contiguous,
@@ -18,7 +19,8 @@ from __future__ import annotations
 import json
 
 from conformance.cases.collective.ops import DTYPES, LAYOUT_OPS, OPS, REDUCTIONS, SIZES
-from conformance.cases.collective.run import HOWS, _groups, judge, members, task_collective
+from conformance.cases.collective.draws import HOWS, drawn_groups, members
+from conformance.cases.collective.run import judge, task_collective
 from conformance.cases.shared.search import PROFILES, kit_settings, profile_name
 from conformance.verdict import Verdict
 
@@ -51,7 +53,7 @@ def draws(world_size: int):
             size = draw(st.one_of(st.sampled_from(SIZES), st.integers(0, MAX_SIZE),
                                   st.integers(1, 18).map(lambda k: 2 ** k + 1)))
         d = {"op": op, "dtype": dtype, "red": red, "size": size, "how": draw(st.sampled_from(HOWS)),
-             "group": draw(st.sampled_from(_groups(world_size, o.p2p)))}
+             "group": draw(st.sampled_from(drawn_groups(world_size, o.p2p)))}
         if o.rooted:
             d["root"] = draw(st.integers(0, len(members(d["group"], world_size)) - 1))
         if layout:

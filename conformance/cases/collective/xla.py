@@ -34,11 +34,10 @@ reduction, pinning) is one XLA compilation.
 """
 from __future__ import annotations
 
-import copy
-
-from conformance.cases.collective import run
+from conformance.cases.collective.draws import REPEATS, label, make_input
 from conformance.cases.collective.ops import OPS, REDUCTIONS
-from conformance.cases.collective.run import REPEATS, judge
+from conformance.cases.collective.run import (REFUSALS, compare, digest, judge, refusal, result_bound, to_host,
+                                              worst_ratio)
 from conformance.verdict import Verdict
 
 #: dtypes and per-chunk sizes drawn on PJRT (each distinct shape compiles once per op).
@@ -216,8 +215,8 @@ def task_collective_pjrt(ctx, op: str, draws: list) -> list:
         all_groups = groups or [list(range(ctx.world_size))]
         ranks = next(g for g in all_groups if ctx.rank in g)
         n, me = len(ranks), ranks.index(ctx.rank)
-        xs = [run.make_input(op, i, j, n, d) for j in range(n)]
-        ctx.note(phase=run.label(op, d, ctx.world_size))
+        xs = [make_input(op, i, j, n, d) for j in range(n)]
+        ctx.note(phase=label(op, d, ctx.world_size))
         c = {"red": d["red"], "n": n, "grank": me, "groups": groups, "all_groups": all_groups,
              "pin": d["how"] == "pinned"}
         try:
@@ -225,22 +224,22 @@ def task_collective_pjrt(ctx, op: str, draws: list) -> list:
             res = fn(x, c)
             ctx.mark_step()
             res = res.cpu().reshape(-1)
-        except (Refused, *run.REFUSALS) as exc:
+        except (Refused, *REFUSALS) as exc:
             _reset_token(ctx.device)
             if isinstance(exc, Refused):  # no torch_xla call at all, in either form
                 out.append({"raised": str(exc)})
             else:  # which form XLA refused
-                msg = run._refusal(exc)
+                msg = refusal(exc)
                 out.append({"raised": f"{d['how']}: {msg}" if d["how"] in PINS else msg})
             continue
-        host = [run.to_host(x) for x in xs]
+        host = [to_host(x) for x in xs]
         want = o.oracle(host, me, d["red"], d["size"])
-        bound = run._bound(o, host, d, want, me)
-        got = run.to_host(res)
-        entry = {"digest": run.digest(res), "findings": run.compare(got, want, bound, d["dtype"]),
+        bound = result_bound(o, host, d, want, me)
+        got = to_host(res)
+        entry = {"digest": digest(res), "findings": compare(got, want, bound, d["dtype"]),
                  "dev": None, "bound": None, "ratio": None}
         if bound is not None and got.shape == want.shape:
-            entry["dev"], entry["bound"], entry["ratio"] = run.worst_ratio(got, want, bound)
+            entry["dev"], entry["bound"], entry["ratio"] = worst_ratio(got, want, bound)
         out.append(entry)
     return out
 
@@ -258,10 +257,9 @@ def evaluate_pjrt(case, impl, w, session):
         return [Verdict(case.name, c, impl, "pjrt", "-", w, "unsupported", reason=NO_EQUIVALENT[op])
                 for c in case.checks]
     key = ("collective", case.name, "pjrt", w, session.settings.profile)
-    if key not in session._cache:
+
+    def verdicts():
         draws = plan_pjrt(op, w, session.settings.profile)
         results = session.run("pjrt", w, task_collective_pjrt, timeout=case.timeout, op=op, draws=draws)
-        if results is None:
-            return None
-        session._cache[key] = judge(case, draws, results, w, "pjrt")
-    return [copy.copy(v) for v in session._cache[key]]
+        return None if results is None else judge(case, draws, results, w, "pjrt")
+    return session.memo(key, verdicts)

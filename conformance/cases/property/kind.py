@@ -1,20 +1,33 @@
 """Hypothesis properties of gradient sync as cases of the table.
 
-Each property is a factory ``prop(runner, measure) -> hypothesis test``: examples
-are drawn in the evaluating process with the strategies of
-:mod:`conformance.cases.property.gradsync`, shipped to every replica of the runner's
-persistent world, and judged by the oracles there. :func:`run_property` runs one
-property within an example budget and returns the fields of a verdict: the worst
-use of the bound over all examples (max deviation, bound, margin) on a pass, and
-the shrunk counterexample on a failure. Budgets, settings and the runner
-(:class:`conformance.cases.shared.search.SearchRunner`):
-:mod:`conformance.cases.shared.search`.
+Each property is a factory ``prop(runner, measure) -> hypothesis test`` (:data:`PROPERTIES`):
+examples are drawn in the evaluating process, shipped to every replica of the runner's
+persistent :class:`~conformance.worlds.spawned.World` with ``runner.run(<task>, **payload)``
+(the world is reused for every example, never respawned) and judged in the evaluating
+process. :func:`run_property` runs one property within an example budget and returns the
+fields of a verdict: the worst use of the bound over all examples (max deviation, bound,
+margin) on a pass, and the shrunk counterexample on a failure. Budgets, settings and the
+runner (:class:`conformance.cases.shared.search.SearchRunner`): :mod:`conformance.cases.shared.search`.
+
+The package's seams:
+
+* :mod:`.strategies` (test process): ``allreduce_examples``, ``mlp_examples``, ``bn_examples``,
+  ...; every example records the world size it is for;
+* :mod:`.tasks` (replicas): ``fn(ctx, *, impl, **payload)``; they build a model
+  (:mod:`.models`), wrap it with ``conformance.impls.builtin.resolve_impl(impl).wrap(module,
+  ctx, {})``, train nothing (one or a few backward passes) and return numpy;
+* :mod:`.oracles` (test process): ``check_*`` raise ``AssertionError`` whose message names the
+  world size, the element or parameter that broke and the tensors involved;
+  ``full_batch_grads`` and friends compute single-device float32 references;
+* the numbers (:mod:`conformance.cases.shared.numerics`): every tolerance of the gradient
+  properties is in ``GRAD_TOLERANCES``; the all-reduce bound is ``allreduce_bound``
+  (derivation in its docstring).
 
 The properties:
 
 1. ``allreduce_mean`` - a gradient pushed through the DDP comes back as the
    replicas' mean, bit-identical on every replica, within
-   :func:`conformance.cases.property.gradsync.allreduce_bound` of the float64 mean;
+   :func:`conformance.cases.shared.numerics.allreduce_bound` of the float64 mean;
 2. ``full_batch_grad`` - synced gradients of a random MLP equal the
    single-device gradient on the global batch;
 3. ``rank_permutation`` - permuting which replica gets which shard leaves the
@@ -28,108 +41,120 @@ The properties:
 """
 from __future__ import annotations
 
+from hypothesis import given, note
+from hypothesis import strategies as st
+
 from conformance.cases.kinds import Kind
+from conformance.cases.property.oracles import (Measure, accumulated_grads, check_allreduce_mean, compare_grads,
+                                                full_batch_grads, state_difference, state_mismatch)
+from conformance.cases.property.strategies import (allreduce_examples, bn_examples, mlp_examples,
+                                                   nontrivial_permutations, scales)
+from conformance.cases.property.tasks import (allreduce_mean_task, broadcast_task, mlp_grad_task, no_sync_task,
+                                              scaled_grad_task)
+from conformance.cases.shared.numerics import ALLREDUCE_DTYPES, DEFAULT_ALLREDUCE_DTYPES, GRAD_TOLERANCES
 from conformance.cases.shared.search import SearchRunner, kit_settings, profile_examples
 from conformance.errors import Unsupported
 from conformance.worlds.runtimes import get_runtime
 from conformance.verdict import Verdict
-from conformance.cases.property import gradsync as P
-from conformance.cases.property.gradsync import Measure
+
+#: The bound of the gradient properties 2, 3, 5 and 6.
+GRAD_TOLERANCE = GRAD_TOLERANCES["float32"]
 
 
-def _props():
-    from hypothesis import given, note
-    from hypothesis import strategies as st
+def _few(t) -> bool:
+    """Whether runner ``t``'s examples draw from a few shapes (each distinct graph a compilation)."""
+    return get_runtime(t.runtime).compiled_graphs
 
-    tol = P.GRAD_TOLERANCES["float32"]
 
-    def few(t):  # each distinct graph a compilation: draw from a few shapes
-        return get_runtime(t.runtime).compiled_graphs
+def _label(t) -> str:
+    """What runner ``t`` searches on, noted for Hypothesis' report of a failing example."""
+    note(f"searched on: {t.describe()}")
+    return t.describe()
 
-    def label(t):
-        note(f"searched on: {t.describe()}")
-        return t.describe()
 
-    def allreduce_mean(t, m):
-        dtypes = P.ALLREDUCE_DTYPES.get(t.runtime, P.DEFAULT_ALLREDUCE_DTYPES)
+def allreduce_mean(t, m):
+    dtypes = ALLREDUCE_DTYPES.get(t.runtime, DEFAULT_ALLREDUCE_DTYPES)
 
-        @given(ex=P.allreduce_examples(t.world_size, dtypes))
-        def prop(ex):
-            label(t)
-            P.check_allreduce_mean(ex, t.run(P.allreduce_mean_task, **ex.payload()), m)
-        return prop
+    @given(ex=allreduce_examples(t.world_size, dtypes))
+    def prop(ex):
+        _label(t)
+        check_allreduce_mean(ex, t.run(allreduce_mean_task, **ex.payload()), m)
+    return prop
 
-    def full_batch_grad(t, m):
-        @given(ex=P.mlp_examples(t.world_size, few_shapes=few(t)))
-        def prop(ex):
-            who = label(t)
-            expected = P.full_batch_grads(ex.widths, ex.seed, ex.x[0], ex.y[0])
-            for r, res in enumerate(t.run(P.mlp_grad_task, **ex.payload())):
-                P.compare_grads(res["grads"], expected, tol, measure=m, replica=r,
-                                what=f"{who}: replica {r} vs single-device gradient on the global "
-                                     f"batch (widths={ex.widths}, local_batch={ex.local_batch})")
-        return prop
 
-    def rank_permutation(t, m):
-        @given(ex=P.mlp_examples(t.world_size, few_shapes=few(t)), perm=P.nontrivial_permutations(t.world_size))
-        def prop(ex, perm):
-            who = label(t)
-            for r, res in enumerate(t.run(P.mlp_grad_task, perm=perm, **ex.payload())):
-                P.compare_grads(res["perm_grads"], res["grads"], tol, measure=m, replica=r,
-                                what=f"{who}: replica {r}, shards permuted by {perm} vs identity "
-                                     f"(widths={ex.widths}, local_batch={ex.local_batch})")
-        return prop
+def full_batch_grad(t, m):
+    @given(ex=mlp_examples(t.world_size, few_shapes=_few(t)))
+    def prop(ex):
+        who = _label(t)
+        expected = full_batch_grads(ex.widths, ex.seed, ex.x[0], ex.y[0])
+        for r, res in enumerate(t.run(mlp_grad_task, **ex.payload())):
+            compare_grads(res["grads"], expected, GRAD_TOLERANCE, measure=m, replica=r,
+                          what=f"{who}: replica {r} vs single-device gradient on the global "
+                               f"batch (widths={ex.widths}, local_batch={ex.local_batch})")
+    return prop
 
-    def broadcast(t, m):
-        @given(ex=P.bn_examples(t.world_size, few_shapes=few(t)))
-        def prop(ex):
-            who = label(t)
-            res = t.run(P.broadcast_task, **ex.payload())
-            rank0 = res[0]["before"]
-            for r in range(1, t.world_size):  # the setup really is rank-dependent
-                assert P.state_mismatch(res[r]["before"], rank0), \
-                    f"{who}: vacuous example, replica {r} was built equal to replica 0"
-            for r in range(t.world_size):
-                for got, want, what in ((res[r]["first"], rank0, "after DDP construction replica {r} != rank 0's state"),
-                                        (res[r]["second"], res[r]["first"], "constructing a second DDP changed replica {r}")):
-                    diff = P.state_difference(got, want)
-                    if diff is not None:
-                        m.fail_at(diff[1], 0.0, r)  # exact comparison: bound 0
-                    assert diff is None, f"{who}: {what.format(r=r)}: {diff[0]}"
-            m.add([0.0], [0.0])  # exact comparison: any deviation fails above
-        return prop
 
-    def no_sync_accumulation(t, m):
-        @given(ex=P.mlp_examples(t.world_size, micro_steps=st.integers(2, 4), few_shapes=few(t)))
-        def prop(ex):
-            who = label(t)
-            k = len(ex.x)
-            expected = P.accumulated_grads(ex.widths, ex.seed, ex.x, ex.y)
-            for r, res in enumerate(t.run(P.no_sync_task, **ex.payload())):
-                P.compare_grads(res["grads"], expected, tol, scale=k, measure=m, replica=r,
-                                what=f"{who}: replica {r}, {k - 1} no_sync micro-step(s) + 1 synced vs "
-                                     f"sum of {k} global-batch gradients (widths={ex.widths}, "
-                                     f"local_batch={ex.local_batch})")
-        return prop
+def rank_permutation(t, m):
+    @given(ex=mlp_examples(t.world_size, few_shapes=_few(t)), perm=nontrivial_permutations(t.world_size))
+    def prop(ex, perm):
+        who = _label(t)
+        for r, res in enumerate(t.run(mlp_grad_task, perm=perm, **ex.payload())):
+            compare_grads(res["perm_grads"], res["grads"], GRAD_TOLERANCE, measure=m, replica=r,
+                          what=f"{who}: replica {r}, shards permuted by {perm} vs identity "
+                               f"(widths={ex.widths}, local_batch={ex.local_batch})")
+    return prop
 
-    def scale_linearity(t, m):
-        @given(ex=P.mlp_examples(t.world_size, few_shapes=few(t)), c=P.scales())
-        def prop(ex, c):
-            who = label(t)
-            for r, res in enumerate(t.run(P.scaled_grad_task, c=c, **ex.payload())):
-                expected = [(n, None if g is None else c * g.astype("float64")) for n, g in res["grads"]]
-                P.compare_grads(res["scaled_grads"], expected, tol, scale=abs(c), measure=m, replica=r,
-                                what=f"{who}: replica {r}, gradient of {c!r} * loss vs {c!r} * "
-                                     f"gradient of loss (widths={ex.widths}, local_batch={ex.local_batch})")
-        return prop
 
-    return {f.__name__: f for f in (allreduce_mean, full_batch_grad, rank_permutation, broadcast,
-                                     no_sync_accumulation, scale_linearity)}
+def broadcast(t, m):
+    @given(ex=bn_examples(t.world_size, few_shapes=_few(t)))
+    def prop(ex):
+        who = _label(t)
+        res = t.run(broadcast_task, **ex.payload())
+        rank0 = res[0]["before"]
+        for r in range(1, t.world_size):  # the setup really is rank-dependent
+            assert state_mismatch(res[r]["before"], rank0), \
+                f"{who}: vacuous example, replica {r} was built equal to replica 0"
+        for r in range(t.world_size):
+            for got, want, what in ((res[r]["first"], rank0, "after DDP construction replica {r} != rank 0's state"),
+                                    (res[r]["second"], res[r]["first"], "constructing a second DDP changed replica {r}")):
+                diff = state_difference(got, want)
+                if diff is not None:
+                    m.fail_at(diff[1], 0.0, r)  # exact comparison: bound 0
+                assert diff is None, f"{who}: {what.format(r=r)}: {diff[0]}"
+        m.add([0.0], [0.0])  # exact comparison: any deviation fails above
+    return prop
+
+
+def no_sync_accumulation(t, m):
+    @given(ex=mlp_examples(t.world_size, micro_steps=st.integers(2, 4), few_shapes=_few(t)))
+    def prop(ex):
+        who = _label(t)
+        k = len(ex.x)
+        expected = accumulated_grads(ex.widths, ex.seed, ex.x, ex.y)
+        for r, res in enumerate(t.run(no_sync_task, **ex.payload())):
+            compare_grads(res["grads"], expected, GRAD_TOLERANCE, scale=k, measure=m, replica=r,
+                          what=f"{who}: replica {r}, {k - 1} no_sync micro-step(s) + 1 synced vs "
+                               f"sum of {k} global-batch gradients (widths={ex.widths}, "
+                               f"local_batch={ex.local_batch})")
+    return prop
+
+
+def scale_linearity(t, m):
+    @given(ex=mlp_examples(t.world_size, few_shapes=_few(t)), c=scales())
+    def prop(ex, c):
+        who = _label(t)
+        for r, res in enumerate(t.run(scaled_grad_task, c=c, **ex.payload())):
+            expected = [(n, None if g is None else c * g.astype("float64")) for n, g in res["grads"]]
+            compare_grads(res["scaled_grads"], expected, GRAD_TOLERANCE, scale=abs(c), measure=m, replica=r,
+                          what=f"{who}: replica {r}, gradient of {c!r} * loss vs {c!r} * "
+                               f"gradient of loss (widths={ex.widths}, local_batch={ex.local_batch})")
+    return prop
 
 
 #: The property kind's registry (a property row's ``prop`` names one):
 #: ``factory(runner, measure) -> Hypothesis test``.
-PROPERTIES = _props()
+PROPERTIES = {f.__name__: f for f in (allreduce_mean, full_batch_grad, rank_permutation, broadcast,
+                                      no_sync_accumulation, scale_linearity)}
 
 
 def run_property(name: str, runner: SearchRunner, max_examples: int, shrink: bool = True) -> dict:

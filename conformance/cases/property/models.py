@@ -1,6 +1,5 @@
 """Models of the gradient-sync properties, built identically in replicas and in the test
-process, and the readback of their gradients and state as numpy. Re-exported by
-:mod:`conformance.cases.property.gradsync`."""
+process, and the readback of their gradients and state as numpy."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,6 @@
 """References and oracles of the gradient-sync properties (test process): ``check_*``
 raise ``AssertionError`` naming the world size, the element or parameter that broke and the
-tensors involved; ``full_batch_grads`` and friends compute single-device float32 references.
-Re-exported by :mod:`conformance.cases.property.gradsync`."""
+tensors involved; ``full_batch_grads`` and friends compute single-device float32 references."""
 from __future__ import annotations
 
 

@@ -1,5 +1,5 @@
 """Hypothesis strategies of the gradient-sync properties (test process): every example
-records the world size it is for. Re-exported by :mod:`conformance.cases.property.gradsync`."""
+records the world size it is for."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -108,7 +108,7 @@ class MlpExample:
 #: Where every distinct graph is a compilation (a runtime's ``compiled_graphs``: XLA), the
 #: examples draw their shapes from these few, which repeat across examples so the compile
 #: cache serves most of them; they keep the corners of the full draw (one layer and four,
-#: widths 1 and 12, local batch 1 and more). Measured in benchmarks/README.md (session 6).
+#: widths 1 and 12, local batch 1 and more). What they save: benchmarks/README.md.
 FEW_MLP_WIDTHS = ((1, 12), (12, 1), (5, 3, 8), (2, 12, 1, 7), (9, 4, 6, 2, 11))
 FEW_LOCAL_BATCHES = (1, 3, 8)
 FEW_BN_WIDTHS = ((4, 12, 3), (1, 7, 5, 2))

@@ -1,8 +1,7 @@
 """World tasks of the gradient-sync properties (replicas): ``fn(ctx, *, impl, **payload)``
 builds a model, wraps it with ``conformance.impls.builtin.resolve_impl(impl).wrap(module, ctx,
 {})``, runs one or a few backward passes and returns numpy. Pickled by reference
-(``conformance.cases.property.tasks.<name>``). Re-exported by
-:mod:`conformance.cases.property.gradsync`."""
+(``conformance.cases.property.tasks.<name>``)."""
 from __future__ import annotations
 
 import numpy as np

@@ -4,10 +4,12 @@ explicit loop programs (a user's model gets the same programs, :mod:`.userloop`)
 from __future__ import annotations
 
 from conformance.cases.scenario.buckets import cap_mb, grad_bytes
-from conformance.cases.scenario.format import (BRANCHES, PLAIN_LOOP, PLAIN_MODULE, PLAIN_WORKLOAD, Scenario,
-                                                XLA_UNSUPPORTED_LOOP, xla_unsupported)
+from conformance.cases.scenario.dimensions import (BRANCHES, PLAIN_LOOP, PLAIN_MODULE, PLAIN_WORKLOAD,
+                                                   XLA_UNSUPPORTED_LOOP, xla_unsupported)
+from conformance.cases.scenario.format import Scenario
 from conformance.cases.scenario.generate import LRS, Space
 from conformance.cases.scenario.model import build_scenario_model
+
 
 def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
     """Scenarios every run of a case includes (before the generated ones): one per
@@ -75,10 +77,11 @@ def _finished(out: list, space: Space) -> list:
 
 def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]:
     """The workload case's scenarios every run includes: together they cover every corner of
-    :data:`WORKLOADS` (only :data:`XLA_UNSUPPORTED`-free ones with ``space.xla_corners``), each
-    with small buckets that split the model, uneven local batches (equal with
-    ``space.rank_uniform``) and, but with static_graph (:data:`UPSTREAM_DEFECTS`), an accumulation
-    window; 2 optimizer steps (a static-graph fault shows from the second)."""
+    :data:`~.dimensions.WORKLOADS` (only :data:`~.dimensions.XLA_UNSUPPORTED`-free ones with
+    ``space.xla_corners``), each with small buckets that split the model, uneven local batches
+    (equal with ``space.rank_uniform``) and, but with static_graph
+    (:data:`~.dimensions.UPSTREAM_DEFECTS`), an accumulation window; 2 optimizer steps (a
+    static-graph fault shows from the second)."""
     w = world_size
     all_b = list(BRANCHES)
     uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
@@ -185,12 +188,27 @@ def eval_forward(at: int, grad: str, mode: str, batch) -> dict:
 
 def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
     """The loop case's scenarios every run includes: together they hold every value of
-    :data:`LOOPS` and of :data:`MODULES`, ``sgd_wd``, a learning-rate drop, forwards without backward of each grad mode
-    and module mode (before, inside and after an accumulation window), several synced
-    backwards in one step and two forwards before one backward (synced and under ``no_sync()``),
-    each where a fault it reveals shows (see the comments)."""
+    :data:`~.dimensions.LOOPS` and of :data:`~.dimensions.MODULES`, ``sgd_wd``, a learning-rate
+    drop, forwards without backward of each grad mode and module mode (before, inside and after an
+    accumulation window), several synced backwards in one step and two forwards before one
+    backward (synced and under ``no_sync()``), each where a fault it reveals shows (see the
+    comments of :func:`_gradient_programs` and :func:`_forward_programs`)."""
+    parts = _loop_parts(world_size)
+    out = _gradient_programs(*parts) + _forward_programs(*parts)
+    if space.xla_corners:  # no inference_mode there (XLA_UNSUPPORTED_LOOP): no_grad in its place
+        for e in out:
+            for st in e.steps:
+                for f in st.get("eval", ()):
+                    if ("eval", f["grad"]) in XLA_UNSUPPORTED_LOOP:
+                        f["grad"] = "no_grad"
+    return _finished(out, space)
+
+
+def _loop_parts(world_size: int) -> tuple:
+    """``(sc, micro, ev)``: the builders of the loop case's programs at ``world_size`` (a program,
+    a micro-step of one plan on every replica, a forward without backward), all on uneven local
+    batches."""
     w = world_size
-    all_b = list(BRANCHES)
     uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
 
     def sc(steps, optimizer="sgd", find_unused=True, module=None, checkpoint_at=None, **loop):
@@ -203,7 +221,13 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
 
     def ev(at, grad, mode):
         return eval_forward(at, grad, mode, uneven)
-    out = [
+    return sc, micro, ev
+
+
+def _gradient_programs(sc, micro, ev) -> list[Scenario]:
+    """The loop programs where zero and ``None`` gradients, synced backwards and clipping meet."""
+    all_b = list(BRANCHES)
+    return [
         # zero gradients, not None: branch c used at steps 1 and 3 only; at steps 2 and 4 its zero
         # gradient must stay zero (weight decay still moves it; a DDP setting it None skips it); an
         # eval-mode validation forward before each step (DDP broadcasts the buffers there, so the
@@ -223,6 +247,14 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
         # branch a's weight parametrized symmetric)
         sc([{"micro": [micro(["a", "b"], sync=True), micro(["b"])]} for _ in range(3)], optimizer="adamw",
            clip="norm", module={"output": "dict", "hook": "pre_hook", "kwargs": "scale", "parametrize": "symmetric"}),
+    ]
+
+
+def _forward_programs(sc, micro, ev) -> list[Scenario]:
+    """The loop programs where forwards without backward, eval-mode training, several forwards
+    per backward and a second DDP (a teacher) meet the buffer broadcast."""
+    all_b = list(BRANCHES)
+    return [
         # training forwards and backwards in eval mode (gradients still averaged); a no_grad forward in
         # train mode inside an accumulation window (it updates the buffers, and the next forward, not
         # following a synced one, does not broadcast them); an inference_mode forward after the last
@@ -249,10 +281,3 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
              "eval": [ev(0, "enabled", "train"), ev(0, "raising", "train")]}
             for _ in range(3)], module={"buffer_use": "centre"}, teacher="frozen"),
     ]
-    if space.xla_corners:  # no inference_mode there (XLA_UNSUPPORTED_LOOP): no_grad in its place
-        for e in out:
-            for st in e.steps:
-                for f in st.get("eval", ()):
-                    if ("eval", f["grad"]) in XLA_UNSUPPORTED_LOOP:
-                        f["grad"] = "no_grad"
-    return _finished(out, space)

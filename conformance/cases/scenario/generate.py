@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 import copy
 
-from conformance.cases.scenario.format import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOPS, MAX_FORWARDS, MODULES,
-                                                PLAIN_WORKLOAD, SHORT_RUN_DTYPES, SPARSE_OPTIMIZERS, Scenario,
-                                                WORKLOADS, XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP)
+from conformance.cases.scenario.dimensions import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOPS, MAX_FORWARDS, MODULES,
+                                                   PLAIN_WORKLOAD, SHORT_RUN_DTYPES, SPARSE_OPTIMIZERS, WORKLOADS,
+                                                   XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP)
+from conformance.cases.scenario.format import Scenario
 from conformance.cases.scenario.buckets import CAP_CLASSES, cap_mb, grad_bytes
 from conformance.cases.scenario.model import build_scenario_model
 from conformance.cases.shared.loop import ALL_OPTIMIZERS, OPTIMIZERS
@@ -100,14 +101,6 @@ def scenarios(world_size: int, space: Space):
     """
     from hypothesis import strategies as st
 
-    def plan(find_unused):
-        if space.few_shapes:
-            return st.sampled_from(FEW_PLANS + (FEW_UNUSED_PLANS if find_unused else ())).map(list)
-        perm = st.permutations(BRANCHES)
-        if not find_unused:
-            return perm.map(list)
-        return st.tuples(perm, st.integers(0, len(BRANCHES))).map(lambda t: list(t[0][:t[1]]))
-
     @st.composite
     def build(draw):
         workload = draw(workloads(space)) if space.workload else dict(PLAIN_WORKLOAD)
@@ -116,61 +109,14 @@ def scenarios(world_size: int, space: Space):
         optimizer = draw(st.sampled_from([o for o in optimizers if not sparse or o in SPARSE_OPTIMIZERS]
                                          or list(optimizers)))
         find_unused = draw(st.booleans())
-        ddp = {"find_unused_parameters": find_unused, "broadcast_buffers": not draw(st.booleans())}
-        if "buckets" in space.ddp_extra:
-            # a boundary of the model's own gradient sizes, computed once the model is drawn
-            cap = (draw(st.sampled_from(CAP_CLASSES)), draw(st.integers(2, 6)))
-            ddp["bucket_cap_mb"] = None
-            ddp["gradient_as_bucket_view"] = draw(st.booleans())
-        if "comm_hook" in space.ddp_extra:
-            ddp["comm_hook"] = "allreduce"
-        static = False
-        if "static_graph" in space.ddp_extra:  # upstream needs it for a reentrant checkpoint
-            static = workload["graph"] == "checkpoint_reentrant" or draw(st.booleans())
-            ddp["static_graph"] = static
-        skip_unused, caps = False, None
-        if "keywords" in space.ddp_extra:
-            ddp.update({k: draw(st.sampled_from(v)) for k, v in KEYWORD_VALUES.items()})
-            if draw(st.booleans()):
-                caps = draw(st.lists(st.tuples(st.sampled_from(CAP_CLASSES), st.integers(2, 6)),
-                                     min_size=1, max_size=MAX_CAP_LIST))
-            # torch requires the same unused parameters on every replica throughout: one plan
-            skip_unused = draw(st.booleans())
-            ddp["skip_all_reduce_unused_params"] = skip_unused
+        ddp, keys = _draw_ddp(draw, space, workload, find_unused)
+        static, skip_unused = keys["static"], keys["skip_unused"]
         # static_graph: one graph for the run, so one plan everywhere (all branches unless
         # find_unused_parameters); skip_all_reduce_unused_params too
-        fixed = (draw(plan(find_unused)) if find_unused else draw(st.permutations(BRANCHES).map(list))) \
+        fixed = (draw(_plans(space, find_unused)) if find_unused else draw(st.permutations(BRANCHES).map(list))) \
             if static or skip_unused else None
-        pattern = []
-        for _ in range(draw(st.integers(1, space.max_pattern))):
-            # static_graph with a no_sync window crashes torch's DDP (UPSTREAM_DEFECTS): not drawn
-            k = 1 if static else draw(st.integers(1, 3))
-            micro = []
-            for _ in range(k):
-                if space.few_shapes:
-                    batch = [draw(st.sampled_from(FEW_BATCHES))] * world_size
-                    plans = [draw(plan(find_unused))] * world_size
-                elif space.rank_uniform:
-                    batch = [draw(st.integers(1, 6))] * world_size
-                    plans = [draw(plan(find_unused))] * world_size
-                else:
-                    batch = [draw(st.integers(1, 6)) for _ in range(world_size)]
-                    plans = [draw(plan(find_unused)) for _ in range(world_size)]
-                if fixed is not None:
-                    plans = [list(fixed) for _ in range(world_size)]
-                micro.append({"batch": batch, "plan": plans})
-            step = {"micro": micro}
-            if space.loop:  # the loop program: synced backwards and forwards without backward
-                for m in micro[:-1]:
-                    if not static and draw(st.booleans()):
-                        m["sync"] = True
-                for m in micro:  # a GAN's discriminator: forwards on fake and real, one backward
-                    if not static and draw(st.integers(0, 2)) == 2:
-                        m["forwards"] = draw(st.integers(2, MAX_FORWARDS))
-                evals = draw(st.lists(eval_forward(len(micro)), max_size=2))
-                if evals:
-                    step["eval"] = evals
-            pattern.append(step)
+        pattern = [_draw_step(draw, world_size, space, find_unused, static, fixed)
+                   for _ in range(draw(st.integers(1, space.max_pattern)))]
         # One run in ten is long (faults that start late); the explicit scenarios hold one too.
         # (not with a bfloat16 part: its 1-ulp rounding flips compound over long runs, above any
         # bound a short run's movement clears)
@@ -185,35 +131,128 @@ def scenarios(world_size: int, space: Space):
         if find_unused:  # UPSTREAM_DEFECTS ("enabled_forward", "no_sync"): not drawn
             _no_enabled_forward_before_no_sync(sc)
         if space.loop:
-            sc.module = {k: draw(st.sampled_from(v)) for k, v in MODULES.items()}
-            if workload["graph"] == "shared" or workload["layout"] == "transposed":  # validate says why
-                sc.module["parametrize"] = "none"
-            sc.loop = dict({k: draw(st.sampled_from(v)) for k, v in LOOPS.items()},
-                           lr_drop_at=draw(st.one_of(st.none(), st.integers(1, n - 1))) if n > 1 else None)
-            if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
-                for step in sc.steps:
-                    for f in step.get("eval", ()):
-                        if f["mode"] == "train" and f["grad"] == "inference_mode":
-                            f["grad"] = "no_grad"
-        if "buckets" in space.ddp_extra or caps:
-            sizes = grad_bytes(build_scenario_model(sc.seed, sc.rebind_buffers, 0.0, sc.workload, sc.module))
-            if "buckets" in space.ddp_extra:
-                sc.ddp["bucket_cap_mb"] = cap_mb(sizes, *cap)
-            if caps:
-                sc.ddp["bucket_cap_mb_list"] = [cap_mb(sizes, *c) for c in caps]
+            _draw_module_and_loop(draw, sc, n)
+        if "buckets" in space.ddp_extra or keys["caps"]:
+            _bucket_caps(sc, space, keys["cap"], keys["caps"])
         return sc
-
-    def eval_forward(k):
-        if space.few_shapes:
-            batch = st.sampled_from(FEW_BATCHES).map(lambda n: [n] * world_size)
-        elif space.rank_uniform:
-            batch = st.integers(1, 6).map(lambda n: [n] * world_size)
-        else:
-            batch = st.lists(st.integers(1, 6), min_size=world_size, max_size=world_size)
-        grads = [g for g in EVAL_GRAD if not (space.xla_corners and ("eval", g) in XLA_UNSUPPORTED_LOOP)]
-        return st.fixed_dictionaries({"at": st.integers(0, k), "grad": st.sampled_from(grads),
-                                      "mode": st.sampled_from(EVAL_MODE), "batch": batch})
     return build()
+
+
+def _plans(space: Space, find_unused: bool):
+    """Strategy of one replica's plan: a permutation of the branches (with ``find_unused``: a
+    prefix of one, maybe empty), or one of the few plans where graphs are compiled."""
+    from hypothesis import strategies as st
+    if space.few_shapes:
+        return st.sampled_from(FEW_PLANS + (FEW_UNUSED_PLANS if find_unused else ())).map(list)
+    perm = st.permutations(BRANCHES)
+    if not find_unused:
+        return perm.map(list)
+    return st.tuples(perm, st.integers(0, len(BRANCHES))).map(lambda t: list(t[0][:t[1]]))
+
+
+def _draw_ddp(draw, space: Space, workload: dict, find_unused: bool) -> tuple:
+    """``(ddp keywords, keys)``: the DDP keywords of :data:`DDP_EXTRAS` ``space.ddp_extra`` asks
+    for; ``keys``: ``static`` (static_graph), ``skip_unused``, ``cap`` (the bucket cap class drawn,
+    set once the model is known) and ``caps`` (the per-bucket cap classes, or None)."""
+    from hypothesis import strategies as st
+    ddp = {"find_unused_parameters": find_unused, "broadcast_buffers": not draw(st.booleans())}
+    cap = None
+    if "buckets" in space.ddp_extra:
+        # a boundary of the model's own gradient sizes, computed once the model is drawn
+        cap = (draw(st.sampled_from(CAP_CLASSES)), draw(st.integers(2, 6)))
+        ddp["bucket_cap_mb"] = None
+        ddp["gradient_as_bucket_view"] = draw(st.booleans())
+    if "comm_hook" in space.ddp_extra:
+        ddp["comm_hook"] = "allreduce"
+    static = False
+    if "static_graph" in space.ddp_extra:  # upstream needs it for a reentrant checkpoint
+        static = workload["graph"] == "checkpoint_reentrant" or draw(st.booleans())
+        ddp["static_graph"] = static
+    skip_unused, caps = False, None
+    if "keywords" in space.ddp_extra:
+        ddp.update({k: draw(st.sampled_from(v)) for k, v in KEYWORD_VALUES.items()})
+        if draw(st.booleans()):
+            caps = draw(st.lists(st.tuples(st.sampled_from(CAP_CLASSES), st.integers(2, 6)),
+                                 min_size=1, max_size=MAX_CAP_LIST))
+        # torch requires the same unused parameters on every replica throughout: one plan
+        skip_unused = draw(st.booleans())
+        ddp["skip_all_reduce_unused_params"] = skip_unused
+    return ddp, {"static": static, "skip_unused": skip_unused, "cap": cap, "caps": caps}
+
+
+def _draw_step(draw, world_size: int, space: Space, find_unused: bool, static: bool, fixed) -> dict:
+    """One distinct step of a run's pattern: its accumulation window (every replica's batch and
+    plan; ``fixed``: the one plan of a static graph) and, for a loop program, its synced backwards,
+    forwards per backward and forwards without backward."""
+    from hypothesis import strategies as st
+    # static_graph with a no_sync window crashes torch's DDP (UPSTREAM_DEFECTS): not drawn
+    k = 1 if static else draw(st.integers(1, 3))
+    micro = []
+    for _ in range(k):
+        if space.few_shapes:
+            batch = [draw(st.sampled_from(FEW_BATCHES))] * world_size
+            plans = [draw(_plans(space, find_unused))] * world_size
+        elif space.rank_uniform:
+            batch = [draw(st.integers(1, 6))] * world_size
+            plans = [draw(_plans(space, find_unused))] * world_size
+        else:
+            batch = [draw(st.integers(1, 6)) for _ in range(world_size)]
+            plans = [draw(_plans(space, find_unused)) for _ in range(world_size)]
+        if fixed is not None:
+            plans = [list(fixed) for _ in range(world_size)]
+        micro.append({"batch": batch, "plan": plans})
+    step = {"micro": micro}
+    if space.loop:  # the loop program: synced backwards and forwards without backward
+        for m in micro[:-1]:
+            if not static and draw(st.booleans()):
+                m["sync"] = True
+        for m in micro:  # a GAN's discriminator: forwards on fake and real, one backward
+            if not static and draw(st.integers(0, 2)) == 2:
+                m["forwards"] = draw(st.integers(2, MAX_FORWARDS))
+        evals = draw(st.lists(_eval_forwards(world_size, space, len(micro)), max_size=2))
+        if evals:
+            step["eval"] = evals
+    return step
+
+
+def _eval_forwards(world_size: int, space: Space, k: int):
+    """Strategy of one forward without backward before micro-step ``0..k``."""
+    from hypothesis import strategies as st
+    if space.few_shapes:
+        batch = st.sampled_from(FEW_BATCHES).map(lambda n: [n] * world_size)
+    elif space.rank_uniform:
+        batch = st.integers(1, 6).map(lambda n: [n] * world_size)
+    else:
+        batch = st.lists(st.integers(1, 6), min_size=world_size, max_size=world_size)
+    grads = [g for g in EVAL_GRAD if not (space.xla_corners and ("eval", g) in XLA_UNSUPPORTED_LOOP)]
+    return st.fixed_dictionaries({"at": st.integers(0, k), "grad": st.sampled_from(grads),
+                                  "mode": st.sampled_from(EVAL_MODE), "batch": batch})
+
+
+def _draw_module_and_loop(draw, sc: Scenario, n: int) -> None:
+    """A loop program's module (:data:`MODULES`) and loop (:data:`LOOPS`) dimensions into ``sc``
+    (``n`` steps), where :meth:`Scenario.validate` would refuse the combination the next value."""
+    from hypothesis import strategies as st
+    workload = sc.workload
+    sc.module = {k: draw(st.sampled_from(v)) for k, v in MODULES.items()}
+    if workload["graph"] == "shared" or workload["layout"] == "transposed":  # validate says why
+        sc.module["parametrize"] = "none"
+    sc.loop = dict({k: draw(st.sampled_from(v)) for k, v in LOOPS.items()},
+                   lr_drop_at=draw(st.one_of(st.none(), st.integers(1, n - 1))) if n > 1 else None)
+    if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
+        for step in sc.steps:
+            for f in step.get("eval", ()):
+                if f["mode"] == "train" and f["grad"] == "inference_mode":
+                    f["grad"] = "no_grad"
+
+
+def _bucket_caps(sc: Scenario, space: Space, cap, caps) -> None:
+    """The drawn bucket cap classes made caps of ``sc``'s own model's gradient sizes."""
+    sizes = grad_bytes(build_scenario_model(sc.seed, sc.rebind_buffers, 0.0, sc.workload, sc.module))
+    if "buckets" in space.ddp_extra:
+        sc.ddp["bucket_cap_mb"] = cap_mb(sizes, *cap)
+    if caps:
+        sc.ddp["bucket_cap_mb_list"] = [cap_mb(sizes, *c) for c in caps]
 
 
 def _no_enabled_forward_before_no_sync(sc: Scenario) -> None:

@@ -3,26 +3,192 @@ from __future__ import annotations
 
 import math
 
-from conformance.cases.scenario.format import (BRANCHES, GRAD_HOOK_PARAM, GRAD_HOOK_SCALE, HIDDEN,
-                                                INDICES_PER_SAMPLE, IN_FEATURES, KW_SCALE, OUT_FEATURES, PLAIN_MODULE,
-                                                PLAIN_WORKLOAD, ScenarioOutput, ScenarioPair, VOCAB)
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrizations import weight_norm
+from torch.utils.checkpoint import checkpoint
 
-# --------------------------------------------------------------------------
-# the model and the data (built identically in replicas and in the oracle)
-# --------------------------------------------------------------------------
+from conformance.cases.scenario.dimensions import (BRANCHES, GRAD_HOOK_PARAM, GRAD_HOOK_SCALE, HIDDEN,
+                                                   INDICES_PER_SAMPLE, IN_FEATURES, KW_SCALE, OUT_FEATURES,
+                                                   PLAIN_MODULE, PLAIN_WORKLOAD, ScenarioOutput, ScenarioPair, VOCAB)
+
 
 class BadBatch(RuntimeError):
     """Raised by the scenario model's forward with ``bad=True``, after its buffers moved: the
-    loop programs' skipped batch (:data:`~.format.EVAL_GRAD` ``raising``)."""
+    loop programs' skipped batch (:data:`~.dimensions.EVAL_GRAD` ``raising``)."""
 
 
 def user_grad_hook(net, module: dict | None) -> None:
     """With ``module["grad_hook"] == "after_wrap"``, register the user's gradient hook on
-    :data:`~.format.GRAD_HOOK_PARAM` of ``net`` (``Tensor.register_hook``: the gradient times
-    :data:`~.format.GRAD_HOOK_SCALE`). The replicas call it after wrapping, the reference after
+    :data:`~.dimensions.GRAD_HOOK_PARAM` of ``net`` (``Tensor.register_hook``: the gradient times
+    :data:`~.dimensions.GRAD_HOOK_SCALE`). The replicas call it after wrapping, the reference after
     building: torch's DDP reduces what accumulated into ``.grad``, after the tensor's hooks."""
     if dict(PLAIN_MODULE, **(module or {}))["grad_hook"] == "after_wrap":
         dict(net.named_parameters())[GRAD_HOOK_PARAM].register_hook(lambda g: g * GRAD_HOOK_SCALE)
+
+
+# --------------------------------------------------------------------------
+# the layers of the workload's corners
+# --------------------------------------------------------------------------
+
+class LowPrecisionLinear(nn.Linear):
+    """A Linear in a lower dtype (bfloat16) between float layers: input cast down, output back."""
+
+    def forward(self, h):
+        return super().forward(h.to(self.weight.dtype)).to(h.dtype)
+
+
+class ComplexLinear(nn.Module):
+    """A complex64 weight [out, in] and bias; a real output ``Re z + Im z / 2`` (only the
+    matmul is complex: torch_xla's complex tanh backward differs from CPU's)."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n_out, n_in, dtype=torch.complex64))
+        self.bias = nn.Parameter(torch.zeros(n_out, dtype=torch.complex64))
+
+    def forward(self, h):
+        z = F.linear(h.to(self.weight.dtype), self.weight, self.bias)
+        return (z.real + 0.5 * z.imag).to(h.dtype)
+
+
+class ConvStem(nn.Module):
+    """The stem as a 2x2 conv over ``x`` seen as ``[n, 2, 2, 2]`` (the same map as a Linear),
+    its weight ``[HIDDEN, 2, 2, 2]`` in ``channels_last`` memory format."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, HIDDEN, 2).to(memory_format=torch.channels_last)
+
+    def forward(self, x):
+        return self.conv(x.reshape(-1, 2, 2, 2).contiguous(memory_format=torch.channels_last)).flatten(1)
+
+
+class Symmetric(nn.Module):
+    """Parametrization ``W = triu(X) + triu(X, 1)^T`` (square ``X``)."""
+
+    def forward(self, X):
+        return X.triu() + X.triu(1).transpose(0, 1)
+
+
+def _branch_layer(b: str, dtype: str):
+    """Branch ``b``'s layer for workload dtype ``dtype`` (branch ``b`` carries the dtype corners)."""
+    if b == "b" and dtype == "complex64":
+        return ComplexLinear(HIDDEN, HIDDEN)
+    if b == "b" and dtype == "bfloat16":
+        return LowPrecisionLinear(HIDDEN, HIDDEN, dtype=torch.bfloat16)
+    return nn.Linear(HIDDEN, HIDDEN)
+
+
+# --------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------
+
+class ScenarioNet(nn.Module):
+    """The scenario model of workload ``wl`` and module ``md`` (both complete: every dimension
+    named; :func:`build_scenario_model` says what each changes)."""
+
+    def __init__(self, wl: dict, md: dict, rebind: bool, buffer_offset: float):
+        super().__init__()
+        self.wl, self.md = wl, md
+        self.stem = ConvStem() if wl["layout"] == "channels_last" else nn.Linear(IN_FEATURES, HIDDEN)
+        self.branch = nn.ModuleDict({b: _branch_layer(b, wl["dtype"]) for b in BRANCHES})
+        self.head = nn.Linear(HIDDEN, OUT_FEATURES)
+        if wl["layout"] == "transposed":  # [OUT, HIDDEN] with strides (1, OUT)
+            self.head.weight = nn.Parameter(torch.zeros(HIDDEN, OUT_FEATURES).t())
+        if wl["graph"] == "shared":
+            self.branch["c"].weight = self.branch["a"].weight
+        if wl["grad"] == "sparse":
+            self.emb = nn.Embedding(VOCAB, HIDDEN, sparse=True)
+        elif wl["grad"] == "sparse_bag":
+            self.emb = nn.EmbeddingBag(VOCAB, HIDDEN, mode="mean", sparse=True)
+        self.register_buffer("ema", torch.zeros(HIDDEN), persistent=md["buffers"] == "persistent")
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+        if md["int_buffer"] == "samples":
+            self.register_buffer("seen", torch.full((), seen_start(buffer_offset), dtype=torch.int64))
+        if md["params"] == "containers":
+            self.gains = nn.ParameterList([nn.Parameter(torch.ones(HIDDEN)) for _ in range(2)])
+            self.offsets = nn.ParameterDict({"h": nn.Parameter(torch.zeros(HIDDEN)),
+                                             "out": nn.Parameter(torch.zeros(OUT_FEATURES))})
+        self.rebind = rebind
+        self.calls = 0
+
+    def _branch(self, b, h):
+        graph = self.wl["graph"]
+        if graph in ("plain", "shared"):
+            return h + torch.tanh(self.branch[b](h))
+        # Applied twice, each application adding half: the model is no deeper in effect than the
+        # plain one (at full weight an SGD run's steps grow until float32 rounding exceeds the bound).
+        fn = (lambda t: 0.5 * torch.tanh(self.branch[b](t)))
+        for _ in range(2):  # applied twice; each under its own checkpoint if so drawn
+            if graph == "applied_twice":
+                h = h + fn(h)
+                continue
+            reentrant = graph == "checkpoint_reentrant"
+            ckpt = checkpoint
+            if h.device.type == "xla":  # torch.utils.checkpoint looks up torch.xla (torch 2.9)
+                from torch_xla.utils.checkpoint import checkpoint as ckpt  # reentrant only
+            h = h + ckpt(fn, h, use_reentrant=reentrant)
+        return h
+
+    def _update_buffers(self, h, n: int):
+        """A training forward's buffer updates (rebound or in place); returns the hidden layer,
+        centred on the updated ``ema`` when it feeds the output."""
+        md = self.md
+        with torch.no_grad():
+            new = 0.9 * self.ema + 0.1 * h.detach().mean(0)
+            if self.rebind:  # a new object each forward: a cached buffer list goes stale
+                self.ema = new
+                self.count = self.count + 1
+                if md["int_buffer"] == "samples":
+                    self.seen = self.seen + n
+            else:
+                self.ema.copy_(new)
+                self.count.add_(1)
+                if md["int_buffer"] == "samples":
+                    self.seen.add_(n)
+        if md["buffer_use"] == "centre":  # ema feeds the output; a subtraction saves nothing
+            h = h - self.ema.to(h.dtype)
+        return h
+
+    def _output(self, out, h):
+        """The forward's output in the module's ``output`` structure."""
+        kind = self.md["output"]
+        if kind == "namedtuple":
+            return ScenarioPair(pred=out, hidden=h.detach(), tag="scenario")
+        if kind == "dict":
+            return {"pred": out, "hidden": h.detach(), "note": "scenario"}
+        if kind == "dataclass":
+            self.calls += 1  # a host int (reading ``count`` would run the graph on XLA)
+            return ScenarioOutput(pred=out, hidden=h.detach(), calls=self.calls)
+        return out
+
+    def forward(self, x, plan=BRANCHES, idx=None, *, scale=1.0, mask=None, bad=False):
+        md = self.md
+        x = x.to(self.head.weight.dtype)
+        pre = self.stem(x)
+        if idx is not None:
+            e = self.emb(idx)
+            pre = pre + (e.mean(1) if e.dim() == 3 else e)
+        if md["params"] == "containers":
+            pre = pre * self.gains[0] + self.offsets["h"]
+        h = torch.tanh(pre) * scale
+        if mask is not None:
+            h = h * mask.to(h.dtype).unsqueeze(1)
+        if self.training:
+            h = self._update_buffers(h, x.shape[0])
+        if bad:  # a bad batch found mid-forward, after the statistics moved (the loop skips it)
+            raise BadBatch("the scenario's bad batch (bad=True): the loop skips it")
+        for b in plan:
+            h = self._branch(b, h)
+        if md["params"] == "containers":
+            h = h * self.gains[1]
+        out = self.head(h)
+        if md["params"] == "containers":
+            out = out + self.offsets["out"]
+        return self._output(out, h)
 
 
 def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, workload: dict | None = None,
@@ -36,13 +202,13 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
     assignment of new tensors when ``rebind`` else in place. Buffers feed the output only with
     ``module["buffer_use"] == "centre"`` (a training forward's hidden layer minus ``ema``, after
     the update). ``buffer_offset`` is added to ``ema`` (rank-dependent starts). ``workload``
-    (:data:`WORKLOADS`; default plain) changes the parameters' dtype, layout, gradient
+    (:data:`~.dimensions.WORKLOADS`; default plain) changes the parameters' dtype, layout, gradient
     kind and the graph; inputs ``x`` float32 ``[n, IN_FEATURES]`` and, for a sparse
     workload, ``idx`` int64 ``[n, INDICES_PER_SAMPLE]``; output ``[n, OUT_FEATURES]``
-    (float64 for the float64 workload, else float32). ``module`` (:data:`MODULES`; default plain):
-    the output's structure, ``ema``'s persistence, a forward pre-hook, forward keywords ``scale`` /
-    ``mask`` (:func:`forward_kwargs`), ``ema`` feeding the output, ``bad=True`` raising
-    :class:`BadBatch` after the buffers' update (a bad batch the loop skips), an int64 buffer
+    (float64 for the float64 workload, else float32). ``module`` (:data:`~.dimensions.MODULES`;
+    default plain): the output's structure, ``ema``'s persistence, a forward pre-hook, forward
+    keywords ``scale`` / ``mask`` (:func:`forward_kwargs`), ``ema`` feeding the output, ``bad=True``
+    raising :class:`BadBatch` after the buffers' update (a bad batch the loop skips), an int64 buffer
     ``seen`` (``+= n`` at each training forward;
     starts at :func:`seen_start` of ``buffer_offset``), a parametrized weight (registered after
     initialisation: ``symmetric`` reads ``branch.a``'s ``original`` through ``triu(X) + triu(X, 1)^T``;
@@ -50,142 +216,22 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
     (v)), parameters held in containers (``gains`` ``nn.ParameterList`` of two ``[HIDDEN]``,
     ``offsets`` ``nn.ParameterDict`` ``{"h": [HIDDEN], "out": [OUT_FEATURES]}``, drawn from ``seed``).
     """
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-    from torch.utils.checkpoint import checkpoint
-
     wl = dict(PLAIN_WORKLOAD, **(workload or {}))
     md = dict(PLAIN_MODULE, **(module or {}))
-
-    class LowPrecisionLinear(nn.Linear):
-        """A Linear in a lower dtype (bfloat16) between float layers: input cast down, output back."""
-
-        def forward(self, h):
-            return super().forward(h.to(self.weight.dtype)).to(h.dtype)
-
-    class ComplexLinear(nn.Module):
-        """A complex64 weight [out, in] and bias; a real output ``Re z + Im z / 2`` (only the
-        matmul is complex: torch_xla's complex tanh backward differs from CPU's)."""
-
-        def __init__(self, n_in, n_out):
-            super().__init__()
-            self.weight = nn.Parameter(torch.zeros(n_out, n_in, dtype=torch.complex64))
-            self.bias = nn.Parameter(torch.zeros(n_out, dtype=torch.complex64))
-
-        def forward(self, h):
-            z = F.linear(h.to(self.weight.dtype), self.weight, self.bias)
-            return (z.real + 0.5 * z.imag).to(h.dtype)
-
-    class ConvStem(nn.Module):
-        """The stem as a 2x2 conv over ``x`` seen as ``[n, 2, 2, 2]`` (the same map as a Linear),
-        its weight ``[HIDDEN, 2, 2, 2]`` in ``channels_last`` memory format."""
-
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(2, HIDDEN, 2).to(memory_format=torch.channels_last)
-
-        def forward(self, x):
-            return self.conv(x.reshape(-1, 2, 2, 2).contiguous(memory_format=torch.channels_last)).flatten(1)
-
-    def branch(b):
-        if b == "b" and wl["dtype"] == "complex64":
-            return ComplexLinear(HIDDEN, HIDDEN)
-        if b == "b" and wl["dtype"] == "bfloat16":
-            return LowPrecisionLinear(HIDDEN, HIDDEN, dtype=torch.bfloat16)
-        return nn.Linear(HIDDEN, HIDDEN)
-
-    class ScenarioNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.stem = ConvStem() if wl["layout"] == "channels_last" else nn.Linear(IN_FEATURES, HIDDEN)
-            self.branch = nn.ModuleDict({b: branch(b) for b in BRANCHES})
-            self.head = nn.Linear(HIDDEN, OUT_FEATURES)
-            if wl["layout"] == "transposed":  # [OUT, HIDDEN] with strides (1, OUT)
-                self.head.weight = nn.Parameter(torch.zeros(HIDDEN, OUT_FEATURES).t())
-            if wl["graph"] == "shared":
-                self.branch["c"].weight = self.branch["a"].weight
-            if wl["grad"] == "sparse":
-                self.emb = nn.Embedding(VOCAB, HIDDEN, sparse=True)
-            elif wl["grad"] == "sparse_bag":
-                self.emb = nn.EmbeddingBag(VOCAB, HIDDEN, mode="mean", sparse=True)
-            self.register_buffer("ema", torch.zeros(HIDDEN), persistent=md["buffers"] == "persistent")
-            self.register_buffer("count", torch.zeros((), dtype=torch.int64))
-            if md["int_buffer"] == "samples":
-                self.register_buffer("seen", torch.full((), seen_start(buffer_offset), dtype=torch.int64))
-            if md["params"] == "containers":
-                self.gains = nn.ParameterList([nn.Parameter(torch.ones(HIDDEN)) for _ in range(2)])
-                self.offsets = nn.ParameterDict({"h": nn.Parameter(torch.zeros(HIDDEN)),
-                                                 "out": nn.Parameter(torch.zeros(OUT_FEATURES))})
-            self.rebind = rebind
-            self.calls = 0
-
-        def _branch(self, b, h):
-            graph = wl["graph"]
-            if graph in ("plain", "shared"):
-                return h + torch.tanh(self.branch[b](h))
-            # Applied twice: each application adds half, so the model is no deeper in effect
-            # than the plain one (measured: at full weight an SGD lr-0.2 run grew its steps
-            # 0.2 -> 16 in 5 steps and float32 rounding noise to 5.7e-5, torch and ref alike).
-            fn = (lambda t: 0.5 * torch.tanh(self.branch[b](t)))
-            for _ in range(2):  # applied twice; each under its own checkpoint if so drawn
-                if graph == "applied_twice":
-                    h = h + fn(h)
-                    continue
-                reentrant = graph == "checkpoint_reentrant"
-                ckpt = checkpoint
-                if h.device.type == "xla":  # torch.utils.checkpoint looks up torch.xla (torch 2.9)
-                    from torch_xla.utils.checkpoint import checkpoint as ckpt  # reentrant only
-                h = h + ckpt(fn, h, use_reentrant=reentrant)
-            return h
-
-        def forward(self, x, plan=BRANCHES, idx=None, *, scale=1.0, mask=None, bad=False):
-            x = x.to(self.head.weight.dtype)
-            pre = self.stem(x)
-            if idx is not None:
-                e = self.emb(idx)
-                pre = pre + (e.mean(1) if e.dim() == 3 else e)
-            if md["params"] == "containers":
-                pre = pre * self.gains[0] + self.offsets["h"]
-            h = torch.tanh(pre) * scale
-            if mask is not None:
-                h = h * mask.to(h.dtype).unsqueeze(1)
-            if self.training:
-                with torch.no_grad():
-                    new = 0.9 * self.ema + 0.1 * h.detach().mean(0)
-                    if self.rebind:  # a new object each forward: a cached buffer list goes stale
-                        self.ema = new
-                        self.count = self.count + 1
-                        if md["int_buffer"] == "samples":
-                            self.seen = self.seen + x.shape[0]
-                    else:
-                        self.ema.copy_(new)
-                        self.count.add_(1)
-                        if md["int_buffer"] == "samples":
-                            self.seen.add_(x.shape[0])
-                if md["buffer_use"] == "centre":  # ema feeds the output; a subtraction saves nothing
-                    h = h - self.ema.to(h.dtype)
-            if bad:  # a bad batch found mid-forward, after the statistics moved (the loop skips it)
-                raise BadBatch("the scenario's bad batch (bad=True): the loop skips it")
-            for b in plan:
-                h = self._branch(b, h)
-            if md["params"] == "containers":
-                h = h * self.gains[1]
-            out = self.head(h)
-            if md["params"] == "containers":
-                out = out + self.offsets["out"]
-            if md["output"] == "namedtuple":
-                return ScenarioPair(pred=out, hidden=h.detach(), tag="scenario")
-            if md["output"] == "dict":
-                return {"pred": out, "hidden": h.detach(), "note": "scenario"}
-            if md["output"] == "dataclass":
-                self.calls += 1  # a host int (reading ``count`` would run the graph on XLA)
-                return ScenarioOutput(pred=out, hidden=h.detach(), calls=self.calls)
-            return out
-
-    net = ScenarioNet()
+    net = ScenarioNet(wl, md, rebind, buffer_offset)
     if md["hook"] == "pre_hook":
         net.register_forward_pre_hook(lambda mod, args: (args[0] * 0.5,) + tuple(args[1:]))
+    _initialise(net, seed, wl, md, buffer_offset)
+    if md["parametrize"] == "symmetric":
+        parametrize.register_parametrization(net.branch["a"], "weight", Symmetric())
+    elif md["parametrize"] == "weight_norm":
+        weight_norm(net.head)
+    return net
+
+
+def _initialise(net: ScenarioNet, seed: int, wl: dict, md: dict, buffer_offset: float) -> None:
+    """Draw ``net``'s parameters from ``seed`` (:func:`build_scenario_model`), cast a float64
+    workload's model, offset ``ema`` by ``buffer_offset``."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for mod in net.modules():
@@ -206,19 +252,6 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
         if wl["dtype"] == "float64":
             net.double()  # parameters and ema; strides kept
         net.ema.add_(buffer_offset)
-    if md["parametrize"] == "symmetric":
-        from torch.nn.utils import parametrize
-
-        class Symmetric(nn.Module):
-            """Parametrization ``W = triu(X) + triu(X, 1)^T`` (square ``X``)."""
-
-            def forward(self, X):
-                return X.triu() + X.triu(1).transpose(0, 1)
-        parametrize.register_parametrization(net.branch["a"], "weight", Symmetric())
-    elif md["parametrize"] == "weight_norm":
-        from torch.nn.utils.parametrizations import weight_norm
-        weight_norm(net.head)
-    return net
 
 
 def seen_start(buffer_offset: float) -> int:
@@ -230,7 +263,6 @@ def seen_start(buffer_offset: float) -> int:
 def scenario_mask(seed: int, step: int, micro: int, rank: int, n: int):
     """The ``mask=`` keyword (``module["kwargs"] == "mask"``): float32 ``[n]`` of 0/1, sample 0
     always kept, from (seed, step, micro, rank) apart from :func:`scenario_batch`'s draw."""
-    import torch
     gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 101 + micro) * 257 + rank + 13)
     m = (torch.rand(n, generator=gen) < 0.7).float()
     m[0] = 1.0
@@ -250,7 +282,6 @@ def forward_kwargs(module: dict, seed: int, step: int, micro: int, rank: int, n:
 
 def scenario_batch(seed: int, step: int, micro: int, rank: int, n: int):
     """``(x [n, IN_FEATURES], y [n, OUT_FEATURES])`` float32 N(0, 1), from (seed, step, micro, rank)."""
-    import torch
     gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 101 + micro) * 257 + rank)
     return torch.randn(n, IN_FEATURES, generator=gen), torch.randn(n, OUT_FEATURES, generator=gen)
 
@@ -258,6 +289,5 @@ def scenario_batch(seed: int, step: int, micro: int, rank: int, n: int):
 def scenario_indices(seed: int, step: int, micro: int, rank: int, n: int):
     """``idx`` int64 ``[n, INDICES_PER_SAMPLE]`` in ``[0, VOCAB)`` (the sparse corner's embedding
     lookups), from (seed, step, micro, rank) apart from :func:`scenario_batch`'s draw."""
-    import torch
     gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 101 + micro) * 257 + rank + 7)
     return torch.randint(0, VOCAB, (n, INDICES_PER_SAMPLE), generator=gen)

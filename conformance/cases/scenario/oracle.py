@@ -1,16 +1,53 @@
-"""The single-device oracle of DDP's semantics for a scenario, and the judge comparing replicas with it."""
+"""The single-device oracle of DDP's semantics for a scenario, and the judge comparing replicas with it.
+
+What the oracle computes, on one CPU device, each parameter in its own dtype (the workload's;
+the loss float64 for a float64 model); a sparse gradient's replica mean is dense (the same SGD
+update as upstream's sparse all-reduce):
+
+* **Gradients.** Each replica's gradients are kept apart; its backwards accumulate into them
+  (autograd's ``AccumulateGrad``). A synced backward (the last of an accumulation window, or any
+  with ``"sync": true``) replaces every replica's gradient by the replicas' mean (zeros where a
+  replica holds ``None``), except a parameter no replica's backward reached since the last synced
+  one with ``find_unused_parameters``: torch's reducer leaves its gradient as it is (``None``, a
+  zero tensor after ``zero_grad(set_to_none=False)``, or an earlier synced backward's mean).
+* **Buffers** (``broadcast_buffers``, ``forward_sync_buffers`` and ``init_sync`` as
+  :func:`~.format.buffer_sync` reads them): a forward through the DDP starts from rank 0's buffers
+  when the forward sync is on and the previous forward was a synced one with grad enabled, or
+  there was none since construction (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
+  ``_post_forward``: ``require_forward_param_sync``, whatever the module's mode): also between two
+  forwards before one backward, and after a grad-enabled forward that no backward follows; a
+  forward whose module raises (the loop's skipped bad batch) moved the buffers and leaves the flag
+  as it was (``_post_forward`` never ran).
+* **The module axis** (:data:`~.dimensions.MODULES`): every buffer is broadcast, integer ones too
+  (an int64 ``seen``): torch's construction sync (``torch/distributed/utils.py``
+  ``_sync_module_states``: every ``module.named_buffers()`` tensor when ``broadcast_buffers``) and
+  the pre-forward one (``torch/nn/parallel/distributed.py`` ``_sync_buffers`` over
+  ``_assign_modules_buffers``' ``named_buffers()``, re-read each time) take every buffer whatever
+  its dtype; without ``broadcast_buffers`` each replica keeps its own start
+  (:func:`~.model.seen_start`). Forward keywords reach the module unchanged
+  (``DistributedDataParallel.forward(*inputs, **kwargs)`` calls ``self.module(*inputs, **kwargs)``;
+  the oracle passes the same ones). A parametrized weight (``torch.nn.utils.parametrize``,
+  ``parametrizations.weight_norm``) is trained through its ``original`` tensors, which are the
+  module's parameters DDP reduces and broadcasts; parameters in an ``nn.ParameterList`` /
+  ``nn.ParameterDict`` are ``module.parameters()`` like any other.
+
+:func:`loop_reference` is the engine (any module, its own data); :func:`scenario_reference` runs
+it on the scenario model, the user loop programs on a user's model (:mod:`.userloop`).
+"""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import numpy as np
+import torch
 
 from conformance.cases.shared.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, TRANSPARENCY, judge, judge_agreement
 from conformance.cases.shared.transparency import judge_transparency
-from conformance.cases.scenario.format import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT, Scenario,
-                                                buffer_sync, grad_mode, prediction_of)
+from conformance.cases.scenario.dimensions import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
+                                                   grad_mode, prediction_of)
+from conformance.cases.scenario.format import Scenario, buffer_sync
 from conformance.cases.scenario.model import (BadBatch, build_scenario_model, forward_kwargs, scenario_batch,
-                                               scenario_indices, seen_start, user_grad_hook)
+                                              scenario_indices, seen_start, user_grad_hook)
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.readback import flat_optimizer_state, flat_params
 
@@ -19,44 +56,29 @@ from conformance.cases.shared.readback import flat_optimizer_state, flat_params
 # --------------------------------------------------------------------------
 
 def scenario_reference(sc: Scenario) -> dict:
-    """DDP's semantics for ``sc`` on one CPU device, each parameter in its own dtype (the
-    workload's; the loss float64 for a float64 model); a sparse gradient's replica mean is
-    dense (the same SGD update as upstream's sparse all-reduce).
-
-    Each replica's gradients are kept apart; its backwards accumulate into them (autograd's
-    ``AccumulateGrad``). A synced backward (the last of an accumulation window, or any with
-    ``"sync": true``) replaces every replica's gradient by the replicas' mean (zeros where a
-    replica holds ``None``), except a parameter no replica's backward reached since the last
-    synced one with ``find_unused_parameters``: torch's reducer leaves its gradient as it is
-    (``None``, a zero tensor after ``zero_grad(set_to_none=False)``, or an earlier synced
-    backward's mean). Buffers (``broadcast_buffers``, ``forward_sync_buffers`` and ``init_sync`` as
-    :func:`~.format.buffer_sync` reads them): a forward through the DDP starts from rank 0's buffers when
-    the forward sync is on and the previous forward was a synced one with grad enabled, or there
-    was none since construction (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
-    ``_post_forward``: ``require_forward_param_sync``, whatever the module's mode): also between
-    two forwards before one backward, and after a grad-enabled forward that no backward follows;
-    a forward whose module raises (the loop's skipped bad batch) moved the buffers and leaves the
-    flag as it was (``_post_forward`` never ran).
-
-    The module axis (:data:`~.format.MODULES`): every buffer is broadcast, integer ones too (an int64
-    ``seen``): torch's construction sync (``torch/distributed/utils.py`` ``_sync_module_states``: every
-    ``module.named_buffers()`` tensor when ``broadcast_buffers``) and the pre-forward one
-    (``torch/nn/parallel/distributed.py`` ``_sync_buffers`` over ``_assign_modules_buffers``'
-    ``named_buffers()``, re-read each time) take every buffer whatever its dtype; without
-    ``broadcast_buffers`` each replica keeps its own start (:func:`~.model.seen_start`). Forward keywords
-    reach the module unchanged (``DistributedDataParallel.forward(*inputs, **kwargs)`` calls
-    ``self.module(*inputs, **kwargs)``; the oracle passes the same ones). A parametrized weight
-    (``torch.nn.utils.parametrize``, ``parametrizations.weight_norm``) is trained through its
-    ``original`` tensors, which are the module's parameters DDP reduces and broadcasts; parameters in an
-    ``nn.ParameterList`` / ``nn.ParameterDict`` are ``module.parameters()`` like any other.
+    """DDP's semantics for ``sc`` on one CPU device (the module docstring says what they are),
+    on the scenario model: rank 0's, each replica's buffers its own build's where the DDP does
+    not broadcast them at construction.
 
     Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica
     must hold after each step), ``optim`` (final optimizer state).
     """
-    w = sc.world_size
     net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
     user_grad_hook(net, sc.module)
-    sparse = sc.workload["grad"] != "dense"
+    start_buffers, reload_buffers = _scenario_buffers(sc, net)
+    teacher = None
+    if sc.loop["teacher"] != "none":  # rank 0's (the DDP broadcasts its parameters), in eval mode
+        teacher = build_scenario_model(rank_seed(sc.seed, 0, TEACHER_SALT), sc.rebind_buffers,
+                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module).eval()
+    return loop_reference(sc, net, _scenario_inputs(sc), lambda out, y: mse(prediction_of(out), y), start_buffers,
+                          reload_buffers, teacher=teacher, blend=distilled_target)
+
+
+def _scenario_buffers(sc: Scenario, net) -> tuple:
+    """``(start_buffers, reload_buffers)`` of :func:`loop_reference` for the scenario model
+    ``net``: what replica ``r``'s own construction gave each buffer (rank 0's when the
+    construction syncs), and after a checkpoint reload (``ema``, when non-persistent, is the new
+    module's own)."""
     init_synced = buffer_sync(sc.ddp)[0]  # rank 0's buffers at construction
     names = [n for n, _ in net.named_buffers()]
 
@@ -72,11 +94,16 @@ def scenario_reference(sc: Scenario) -> dict:
     def reload_buffers(r, bufs):  # after a checkpoint reload: ema, when non-persistent, is the new module's own
         if sc.module["buffers"] != "non_persistent":  # (construction broadcasts rank 0's if init_synced)
             return bufs
-        import torch
         ema = names.index("ema")
         bufs = list(bufs)
         bufs[ema] = torch.zeros_like(bufs[ema]) + rank_buffer_offset(0 if init_synced else r, 1)
         return bufs
+    return start_buffers, reload_buffers
+
+
+def _scenario_inputs(sc: Scenario):
+    """``inputs(s, j, r, sizes, plan)`` of :func:`loop_reference`: replica ``r``'s scenario data."""
+    sparse = sc.workload["grad"] != "dense"
 
     def inputs(s, j, r, sizes, plan):
         n = sizes[r]
@@ -86,25 +113,19 @@ def scenario_reference(sc: Scenario) -> dict:
             extra["idx"] = scenario_indices(sc.seed, s, j, r, n)
         extra.update(forward_kwargs(sc.module, sc.seed, s, j, r, n))
         return (x,), extra, y
-
-    teacher = None
-    if sc.loop["teacher"] != "none":  # rank 0's (the DDP broadcasts its parameters), in eval mode
-        teacher = build_scenario_model(rank_seed(sc.seed, 0, TEACHER_SALT), sc.rebind_buffers,
-                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module).eval()
-    return loop_reference(sc, net, inputs, lambda out, y: mse(prediction_of(out), y), start_buffers, reload_buffers,
-                          teacher=teacher, blend=distilled_target)
+    return inputs
 
 
 def distilled_target(teacher_out, y):
-    """The loss's target with a frozen teacher (:data:`~.format.LOOPS` ``teacher``): ``(y + its
+    """The loss's target with a frozen teacher (:data:`~.dimensions.LOOPS` ``teacher``): ``(y + its
     prediction) / 2``."""
     return 0.5 * (y + prediction_of(teacher_out))
 
 
 def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffers, teacher=None, blend=None) -> dict:
     """The model-agnostic oracle of a loop program ``sc`` (its steps, micro-steps, forwards without
-    backward, loop dimensions, optimizer, DDP keywords, checkpoint; semantics as
-    :func:`scenario_reference` says) on module ``net`` (rank 0's, as the DDP broadcasts it at
+    backward, loop dimensions, optimizer, DDP keywords, checkpoint; semantics as the module
+    docstring says) on module ``net`` (rank 0's, as the DDP broadcasts it at
     construction), which it trains: ``inputs(s, j, r, sizes, plan)`` -> ``(args, kwargs, target)``
     of replica ``r``'s forward on micro-batch ``(s, j)`` (``j >= EVAL_DATA``: a forward without
     backward, ``plan`` None), ``loss(out, target)`` the scalar each replica backpropagates,
@@ -116,126 +137,160 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
     training forward's inputs ``blend(prediction, target)`` mixes into the target: its forwards
     leave the trained DDP's buffer rule alone (torch keeps ``require_forward_param_sync`` per
     instance)."""
-    import torch
+    run = _LoopOracle(sc, net, inputs, loss, start_buffers, teacher, blend)
+    out_p = [flat_params(net)]
+    out_b = [run.flat_bufs()]
+    for s, step in enumerate(sc.steps):
+        micro = step["micro"]
+        run.begin_step(s)
+        for j, m in enumerate(micro):
+            run.evaluate(s, j)
+            run.micro_step(s, j, m)
+        run.evaluate(s, len(micro))
+        run.optimizer_step()
+        out_p.append(flat_params(net))
+        out_b.append(run.flat_bufs())
+        if sc.checkpoint_at == s:
+            run.reload(reload_buffers)
+    return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(run.opt)}
 
-    w = sc.world_size
-    lp = sc.loop
-    training = lp["module_mode"] == "train"
-    opt = build_optimizer(sc.optimizer, net.parameters(), sc.lr)
-    scale = 2.0 ** sc.loss_scale_log2
-    params = list(net.parameters())
-    find_unused = bool(sc.ddp.get("find_unused_parameters"))
-    forward_synced = buffer_sync(sc.ddp)[1]  # rank 0's buffers before a forward
-    names = [n for n, _ in net.named_buffers()]
-    rank_bufs = [start_buffers(r) for r in range(w)]
-    grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
-    reached = [False] * len(params)  # some replica's backward reached it since the last synced one
-    for i, q in enumerate(params):
-        q.register_post_accumulate_grad_hook(lambda _, i=i: reached.__setitem__(i, True))
 
-    def set_bufs(vals):
-        for n, v in zip(names, vals):
+class _LoopOracle:
+    """The state of one :func:`loop_reference` run: every replica's gradients (``grads``) and
+    buffers (``rank_bufs``), loaded into the one module ``net`` in turn, and the DDP's
+    ``require_forward_param_sync`` flag (``sync_next``)."""
+
+    def __init__(self, sc: Scenario, net, inputs, loss, start_buffers, teacher, blend):
+        self.sc, self.net, self.inputs, self.loss, self.teacher, self.blend = sc, net, inputs, loss, teacher, blend
+        self.w = w = sc.world_size
+        self.lp = sc.loop
+        self.training = self.lp["module_mode"] == "train"
+        self.opt = build_optimizer(sc.optimizer, net.parameters(), sc.lr)
+        self.scale = 2.0 ** sc.loss_scale_log2
+        self.params = params = list(net.parameters())
+        self.find_unused = bool(sc.ddp.get("find_unused_parameters"))
+        self.forward_synced = buffer_sync(sc.ddp)[1]  # rank 0's buffers before a forward
+        self.names = [n for n, _ in net.named_buffers()]
+        self.rank_bufs = [start_buffers(r) for r in range(w)]
+        self.grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
+        reached = self.reached = [False] * len(params)  # some replica's backward reached it since the last synced one
+        for i, q in enumerate(params):
+            q.register_post_accumulate_grad_hook(lambda _, i=i: reached.__setitem__(i, True))
+        self.sync_next = True  # require_forward_param_sync: construction counts as a synced forward
+
+    def set_bufs(self, vals):
+        for n, v in zip(self.names, vals):
             owner, _, leaf = n.rpartition(".")
-            setattr(net.get_submodule(owner) if owner else net, leaf, v.clone())
+            setattr(self.net.get_submodule(owner) if owner else self.net, leaf, v.clone())
 
-    def get_bufs():
-        return [t.detach().clone() for t in net.buffers()]
+    def get_bufs(self):
+        return [t.detach().clone() for t in self.net.buffers()]
 
-    def flat_bufs():
+    def flat_bufs(self):
         return np.stack([np.concatenate([t.double().reshape(-1).numpy() for t in rb]) if rb else np.zeros(0)
-                         for rb in rank_bufs])
+                         for rb in self.rank_bufs])
 
-    state = {"sync_next": True}  # require_forward_param_sync: construction counts as a synced forward
-
-    def forward(r, s, j, sizes, plan, mode, raising=False):
+    def forward(self, r, s, j, sizes, plan, mode, raising=False):
         """Replica ``r``'s forward on micro-batch ``(s, j)`` through the DDP's buffer semantics
         (``raising``: the scenario model's bad batch, which raises after its buffers moved)."""
-        args, kwargs, y = inputs(s, j, r, sizes, plan)
-        set_bufs(rank_bufs[r])
-        net.train(mode)
+        args, kwargs, y = self.inputs(s, j, r, sizes, plan)
+        self.set_bufs(self.rank_bufs[r])
+        self.net.train(mode)
         out = None
         try:
-            out = net(*args, **(dict(kwargs, bad=True) if raising else kwargs))
+            out = self.net(*args, **(dict(kwargs, bad=True) if raising else kwargs))
         except BadBatch:
             if not raising:
                 raise
-        rank_bufs[r] = get_bufs()
+        self.rank_bufs[r] = self.get_bufs()
         return out, y
 
-    def begin_forwards():
-        if forward_synced and state["sync_next"]:
-            for r in range(1, w):
-                rank_bufs[r] = [t.clone() for t in rank_bufs[0]]
+    def begin_forwards(self):
+        if self.forward_synced and self.sync_next:
+            for r in range(1, self.w):
+                self.rank_bufs[r] = [t.clone() for t in self.rank_bufs[0]]
 
-    out_p = [flat_params(net)]
-    out_b = [flat_bufs()]
-    for s, step in enumerate(sc.steps):
-        micro = step["micro"]
-        for r in range(w):  # optimizer.zero_grad
-            grads[r] = [None if g is None or lp["zero_grad"] == "set_to_none" else torch.zeros_like(g)
-                        for g in grads[r]]
-        for g in opt.param_groups:
-            g["lr"] = sc.lr_at(s)
+    def begin_step(self, s: int):
+        """``optimizer.zero_grad`` on every replica, and step ``s``'s learning rate."""
+        for r in range(self.w):
+            self.grads[r] = [None if g is None or self.lp["zero_grad"] == "set_to_none" else torch.zeros_like(g)
+                             for g in self.grads[r]]
+        for g in self.opt.param_groups:
+            g["lr"] = self.sc.lr_at(s)
 
-        def evaluate(at):
-            for e, f in sc.evals(s, at):
-                begin_forwards()
-                for r in range(w):
-                    with grad_mode(f["grad"]):
-                        forward(r, s, EVAL_DATA + e, f["batch"], None, f["mode"] == "train",
-                                raising=f["grad"] == "raising")
-                if f["grad"] != "raising":  # a raising forward never reaches _post_forward: flag kept
-                    # outside no_sync(): a grad-enabled forward counts as a synced one
-                    state["sync_next"] = f["grad"] == "enabled"
-        for j, m in enumerate(micro):
-            evaluate(j)
-            synced = sc.synced(s, j)
-            losses = [0] * w
-            for k in range(sc.forwards(s, j)):  # each forward starts with the buffer rule
-                begin_forwards()
-                for r in range(w):
-                    out, y = forward(r, s, FORWARD_DATA * k + j, m["batch"], tuple(m["plan"][r]), training)
-                    if teacher is not None:
-                        targs, tkwargs, _ = inputs(s, FORWARD_DATA * k + j, r, m["batch"], None)
-                        with torch.no_grad():
-                            y = blend(teacher(*targs, **tkwargs), y)
-                    losses[r] = losses[r] + loss(out, y)
-                state["sync_next"] = synced  # a grad-enabled forward, inside no_sync() or not
+    def evaluate(self, s: int, at: int):
+        """Step ``s``'s forwards without backward before micro-step ``at``."""
+        for e, f in self.sc.evals(s, at):
+            self.begin_forwards()
+            for r in range(self.w):
+                with grad_mode(f["grad"]):
+                    self.forward(r, s, EVAL_DATA + e, f["batch"], None, f["mode"] == "train",
+                                 raising=f["grad"] == "raising")
+            if f["grad"] != "raising":  # a raising forward never reaches _post_forward: flag kept
+                # outside no_sync(): a grad-enabled forward counts as a synced one
+                self.sync_next = f["grad"] == "enabled"
+
+    def micro_step(self, s: int, j: int, m: dict):
+        """Micro-step ``j`` of step ``s``: its forwards on every replica, each replica's backward
+        into its own gradients, and the replicas' mean when it is synced."""
+        sc, w = self.sc, self.w
+        synced = sc.synced(s, j)
+        losses = [0] * w
+        for k in range(sc.forwards(s, j)):  # each forward starts with the buffer rule
+            self.begin_forwards()
             for r in range(w):
-                for i, q in enumerate(params):  # a copy: AccumulateGrad may add in place
-                    q.grad = None if grads[r][i] is None else grads[r][i].clone()
-                (losses[r] * scale).backward()
-                # a sparse gradient's replica mean is taken dense
-                grads[r] = [None if q.grad is None else q.grad.to_dense() if q.grad.is_sparse else q.grad
-                            for q in params]
-            if not synced:
-                continue
-            for i in range(len(params)):
-                if find_unused and not reached[i]:
-                    continue  # no replica reached it since the last synced backward: untouched
-                total = None
-                for r in range(w):  # the replicas' gradients, zeros where None, in rank order
-                    g = grads[r][i] if grads[r][i] is not None else torch.zeros_like(params[i])
-                    total = g.clone() if total is None else total + g
-                for r in range(w):
-                    grads[r][i] = total / w
-            reached[:] = [False] * len(params)
-        evaluate(len(micro))
+                out, y = self.forward(r, s, FORWARD_DATA * k + j, m["batch"], tuple(m["plan"][r]), self.training)
+                if self.teacher is not None:
+                    targs, tkwargs, _ = self.inputs(s, FORWARD_DATA * k + j, r, m["batch"], None)
+                    with torch.no_grad():
+                        y = self.blend(self.teacher(*targs, **tkwargs), y)
+                losses[r] = losses[r] + self.loss(out, y)
+            self.sync_next = synced  # a grad-enabled forward, inside no_sync() or not
+        params, grads = self.params, self.grads
+        for r in range(w):
+            for i, q in enumerate(params):  # a copy: AccumulateGrad may add in place
+                q.grad = None if grads[r][i] is None else grads[r][i].clone()
+            (losses[r] * self.scale).backward()
+            # a sparse gradient's replica mean is taken dense
+            grads[r] = [None if q.grad is None else q.grad.to_dense() if q.grad.is_sparse else q.grad
+                        for q in params]
+        if synced:
+            self.all_reduce()
+
+    def all_reduce(self):
+        """A synced backward: every replica's gradient becomes the replicas' mean (but a parameter
+        no replica reached, with ``find_unused_parameters``)."""
+        params, grads, w = self.params, self.grads, self.w
+        for i in range(len(params)):
+            if self.find_unused and not self.reached[i]:
+                continue  # no replica reached it since the last synced backward: untouched
+            total = None
+            for r in range(w):  # the replicas' gradients, zeros where None, in rank order
+                g = grads[r][i] if grads[r][i] is not None else torch.zeros_like(params[i])
+                total = g.clone() if total is None else total + g
+            for r in range(w):
+                grads[r][i] = total / w
+        self.reached[:] = [False] * len(params)
+
+    def optimizer_step(self):
+        """Replica 0's gradients, unscaled (and clipped), through the optimizer; every replica
+        keeps the step's gradients."""
+        params = self.params
         with torch.no_grad():
             for i, q in enumerate(params):
-                q.grad = None if grads[0][i] is None else grads[0][i] / scale
-        if lp["clip"] == "norm":
+                q.grad = None if self.grads[0][i] is None else self.grads[0][i] / self.scale
+        if self.lp["clip"] == "norm":
             torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
-        opt.step()
-        for r in range(w):  # the step's gradients, unscaled (and clipped), as on every replica
-            grads[r] = [None if q.grad is None else q.grad.clone() for q in params]
-        out_p.append(flat_params(net))
-        out_b.append(flat_bufs())
-        if sc.checkpoint_at == s:
-            state["sync_next"] = True  # a new DDP: its first forward broadcasts
-            grads = [[None] * len(params) for _ in range(w)]  # a state dict holds no gradients
-            rank_bufs = [reload_buffers(r, rank_bufs[r]) for r in range(w)]
-    return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(opt)}
+        self.opt.step()
+        for r in range(self.w):  # the step's gradients, unscaled (and clipped), as on every replica
+            self.grads[r] = [None if q.grad is None else q.grad.clone() for q in params]
+
+    def reload(self, reload_buffers):
+        """The checkpoint reload: a new DDP (its first forward broadcasts), no gradients, each
+        replica's buffers as :func:`loop_reference`'s ``reload_buffers`` gives them."""
+        self.sync_next = True  # a new DDP: its first forward broadcasts
+        self.grads = [[None] * len(self.params) for _ in range(self.w)]  # a state dict holds no gradients
+        self.rank_bufs = [reload_buffers(r, self.rank_bufs[r]) for r in range(self.w)]
 
 
 # --------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 ``scenario.loop`` runs training-loop programs on the kit's scenario model; this case runs the loop
 dimensions of those programs on the module the user builds, with the user's batches and loss, on
-every replica and on the single-device oracle in lockstep (the same engine: :func:`.scenario.run_loop`
+every replica and on the single-device oracle in lockstep (the same engine: :func:`.replica.run_loop`
 on the replicas, :func:`.oracle.loop_reference` on one device), judged with the bound the kit
 measured on that model (:mod:`conformance.cases.shared.measured`, the bound the ``parity.user_model``
 verdicts state).
@@ -18,7 +18,7 @@ uneven local batches. One forward per backward: with a BatchNorm (which saves it
 statistics for backward) torch's DDP raises when a second forward broadcasts into them
 (pytorch/pytorch#175024).
 
-Bound: the one measured on the model's parity run, raised for a program that carries float32
+Bound: the parity run's, measured by the kit on the model, raised for a program that carries float32
 rounding further (:func:`rounding_of`: its float32 oracle against a float64 one, times
 ``MIN_SIDE_FACTOR``); the verdict states which.
 
@@ -41,11 +41,12 @@ import json
 import numpy as np
 
 from conformance.cases.shared.checks import SCENARIO_CHECKS, UNBOUNDED
-from conformance.cases.scenario.format import BRANCHES, Scenario, buffer_sync
+from conformance.cases.scenario.dimensions import BRANCHES
+from conformance.cases.scenario.format import Scenario, buffer_sync
 from conformance.cases.scenario.explicit import eval_forward, loop_program, micro_step
 from conformance.cases.scenario.generate import LRS
 from conformance.cases.scenario.oracle import judge_scenario, loop_reference
-from conformance.cases.scenario.scenario import run_loop
+from conformance.cases.scenario.replica import run_loop
 from conformance.cases.shared.loop import build_optimizer, rank_buffer_offset, rank_seed, wrap
 from conformance.cases.shared.transparency import observed_wrap
 from conformance.cases.shared.measured import measured_tolerance, stated, user_run
@@ -137,7 +138,7 @@ def _build(spec: str, seed: int, rank: int, salt: int = 0):
 
 def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
     """World task: loop program ``scenario`` on this replica of user model ``model`` with
-    implementation ``impl`` (what :func:`.scenario.scenario_task` returns).
+    implementation ``impl`` (what :func:`.replica.scenario_task` returns).
 
     Raises:
         Unsupported: the implementation brings its own step or optimizer, refuses a keyword or
@@ -214,8 +215,8 @@ def rounding_of(spec: str, sc: Scenario, ref: dict) -> tuple[float | None, str]:
     ``spec``, the largest ``|float32 oracle - float64 oracle|`` over parameters, buffers and final
     optimizer state (``ref``: the float32 oracle's result). An optimizer that normalises the
     gradient (Adam) or a BatchNorm can turn one-ulp differences into more than the parity run's
-    bound (measured: Adam on a BatchNorm model at W = 3, 1.6e-5 against a bound of 7.2e-6), so a
-    correct DDP's summation order alone would fail there. ``(None, why)`` when the model cannot run
+    bound (docs/scenarios.md, "On your own model": Adam on a BatchNorm model), so a correct DDP's
+    summation order alone would fail there. ``(None, why)`` when the model cannot run
     in float64 (``why`` names the error)."""
     try:
         wide = user_loop_reference(spec, sc, float64=True)
@@ -231,7 +232,7 @@ def rounding_of(spec: str, sc: Scenario, ref: dict) -> tuple[float | None, str]:
 
 
 def program_tolerance(tol, amplified, why: str, k: int):
-    """``tol`` (the bound measured on the model's parity run) for loop program ``k`` (1-based):
+    """``tol`` (the parity run's bound, measured by the kit on the model) for loop program ``k`` (1-based):
     raised to ``MIN_SIDE_FACTOR x amplified`` where the program carries float32 rounding further
     (:func:`rounding_of`), the derivation added to its note; unchanged otherwise (the note says why
     when the float64 oracle could not run)."""
@@ -248,7 +249,7 @@ def program_tolerance(tol, amplified, why: str, k: int):
 def evaluate_user_loop(case, impl, runtime, w, session, overrides):
     """Verdicts of ``scenario.user_loop`` on user model ``case.model``: every program of
     :func:`user_loop_programs` (or ``overrides["scenario"]``), each judged against
-    :func:`user_loop_reference` with the bound measured on the model; per check the worst
+    :func:`user_loop_reference` with the bound the kit measures on the model; per check the worst
     deviation over the programs, or the first failing program's verdict with its JSON."""
 
 

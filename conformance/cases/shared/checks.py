@@ -339,14 +339,34 @@ def judge_agreement(replicas: list, *, case: str, impl: str, runtime: str, model
     w = len(replicas)
     base = dict(case=case, check=AGREEMENT, impl=impl, runtime=runtime, model=model, world_size=w)
     p0 = replicas[0]["params"].astype(np.float64)
-    names = Names(named("params")(replicas), p0.shape[-1])
-    per_step = np.zeros(p0.shape[0])
-    first = None  # (step, kind, replica): kind 0 NaN/Inf, 1 parameters, 2 optimizer state
     for r in range(w):
-        pr = replicas[r]["params"].astype(np.float64)
-        if pr.shape != p0.shape:
+        n = replicas[r]["params"].shape
+        if n != p0.shape:
             return Verdict(**base, status="fail", atol=atol, replica=r,
-                           reason=f"replica {r} has {pr.shape[-1]} parameter values, replica 0 {p0.shape[-1]}")
+                           reason=f"replica {r} has {n[-1]} parameter values, replica 0 {p0.shape[-1]}")
+    first, per_step = _first_disagreement(replicas, p0, atol)
+    max_dev = float(per_step.max()) if per_step.size else 0.0
+    moved = np.abs(p0[-1] - p0[0])
+    moved = float(moved[np.isfinite(moved)].max()) if np.isfinite(moved).any() else 0.0
+    v = Verdict(**base, status="pass", max_dev=max_dev, atol=atol, movement=moved,
+                margin=(atol / max_dev if max_dev > 0 else float("inf")), per_step=[float(x) for x in per_step[1:]])
+    if first is not None:
+        _disagreement_reason(v, replicas, first, p0, atol)
+    elif w < MIN_WORLD_SIZE:
+        v.status, v.reason = "vacuous", f"world size {w} < {MIN_WORLD_SIZE}: nothing to agree on"
+    elif not moved > 0:
+        v.status, v.reason = "vacuous", "replica 0's parameters never changed: agreement cannot fail"
+    return v
+
+
+def _first_disagreement(replicas: list, p0, atol: float) -> tuple:
+    """``(first, per_step)``: the earliest ``(step, kind, replica)`` where a replica breaks
+    agreement (kind 0 NaN/Inf, 1 parameters, 2 optimizer state; ``None`` if none does), and
+    per step the largest parameter deviation from replica 0's ``p0``."""
+    per_step = np.zeros(p0.shape[0])
+    first = None
+    for r in range(len(replicas)):
+        pr = replicas[r]["params"].astype(np.float64)
         nan_steps = np.flatnonzero(~np.isfinite(pr).all(axis=1))
         if len(nan_steps):
             first = min(first or (np.inf,), (int(nan_steps[0]), 0, r))
@@ -365,44 +385,40 @@ def judge_agreement(replicas: list, *, case: str, impl: str, runtime: str, model
                 if a != b:
                     first = min(first or (np.inf,), (s + 1, 2, r))
                     break
-    max_dev = float(per_step.max()) if per_step.size else 0.0
-    moved = np.abs(p0[-1] - p0[0])
-    moved = float(moved[np.isfinite(moved)].max()) if np.isfinite(moved).any() else 0.0
-    v = Verdict(**base, status="pass", max_dev=max_dev, atol=atol, movement=moved,
-                margin=(atol / max_dev if max_dev > 0 else float("inf")), per_step=[float(x) for x in per_step[1:]])
-    if first is not None:
-        step, kind, r = first
-        v.status, v.replica = "fail", r
-        v.first_bad_step = step if step > 0 else None
-        when = "after construction" if step == 0 else f"from step {step}"
-        at = "After construction" if step == 0 else f"At step {step}"
-        pr = replicas[r]["params"][step].astype(np.float64)
-        if kind == 0:
-            bad = ~np.isfinite(pr)
-            i = int(np.flatnonzero(bad)[0])
-            census, ts = names.census(bad)
-            also = [q for q in range(w) if q != r and not np.isfinite(replicas[q]["params"][step]).all()]
-            v.reason = (f"replica {r} has {nonfinite(pr[i])} in {names.entry(i)} {when}. {at}, {census} "
-                        f"are NaN/Inf" + (f": {names.listing(ts)}" if names.named else "") + "."
-                        + (f" Replica(s) {', '.join(map(str, also))} too." if also else ""))
-            if not max_dev > 0:  # the replicas agree on NaN: no distance to report
-                v.max_dev = v.margin = float("nan")
-        elif kind == 1:
-            d = np.abs(pr - p0[step])
-            d = np.where(np.isnan(d), np.inf, d)
-            i = int(np.argmax(d))
-            census, ts = names.census(d > atol)
-            v.reason = (f"replica {r}'s {names.entry(i)} differs from replica 0's by {d[i]:.3g} {when} "
-                        f"(tolerance {atol:g}). {at}, {census} differ"
-                        + (f": {names.listing(ts)}" if names.named else "") + ".")
-        else:
-            v.reason = (f"replica {r}'s optimizer state differs from replica 0's {when} (tolerance {atol:g})"
-                        + _final_state_difference(replicas, r) + ".")
-    elif w < MIN_WORLD_SIZE:
-        v.status, v.reason = "vacuous", f"world size {w} < {MIN_WORLD_SIZE}: nothing to agree on"
-    elif not moved > 0:
-        v.status, v.reason = "vacuous", "replica 0's parameters never changed: agreement cannot fail"
-    return v
+    return first, per_step
+
+
+def _disagreement_reason(v: Verdict, replicas: list, first: tuple, p0, atol: float) -> None:
+    """``v`` failed at :func:`_first_disagreement`'s ``first``: its replica, step and reason."""
+    w = len(replicas)
+    names = Names(named("params")(replicas), p0.shape[-1])
+    step, kind, r = first
+    v.status, v.replica = "fail", r
+    v.first_bad_step = step if step > 0 else None
+    when = "after construction" if step == 0 else f"from step {step}"
+    at = "After construction" if step == 0 else f"At step {step}"
+    pr = replicas[r]["params"][step].astype(np.float64)
+    if kind == 0:
+        bad = ~np.isfinite(pr)
+        i = int(np.flatnonzero(bad)[0])
+        census, ts = names.census(bad)
+        also = [q for q in range(w) if q != r and not np.isfinite(replicas[q]["params"][step]).all()]
+        v.reason = (f"replica {r} has {nonfinite(pr[i])} in {names.entry(i)} {when}. {at}, {census} "
+                    f"are NaN/Inf" + (f": {names.listing(ts)}" if names.named else "") + "."
+                    + (f" Replica(s) {', '.join(map(str, also))} too." if also else ""))
+        if not v.max_dev > 0:  # the replicas agree on NaN: no distance to report
+            v.max_dev = v.margin = float("nan")
+    elif kind == 1:
+        d = np.abs(pr - p0[step])
+        d = np.where(np.isnan(d), np.inf, d)
+        i = int(np.argmax(d))
+        census, ts = names.census(d > atol)
+        v.reason = (f"replica {r}'s {names.entry(i)} differs from replica 0's by {d[i]:.3g} {when} "
+                    f"(tolerance {atol:g}). {at}, {census} differ"
+                    + (f": {names.listing(ts)}" if names.named else "") + ".")
+    else:
+        v.reason = (f"replica {r}'s optimizer state differs from replica 0's {when} (tolerance {atol:g})"
+                    + _final_state_difference(replicas, r) + ".")
 
 
 def _final_state_difference(replicas: list, r: int) -> str:

@@ -153,11 +153,10 @@ WEIGHT_DECAY = 0.01
 
 #: Adam's / AdamW's ``eps``. An element's update is about ``lr * g / (sqrt(v) + eps)``; where
 #: ``g`` and ``v`` are near zero its sensitivity to a gradient difference approaches ``lr / eps``
-#: (1e6 with torch's default 1e-8 at lr 0.01). Gradients on XLA differ from CPU's by up to
-#: 1.1e-7 (measured: a one-step scenario replayed with SGD at lr 1), so a near-zero gradient
-#: moved a parameter by 1.65e-5 at eps 1e-8 and 8.9e-5 at 1e-6, over the 1e-5 bound of a correct
-#: DDP. At 1e-3 the amplification is at most 10; Adam's own faults (direction, state) still
-#: move parameters by ~lr.
+#: (1e6 with torch's default 1e-8 at lr 0.01). XLA's gradients differ from CPU's in their last
+#: float32 bits, and a near-zero one amplified that far moves a parameter of a correct DDP past
+#: the 1e-5 bound (benchmarks/README.md, the PJRT searches). At 1e-3 the amplification is at most
+#: 10; Adam's own faults (direction, state) still move parameters by ~lr.
 ADAM_EPS = 1e-3
 
 
@@ -273,34 +272,8 @@ def train_replica(ctx, spec: dict) -> dict:
     digests = []
     for step in range(run.steps):
         x, y = global_batch(run.model, data_seed, step, run.global_batch)
-        xs = shard(x, index, len(group)).to(ctx.device)
-        ys = shard(y, index, len(group)).to(ctx.device)
-        loop.opt.zero_grad(set_to_none=True)
-        ctx.note(step=step + 1, phase="forward")  # 1-based, as verdicts count
-        with contextlib.ExitStack() as stack:
-            for s in loop.setups:
-                stack.enter_context(s.forward_context(loop, step))
-            if loop.impl.forward_backward is not None:  # one compiled forward+loss+backward
-                loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: training_loss(run.model, out, ys))
-                loop.observer.forward_unseen()
-            else:
-                out = loop.observer.call(loop.ddp, xs, **MODELS[run.model].forward_kwargs)
-        obs = loop.observer
-        if loop.impl.forward_backward is None:
-            loss = training_loss(run.model, out, ys)
-            ctx.note(phase="backward")  # DDP's gradient all-reduces run here
-            with obs.unchanged_by("backward"):
-                loss.backward()
-        if loop.impl.after_backward is not None:
-            loop.impl.after_backward(loop.ddp, loop.opt, ctx)
-        ctx.note(phase="optimizer step")
-        with obs.unchanged_by("the optimizer step"):
-            if loop.impl.optimizer_step is not None:  # e.g. xm.optimizer_step(optimizer)
-                loop.impl.optimizer_step(loop.ddp, loop.opt, ctx)
-            else:
-                loop.opt.step()
-        ctx.mark_step()
-        obs.after_step(step + 1)
+        loss = _train_step(loop, step, shard(x, index, len(group)).to(ctx.device),
+                           shard(y, index, len(group)).to(ctx.device))
         losses.append(float(loss.detach().cpu()))
         params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
@@ -314,3 +287,36 @@ def train_replica(ctx, spec: dict) -> dict:
     return {"params": np.stack(params), "losses": np.asarray(losses),
             "buffers": np.stack(buffers), "optim": flat_optimizer_state(loop.opt, final),
             "optim_digests": digests, "shard": which, "layout": layout, "transparency": merged(loop.observers)}
+
+
+def _train_step(loop: Loop, step: int, xs, ys):
+    """One optimizer step (0-based ``step``) of :func:`train_replica` on this replica's shard
+    ``xs``, ``ys`` (on the device), observed; returns the local loss."""
+    ctx, run = loop.ctx, loop.run
+    loop.opt.zero_grad(set_to_none=True)
+    ctx.note(step=step + 1, phase="forward")  # 1-based, as verdicts count
+    with contextlib.ExitStack() as stack:
+        for s in loop.setups:
+            stack.enter_context(s.forward_context(loop, step))
+        if loop.impl.forward_backward is not None:  # one compiled forward+loss+backward
+            loss = loop.impl.forward_backward(loop.ddp, xs, lambda out: training_loss(run.model, out, ys))
+            loop.observer.forward_unseen()
+        else:
+            out = loop.observer.call(loop.ddp, xs, **MODELS[run.model].forward_kwargs)
+    obs = loop.observer
+    if loop.impl.forward_backward is None:
+        loss = training_loss(run.model, out, ys)
+        ctx.note(phase="backward")  # DDP's gradient all-reduces run here
+        with obs.unchanged_by("backward"):
+            loss.backward()
+    if loop.impl.after_backward is not None:
+        loop.impl.after_backward(loop.ddp, loop.opt, ctx)
+    ctx.note(phase="optimizer step")
+    with obs.unchanged_by("the optimizer step"):
+        if loop.impl.optimizer_step is not None:  # e.g. xm.optimizer_step(optimizer)
+            loop.impl.optimizer_step(loop.ddp, loop.opt, ctx)
+        else:
+            loop.opt.step()
+    ctx.mark_step()
+    obs.after_step(step + 1)
+    return loss

@@ -25,6 +25,7 @@ import numpy as np
 
 from conformance.cases.shared.checks import CHECKS, movement
 from conformance.cases.shared.loop import RunSpec
+from conformance.cases.shared.numerics import UNIT_ROUNDOFF
 from conformance.cases.shared.reference import reference_run
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
@@ -35,8 +36,9 @@ from fixtures.models import MODELS
 
 #: Seeds of the noise measurement: the run's seed and the next ones.
 NOISE_SEEDS = 3
-#: float32's machine epsilon (2**-23): the floor of the measured noise, relative to the values.
-EPS32 = float(np.finfo(np.float32).eps)
+#: float32's machine epsilon (2**-23, twice its unit roundoff): the floor of the measured noise,
+#: relative to the values.
+EPS32 = 2 * UNIT_ROUNDOFF["float32"]
 #: The implementation whose runs are the noise: the kit's reference DDP (correct by the table).
 NOISE_IMPL = "ref"
 
@@ -66,7 +68,7 @@ def measured_tolerance(session, runtime: str, w: int, spec: RunSpec) -> Toleranc
             measured; the reason says why).
     """
     key = (runtime, w, replace(spec, impl=NOISE_IMPL))
-    cache = session.__dict__.setdefault("_measured_tolerances", {})
+    cache = session.measured_tolerances
     if key in cache:
         return cache[key]
     row = resolve_impl(NOISE_IMPL)

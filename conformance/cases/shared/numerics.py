@@ -1,7 +1,8 @@
-"""Numbers of the gradient-sync properties: example sizes, dtypes per runtime, the
-tolerances (:data:`GRAD_TOLERANCES`) and the all-reduce error bound
-(:func:`allreduce_bound`, derivation in its docstring). Re-exported by
-:mod:`conformance.cases.property.gradsync`."""
+"""Numbers the kinds share: the rounding constants of every floating dtype (:data:`UNIT_ROUNDOFF`,
+:data:`SMALLEST_NORMAL`) and Higham's :func:`gamma`, which bound a sum in any order (the
+collective family's :func:`~conformance.cases.collective.ops.sum_bound`, the gradient
+all-reduce's :func:`allreduce_bound`); and the gradient-sync properties' example sizes, dtypes
+per runtime and tolerances (:data:`GRAD_TOLERANCES`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,18 +16,21 @@ MAX_ELEMENTS = 10_000
 #: overflow (~2**128), so every example is finite all the way through.
 MAX_MAGNITUDE = 2.0 ** 100
 
-#: Unit roundoff u = 2**-t (t = significand bits incl. the implicit one) and
-#: smallest positive normal number lambda, per dtype (IEEE 754 binary32; bfloat16
-#: has binary32's exponent range and 8 significand bits).
-UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
-SMALLEST_NORMAL = {"float32": 2.0 ** -126, "bfloat16": 2.0 ** -126}
-FLOAT64_UNIT_ROUNDOFF = 2.0 ** -53
+#: Unit roundoff u = 2**-t (t = significand bits incl. the implicit one) and smallest positive
+#: normal number lambda, per floating dtype (IEEE 754; bfloat16 has binary32's exponent range and
+#: 8 significand bits; complex64 is judged per real component, at float32's). The order is the
+#: collective family's draw order (:data:`~conformance.cases.collective.ops.FLOATS`).
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24,
+                 "float64": 2.0 ** -53, "complex64": 2.0 ** -24}
+SMALLEST_NORMAL = {"float16": 2.0 ** -14, "bfloat16": 2.0 ** -126, "float32": 2.0 ** -126,
+                   "float64": 2.0 ** -1022, "complex64": 2.0 ** -126}
+#: The float64 oracles' own unit roundoff.
+FLOAT64_UNIT_ROUNDOFF = UNIT_ROUNDOFF["float64"]
 
-#: dtypes property 1 pushes through each runtime. bfloat16 on CPU: gloo's
-#: all-reduce supports it (measured with torch 2.13: both torch DDP and the
-#: reference DDP reduce bfloat16 gradients). Not on PJRT: XLA's CPU backend
-#: (torch_xla 2.9.0) rejects it at execution, "AllReduce for datatype 'bf16' is
-#: not supported".
+#: dtypes property 1 pushes through each runtime. bfloat16 on CPU: gloo's all-reduce supports
+#: it (torch's DDP and the reference DDP reduce bfloat16 gradients). Not on PJRT: XLA's CPU
+#: backend (torch_xla 2.9) rejects it at execution, "AllReduce for datatype 'bf16' is not
+#: supported".
 ALLREDUCE_DTYPES = {"cpu": ("float32", "bfloat16"), "pjrt": ("float32",)}
 DEFAULT_ALLREDUCE_DTYPES = ("float32",)
 
@@ -93,9 +97,9 @@ def allreduce_bound(xs: np.ndarray, dtype: str) -> np.ndarray:
     replaced by 0, which loses ``< lambda`` per operand or result. ``2 (n + 1)
     lambda`` bounds both (n inputs, n - 1 sums, <= n scalings, the result).
 
-    Measured (CPU, gloo, torch 2.13, ref and torch DDP, world sizes 2 and 4, ci
-    profile): errors use at most 34% (float32) / 38% (bfloat16) of the bound;
-    subnormals see gradual underflow (no flush-to-zero) on this runtime.
+    The bound is derived, not fitted: a correct DDP's errors use a fraction of it (each
+    ``allreduce_mean`` verdict states its worst use of the bound); docs/collectives.md ("The
+    bound, and why") gives the collective family's form of the same derivation.
     """
     xs = np.asarray(xs, dtype=np.float64)
     n = xs.shape[0]

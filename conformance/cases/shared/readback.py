@@ -127,7 +127,7 @@ def to_device(module, device):
 
     Moving to an XLA device gives every module its own new Parameter (the CPU
     and XLA tensors are not shallow-copy compatible), so a weight shared by two
-    modules becomes two (measured on torch_xla 2.9); the sharing is restored here
+    modules becomes two (torch_xla 2.9); the sharing is restored here
     as it was on the CPU module.
     """
     ties = {}

@@ -26,7 +26,7 @@ from fixtures import build_model, global_batch, shard
 from fixtures.models import MODELS, StreamDropout, training_loss
 
 # Runtime quirks the reference can reproduce (a runtime adapter lists its own in
-# ``Runtime.reference_quirks``): measured differences of the runtime's *ops*
+# ``Runtime.reference_quirks``): differences of the runtime's *ops*
 # from CPU PyTorch, which are not the DDP's to fix.
 QUIRKS = {
     # torch_xla 2.9 (PJRT): BatchNorm in training mode updates running_var with
@@ -98,71 +98,86 @@ def _per_shard(model: str, sync_bn: bool) -> bool:
     return (MODELS[model].batch_coupled and not sync_bn) or MODELS[model].draws_random
 
 
+class _ReferenceNet:
+    """The reference's module (the run's model from ``seed``, with the runtime's quirks), its
+    buffer slots, its forward under the run's autocast, and each replica's generator stream
+    (a model that draws random numbers)."""
+
+    def __init__(self, model: str, seed: int, world_size: int, autocast: str, sync_bn: bool, quirks):
+        self.model, self.world_size, self.autocast = model, world_size, autocast
+        self.streams = _replica_streams(world_size) if MODELS[model].draws_random else None
+        self.net = build_model(model, seed=seed)
+        # SyncBatchNorm is the DDP's own code, except where the runtime's BatchNorm runs it
+        if ("bn_running_var_biased" in quirks and not sync_bn) or ("sync_bn_running_var_biased" in quirks and sync_bn):
+            _biased_running_var(self.net)
+        self.slots = [(m, n) for m in self.net.modules() for n, b in m._buffers.items() if b is not None]
+
+    def forward(self, inp):
+        import torch
+        ctx = (torch.autocast(device_type="cpu", dtype=getattr(torch, self.autocast)) if self.autocast
+               else contextlib.nullcontext())
+        with ctx:
+            return self.net(inp, **MODELS[self.model].forward_kwargs)
+
+    def bufs(self) -> list:
+        return [m._buffers[n] for m, n in self.slots]
+
+    def set_bufs(self, values) -> None:
+        # Fresh tensors, not copy_(): BatchNorm's backward saved the old ones.
+        for (m, n), v in zip(self.slots, values):
+            m._buffers[n] = v.clone()
+
+    def flat_buffers(self, rank_bufs) -> np.ndarray:
+        """``[W, B]``: every rank's buffers ``rank_bufs``, flat (the module keeps the last rank's)."""
+        flat = []
+        for r in range(self.world_size):
+            self.set_bufs(rank_bufs[r])
+            flat.append(flat_buffers(self.net))
+        return np.stack(flat)
+
+    def loss(self, x, y, rank_bufs, broadcast_buffers: bool, coupled: bool) -> tuple:
+        """``(loss, buffers after)`` of one step's forward on global batch ``x, y``: one forward,
+        or (``coupled``) the W shards one after another from each rank's buffers (rank 0's with
+        ``broadcast_buffers``), their losses averaged."""
+        w = self.world_size
+        if not coupled:
+            loss = training_loss(self.model, self.forward(x), y)
+            return loss, [[b.clone() for b in self.bufs()] for _ in range(w)]
+        loss, after = 0.0, []
+        for r in range(w):
+            self.set_bufs(rank_bufs[0] if broadcast_buffers else rank_bufs[r])
+            with _stream(self.net, self.streams, r):
+                out = self.forward(shard(x, r, w))
+            loss = loss + training_loss(self.model, out, shard(y, r, w)) / w
+            after.append([b.clone() for b in self.bufs()])
+        return loss, after
+
+
 @functools.lru_cache(maxsize=32)
 def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers,
                momentum=0.0, autocast="", sync_bn=False, quirks=frozenset()):
-    import torch
-
     # SyncBatchNorm normalises with global-batch statistics: one global forward. A model that draws
     # random numbers runs shard by shard, each on its replica's generator stream.
     coupled = _per_shard(model, sync_bn)
-    streams = _replica_streams(world_size) if MODELS[model].draws_random else None
-    net = build_model(model, seed=seed)
-    # SyncBatchNorm is the DDP's own code, except where the runtime's BatchNorm runs it
-    if ("bn_running_var_biased" in quirks and not sync_bn) or ("sync_bn_running_var_biased" in quirks and sync_bn):
-        _biased_running_var(net)
+    ref = _ReferenceNet(model, seed, world_size, autocast, sync_bn, quirks)
+    net = ref.net
     opt = build_optimizer("sgd", net.parameters(), lr, momentum)
-
-    def fwd(inp):
-        ctx = (torch.autocast(device_type="cpu", dtype=getattr(torch, autocast)) if autocast
-               else contextlib.nullcontext())
-        with ctx:
-            return net(inp, **MODELS[model].forward_kwargs)
-    slots = [(m, n) for m in net.modules() for n, b in m._buffers.items() if b is not None]
-
-    def bufs():
-        return [m._buffers[n] for m, n in slots]
-
-    def set_bufs(values):
-        # Fresh tensors, not copy_(): BatchNorm's backward saved the old ones.
-        for (m, n), v in zip(slots, values):
-            m._buffers[n] = v.clone()
-
     # Without broadcast_buffers nothing aligns the buffers: rank r keeps the
     # offset the train loop gave it (rank_buffer_offset; upstream's construction sync skips buffers too).
     rank_bufs = [[b.clone() + (0 if broadcast_buffers or not b.is_floating_point()
-                               else rank_buffer_offset(r)) for b in bufs()]
+                               else rank_buffer_offset(r)) for b in ref.bufs()]
                  for r in range(world_size)]
     params, losses = [flat_params(net)], []
-    buffers = []
-    for r in range(world_size):
-        set_bufs(rank_bufs[r])
-        buffers.append(flat_buffers(net))
-    buffers = [np.stack(buffers)]
+    buffers = [ref.flat_buffers(rank_bufs)]
     for step in range(steps):
         x, y = global_batch(model, seed, step, global_batch_size)
         opt.zero_grad(set_to_none=True)
-        if not coupled:
-            loss = training_loss(model, fwd(x), y)
-            after = [[b.clone() for b in bufs()] for _ in range(world_size)]
-        else:
-            loss, after = 0.0, []
-            for r in range(world_size):
-                set_bufs(rank_bufs[0] if broadcast_buffers else rank_bufs[r])
-                with _stream(net, streams, r):
-                    out = fwd(shard(x, r, world_size))
-                loss = loss + training_loss(model, out, shard(y, r, world_size)) / world_size
-                after.append([b.clone() for b in bufs()])
+        loss, rank_bufs = ref.loss(x, y, rank_bufs, broadcast_buffers, coupled)
         loss.backward()
         opt.step()
-        rank_bufs = after
         losses.append(float(loss.detach()))
         params.append(flat_params(net))
-        flat = []
-        for r in range(world_size):
-            set_bufs(rank_bufs[r])
-            flat.append(flat_buffers(net))
-        buffers.append(np.stack(flat))
+        buffers.append(ref.flat_buffers(rank_bufs))
     return {"params": np.stack(params), "losses": np.asarray(losses), "buffers": np.stack(buffers),
             "optim": flat_optimizer_state(opt)}
 

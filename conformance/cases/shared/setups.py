@@ -99,7 +99,7 @@ class _Fp16CommHook(CommHookSetup):
 
 class _Bf16CommHook(CommHookSetup):
     """torch's ``bf16_compress_hook``: as fp16's in bfloat16 (8-bit mantissa). A DDP that
-    refuses it with ``TypeError`` is ``unsupported`` (measured: torch 2.13's DDP on CPU raises
+    refuses it with ``TypeError`` is ``unsupported`` (torch 2.13's DDP on CPU raises
     "BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ or XPU and XCCL" in
     ``register_comm_hook``, although gloo all-reduces bfloat16)."""
 
@@ -147,7 +147,7 @@ class OutOfPlaceCommHookSetup(Setup):
 
 class NonReentrantCheckpointSetup(Setup):
     """The model runs blocks under non-reentrant activation checkpointing: on an XLA device
-    ``unsupported`` (measured, torch 2.9 + torch_xla 2.9: torch.utils.checkpoint raises
+    ``unsupported`` (torch 2.9 + torch_xla 2.9: torch.utils.checkpoint raises
     AttributeError "module 'torch' has no attribute 'xla'" looking up the device module, and
     torch_xla.utils.checkpoint raises ValueError "XLA currently does not support
     use_reentrant==False")."""
@@ -264,7 +264,7 @@ SETUPS = {s.name: s for s in [
     _ModuleCheckpoint("checkpoint_module"),
     ResumeInPlaceSetup("checkpoint_resume"),
     ProcessGroupsSetup("process_groups", requires=("process_group",)),
-    # Comm hooks that return a new tensor or compress (issue 18).
+    # Comm hooks that return a new tensor or compress.
     _Fp16CommHook("comm_hook_fp16", requires=("register_comm_hook",)),
     _Bf16CommHook("comm_hook_bf16", requires=("register_comm_hook",)),
     OutOfPlaceCommHookSetup("comm_hook_out_of_place", requires=("register_comm_hook",)),

@@ -1,4 +1,4 @@
-"""Graph agreement on XLA: every replica builds the same step graph (issue 26, item 4).
+"""Graph agreement on XLA: every replica builds the same step graph.
 
 XLA's in-process CPU collectives meet only when every replica runs one executable (the kit
 compiles it once under a lock: docs/runtimes/pjrt.md, cause 1); on a pod, replicas whose graphs
@@ -12,12 +12,12 @@ a parity case cannot see it.
 :func:`task_graph_agreement` trains :data:`GRAPH_MODEL` for :data:`GRAPH_STEPS` SGD steps with
 special scalars **on** (torch_xla's default) and fingerprints each replica's pending graph before
 every step sync: ``_XLAC._get_graph_hash`` over the replica's parameters, gradients, buffers and
-loss (measured on 2.9: 40-70 us; device-independent, so replicas of one graph agree). The
+loss (tens of microseconds; device-independent, so replicas of one graph agree). The
 replicas are threads of one process, so they compare hashes in memory at a barrier *before* the
 step runs: when they differ, each renders its graph as HLO text (``_get_xla_tensors_hlo``, ~1 ms,
 only then and once per distinct hash), the pending graph is dropped (``_clear_pending_irs``:
 running it would make XLA abort in the collective) and the run stops there. The device-data
-cache stays off (its value dependence is measured to abort the host, and is not a DDP's doing).
+cache stays off (its value dependence aborts the host, and is not a DDP's doing).
 
 Private torch_xla APIs (``_get_graph_hash``, ``_get_xla_tensors_hlo``,
 ``_set_xla_handle_special_scalars``, ``_clear_pending_irs``) of the pinned 2.9.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 
-from conformance.cases.task.kind import _batch, _build
+from conformance.cases.task.kind import replica_batch, replica_model
 from conformance.cases.shared.loop import wrap
 from conformance.impls.builtin import resolve_impl
 from conformance.verdict import Verdict
@@ -143,14 +143,14 @@ def task_graph_agreement(ctx, impl, model: str = GRAPH_MODEL, steps: int = GRAPH
     C._set_xla_handle_special_scalars(True)
     try:
         rec = GraphRecorder(ctx, run)
-        m = _build(ctx, model)
+        m = replica_model(ctx, model)
         ddp = wrap(resolve_impl(impl), m, ctx, {})
         diff = rec.step(0, list(m.parameters()) + list(m.buffers()))
         opt = torch.optim.SGD(ddp.parameters(), lr=lr)
         for step in range(1, steps + 1):
             if diff is not None:
                 break
-            x, y, _, _ = _batch(model, step, ctx.world_size, ctx.rank)
+            x, y, _, _ = replica_batch(model, step, ctx.world_size, ctx.rank)
             opt.zero_grad(set_to_none=True)
             loss = F.mse_loss(ddp(x.to(ctx.device)), y.to(ctx.device))
             loss.backward()

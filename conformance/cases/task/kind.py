@@ -1,4 +1,5 @@
-"""Replica tasks and judges of the feature cases (the rows are in ``conformance/cases/table.py``).
+"""Replica tasks and judges of the feature cases (the rows, in ``conformance/cases/table.py``, name
+them by reference: ``"conformance.cases.task.kind:task_no_sync"``).
 
 A feature case is either a *parity variant* (the standard training loop with
 other models, keywords or setups, judged by the check table) or a *task* here
@@ -14,6 +15,7 @@ import numpy as np
 
 from conformance.cases.shared.checks import Check, judge
 from conformance.cases.kinds import Kind
+from conformance.cases.row import resolve
 from conformance.cases.shared.loop import rank_buffer_offset, rank_seed, wrap
 from conformance.cases.shared.readback import buffer_layout, flat_buffers, flat_params, param_layout, to_device
 from conformance.cases.shared.commhooks import register_hook
@@ -25,12 +27,13 @@ from fixtures import build_model, global_batch, shard
 SEED = 4321
 LOCAL_BATCH = 6
 UNEVEN_BASE_STEPS = 3   # replica r trains UNEVEN_BASE_STEPS + r batches under join()
-JOIN_TIMEOUT_S = 15.0   # bound for the join feature: its mutant hangs by design (a correct CPU run takes < 0.1 s; XLA compiles take seconds)
 
 
 # --- helpers ------------------------------------------------------------------
 
-def _build(ctx, model, rank_seeded=True):
+def replica_model(ctx, model, rank_seeded=True):
+    """Model ``model`` on ``ctx.device``, built from the replica's own seed and buffer offset
+    (``rank_seeded=False``: rank 0's, on every replica)."""
     r = ctx.rank if rank_seeded else 0
     return to_device(build_model(model, seed=rank_seed(SEED, r), perturb_buffers=rank_buffer_offset(r)),
                      ctx.device)
@@ -43,7 +46,8 @@ def _wrap(ctx, impl, module, requires=(), **kwargs):
     return ddp
 
 
-def _batch(model, step, world_size, rank):
+def replica_batch(model, step, world_size, rank):
+    """``(x, y, global x, global y)``: replica ``rank``'s shard of step ``step``'s global batch."""
     x, y = global_batch(model, SEED, step, LOCAL_BATCH * world_size)
     return shard(x, rank, world_size), shard(y, rank, world_size), x, y
 
@@ -68,7 +72,7 @@ def _judge(name, results, expected, impl, runtime, model, tol, movement, per_ran
 # --- module-state sync at construction ---------------------------------------
 
 def task_state_sync(ctx, impl):
-    m = _build(ctx, "batchnorm")
+    m = replica_model(ctx, "batchnorm")
     before = np.concatenate([flat_params(m), flat_buffers(m)])
     _wrap(ctx, impl, m)
     return {"before": before, "after": np.concatenate([flat_params(m), flat_buffers(m)]),
@@ -86,7 +90,7 @@ def judge_state_sync(results, impl, runtime):
 
 def task_buffers_on(ctx, impl):
     import torch
-    m = _build(ctx, "batchnorm", rank_seeded=False)
+    m = replica_model(ctx, "batchnorm", rank_seeded=False)
     ddp = _wrap(ctx, impl, m, broadcast_buffers=True)
     bn = m[1]
     bn.momentum = 0.0  # forward then leaves running stats as they were broadcast
@@ -95,7 +99,7 @@ def task_buffers_on(ctx, impl):
             bn.running_mean.add_(1.0)
             bn.running_var.mul_(2.0)
     ctx.mark_step()  # XLA: the rank-0-only edit must not be in the forward's (collective) graph
-    x, _, _, _ = _batch("batchnorm", 0, ctx.world_size, ctx.rank)
+    x, _, _, _ = replica_batch("batchnorm", 0, ctx.world_size, ctx.rank)
     ddp(x.to(ctx.device))
     ctx.mark_step()
     return {"buffers": torch.cat([bn.running_mean, bn.running_var]).double().cpu().numpy(),
@@ -112,9 +116,9 @@ def judge_buffers_on(results, impl, runtime):
 
 def task_unused(ctx, impl):
     import torch.nn.functional as F
-    m = _build(ctx, "unused")
+    m = replica_model(ctx, "unused")
     ddp = _wrap(ctx, impl, m, requires=("find_unused_parameters",), find_unused_parameters=True)
-    x, y, _, _ = _batch("unused", 0, ctx.world_size, ctx.rank)
+    x, y, _, _ = replica_batch("unused", 0, ctx.world_size, ctx.rank)
     F.mse_loss(ddp(x.to(ctx.device), use_branch=ctx.rank == 0), y.to(ctx.device)).backward()
     ctx.mark_step()
     return {"grads": _grads(m), "layout": param_layout(m)}
@@ -144,10 +148,10 @@ def judge_unused(results, impl, runtime):
 
 def task_no_sync(ctx, impl):
     import torch.nn.functional as F
-    m = _build(ctx, "linear")
+    m = replica_model(ctx, "linear")
     ddp = _wrap(ctx, impl, m, requires=("no_sync",))
-    xa, ya, _, _ = _batch("linear", 0, ctx.world_size, ctx.rank)
-    xb, yb, _, _ = _batch("linear", 1, ctx.world_size, ctx.rank)
+    xa, ya, _, _ = replica_batch("linear", 0, ctx.world_size, ctx.rank)
+    xb, yb, _, _ = replica_batch("linear", 1, ctx.world_size, ctx.rank)
     with ddp.no_sync():
         F.mse_loss(ddp(xa.to(ctx.device)), ya.to(ctx.device)).backward()
     ctx.mark_step()
@@ -163,7 +167,7 @@ def _local_grads(model, step, world_size):
     out = []
     for r in range(world_size):
         m = build_model(model, seed=SEED)
-        x, y, _, _ = _batch(model, step, world_size, r)
+        x, y, _, _ = replica_batch(model, step, world_size, r)
         F.mse_loss(m(x), y).backward()
         out.append(_grads(m))
     return np.stack(out)
@@ -186,12 +190,12 @@ def judge_no_sync(results, impl, runtime):
 def task_join(ctx, impl, lr=0.1):
     import torch
     import torch.nn.functional as F
-    m = _build(ctx, "linear")
+    m = replica_model(ctx, "linear")
     ddp = _wrap(ctx, impl, m, requires=("join",))
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
     with ddp.join():
         for step in range(UNEVEN_BASE_STEPS + ctx.rank):
-            x, y, _, _ = _batch("linear", step, ctx.world_size, ctx.rank)
+            x, y, _, _ = replica_batch("linear", step, ctx.world_size, ctx.rank)
             opt.zero_grad(set_to_none=True)
             F.mse_loss(ddp(x.to(ctx.device)), y.to(ctx.device)).backward()
             opt.step()
@@ -214,7 +218,7 @@ def _join_reference(world_size, lr=0.1):
         active = [r for r in range(world_size) if step < UNEVEN_BASE_STEPS + r]
         loss = 0.0
         for r in active:
-            x, y, _, _ = _batch("linear", step, world_size, r)
+            x, y, _, _ = replica_batch("linear", step, world_size, r)
             loss = loss + F.mse_loss(m(x), y) / world_size
         loss.backward()
         opt.step()
@@ -242,13 +246,13 @@ def task_powersgd(ctx, impl, lr=0.1):
     import torch
     import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-    m = _build(ctx, "linear")
+    m = replica_model(ctx, "linear")
     ddp = _wrap(ctx, impl, m, requires=("register_comm_hook",))
     state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                    start_powerSGD_iter=POWERSGD_START_ITER)
     register_hook(ddp, impl, powersgd.powerSGD_hook, state)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
-    x, y, _, _ = _batch("linear", 0, ctx.world_size, ctx.rank)
+    x, y, _, _ = replica_batch("linear", 0, ctx.world_size, ctx.rank)
     x, y = x.to(ctx.device), y.to(ctx.device)
     losses, params = [], []
     for _ in range(POWERSGD_STEPS):
@@ -272,7 +276,7 @@ def _exact_drop(world_size, lr=0.1):
     import torch.nn.functional as F
     m = build_model("linear", seed=SEED)
     opt = torch.optim.SGD(m.parameters(), lr=lr)
-    _, _, x, y = _batch("linear", 0, world_size, 0)
+    _, _, x, y = replica_batch("linear", 0, world_size, 0)
     with torch.no_grad():
         first = float(F.mse_loss(m(x), y))
     for _ in range(POWERSGD_STEPS):
@@ -314,17 +318,27 @@ def judge_powersgd(results, impl, runtime):
 def evaluate_task(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``task`` row: its task on every replica, then its judge (one verdict
     per check the row declares, in that order)."""
-    results = session.run(runtime, w, case.task, timeout=case.timeout, impl=impl, **case.args)
+    results = session.run(runtime, w, resolve(case.task), timeout=case.timeout, impl=impl, **case.args)
     if results is None:
         return None
-    verdicts = case.judge(results, impl, runtime)
+    verdicts = resolve(case.judge)(results, impl, runtime)
     got = [v.check for v in verdicts]
     assert got == list(case.checks), f"{case.name}: judge gave checks {got}, the row declares {case.checks}"
     return verdicts
 
 
 def _task_problem(case) -> str | None:
-    return "a task case needs task and judge" if case.task is None or case.judge is None else None
+    if case.task is None or case.judge is None:
+        return "a task case needs task and judge"
+    for column in ("task", "judge"):
+        ref = getattr(case, column)
+        try:
+            fn = resolve(ref)
+        except (ImportError, AttributeError, ValueError) as exc:
+            return f"{column} {ref!r} names nothing: {type(exc).__name__}: {exc}"
+        if not callable(fn):
+            return f"{column} {ref!r} is not callable"
+    return None
 
 
 KIND = Kind("task", evaluate_task, validate=_task_problem)

@@ -14,7 +14,7 @@ model column is the spec; :data:`fixtures.models.MODELS` loads it on first use):
   optimizer, clipping, a learning-rate drop, eval-mode backward, a checkpoint reload, on the
   user's module, batches and loss, judged step by step against DDP's semantics on one device.
 
-Their bound is measured on the model (:mod:`conformance.cases.shared.measured`).
+Their bound is the model's own, measured by :mod:`conformance.cases.shared.measured`.
 """
 from __future__ import annotations
 
@@ -110,8 +110,19 @@ def check_model(spec: str, world_sizes) -> list[str]:
     if bad:
         raise UsageError(f"{where}: global_batch {user.global_batch} does not split evenly over world size "
                          f"{bad[0]}; give UserModel(global_batch=...) a multiple of {', '.join(map(str, world_sizes))}")
-    seed = user.seed
+    call = _caller(where)
+    m, notes = _check_build(spec, user.seed, where, call)
+    x, y = _check_batch(spec, user, where, call)
+    _check_training_step(spec, user, m, x, y, where, call)
+    _check_not_random(spec, user, x, y, where)
+    if not user.batch_coupled:  # a per-sample mean: the full batch's loss is the mean of its halves'
+        _check_mean_loss(spec, user, x, y, where)
+    return notes
 
+
+def _caller(where: str):
+    """``call(what, fn, *args)``: ``fn(*args)``, the user's code failing as a
+    :class:`~conformance.errors.UsageError` naming ``what``."""
     def call(what, fn, *args):
         try:
             return fn(*args)
@@ -119,6 +130,12 @@ def check_model(spec: str, world_sizes) -> list[str]:
             raise UsageError(str(exc)) from None
         except Exception as exc:  # the user's code failing is bad input
             raise UsageError(f"{where}: {what} raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    return call
+
+
+def _check_build(spec: str, seed: int, where: str, call) -> tuple:
+    """``(module, notes)``: ``build(seed)`` is deterministic and has a trainable parameter; a note
+    when every seed builds the same parameters."""
     m = call(f"build({seed})", build_model, spec, seed)
     diff = _first_difference(m, call(f"build({seed})", build_model, spec, seed))
     if diff:
@@ -131,6 +148,13 @@ def check_model(spec: str, world_sizes) -> list[str]:
     if not _first_difference(m, other):
         notes.append(f"{where}: build(seed) gives the same parameters for every seed, so a DDP that does not "
                      "broadcast rank 0's state at construction cannot be told apart")
+    return m, notes
+
+
+def _check_batch(spec: str, user, where: str, call) -> tuple:
+    """``(x, y)``: ``batch(seed, 0, global_batch)`` gives two tensors of the global batch size,
+    the same on every call."""
+    seed = user.seed
     batch = call(f"batch({seed}, 0, {user.global_batch})", global_batch, spec, seed, 0, user.global_batch)
     if not (isinstance(batch, tuple) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
         raise UsageError(f"{where}: batch(seed, step, size) must return (inputs, target), two tensors; got "
@@ -143,6 +167,12 @@ def check_model(spec: str, world_sizes) -> list[str]:
     if not (torch.equal(x, x2) and torch.equal(y, y2)):
         raise UsageError(f"{where}: batch(seed, step, size) is not deterministic: two calls differ; draw from a "
                          "torch.Generator seeded with (seed, step)")
+    return x, y
+
+
+def _check_training_step(spec: str, user, m, x, y, where: str, call) -> None:
+    """A training forward of ``m`` on ``x`` keeps its buffers (unless ``batch_coupled``), its loss
+    is a floating scalar with a grad_fn, and the backward reaches a parameter."""
     before = {n: b.clone() for n, b in m.named_buffers()}
     m.train()
     out = call("the forward on one CPU device", lambda: m(x, **user.forward_kwargs))
@@ -159,9 +189,14 @@ def check_model(spec: str, world_sizes) -> list[str]:
     call("the backward", loss.backward)
     if not any(p.grad is not None for p in m.parameters()):
         raise UsageError(f"{where}: the backward gave no parameter a gradient")
+
+
+def _check_not_random(spec: str, user, x, y, where: str) -> None:
+    """One batch on equal builds from two generator states gives one loss (no dropout: the
+    reference replays masks only for the kit's own model)."""
     twice = []
     for rng_seed in (1, 2):  # one batch on equal builds from two generator states: a random forward differs
-        fresh = build_model(spec, seed).train()
+        fresh = build_model(spec, user.seed).train()
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(rng_seed)
             twice.append(float(training_loss(spec, fresh(x, **user.forward_kwargs), y)))
@@ -170,15 +205,17 @@ def check_model(spec: str, world_sizes) -> list[str]:
                          f"give losses {twice[0]:.6g} and {twice[1]:.6g}: dropout?); the reference replays "
                          "dropout masks only for the kit's own model (parity.dropout): build the module "
                          "with p=0 to certify the DDP on it")
-    if not user.batch_coupled:  # a per-sample mean: the full batch's loss is the mean of its halves'
-        fresh = build_model(spec, seed)
-        fresh.train()
-        with torch.no_grad():
-            def part(i):
-                return float(training_loss(spec, fresh(shard(x, i, 2), **user.forward_kwargs), shard(y, i, 2)))
-            full = float(training_loss(spec, fresh(x, **user.forward_kwargs), y))
-            halves = (part(0) + part(1)) / 2
-        if abs(full - halves) > MEAN_LOSS_RTOL * max(1.0, abs(full)):
-            raise UsageError(f"{where}: the loss is not a mean over the samples (full batch {full:.6g}, mean of "
-                             f"its halves {halves:.6g}): DDP averages gradients, so use reduction='mean'")
-    return notes
+
+
+def _check_mean_loss(spec: str, user, x, y, where: str) -> None:
+    """The full batch's loss is the mean of its halves' (within :data:`MEAN_LOSS_RTOL`)."""
+    fresh = build_model(spec, user.seed)
+    fresh.train()
+    with torch.no_grad():
+        def part(i):
+            return float(training_loss(spec, fresh(shard(x, i, 2), **user.forward_kwargs), shard(y, i, 2)))
+        full = float(training_loss(spec, fresh(x, **user.forward_kwargs), y))
+        halves = (part(0) + part(1)) / 2
+    if abs(full - halves) > MEAN_LOSS_RTOL * max(1.0, abs(full)):
+        raise UsageError(f"{where}: the loss is not a mean over the samples (full batch {full:.6g}, mean of "
+                         f"its halves {halves:.6g}): DDP averages gradients, so use reduction='mean'")

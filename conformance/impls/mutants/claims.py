@@ -9,8 +9,12 @@ would be ``unsupported`` for it, never a kill).
 """
 from __future__ import annotations
 
+from conformance.cases.row import resolve
 from conformance.impls.row import DDP_METHOD_NAMES
 from conformance.worlds.runtimes import RUNTIMES
+
+#: The fields of a catalog row that name code by reference (:func:`conformance.cases.row.resolve`).
+REFERENCES = ("ddp_class", "shard_rank", "sync_bn", "shipped_path")
 
 
 def ref_ignores() -> frozenset:
@@ -19,9 +23,24 @@ def ref_ignores() -> frozenset:
     return frozenset(IGNORED_TORCH_DDP_KWARGS)
 
 
+def reference_problem(m) -> str | None:
+    """Why a reference of mutant ``m`` (a catalog row; :data:`REFERENCES`) names nothing, or None."""
+    for name in REFERENCES:
+        ref = getattr(m, name)
+        try:
+            resolve(ref)
+        except (ImportError, AttributeError, ValueError) as exc:
+            return f"has {name} {ref!r}, which names nothing: {type(exc).__name__}: {exc}"
+    return None
+
+
 def claim_problems(m) -> str | None:
     """What mutant ``m`` (a catalog row) claims that has no effect where
-    ``conformance.impls.builtin.mutant_impl`` builds it, or None."""
+    ``conformance.impls.builtin.mutant_impl`` builds it, or a reference of it that names
+    nothing (:func:`reference_problem`), or None."""
+    unresolved = reference_problem(m)
+    if unresolved:
+        return unresolved
     if m.shipped_path is not None:
         moot = [f for f in ("ddp_class", "shard_rank", "sync_bn", "honours", "unsupported") if getattr(m, f)]
         if moot or m.torch_based:
@@ -51,7 +70,7 @@ def cannot_serve(m, needs: tuple) -> str | None:
         return f"ignores keyword(s) {ignored} the row requires: it would be unsupported there, never killed"
     methods = [k for k in needs if k in DDP_METHOD_NAMES]
     if methods:
-        cls = m.ddp_class if isinstance(m.ddp_class, type) else m.ddp_class()
+        cls = resolve(m.ddp_class)
         missing = [k for k in methods if not callable(getattr(cls, k, None))]
         if missing:
             return f"has no {', '.join(k + '()' for k in missing)}, which the row requires: it would be " \

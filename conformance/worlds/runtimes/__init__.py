@@ -45,5 +45,21 @@ def get_runtime(name: str | WorldKey, settings=None) -> Runtime:
     return adapter
 
 
-__all__ = ["RUNTIMES", "ReplicaContext", "Runtime", "RuntimeUnavailable", "WorldKey", "get_runtime",
+def check_world(world: WorldKey, settings=None) -> Runtime:
+    """The adapter of ``world`` (configured by ``settings``), once it is known that the world runs
+    here: the one check of a runtime and a world size that the faces, :func:`conformance.evaluate.evaluate`
+    and the worlds make (the adapter's :meth:`~conformance.worlds.runtimes.base.Runtime.check` of the
+    world's :attr:`~WorldKey.replicas`).
+
+    Raises:
+        KeyError: unknown runtime or topology (message lists the known ones).
+        RuntimeUnavailable: the world cannot run here (one line: the size is out of the runtime's
+            range, or its library or device is missing).
+    """
+    adapter = get_runtime(world, settings)
+    adapter.check(world.replicas)
+    return adapter
+
+
+__all__ = ["RUNTIMES", "ReplicaContext", "Runtime", "RuntimeUnavailable", "WorldKey", "check_world", "get_runtime",
            "register", "runtime_class", "topologies", "topology_class", "unregister", "world_key"]

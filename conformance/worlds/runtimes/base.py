@@ -121,8 +121,8 @@ class Runtime:
     # Largest world the runtime runs (the faces refuse a larger --world-size before torch loads).
     max_world_size = 64
     # World sizes a run covers unless told: 2, and 3 because divisor faults cancel at powers of
-    # two (an FSDP-style pre/post divide by 2 and W // 2 is exact at W=2 and 4, 1.5x off at 3;
-    # measured with tests/outside/sharded_predivide_int.py).
+    # two (an FSDP-style pre/post divide by 2 and W // 2 is exact at W=2 and 4, 1.5x off at 3:
+    # tests/outside/sharded_predivide_int.py).
     default_world_sizes: tuple = (2, 3)
     # Implementations a run covers unless --ddp says otherwise.
     default_impls: tuple = ("ref",)
@@ -141,7 +141,7 @@ class Runtime:
     # of global ranks; every rank calls it with the same groups), which a DDP takes as
     # ``process_group`` (feature.subgroups); None: the runtime has no process groups.
     make_process_group = None
-    # Measured ways the runtime's own ops differ from CPU PyTorch, which the
+    # Known ways the runtime's own ops differ from CPU PyTorch, which the
     # single-device reference must reproduce (see conformance.cases.shared.reference.QUIRKS).
     reference_quirks: frozenset = frozenset()
     # True where every replica must run the same graph for its collectives to meet

@@ -2,7 +2,7 @@
 
 Rendezvous is a ``FileStore`` in the world's private directory (no TCP port, so
 pytest-xdist workers cannot clash). Each process uses one intra-op thread so W
-replicas on a 2-core machine do not oversubscribe it.
+replicas do not oversubscribe a small machine.
 """
 from __future__ import annotations
 
@@ -163,13 +163,14 @@ class CpuRuntime(Runtime):
     def reset_host(self, replicas, generation, workdir):
         """Destroy every process group of this host, cut its TCP connections, then
         rendezvous anew. A cut connection makes a peer still blocked in a collective raise
-        gloo's "Connection closed by peer" at once (measured: ~1 ms, W = 2 and 3), so it
+        gloo's "Connection closed by peer" at once, so it
         returns to its task loop and resets too; the new group starts with no message of the
         failed task in flight (a root's broadcast may complete before its receiver raised).
-        Destroying alone does not cut them while anything still holds the group (measured:
-        ``torch.distributed.nn.functional``, imported after init, keeps ``group.WORLD`` as
+        Destroying alone does not cut them while anything still holds the group
+        (``torch.distributed.nn.functional``, imported after init, keeps ``group.WORLD`` as
         its functions' default argument). A kit-spawned world has no other TCP sockets (its
-        rendezvous is a file, its pipes are Unix sockets). ~30 ms."""
+        rendezvous is a file, its pipes are Unix sockets). Why and how fast:
+        docs/robustness.md "A raise keeps the world"."""
         import torch.distributed as dist
         if dist.is_initialized():
             dist.destroy_process_group()

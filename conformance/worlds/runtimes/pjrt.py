@@ -55,8 +55,8 @@ from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes import pjrt_graphs, pjrt_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable, run_task
 
-# XLA:CPU's collective termination timeout in torch_xla 2.9 (fixed; measured,
-# see the module docstring): the host aborts when a rendezvous waits this long.
+# XLA:CPU's collective termination timeout in torch_xla 2.9 (fixed, see the module
+# docstring): the host aborts when a rendezvous waits this long.
 XLA_CPU_COLLECTIVE_ABORT_S = 10.0
 # The World's collective bound on this runtime: shorter than XLA's abort, with
 # room for the stack dump and the kill (module docstring).
@@ -165,7 +165,7 @@ class PjrtRuntime(Runtime):
     """torch_xla PJRT on the CPU device: one host, W replicas as threads."""
 
     name = "pjrt"
-    max_world_size = 16  # measured up to 16 CPU replicas (docs/runtimes/pjrt.md)
+    max_world_size = 16  # the largest world run on PJRT CPU (docs/runtimes/pjrt.md)
     default_impls = ("ref", "xla_recipe", "torch")
     # Emulated hosts of the replica threads (Settings.pjrt_hosts; conformance.worlds.runtimes.pjrt_hosts).
     hosts_field = "pjrt_hosts"
@@ -174,7 +174,7 @@ class PjrtRuntime(Runtime):
     make_process_group = staticmethod(xla_process_group)
     collectives_judged = True  # torch_xla's collectives, op by op (conformance.cases.collective.xla)
     # torch_xla 2.9 updates BatchNorm's running_var with the *biased* batch
-    # variance (CPU PyTorch: unbiased); measured, pinned by
+    # variance (CPU PyTorch: unbiased); pinned by
     # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.
     reference_quirks = frozenset({"bn_running_var_biased"})
     uniform_graphs = True
@@ -212,7 +212,7 @@ class PjrtRuntime(Runtime):
         torch_xla = xla.require_torch_xla()
         import torch_xla.core.xla_model as xm
         # Initialises the XLA runtime before any task runs: a CPU autograd
-        # backward before that breaks later XLA backwards (measured; docs/runtimes/pjrt.md).
+        # backward before that breaks later XLA backwards (docs/runtimes/pjrt.md).
         devices = xm.get_xla_supported_devices()
         if len(devices) != world_size:
             raise RuntimeError(f"PJRT CPU exposes {len(devices)} device(s) "

@@ -1,4 +1,4 @@
-"""Graphs a PJRT replica cuts outside the kit's step sync (issue 26, item 4: XLA deaths explained).
+"""Graphs a PJRT replica cuts outside the kit's step sync: why an XLA host died, explained.
 
 The kit's step sync (:func:`ddp_impl.runtime.xla.mark_step`) compiles a graph once for all replicas
 under a lock, so their collectives meet (docs/runtimes/pjrt.md, cause 1). A DDP that calls

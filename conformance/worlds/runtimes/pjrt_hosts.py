@@ -16,8 +16,7 @@ works on, as a pod of H hosts x W/H devices, one process per host, would:
   ``xm.is_master_ordinal()`` and ``xm.master_print`` act once per host).
 
 Global queries (``xr.world_size``, ``xr.global_ordinal``, ``xr.global_device_count``)
-and the collectives are real and stay global. Not emulated (measured or by
-construction; docs/multi-host.md):
+and the collectives are real and stay global. Not emulated (docs/multi-host.md says why):
 
 * torch_xla's own callers that need the one real process (:data:`CALLERS` says which and
   why): the ``xla://`` store, the process-wide world-size/ordinal cache of
@@ -36,7 +35,7 @@ construction; docs/multi-host.md):
   attributes); a user's module is first imported there by a task, after it.
 
 Keyed by device, not by thread (:func:`register`): a replica's work also runs on threads it
-does not own. Measured on 2.9 (W=2): a backward on ``xla:i`` runs its tensor hooks,
+does not own. In torch_xla 2.9 a backward on ``xla:i`` runs its tensor hooks,
 post-accumulate-grad hooks and ``Variable._execution_engine.queue_callback`` callbacks on
 the autograd engine's device thread for ``xla:i`` (a ``Dummy-N`` thread, not the replica's;
 torch/csrc/autograd/engine.cpp, one worker per non-CPU device), whose current device the

@@ -44,9 +44,9 @@ class PjrtSpmdRuntime(PjrtRuntime):
     """
 
     name = NAME
-    # Measured (feature.sync_batchnorm, W=2: 7.3e-3 without it): XLA's BatchNorm
-    # updates running_var with the biased variance here too, and SyncBatchNorm
-    # runs as that op (no process group under SPMD).
+    # XLA's BatchNorm updates running_var with the biased variance here too, and
+    # SyncBatchNorm runs as that op (no process group under SPMD): feature.sync_batchnorm
+    # fails against the reference without the second quirk.
     reference_quirks = frozenset({"bn_running_var_biased", "sync_bn_running_var_biased"})
     topologies = {}  # a topology world has none of its own
     hosts_field = None  # one host process, one program

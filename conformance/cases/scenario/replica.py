@@ -1,0 +1,257 @@
+"""The replica side of a scenario: the world task :func:`scenario_task` (the scenario model, its
+data, the DDP keywords the scenario holds) and the model-agnostic loop :func:`run_loop` it runs,
+which the loop programs on a user's model share (:mod:`.userloop`)."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from conformance.cases.scenario.dimensions import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
+                                                   XLA_UNSUPPORTED_LOOP, grad_mode, prediction_of, workload_corners,
+                                                   xla_unsupported)
+from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
+from conformance.cases.scenario.model import (BadBatch, build_scenario_model, forward_kwargs, scenario_batch,
+                                              scenario_indices, user_grad_hook)
+from conformance.cases.scenario.oracle import distilled_target
+from conformance.cases.shared.commhooks import register_hook
+from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, wrap
+from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
+                                               optimizer_state_layout, param_layout, saved_checkpoint,
+                                               state_digest, to_device)
+from conformance.cases.shared.transparency import merged, observed_wrap
+from conformance.errors import Unsupported
+from conformance.impls.builtin import resolve_impl
+
+
+def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
+    """World task: run ``scenario`` on this replica with implementation ``impl``.
+
+    Returns ``params`` float32 ``[S+1, P]``, ``buffers`` float64 ``[S+1, B]`` (after
+    construction and after each optimizer step), ``optim_digests`` (SHA-1 per step),
+    ``optim`` (final optimizer state, float64), ``layout`` (the tensors' names and
+    shapes, as :func:`conformance.cases.shared.loop.train_replica` gives them).
+
+    Raises:
+        Unsupported: the implementation refuses a keyword or lacks no_sync /
+            register_comm_hook.
+    """
+    sc = Scenario.from_json(scenario)
+    row = resolve_impl(impl)
+    if row.forward_backward is not None or row.make_optimizer is not None:
+        raise Unsupported(f"{impl} brings its own {'compiled step' if row.forward_backward else 'optimizer'}, "
+                          "which the scenario loop (its own optimizers, micro-steps) would bypass")
+    kwargs, requires, optional = _ddp_keywords(sc)
+    _refuse_on_xla(ctx, sc)
+    build = _builder(ctx, row, sc, kwargs, requires, optional)
+    try:
+        built = build()
+    except NotImplementedError as exc:  # a library's refusal of a corner at construction (same on every replica)
+        if not workload_corners(sc.workload):
+            raise
+        raise Unsupported(f"{impl} refuses workload {workload_corners(sc.workload)}: "
+                          f"NotImplementedError: {exc}") from None
+    return run_loop(ctx, row, sc, built, build, _scenario_inputs(ctx, sc, row.shard_rank(ctx)),
+                    lambda out, y: mse(prediction_of(out), y), blend=distilled_target)
+
+
+def _ddp_keywords(sc: Scenario) -> tuple:
+    """``(kwargs, requires, optional)``: the DDP keywords ``sc`` passes, those (and the methods)
+    it requires the implementation to honour, and those it may drop where refused."""
+    # Only keywords that change something are passed (a recipe without them stays usable);
+    # broadcast_buffers always, unless the scenario leaves it at torch's default (None).
+    bcast = sc.ddp.get("broadcast_buffers", True)
+    kwargs = {} if bcast is None else {"broadcast_buffers": bcast}
+    kwargs.update({k: v for k, v in sc.ddp.items() if k not in ("comm_hook", "broadcast_buffers")
+                   and v != DDP_DEFAULTS[k]})
+    # every replica runs every branch at every micro-step: find_unused_parameters changes
+    # nothing (torch's DDP reduces the same gradients), so a DDP refusing it still runs;
+    # skip_all_reduce_unused_params is drawn only where every replica leaves the same branches
+    # unused, where it changes nothing either; the performance switches change no number
+    every_branch = all(set(p) == set(BRANCHES) for s in sc.steps for m in s["micro"] for p in m["plan"])
+    optional = ("skip_all_reduce_unused_params", "batched_grad_copy", "bucket_cap_mb_list") + (
+        ("find_unused_parameters",) if every_branch else ())
+    requires = [k for k in kwargs if k != "broadcast_buffers" and k not in optional]
+    if any(not sc.synced(s, j) for s in range(len(sc.steps)) for j in range(len(sc.steps[s]["micro"]))):
+        requires.append("no_sync")
+    if sc.ddp.get("comm_hook"):
+        requires.append("register_comm_hook")
+    return kwargs, requires, optional
+
+
+def _refuse_on_xla(ctx, sc: Scenario) -> None:
+    """Raise :class:`~conformance.errors.Unsupported` for a corner an XLA device cannot train."""
+    why = xla_unsupported(sc.workload) if str(ctx.device).startswith("xla") else None
+    if why:
+        raise Unsupported(f"workload {workload_corners(sc.workload)}: {why}")
+    if str(ctx.device).startswith("xla") and any(f["grad"] == "inference_mode" for st in sc.steps
+                                                 for f in st.get("eval", ())):
+        raise Unsupported(XLA_UNSUPPORTED_LOOP[("eval", "inference_mode")])
+
+
+def _builder(ctx, row, sc: Scenario, kwargs: dict, requires: list, optional: tuple):
+    """``build(salt=0)`` -> ``(module, ddp, optimizer, observer)``: this replica's scenario model,
+    wrapped (observed) by ``row`` with ``kwargs``, its gradient hook and comm hook, its optimizer."""
+    r = ctx.rank
+    # init_sync=False: the user builds equal parameters (rank 0's seed); buffers stay each replica's
+    owner = r if sc.ddp.get("init_sync", True) else 0
+
+    def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
+        m = to_device(build_scenario_model(rank_seed(sc.seed, owner, salt), sc.rebind_buffers,
+                                           rank_buffer_offset(r, salt), sc.workload, sc.module), ctx.device)
+        ddp, obs = observed_wrap(row, m, ctx, lambda: wrap(row, m, ctx, kwargs, tuple(requires), optional))
+        user_grad_hook(m, sc.module)
+        if sc.ddp.get("comm_hook"):
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            register_hook(ddp, row.name, default_hooks.allreduce_hook)
+        ctx.mark_step()
+        return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr), obs
+    return build
+
+
+def _scenario_inputs(ctx, sc: Scenario, which: int):
+    """``inputs(s, j, sizes, plan)`` of :func:`run_loop`: shard ``which``'s scenario data on the
+    device (no plan: a forward without backward)."""
+    sparse = sc.workload["grad"] != "dense"
+
+    def inputs(s, j, sizes, plan):
+        n = sizes[which]
+        x, y = scenario_batch(sc.seed, s, j, which, n)
+        extra = {} if plan is None else {"plan": plan}
+        if sparse:
+            extra["idx"] = scenario_indices(sc.seed, s, j, which, n).to(ctx.device)
+        extra.update({k: v.to(ctx.device) if isinstance(v, torch.Tensor) else v  # MODULES "kwargs"
+                      for k, v in forward_kwargs(sc.module, sc.seed, s, j, which, n).items()})
+        return (x.to(ctx.device),), extra, y.to(ctx.device)
+    return inputs
+
+
+def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> dict:
+    """The model-agnostic replica side of loop program ``sc`` on this replica (what
+    :func:`scenario_task` returns): ``built`` the ``(module, ddp, optimizer, observer)``
+    constructed (the :class:`~conformance.cases.shared.transparency.Observer` of the wrap), ``build(salt)``
+    a new one (the checkpoint reload; ``TEACHER_SALT``: the teacher),
+    ``inputs(s, j, sizes, plan)`` -> ``(args, kwargs, target)`` on the device for micro-batch
+    ``(s, j)`` (``j >= EVAL_DATA``: a forward without backward, ``plan`` None), ``loss(out,
+    target)`` the scalar to backpropagate, ``blend(teacher_out, target)`` the target with a teacher.
+
+    Raises:
+        ValueError: the program has a teacher and no ``blend`` was given.
+    """
+    loop = _ReplicaLoop(ctx, row, sc, built, build, inputs, loss, blend)
+    if not loop.training:
+        loop.set_mode(False)
+    params, buffers, digests = [flat_params(loop.model)], [flat_buffers(loop.model)], []
+    for s, step in enumerate(sc.steps):
+        loop.opt.zero_grad(set_to_none=sc.loop["zero_grad"] == "set_to_none")
+        for group in loop.opt.param_groups:
+            group["lr"] = sc.lr_at(s)
+        micro = step["micro"]
+        for j, m in enumerate(micro):
+            loop.evaluate(s, j)
+            loop.micro_step(s, j, m)
+            if j < len(micro) - 1:
+                ctx.mark_step()
+        loop.evaluate(s, len(micro))
+        loop.optimizer_step(s)
+        params.append(flat_params(loop.model))
+        buffers.append(flat_buffers(loop.model))
+        digests.append(state_digest(flat_optimizer_state(loop.opt)))
+        if sc.checkpoint_at == s:
+            loop.reload()
+    model, opt = loop.model, loop.opt
+    layout = {"params": param_layout(model), "buffers": buffer_layout(model),
+              "optim": optimizer_state_layout(opt, None, model)}
+    return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
+            "optim": flat_optimizer_state(opt), "layout": layout, "transparency": merged(loop.observers)}
+
+
+class _ReplicaLoop:
+    """The state of one :func:`run_loop`: the trained ``(model, ddp, opt, obs)`` (rebuilt at the
+    checkpoint reload), every wrap's observer, the frozen teacher DDP if the program has one."""
+
+    def __init__(self, ctx, row, sc: Scenario, built, build, inputs, loss, blend):
+        self.ctx, self.row, self.sc, self.build, self.inputs, self.loss, self.blend = (
+            ctx, row, sc, build, inputs, loss, blend)
+        self.model, self.ddp, self.opt, self.obs = built
+        self.observers = [self.obs]
+        self.scale = 2.0 ** sc.loss_scale_log2
+        self.training = sc.loop["module_mode"] == "train"
+        self.teacher = None
+        if sc.loop["teacher"] != "none":  # a second DDP in the loop: built after the trained one, never trained
+            if blend is None:
+                raise ValueError("a loop program with a teacher needs the target's blend")
+            t_model, self.teacher, _, t_obs = build(TEACHER_SALT)
+            t_obs.close()  # never trained: its own wrap was observed, its forwards are not
+            (self.teacher if callable(getattr(self.teacher, "train", None)) else t_model).train(False)
+
+    def set_mode(self, train):  # as a user does: on the wrapper (which sets the module's mode)
+        (self.ddp if callable(getattr(self.ddp, "train", None)) else self.model).train(train)
+
+    def evaluate(self, s: int, at: int):
+        """Step ``s``'s forwards without backward before micro-step ``at`` (output discarded)."""
+        ddp, obs = self.ddp, self.obs
+        for e, f in self.sc.evals(s, at):
+            args, kwargs, _ = self.inputs(s, EVAL_DATA + e, f["batch"], None)
+            self.set_mode(f["mode"] == "train")
+            with grad_mode(f["grad"]):
+                if f["grad"] != "raising":
+                    obs.call(ddp, *args, **kwargs)
+                else:  # a bad batch the loop skips: the module raises after its buffers moved
+                    try:
+                        obs.call(ddp, *args, **dict(kwargs, bad=True))
+                    except BadBatch:
+                        pass
+            self.set_mode(self.training)
+            self.ctx.mark_step()
+
+    def micro_step(self, s: int, j: int, m: dict):
+        """Micro-step ``j`` of step ``s`` (under ``no_sync()`` unless synced): its forwards, the
+        teacher's blended into the target, and one backward of the scaled summed loss."""
+        sc, ddp, obs, inputs = self.sc, self.ddp, self.obs, self.inputs
+        plan = tuple(m["plan"][self.row.shard_rank(self.ctx)])
+        ctxm = contextlib.nullcontext() if sc.synced(s, j) else ddp.no_sync()
+        with ctxm:
+            total = 0
+            for k in range(sc.forwards(s, j)):  # forwards before the one backward (a GAN's D)
+                args, kwargs, y = inputs(s, FORWARD_DATA * k + j, m["batch"], plan)
+                if self.teacher is not None:
+                    targs, tkwargs, _ = inputs(s, FORWARD_DATA * k + j, m["batch"], None)
+                    with torch.no_grad():
+                        y = self.blend(self.teacher(*targs, **tkwargs), y)
+                total = total + self.loss(obs.call(ddp, *args, **kwargs), y)
+            with obs.unchanged_by("backward"):
+                (total * self.scale).backward()
+
+    def optimizer_step(self, s: int):
+        """Step ``s``'s optimizer step: the strategy's after-backward, the gradients unscaled (and
+        clipped), the step (the strategy's, or ``optimizer.step()``), observed."""
+        row, ddp, opt, obs, ctx, model = self.row, self.ddp, self.opt, self.obs, self.ctx, self.model
+        if row.after_backward is not None:
+            row.after_backward(ddp, opt, ctx)
+        if self.scale != 1.0:
+            with torch.no_grad():
+                for q in model.parameters():
+                    if q.grad is not None:
+                        q.grad.div_(self.scale)
+        if self.sc.loop["clip"] == "norm":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+        with obs.unchanged_by("the optimizer step"):
+            if row.optimizer_step is not None:  # the strategy's step replaces optimizer.step()
+                row.optimizer_step(ddp, opt, ctx)
+            else:
+                opt.step()
+        ctx.mark_step()
+        obs.after_step(s + 1, modes=False)  # the loop sets modes itself (eval forwards)
+
+    def reload(self):
+        """The checkpoint: save DDP + optimizer state, build a new DDP (observed) and load it."""
+        model_state, optim_state = saved_checkpoint(self.ddp.state_dict(), self.opt.state_dict())
+        self.obs.close()
+        self.model, self.ddp, self.opt, self.obs = self.build(salt=1)
+        self.observers.append(self.obs)
+        self.model.load_state_dict(model_state)
+        self.opt.load_state_dict(optim_state)
+        if not self.training:
+            self.set_mode(False)

@@ -1,0 +1,196 @@
+"""The scenario case runner: a row's explicit scenarios and generated ones (Hypothesis) run on
+the session's world, each judged against the oracle (:mod:`.oracle`); a failing one shrunk to a
+minimal scenario and reported with its JSON and the command that replays it."""
+from __future__ import annotations
+
+from dataclasses import replace
+import json
+
+from conformance.cases.scenario.explicit import explicit_scenarios
+from conformance.cases.scenario.format import Scenario
+from conformance.cases.scenario.generate import Space, judged_on, scenario_tolerance, scenarios, space_problem
+from conformance.cases.scenario.oracle import judge_scenario
+from conformance.cases.scenario.replica import scenario_task
+from conformance.cases.shared.checks import SCENARIO_CHECKS
+from conformance.cases.shared.search import (SearchRunner, kit_settings, loop_depth, loop_examples, scenario_examples,
+                                             workload_examples)
+from conformance.cases.surface import cells_of, joint_cells
+from conformance.errors import Unsupported
+from conformance.tolerances import lookup
+from conformance.verdict import Verdict
+from conformance.worlds.runtimes import get_runtime
+
+
+def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_examples: int,
+                      shrink: bool = True) -> list:
+    """Run the explicit scenarios, then ``max_examples`` generated ones, on ``runner``
+    (a :class:`conformance.cases.shared.search.SearchRunner`), each judged with ``tol(scenario)`` (its
+    workload's tolerance row); Hypothesis shrinks a failing scenario to a minimal one (unless
+    ``shrink`` is false: the first failing one).
+
+    Returns one :class:`~conformance.verdict.Verdict` per :data:`~conformance.cases.shared.checks.SCENARIO_CHECKS`
+    (case fields filled by the caller): on a pass, the worst deviation over all
+    examples; on a failure, the minimal failing scenario's verdicts, with the
+    scenario JSON in ``example`` and a reproducer in ``diagnosis``.
+
+    Raises:
+        Unsupported: the implementation cannot serve the scenarios.
+    """
+    from hypothesis import given
+
+    worst: dict = {}
+    # + "crashed": a Scenario; "cells": what the keyword scenarios exercised (surface.cells_of)
+    state = {"examples": 0, "vacuous": 0, "failing": None, "unsupported": {}, "cells": set()}
+    check = _checker(space, runner, tol, agreement_atol, state, worst)
+    # Generated scenarios first (a failure is shrunk to a minimal scenario), then the
+    # explicit ones (deterministic coverage of every dimension; reported as they are).
+    # max_examples 0: the explicit scenarios only (Hypothesis refuses a zero budget)
+    test = kit_settings(max_examples, shrink)(given(sc=scenarios(runner.world_size, space))(check)) \
+        if max_examples > 0 else None
+    try:
+        if test is not None:
+            test()
+        for e in explicit_scenarios(runner.world_size, space):
+            check(e)
+    except Exception as exc:
+        if isinstance(runner.error, Unsupported):
+            raise runner.error from None
+        if state["failing"] is None:  # a replica failure (cached in the runner) or a kit error
+            return _crash_verdicts(runner, state, exc)
+        return _failure_verdicts(runner, state, worst, shrink)
+    return _pass_verdicts(runner, state, worst)
+
+
+def _checker(space: Space, runner, tol, agreement_atol: float, state: dict, worst: dict):
+    """``check(sc)``: run scenario ``sc`` on ``runner`` and judge it, into ``state`` (examples,
+    vacuous ones, the failing and first failing scenario, unsupported corners, keyword cells) and
+    ``worst`` (per check, the passing verdict of largest deviation); raises ``AssertionError`` on a
+    failing scenario (Hypothesis shrinks it). The Hypothesis test: its code seeds the derandomized
+    draw."""
+    def check(sc: Scenario):
+        try:
+            results = runner.run(scenario_task, scenario=sc.to_json())
+        except Unsupported as exc:
+            # The implementation lacks a corner, a keyword or a method this example needs: this
+            # example is unsupported, the others still run (SearchRunner would re-raise it for all).
+            runner.error = None
+            state["unsupported"].setdefault(str(exc), sc.describe_workload() or "plain workload")
+            return
+        except Exception:
+            # the first scenario a replica failed on: the runner re-raises its failure for every later
+            # example, so Hypothesis's "minimal" example of a crash is not one that crashes
+            state.setdefault("crashed", sc)
+            raise
+        vs = judge_scenario(sc, results, tol(sc), agreement_atol=agreement_atol)
+        state["examples"] += 1
+        if "keywords" in space.ddp_extra:
+            state["cells"] |= cells_of(sc)
+        bad = [v for v in vs if v.status == "fail"]
+        if bad:
+            state["failing"] = (sc, vs)
+            state.setdefault("first_failing", (sc, vs))  # unshrunk: it trained enough to judge
+            raise AssertionError("; ".join(f"{v.check}: {v.reason}" for v in bad))
+        if any(v.status == "vacuous" for v in vs if v.check == "params"):
+            state["vacuous"] += 1
+            return
+        for v in vs:
+            if v.status == "pass" and v.max_dev == v.max_dev and (
+                    v.check not in worst or v.max_dev > worst[v.check].max_dev):
+                worst[v.check] = v
+    return check
+
+
+def _crash_verdicts(runner, state: dict, exc: BaseException) -> list:
+    """Every check failed by a replica failure (or a kit error) ``exc``, with the scenario the
+    replicas failed on (not shrunk: the runner re-raises a replica failure for later examples)."""
+    crashed = state.get("crashed")
+    text = ("\n".join(getattr(exc, "__notes__", [])) + f"\n{type(exc).__name__}: {exc}" if crashed is None else
+            f"the scenario a replica failed on ({len(crashed.steps)} step(s), world size "
+            f"{crashed.world_size}; not shrunk: a replica failure is re-raised for later examples):\n"
+            f"{json.dumps(crashed.to_json())}\nreproduce: python -m conformance replay SCENARIO.json "
+            f"--ddp {runner.impl} --runtime {runner.runtime}\n{type(exc).__name__}: {exc}")
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    corners = crashed.describe_workload() if crashed is not None else ""
+    dims = f" ({corners})" if corners else ""
+    return [Verdict("", c, "", "", "scenario", runner.world_size, "fail",
+                    reason=f"replica failure on a scenario{dims}: {first}", diagnosis=text.strip(),
+                    example=None if crashed is None else crashed.to_json())
+            for c in SCENARIO_CHECKS]
+
+
+def _failure_verdicts(runner, state: dict, worst: dict, shrink: bool) -> list:
+    """The verdicts of the minimal failing scenario (a check it moved too little to judge: from
+    the passing or the first failing scenario, :func:`~.generate.judged_on`), each with the
+    scenario it was judged on and the command that replays it."""
+    sc, vs = state["failing"]
+    out = []
+    for v, on in judged_on(sc, vs, *state["first_failing"], worst, state["examples"]):
+        if on is None:
+            out.append(v)
+            continue
+        what = "minimal failing" if on is sc and shrink else "failing"
+        if on is not sc:
+            what += " (unshrunk; the minimal one moved too little to judge this check)"
+        v.example = on.to_json()
+        v.diagnosis = (f"{what} scenario ({len(on.steps)} step(s), world size {on.world_size}):\n"
+                       f"{json.dumps(on.to_json())}\nreproduce: python -m conformance replay SCENARIO.json --ddp "
+                       f"{runner.impl} --runtime {runner.runtime}" + (f"\n{v.diagnosis}" if v.diagnosis else ""))
+        out.append(v)
+    return out
+
+
+def _pass_verdicts(runner, state: dict, worst: dict) -> list:
+    """Per check the worst passing verdict, its reason counting the scenarios (vacuous ones,
+    keyword cells, unsupported corners); ``vacuous`` when every scenario moved too little."""
+    n = state["examples"]
+    unsup = state["unsupported"]
+    if unsup and not n:
+        raise Unsupported("every scenario: " + "; ".join(f"{why} ({wl})" for why, wl in unsup.items()))
+    out = []
+    for c in SCENARIO_CHECKS:
+        v = worst.get(c) or Verdict("", c, "", "", "scenario", runner.world_size, "pass")
+        v.reason = f"{n} scenario(s)" + (f", {state['vacuous']} vacuous (discarded)" if state["vacuous"] else "")
+        if state["cells"]:  # docs/transparency.md: the keyword x module/loop map
+            v.reason += f"; {len(state['cells'])} of {joint_cells()} keyword x module/loop cells"
+        if unsup:  # the corners this implementation lacks, said where the pass is reported
+            v.reason += ("; unsupported corner(s) skipped: "
+                         + "; ".join(f"{wl}: {why}" for why, wl in list(unsup.items())[:3]))
+        if n == state["vacuous"]:
+            v.status, v.reason = "vacuous", f"all {n} scenario(s) moved too little to fail"
+        out.append(v)
+    return out
+
+
+def evaluate_scenario(case, impl, runtime, w, session, overrides):
+    """Verdicts of a ``scenario`` row: its space's scenarios within the session profile's
+    budget, or with ``overrides["scenario"]`` that one scenario (``python -m conformance
+    replay``); ``overrides["shrink"]``: shrink a failing scenario, default true."""
+    agree = lookup(runtime, "scenario", "agreement").atol
+    if "scenario" in overrides:  # one given scenario (python -m conformance replay)
+        sc = overrides["scenario"]
+        results = session.run(runtime, w, scenario_task, timeout=case.timeout, impl=impl, scenario=sc.to_json())
+        return None if results is None else judge_scenario(sc, results, scenario_tolerance(runtime, sc),
+                                                           agreement_atol=agree)
+    runner = SearchRunner(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
+    space = Space(**case.args.get("space", {}))
+    rt = get_runtime(runtime)
+    # Where each distinct graph is compiled: few shapes, XLA's corners (docs/runtimes/pjrt.md).
+    space = replace(space, rank_uniform=space.rank_uniform or rt.uniform_graphs,
+                    few_shapes=space.few_shapes or rt.compiled_graphs,
+                    xla_corners=space.xla_corners or rt.compiled_graphs)
+    # The workload draw has its own budget column (where each distinct graph is compiled, every
+    # drawn workload is new graphs: explicit scenarios only by default).
+    if space.loop:  # deeper programs under a larger profile
+        space = replace(space, max_pattern=loop_depth(session.profile))
+    examples = (workload_examples(session.profile, rt.compiled_graphs) if space.workload
+                else loop_examples(session.profile, space.budget) if space.loop and rt.compiled_graphs
+                else scenario_examples(session.profile, space.budget))
+    return run_scenario_case(space, runner, lambda sc: scenario_tolerance(runtime, sc), agree, examples,
+                             overrides.get("shrink", True))
+
+
+def scenario_problem(case) -> str | None:
+    """What is wrong with a ``scenario`` row's ``args["space"]`` (:func:`~.generate.space_problem`),
+    or None."""
+    why = space_problem(case.args.get("space", {}))
+    return f"scenario space: {why}" if why else None
