@@ -21,7 +21,7 @@ from conformance.cases.kinds import REGISTRY
 from conformance.cases.row import Case
 from conformance.cases.validation import kinds
 from conformance.errors import Unsupported
-from conformance.report.text import KillRow
+from conformance.report.kills import KillRow
 from conformance.verdict import Verdict
 import copy
 import json
@@ -43,17 +43,6 @@ def guarded(ctx, task_fn_, **payload):
         return task_fn_(ctx, **payload)
     except Unsupported as exc:
         return {_UNSUPPORTED: exc.reason}
-
-
-def replica_error_text(exc) -> tuple[str, str]:
-    """``(one-line summary, full text)`` of a world failure."""
-    if callable(getattr(exc, "summary", None)):
-        return exc.summary(), exc.details() if callable(getattr(exc, "details", None)) else str(exc)
-    text = str(exc)
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    head = f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
-    tail = lines[-1].strip()[:200] if len(lines) > 1 else ""
-    return head + (f" ... {tail}" if tail else ""), text
 
 
 def _jsonable(obj):
@@ -227,10 +216,9 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     except Unsupported as exc:
         return each("unsupported", exc.reason)
     except ReplicaError as exc:
-        summary, text = replica_error_text(exc)
-        diag = getattr(exc, "diagnosis", None) or []
+        diag = exc.diagnosis
         culprits = [d.get("rank") for d in diag if d.get("culprit")]
-        out = each("fail", summary, text)
+        out = each("fail", exc.summary(), exc.details())
         for v in out:
             v.replicas = _jsonable(diag)
             v.replica = culprits[0] if len(culprits) == 1 else None  # the table's replica column: the culprit

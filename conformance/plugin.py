@@ -6,24 +6,9 @@ the kit's own tests: it imports nothing heavy, registers no Hypothesis profile
 and reads no Hypothesis setting (the kit's example budgets are its own, see
 ``--conformance-profile``), every option carries the ``--conformance-`` prefix,
 and it parametrizes only tests that ask for its fixtures (``conformance_case``,
-``conformance_kill``), which live in the kit's suite ``conformance/tests``.
-
-Options (defaults in brackets):
-    --conformance-ddp              implementations under test [the runtime's]
-    --conformance-runtime          runtimes [all; unavailable ones skip with the reason]
-    --conformance-world-size       world sizes >= 2 [the runtime's]
-    --conformance-only / --conformance-skip   tags selecting cases (as the CLI's --only/--skip)
-    --conformance-profile          example budget: dev, ci, ci-pjrt, thorough [env CONFORMANCE_PROFILE, else dev]
-    --conformance-expected-failures FILE   listed verdicts that fail or are vacuous are xfail
-                                   (cases, case:check, ids, * patterns: conformance.report.expected)
-    --conformance-mutants          also run the kill matrix when --conformance-ddp is given
-    --conformance-timeout          seconds one task may take on a world [env CONFORMANCE_TIMEOUT, else
-                                   Settings.replica_timeout's default]
-    --conformance-backend          torch.distributed backend of the CPU worlds: name or module:function
-                                   registering one [env CONFORMANCE_BACKEND, else gloo]
-    --conformance-json PATH        write the run's JSON report (xdist-safe)
-    --conformance-model MOD:FACTORY   run the parity, agreement and loop-program cases on your own model (a
-                                   conformance.UserModel) instead of the table; no kill matrix
+``conformance_kill``), which live in the kit's suite ``conformance/tests``. Its options: the
+``conformance`` group of ``pytest --help`` (:func:`pytest_addoption`); left out, the runtime's
+implementations and world sizes run on every runtime (an unavailable one skips with the reason).
 
 Test ids read ``test_case[<case>-<impl>-<runtime>-w<W>]`` (also in JUnit XML).
 """
@@ -45,6 +30,7 @@ OPTIONS = ("ddp", "runtime", "world-size", "only", "skip", "profile", "expected-
 
 
 def pytest_addoption(parser):
+    from conformance.options import runtimes_text
     from conformance.settings import default_help
     g = parser.getgroup("conformance", "DDP conformance kit (ddp-conformance)")
     g.addoption("--conformance-ddp", default=None, help="comma list of DDP implementations under test: "
@@ -52,7 +38,7 @@ def pytest_addoption(parser):
     g.addoption("--conformance-backend", default=None, metavar="NAME|MOD:FUNC",
                 help="torch.distributed backend of the CPU worlds: a name (default gloo) or module:function "
                 "registering one [env CONFORMANCE_BACKEND]")
-    g.addoption("--conformance-runtime", default=None, help="comma list of runtimes: cpu, pjrt, xrt")
+    g.addoption("--conformance-runtime", default=None, help=f"comma list of runtimes: {runtimes_text()}")
     g.addoption("--conformance-world-size", default=None, help="comma list of world sizes (>= 2)")
     g.addoption("--conformance-only", default=None, help="comma list of tags: only cases carrying one")
     g.addoption("--conformance-skip", default=None, help="comma list of tags: leave out cases carrying one")
@@ -92,7 +78,6 @@ def pytest_configure(config):
     config.stash[_EXPECTED] = set()
     if not any(_opt(config, o) for o in OPTIONS):
         return  # nothing of ours was asked for: validate nothing, import nothing
-    from conformance.errors import split_list
     from conformance.options import parse_impl_names, parse_runtimes, parse_world_sizes
     from conformance.cases.property.kind import profile_examples
     ws = _opt(config, "world-size")
@@ -151,12 +136,6 @@ def runtime_worlds(config):
             for name, w in world_matrix(names, _opt(config, "world-size"), selected_cases(config))]
 
 
-def _runs_at(config, case, runtime, w) -> bool:
-    """``case`` runs at ``w``: world sizes were given, or ``w`` is one of the case's own."""
-    from conformance.options import case_runs_at
-    return case_runs_at(case, runtime, w, _opt(config, "world-size"))
-
-
 def impls_for(config, runtime):
     from conformance.impls.builtin import parse_impls
     from conformance.settings import default_impls
@@ -177,8 +156,11 @@ def selected_cases(config):
 def pytest_generate_tests(metafunc):
     """Parametrize the kit's own tests: ``conformance_case`` (case x impl x runtime x W)
     and ``conformance_kill`` (mutant x case that must kill it x runtime x W)."""
-    names = metafunc.fixturenames
-    config = metafunc.config
+    names, config = metafunc.fixturenames, metafunc.config
+    if "conformance_case" not in names and "conformance_kill" not in names:
+        return  # another project's test: import nothing
+    from conformance.options import case_runs_at
+    sizes = _opt(config, "world-size")  # given: every case runs at them; else each at its own
     if "conformance_case" in names:
         from conformance.cases.kinds import REGISTRY
         # a backend's case once per world: its verdicts do not depend on the DDP above it
@@ -187,16 +169,16 @@ def pytest_generate_tests(metafunc):
                   for rt, w, marks in runtime_worlds(config) for i, impl in enumerate(impls_for(config, rt))
                   for case in selected_cases(config)
                   for backend in [REGISTRY[case.kind].subject == "backend"]
-                  if _runs_at(config, case, rt, w) and (i == 0 or not backend)]
+                  if case_runs_at(case, rt, w, sizes) and (i == 0 or not backend)]
         metafunc.parametrize("conformance_case", params)
-    elif "conformance_kill" in names:
+    else:
         params = []
         if (not _opt(config, "ddp") or _opt(config, "mutants")) and not _opt(config, "model"):
             from conformance.impls.mutants.catalog import MUTANTS
             cases = selected_cases(config)
             params = [pytest.param((m, case, rt, w), marks=marks, id=f"{m}-{case.name}-{rt}-w{w}")
                       for rt, w, marks in runtime_worlds(config) for m in MUTANTS
-                      for case in cases if m in case.must_kill and _runs_at(config, case, rt, w)]
+                      for case in cases if m in case.must_kill and case_runs_at(case, rt, w, sizes)]
         metafunc.parametrize("conformance_kill", params)
 
 
@@ -231,7 +213,7 @@ def conformance_expected(request):
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """pytest-xdist controller: merge a finished worker's verdicts and kill rows."""
-    from conformance.report.text import KillRow
+    from conformance.report.kills import KillRow
     from conformance.verdict import Verdict
     got = getattr(node, "workeroutput", {}).get("conformance")
     if not got:
@@ -260,18 +242,16 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_terminal_summary(terminalreporter, config):
     verdicts, kills = config.stash.get(_VERDICTS, []), config.stash.get(_KILLS, [])
     expected = config.stash.get(_EXPECTED, None)
-    if expected and not hasattr(config, "workerinput"):
-        from conformance.report.expected import expected_failure_warnings
-        warnings = expected_failure_warnings(verdicts, expected)  # over the whole session
-        if warnings:
-            terminalreporter.section("conformance expected failures")
-            for text in warnings:
-                terminalreporter.write_line(f"warning: {text}")
-    restarts = config.stash.get(_RESTARTS, [])
-    if restarts and not hasattr(config, "workerinput"):
-        terminalreporter.section("conformance worlds")
-        for text in restarts:
-            terminalreporter.write_line(f"warning: {text}")
+    if not hasattr(config, "workerinput"):  # the controller: over the whole session
+        sections = [("conformance worlds", config.stash.get(_RESTARTS, []))]
+        if expected:
+            from conformance.report.expected import expected_failure_warnings
+            sections.insert(0, ("conformance expected failures", expected_failure_warnings(verdicts, expected)))
+        for section, warnings in sections:
+            if warnings:
+                terminalreporter.section(section)
+                for text in warnings:
+                    terminalreporter.write_line(f"warning: {text}")
     if _opt(config, "json"):
         terminalreporter.write_line(f"conformance JSON report: {_opt(config, 'json')} ({len(verdicts)} "
                                     f"verdicts, {len(kills)} kill-matrix cells)")

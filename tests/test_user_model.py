@@ -332,10 +332,11 @@ class _Session:
         self.delta, self.runs = delta, 0
         self.measured_tolerances = {}
 
-    def trajectories(self, runtime, n, spec):
+    def trajectories(self, world, size, spec):
         from conformance.cases.shared.reference import reference_run
         self.runs += 1
-        ref = reference_run(spec, n, runtime)
+        n = world.replicas
+        ref = reference_run(spec, n, world.world)
         params = ref["params"].copy()
         params[1:] += self.delta
         return [dict(ref, params=params, buffers=ref["buffers"][:, r]) for r in range(n)]

@@ -12,7 +12,6 @@ import tempfile
 import time
 
 from conformance.report.kills import SURVIVED, KillRow, kill_summary
-from conformance.report.kills import KILLED, SKIP, UNSUPPORTED  # noqa: F401  (conformance/tests reads them here)
 from conformance.verdict import BAD, STATUSES, Verdict
 from conformance.tolerances import TOLERANCES
 

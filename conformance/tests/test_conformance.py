@@ -5,7 +5,7 @@ import pytest
 
 from conformance.outcome import outcome
 from conformance.evaluate import evaluate
-from conformance.report.text import KILLED, SKIP, UNSUPPORTED, KillRow
+from conformance.report.kills import KILLED, SKIP, UNSUPPORTED, KillRow
 from conformance.report.expected import mark_expected_failures
 
 

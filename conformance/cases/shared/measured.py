@@ -31,7 +31,7 @@ from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
 from conformance.tolerances import MIN_SIDE_FACTOR, VACUITY_FACTOR, Tolerance
 from conformance.worlds.runtimes import world_key
-from conformance.worlds.spawned import ReplicaError
+from conformance.worlds.failure import ReplicaError
 from fixtures.models import MODELS
 
 #: Seeds of the noise measurement: the run's seed and the next ones.
@@ -76,7 +76,6 @@ def measured_tolerance(session, runtime: str, w: int, spec: RunSpec) -> Toleranc
         raise Unsupported(f"the bound is measured with the reference DDP, which runtime {runtime} cannot run: "
                           f"{row.unsupported[runtime]}")
     world = world_key(runtime, row.topology.get(runtime), w)
-    world_runtime, n = world.world, world.replicas
     buffers = CHECKS["buffer_parity"].applies(MODELS[spec.model], spec)
     noise = loss_noise = scale = loss_scale = 0.0
     moved = float("inf")
@@ -84,7 +83,7 @@ def measured_tolerance(session, runtime: str, w: int, spec: RunSpec) -> Toleranc
     for seed in seeds:
         run = replace(spec, impl=NOISE_IMPL, seed=seed)
         try:
-            reps = session.trajectories(world_runtime, n, run)
+            reps = session.trajectories(world, None, run)
         except ReplicaError as exc:
             raise Unsupported(f"the bound could not be measured: the reference DDP failed on the model "
                               f"(seed {seed}): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
@@ -93,7 +92,7 @@ def measured_tolerance(session, runtime: str, w: int, spec: RunSpec) -> Toleranc
                               f"{exc.reason}") from None
         if reps is None:
             return None
-        ref = reference_run(run, w, world_runtime)
+        ref = reference_run(run, w, world.world)
         for i, r in enumerate(reps):
             noise = max(noise, _max_abs(r["params"], ref["params"]))
             if buffers:

@@ -46,13 +46,12 @@ def evaluate_train(case, impl, runtime, w, session, overrides):
     else:
         spec = RunSpec.from_table(runtime, impl, case.model, case.tolerance, **dict(case.train, **overrides))
         tol = lookup(runtime, case.model, case.tolerance)
-    world_runtime = world.world
-    reps = session.trajectories(world_runtime, world.replicas, spec)
+    reps = session.trajectories(world, None, spec)
     if reps is None:
         return None
     groups = replica_groups(spec.setups, w)
     # One reference per data-parallel job: its first rank's seed, its own size.
-    refs = [reference_run(replace(spec, seed=rank_seed(spec.seed, g[0])), len(g), world_runtime) for g in groups]
+    refs = [reference_run(replace(spec, seed=rank_seed(spec.seed, g[0])), len(g), world.world) for g in groups]
     out = []
     for name in case.checks:
         if name == TRANSPARENCY:  # of every replica, whatever job it belongs to
