@@ -18,6 +18,7 @@ from conformance.cases.table import CASES, select
 from conformance.evaluate import evaluate
 from conformance.options import case_world_sizes
 from conformance.verdict import BAD
+from conformance.worlds.registry import WorldKey
 from tests.outside.catalog import CATALOG, CAUGHT_BY
 from tests.outside.catch_rate import measure
 
