@@ -87,10 +87,6 @@ def settings():
     return Settings.from_env(replica_timeout=FLAGS.replica_timeout, profile=FLAGS.profile, backend=FLAGS.backend)
 
 
-def _method_name(case_name: str) -> str:
-    return "test_" + case_name.replace(".", "_")
-
-
 class ConformanceTestCase(parameterized.TestCase):
     """Base class: one test method per case of the table. Set ``DDP`` (a ``--ddp``
     spec) in a subclass to make it the default implementation under test."""
@@ -132,7 +128,7 @@ def _add_methods(cls):
     for name, description in rows:
         def test(self, _name=name):
             self._run_case(_name)
-        test.__name__ = _method_name(name)
+        test.__name__ = "test_" + name.replace(".", "_")
         test.__doc__ = f"{name}: {description}"
         setattr(cls, test.__name__, test)
 

@@ -1,19 +1,18 @@
 """The one entry point: ``evaluate(case, impl, runtime, world_size) -> list[Verdict]``.
 
-Every face calls it. It resolves the implementation, dispatches to the evaluator of
-the row's kind (:data:`KINDS`, the ``KIND`` each kind module under :mod:`conformance.cases`
-declares beside its evaluator), runs on a persistent world of the :class:`Session`, and
-turns every outcome into verdicts - one per check the row declares, whatever happens:
+Every face calls it. It resolves the implementation, dispatches to the evaluator of the row's
+kind (:data:`KINDS`, the ``KIND`` each kind module under :mod:`conformance.cases` declares beside
+its evaluator), runs on a persistent world of the :class:`Session`, and turns every outcome into
+verdicts - one per check the row declares, whatever happens:
 
-* :class:`~conformance.errors.Unsupported` raised anywhere (a replica, a
-  wrapper, a setup, a property) -> ``unsupported`` with the reason (the one place
-  it is caught);
-* a replica that raised, hung or died -> ``fail`` with the replica's summary in
-  ``reason`` and the full text (tracebacks, stacks, log tails) in ``diagnosis``;
+* :class:`~conformance.errors.Unsupported` raised anywhere (a replica, a wrapper, a setup, a
+  property) -> ``unsupported`` with the reason (the one place it is caught);
+* a replica that raised, hung or died -> ``fail`` with the replica's summary in ``reason`` and
+  the full text (tracebacks, stacks, log tails) in ``diagnosis``;
 * a runtime that cannot run here -> ``skip`` with the runtime's reason.
 
-:func:`kill_rows` runs the kill matrix (every catalog mutant through every case
-that must kill it) through the same entry point.
+:func:`kill_rows` runs the kill matrix (every catalog mutant through every case that must kill
+it) through the same entry point.
 """
 from __future__ import annotations
 
@@ -37,8 +36,8 @@ _UNSUPPORTED = "__unsupported__"
 
 
 def guarded(ctx, task_fn_, **payload):
-    """World task wrapper: run ``__task(ctx, **payload)``; an ``Unsupported`` raised
-    in the replica comes back as a marker (re-raised by :meth:`Session.run`)."""
+    """World task wrapper: run ``task_fn_(ctx, **payload)``; an ``Unsupported`` raised in the
+    replica comes back as a marker (re-raised by :meth:`Session.run`)."""
     try:
         return task_fn_(ctx, **payload)
     except Unsupported as exc:
@@ -66,14 +65,13 @@ class Session:
             (default: a new :class:`conformance.worlds.pool.WorldPool`); a
             :class:`conformance.worlds.launched.ExternalPool` makes this process one
             replica of a launcher-started world (non-root ranks get ``[]``).
-        settings: the run's :class:`~conformance.settings.Settings` (timeouts, example budget
-            profile); default: ``Settings.from_env()``.
-        profile: overrides ``settings.profile`` (a name of ``conformance.settings.PROFILES``; budgets: ``conformance.cases.shared.search.PROFILES``).
+        settings: the run's :class:`~conformance.settings.Settings`; default: ``Settings.from_env()``.
+        profile: overrides ``settings.profile`` (a name of ``conformance.settings.PROFILES``).
 
     Attributes:
         measured_tolerances: ``{(runtime, W, run): Tolerance}``, the bounds measured on a user's
-            model (:func:`conformance.cases.shared.measured.measured_tolerance` keeps them here;
-            a run prints each once); shared with the session's lanes (:meth:`lane`).
+            model (:func:`conformance.cases.shared.measured.measured_tolerance` keeps them here; a
+            run prints each once); shared with the session's lanes (:meth:`lane`).
     """
 
     def __init__(self, pool=None, profile: str | None = None, settings=None):
@@ -96,10 +94,10 @@ class Session:
         return other
 
     def memo(self, key, compute):
-        """What ``compute()`` returned for ``key``, computed once per session (and its lanes):
-        e.g. a collective's verdicts, which no implementation changes. A list comes back as
-        shallow copies of its items, which a caller may change (:func:`evaluate` labels each
-        verdict). ``None`` (a non-root process of a launcher-built world) is returned, not kept."""
+        """What ``compute()`` returned for ``key``, computed once per session (and its lanes): e.g.
+        a collective's verdicts, which no implementation changes. A list comes back as shallow
+        copies of its items, which a caller may change (:func:`evaluate` labels each verdict).
+        ``None`` (a non-root process of a launcher-built world) is returned, not kept."""
         if key not in self._memo:
             value = compute()
             if value is None:
@@ -109,11 +107,9 @@ class Session:
         return [copy.copy(v) for v in value] if isinstance(value, list) else value
 
     def run(self, runtime: str | WorldKey, world_size: int | None, fn, timeout: float | None = None, **payload):
-        """Run ``fn(ctx, **payload)`` on every replica of the world ``runtime`` and
-        ``world_size`` name (a runtime name and its replicas, a topology world's name and 1,
-        or the :class:`~conformance.worlds.registry.WorldKey` itself: :meth:`WorldKey.of
-        <conformance.worlds.registry.WorldKey.of>`); results by rank, or ``None`` on a
-        non-root process of a launcher-built world.
+        """Run ``fn(ctx, **payload)`` on every replica of the world ``runtime`` and ``world_size``
+        name (as :meth:`WorldKey.of <conformance.worlds.registry.WorldKey.of>` takes them); results
+        by rank, or ``None`` on a non-root process of a launcher-built world.
 
         Raises:
             Unsupported: a replica raised it.
@@ -137,10 +133,9 @@ class Session:
         return self._memo[key]
 
     def prestart(self, runtime: str, world_size: int, impls) -> None:
-        """Start, without waiting, the worlds ``impls`` will train on at ``runtime`` x
-        ``world_size`` (:meth:`conformance.worlds.pool.Pool.prestart`; a pool that starts
-        nothing ahead, e.g. a launcher-built world's, does nothing). Nothing is raised: an
-        implementation or world that cannot start is reported by :func:`evaluate` when it is used."""
+        """Start, without waiting, the worlds ``impls`` will train on at ``runtime`` x ``world_size``
+        (:meth:`conformance.worlds.pool.Pool.prestart`). Nothing is raised: an implementation or
+        world that cannot start is reported by :func:`evaluate` when it is used."""
         for impl in impls:
             try:
                 row = resolve_impl(impl)
@@ -176,12 +171,12 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
              *, shrink: bool = True, **overrides) -> list[Verdict]:
     """Verdicts of ``case`` for implementation ``impl`` on ``runtime`` with ``world_size`` replicas.
 
-    ``overrides`` change the run of ``train`` cases (``seed``, ``lr``, ``steps``:
-    calibration and flakiness sweeps); for a ``scenario`` case, ``scenario=``
-    (a :class:`~conformance.cases.scenario.format.Scenario`) runs that one scenario only; ``shrink=False``
-    reports a failing property or scenario search as found, not shrunk to a minimal
-    counterexample (the kill matrix only needs to know that it fails). Returns one verdict per ``case.checks``
-    entry (``[]`` on a non-root process of a launcher-built world).
+    ``overrides`` change the run of ``train`` cases (``seed``, ``lr``, ``steps``: calibration and
+    flakiness sweeps); for a ``scenario`` case, ``scenario=`` (a
+    :class:`~conformance.cases.scenario.format.Scenario`) runs that one scenario only;
+    ``shrink=False`` reports a failing property or scenario search as found, not shrunk to a
+    minimal counterexample (the kill matrix only needs to know that it fails). Returns one verdict
+    per ``case.checks`` entry (``[]`` on a non-root process of a launcher-built world).
 
     Raises:
         ImplSpecError: ``impl`` names nothing usable (callers validate first).
@@ -238,12 +233,9 @@ KINDS = kinds()
 
 
 def kill_rows(runtime: str, world_size: int, session=None, mutants=None, cases=None, progress=None) -> list[KillRow]:
-    """The kill matrix: a ``KillRow`` per (catalog mutant, case whose ``must_kill`` names it)
-    on one runtime and world size.
-
-    ``mutants`` / ``cases`` restrict the matrix (default: the whole catalog and table). A
-    failing property or scenario search is not shrunk: a kill needs one failing example.
-    """
+    """The kill matrix: a ``KillRow`` per (catalog mutant, case whose ``must_kill`` names it) on
+    one runtime and world size. ``mutants`` / ``cases`` restrict it (default: the whole catalog and
+    table). A failing search is not shrunk: a kill needs one failing example."""
     allowed = None if cases is None else {c.name for c in cases}
     rows = []
     for m in mutants or list(MUTANTS):

@@ -48,12 +48,6 @@ def case_world_sizes(case, runtime: str) -> list[int]:
     return list(case.world_sizes.get(runtime, default_world_sizes(runtime)))
 
 
-def cases_world_sizes(cases, runtime: str) -> list[int]:
-    """Every world size some of ``cases`` runs at by default on ``runtime`` (sorted; empty
-    without cases)."""
-    return sorted({w for c in cases for w in case_world_sizes(c, runtime)})
-
-
 def case_runs_at(case, runtime: str, world_size: int, explicit) -> bool:
     """Whether ``case`` runs at ``world_size`` on ``runtime``: always when world sizes were
     given (``explicit`` true: the ``--world-size`` value, or a launcher's world), else at its
@@ -61,11 +55,13 @@ def case_runs_at(case, runtime: str, world_size: int, explicit) -> bool:
     return bool(explicit) or world_size in case_world_sizes(case, runtime)
 
 
-def parse_impl_names(value: str | None, runtime: str) -> list[str]:
-    """Implementation specs (default: the runtime's); each resolved once to validate it."""
+def parse_impl_names(value: str | None, runtime: str | None, default: bool = True) -> list[str]:
+    """Implementation specs, each resolved once to validate it (``all``: every row, or every row
+    that runs on ``runtime``); with ``default``, none given names the runtime's."""
     from conformance.impls.builtin import ImplSpecError, parse_impls
     try:
-        return [i.name for i in parse_impls(value or ",".join(default_impls(runtime)), runtime)]
+        return [i.name for i in parse_impls(value or ",".join(default_impls(runtime)) if default else value,
+                                            runtime)]
     except ImplSpecError as exc:
         raise UsageError(str(exc)) from None
 
@@ -115,20 +111,19 @@ def check_runs_here(runtime: str, world_size: int) -> None:
         raise UsageError(f"--runtime {runtime}: {exc}") from None
 
 
-def parse_runtimes(value: str | None, sizes: list[int], strict: bool = True) -> list[str]:
-    """Runtime names; with ``strict`` a runtime that cannot run here is a usage error."""
+def parse_runtimes(value: str | None, sizes: list[int]) -> list[str]:
+    """Runtime names of a comma list, each checked to run here at every size of ``sizes``."""
     runtimes = parse_runtime_names(value)
     for rt in runtimes:
-        if strict:
-            for w in sizes:
-                check_runs_here(rt, w)
+        for w in sizes:
+            check_runs_here(rt, w)
     return runtimes
 
 
 def world_matrix(runtimes, world_size: str | None, cases=None) -> list[tuple[str, int]]:
     """``[(runtime, W)]`` of every face (:func:`parse_matrix`; the pytest plugin's tests): for
     each of ``runtimes``, the sizes of ``world_size`` (a comma list); without it, every size some
-    of ``cases`` runs at by default (:func:`cases_world_sizes`), else the runtime's defaults.
+    of ``cases`` runs at by default (:func:`case_world_sizes`, sorted), else the runtime's defaults.
 
     Raises:
         UsageError: ``world_size`` is not a comma list of sizes >= 2.
@@ -137,7 +132,7 @@ def world_matrix(runtimes, world_size: str | None, cases=None) -> list[tuple[str
     for rt in runtimes:
         sizes = parse_world_sizes(world_size, rt)
         if not world_size and cases:
-            sizes = cases_world_sizes(cases, rt)
+            sizes = sorted({w for c in cases for w in case_world_sizes(c, rt)})
         out += [(rt, w) for w in sizes]
     return out
 
@@ -159,7 +154,6 @@ def parse_matrix(runtime: str | None, world_size: str | None, ddp: str | None,
     runtimes = split_list(runtime)
     if launcher == "env":
         from conformance.worlds.launched import LauncherEnvError, external_runtimes, launcher_world_size
-        from conformance.worlds.runtimes import RUNTIMES
         try:
             launched = launcher_world_size()
         except LauncherEnvError as exc:
@@ -236,13 +230,9 @@ def parse_calibration(runtime: str, model: str, ddp: str, seeds: int,
         UsageError: the first bad value (one line).
     """
     from fixtures.models import MODELS  # the model zoo imports torch
-    from conformance.impls.builtin import ImplSpecError, parse_impls
 
     runtimes, models = split_list(runtime), split_list(model)
-    try:
-        impls = [i.name for i in parse_impls(ddp)]
-    except ImplSpecError as exc:
-        raise UsageError(str(exc)) from None
+    impls = parse_impl_names(ddp, None, default=False)
     if any(i.startswith("mutant:") for i in impls):
         raise UsageError("--ddp: calibrate measures the noise of a correct implementation, not a mutant")
     try:

@@ -73,9 +73,7 @@ def _usage(fn, *a):
 
 
 def pytest_configure(config):
-    config.stash[_KILLS] = []
-    config.stash[_VERDICTS] = []
-    config.stash[_EXPECTED] = set()
+    config.stash[_KILLS], config.stash[_VERDICTS], config.stash[_EXPECTED] = [], [], set()
     if not any(_opt(config, o) for o in OPTIONS):
         return  # nothing of ours was asked for: validate nothing, import nothing
     from conformance.options import parse_impl_names, parse_runtimes, parse_world_sizes

@@ -1,10 +1,9 @@
 """One ``Settings``: every configuration value of a run, read once by each face.
 
-A face (CLI, pytest plugin, absltest) builds it with :meth:`Settings.from_env`:
-the environment variables below are the defaults, the face's options override
-them, and the value is passed down explicitly (worlds, sessions, searches). No
-other module of the kit reads ``os.environ`` for configuration, and nothing is
-read at import, so an option given on the command line always takes effect.
+A face (CLI, pytest plugin, absltest) builds it with :meth:`Settings.from_env`: the environment
+variables below are the defaults, the face's options override them, and the value is passed
+down explicitly (worlds, sessions, searches). No other module of the kit reads ``os.environ``
+for configuration, and nothing is read at import, so an option given always takes effect.
 
 =====================================  ==========================  ========
 field                                  environment variable        default
@@ -19,11 +18,10 @@ field                                  environment variable        default
 ``lanes`` (cases run side by side)     ``CONFORMANCE_LANES``              2
 =====================================  ==========================  ========
 
-The default world sizes and implementations per runtime are facts of the runtime
-adapters (class attributes of :class:`conformance.worlds.runtimes.base.Runtime`), read
-here by name from the runtime registry (:func:`default_world_sizes`, :func:`default_impls`,
-:func:`max_world_size`, :func:`emulated_hosts`); every face uses these, so the same
-(runtime, W, implementation) matrix runs whatever the face.
+The default world sizes and implementations per runtime are facts of the runtime adapters
+(:class:`conformance.worlds.runtimes.base.Runtime`), read here by name from the runtime registry
+(:func:`default_world_sizes`, :func:`default_impls`, :func:`max_world_size`,
+:func:`emulated_hosts`); every face uses these, so the same matrix runs whatever the face.
 """
 from __future__ import annotations
 
@@ -34,18 +32,14 @@ from collections.abc import Mapping
 from conformance.errors import UsageError
 from conformance.worlds.registry import RUNTIMES, runtime_class
 
-# Emulated hosts of the CPU runtime's worlds (W -> H; any other W: one host). torchrun's
-# variables for H nodes x W/H replicas: LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
-# GROUP_WORLD_SIZE, ROLE_*. The two default worlds take the two extreme shapes: W=2 as 2
-# hosts x 1 (local != global: a divisor or shard index taken from the local world, a
-# local/global ordinal mix-up, is wrong there) and W=3 as 1 host x 3 (a divisor taken from
-# the host count is wrong there).
+# Emulated hosts of the CPU runtime's worlds (W -> H, torchrun's variables for H nodes x W/H
+# replicas; any other W: one host). The two default worlds take the two extreme shapes: W=2 as
+# 2 hosts x 1 (a divisor or shard index taken from the local world, a local/global ordinal
+# mix-up, is wrong there) and W=3 as 1 host x 3 (a divisor taken from the host count is wrong).
 DEFAULT_CPU_HOSTS = {2: 2}
-# PJRT: the same two shapes, and W=4 (CI's parity and core scenarios, feature.subgroups) as
-# 2 hosts x 2, where local ordinals and the host count both differ from the global ones. XLA:CPU
-# has no cross-process collectives, so a PJRT world stays one process of W replica threads; the
-# hosts are emulated in torch_xla's per-host queries (process_index, addressable_device_count,
-# local_ordinal, ...; conformance.worlds.runtimes.pjrt_hosts, docs/multi-host.md).
+# PJRT (hosts emulated in torch_xla's per-host queries: conformance.worlds.runtimes.pjrt_hosts):
+# the same two shapes, and W=4 (CI's parity and core scenarios, feature.subgroups) as 2 hosts x
+# 2, where local ordinals and the host count both differ from the global ones.
 DEFAULT_PJRT_HOSTS = {2: 2, 4: 2}
 # Example budget profiles (their numbers live with the searches, conformance.cases.shared.search).
 PROFILES = ("dev", "ci", "ci-pjrt", "thorough")
@@ -73,32 +67,31 @@ class Settings:
     """Configuration of one run (picklable: it travels to replica hosts).
 
     Attributes:
-        replica_timeout: seconds one task may take on a world before the kit
-            takes every replica's stack and decides the culprit.
+        replica_timeout: seconds one task may take on a world before the kit takes every
+            replica's stack and decides the culprit.
         start_timeout: seconds a world's hosts may take to start.
-        collective_timeout: least seconds of the gloo process group's own timeout (CPU
-            runtime and env:// launched worlds; raised above the task bound, see
+        collective_timeout: least seconds of the gloo process group's own timeout (CPU runtime and
+            env:// launched worlds; raised above the task bound, see
             :func:`conformance.worlds.runtimes.cpu.process_group_timeout_s`).
-        pjrt_collective_bound: seconds a PJRT replica may sit in one collective
-            before the world reports it (below XLA's own abort).
+        pjrt_collective_bound: seconds a PJRT replica may sit in one collective before the world
+            reports it (below XLA's own abort).
         profile: example budget of the property and scenario searches.
-        cpu_hosts: ``((W, H), ...)``: the CPU runtime groups a world of W replicas into H
-            emulated hosts (:data:`DEFAULT_CPU_HOSTS`; any other W: one host).
-        pjrt_hosts: the same for the PJRT runtime's replica threads
-            (:data:`DEFAULT_PJRT_HOSTS`).
-        backend: the torch.distributed backend of the CPU runtime's default group: a
-            registered name (``gloo``) or ``module:function``, a function that registers one
-            with ``torch.distributed.Backend.register_backend`` (run in every replica process
-            before ``init_process_group``; see :func:`conformance.worlds.runtimes.cpu.resolve_backend`).
-        host_start: how a world's host processes start (:data:`HOST_STARTS`): ``forkserver``,
-            forked from one server process that imported torch and the kit's task modules
+        cpu_hosts: ``((W, H), ...)``: the CPU runtime groups a world of W replicas into H emulated
+            hosts (:data:`DEFAULT_CPU_HOSTS`; any other W: one host).
+        pjrt_hosts: the same for the PJRT runtime's replica threads (:data:`DEFAULT_PJRT_HOSTS`).
+        backend: the torch.distributed backend of the CPU runtime's default group: a registered
+            name (``gloo``) or ``module:function``, a function that registers one with
+            ``torch.distributed.Backend.register_backend`` (run in every replica process before
+            ``init_process_group``; see :func:`conformance.worlds.runtimes.cpu.resolve_backend`).
+        host_start: how a world's host processes start (:data:`HOST_STARTS`): ``forkserver``, forked
+            from one server process that imported torch and the kit's task modules
             (:mod:`conformance.worlds.hoststart`), or ``spawn``, a fresh interpreter each.
-        lanes: how many cases ``python -m conformance run`` evaluates side by side, each lane
-            a thread of the kit's process with its own worlds (:mod:`conformance.cli.lanes`);
+        lanes: how many cases ``python -m conformance run`` evaluates side by side, each lane a
+            thread of the kit's process with its own worlds (:mod:`conformance.cli.lanes`);
             ``1 <= lanes <= 8``; 1 runs the table in order (as ``-x`` and ``--exitfirst-each`` do).
-        progress_every: most seconds between two progress lines when stderr is not a
-            terminal (a CI log: one line per finished case run, and one at least this often
-            while a case runs); ``0 < progress_every <= 15``.
+        progress_every: most seconds between two progress lines when stderr is not a terminal (a
+            CI log: one line per finished case run, and one at least this often while a case
+            runs); ``0 < progress_every <= 15``.
     """
 
     replica_timeout: float = ENVIRONMENT["replica_timeout"][1]
@@ -178,7 +171,7 @@ def emulated_hosts(settings: "Settings", world_size: int, runtime: str = "cpu") 
     Raises:
         UsageError: the configured host count does not divide ``world_size``.
     """
-    field = _fact(runtime, "hosts_field", None)  # the Settings field of its hosts, if any
+    field = _fact(runtime, "hosts_field")  # the Settings field of its hosts, if any
     hosts = dict(getattr(settings, field)).get(world_size, 1) if field else 1
     if world_size % hosts:
         raise UsageError(f"{hosts} emulated hosts cannot hold {world_size} replicas evenly")
@@ -186,37 +179,26 @@ def emulated_hosts(settings: "Settings", world_size: int, runtime: str = "cpu") 
 
 
 def default_world_sizes(runtime: str) -> tuple[int, ...]:
-    """World sizes a run on ``runtime`` covers unless told (the adapter's ``default_world_sizes``).
-
-    Raises:
-        KeyError: unknown runtime.
-    """
-    return tuple(_runtime_class(runtime).default_world_sizes)
+    """World sizes a run on ``runtime`` covers unless told (the adapter's ``default_world_sizes``;
+    raises ``KeyError`` for an unknown runtime)."""
+    return tuple(runtime_class(runtime).default_world_sizes)
 
 
 def default_impls(runtime: str) -> tuple[str, ...]:
-    """Implementations a run on ``runtime`` covers unless told (the adapter's ``default_impls``).
-
-    Raises:
-        KeyError: unknown runtime.
-    """
-    return tuple(_runtime_class(runtime).default_impls)
+    """Implementations a run on ``runtime`` covers unless told (the adapter's ``default_impls``;
+    raises ``KeyError`` for an unknown runtime)."""
+    return tuple(runtime_class(runtime).default_impls)
 
 
 def max_world_size(runtime: str) -> int | None:
     """Largest world ``runtime`` runs (the adapter's ``max_world_size``); ``None``: unknown runtime."""
-    return _fact(runtime, "max_world_size", None)
+    return _fact(runtime, "max_world_size")
 
 
-def _runtime_class(runtime: str):
-    # The registry imports the adapter module on first use (no torch at import).
-    return runtime_class(runtime)
-
-
-def _fact(runtime: str, name: str, default):
-    """Attribute ``name`` of ``runtime``'s adapter class; ``default`` for a name the registry
-    does not hold (a topology world, e.g. ``pjrt_spmd``)."""
-    return getattr(runtime_class(runtime), name) if runtime in RUNTIMES else default
+def _fact(runtime: str, name: str):
+    """Attribute ``name`` of ``runtime``'s adapter class; ``None`` for a name the registry does not
+    hold (a topology world, e.g. ``pjrt_spmd``)."""
+    return getattr(runtime_class(runtime), name) if runtime in RUNTIMES else None
 
 
 def use_hypothesis_cache() -> str:

@@ -1,15 +1,11 @@
 """Case kinds: the :class:`Kind` type and the one registry of kinds (:data:`REGISTRY`).
 
-A kind says how rows of the case table (:class:`conformance.cases.row.Case`, ``Case.kind``)
-are checked and evaluated. Each kind module declares its ``KIND = Kind(...)`` beside its
-evaluator; :data:`REGISTRY` has one line per kind naming that module, plus the one fact that
-the layers below the kinds read before any kind module is imported: whether its rows run an
-implementation under test (``conformance.impls.row.STRATEGY_KINDS`` derives from it).
-
-A leaf: it imports nothing of the kit, so the kinds (which import the implementation layer)
-and the implementation layer (which validates ``Strategy.unsupported_kinds``) may both import
-it. The modules are loaded, and their ``KIND`` checked against the registry, by
-:func:`conformance.cases.validation.kinds`, which sits above every kind.
+Each kind module declares its ``KIND = Kind(...)`` beside its evaluator; :data:`REGISTRY` has one
+line per kind naming that module, plus what the layers below the kinds read before any kind
+module is imported (whether its rows run an implementation under test:
+``conformance.impls.row.STRATEGY_KINDS`` derives from it). A leaf: it imports nothing of the kit,
+so the kinds and the implementation layer may both import it; the modules are loaded, and their
+``KIND`` checked against the registry, by :func:`conformance.cases.validation.kinds`.
 """
 from __future__ import annotations
 
@@ -26,10 +22,9 @@ class Kind:
         name: the kind's name (``Case.kind``; its line of :data:`REGISTRY`).
         evaluate: ``(case, impl, runtime, world_size, session, overrides) -> list[Verdict] | None``:
             one verdict per ``case.checks`` entry (``None`` on a non-root process of a
-            launcher-built world); ``impl`` a ``--ddp`` spec (str), ``runtime`` a runtime name,
-            ``session`` a :class:`conformance.evaluate.Session`, ``overrides`` a dict (run
-            overrides; ``shrink`` for a kind that :attr:`searches`). It may raise
-            :class:`~conformance.errors.Unsupported` or a world's ``ReplicaError``.
+            launcher-built world); ``impl`` a ``--ddp`` spec, ``session`` a
+            :class:`conformance.evaluate.Session`, ``overrides`` a dict of run overrides. It may
+            raise :class:`~conformance.errors.Unsupported` or a world's ``ReplicaError``.
         validate: ``(case) -> str | None``: what is wrong with the row's kind-specific columns
             (one line, the table names the row), or ``None``. Default: nothing to check.
         checks: ``(case) -> tuple[str, ...]``: the checks a row reports when they derive from
@@ -39,32 +34,22 @@ class Kind:
         uses: ``(case) -> tuple[str, ...]``: what of an implementation a row exercises without
             requiring it (``sync_bn``: it trains a SyncBatchNorm), so a mutant's claim of it is
             used. Default: none.
-        searches: rows run a Hypothesis search: ``evaluate`` passes ``overrides["shrink"]``
-            (shrink a failing example to a minimal one), and the rows need a world the kit
-            spawns (each example is drawn from the result of the last).
+        searches: rows run a Hypothesis search: ``overrides["shrink"]`` (shrink a failing example)
+            is passed, and the rows need a world the kit spawns (each example follows the last).
     """
 
     name: str
     evaluate: Callable
-    validate: Callable | None = None
+    validate: Callable = lambda case: None
     checks: Callable | None = None
-    requires: Callable | None = None
-    uses: Callable | None = None
+    requires: Callable = lambda case: ()
+    uses: Callable = lambda case: ()
     searches: bool = False
 
     @property
     def needs_impl(self) -> bool:
         """Rows build a model through the implementation under test (its line of :data:`REGISTRY`)."""
         return REGISTRY[self.name].needs_impl
-
-    def problem(self, case) -> str | None:
-        return self.validate(case) if self.validate else None
-
-    def required(self, case) -> tuple:
-        return tuple(self.requires(case)) if self.requires else ()
-
-    def used(self, case) -> tuple:
-        return self.required(case) + (tuple(self.uses(case)) if self.uses else ())
 
 
 @dataclass(frozen=True)

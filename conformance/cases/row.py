@@ -2,23 +2,10 @@
 only, under the kinds that evaluate it (it imports none of them).
 
 One row (in the spirit of PyTorch's OpInfo) per case: parity on a model, a DDP
-feature, a Hypothesis property, a rank invariant, generated scenarios. A row says
+feature, a Hypothesis property, a rank invariant, generated scenarios, a collective. A row says
 how it is evaluated (``kind``, a name of :data:`conformance.cases.kinds.REGISTRY`; each
-kind's ``KIND`` lives with its evaluator and :func:`conformance.evaluate.evaluate`
-dispatches to it):
-
-* ``train`` - the standard training loop (:mod:`conformance.cases.train`)
-  with the row's run overrides and setups (``run``), judged against the
-  single-device reference by the check table and by replica agreement;
-* ``task`` - the row's own replica task and judge (``task``, ``judge``;
-  :mod:`conformance.cases.task.kind`);
-* ``property`` - a Hypothesis property (:mod:`conformance.cases.property.kind`);
-* ``invariant`` - the rank-binding invariants of the world (:mod:`conformance.cases.invariant.kind`);
-* ``scenario`` - generated training scenarios (:mod:`conformance.cases.scenario.kind`):
-  explicit ones, then Hypothesis-drawn ones, against the DDP-semantics oracle;
-* ``collective`` - one torch.distributed collective (``args["op"]``, a key of
-  :data:`conformance.cases.collective.ops.OPS`) on the world's backend against its host
-  oracle (:mod:`conformance.cases.collective.run`); no DDP is involved.
+kind's ``KIND`` lives with its evaluator, ``conformance.cases.<kind>.kind``, and
+:func:`conformance.evaluate.evaluate` dispatches to it).
 
 ``must_kill`` names the catalog mutants the case must fail: the only place the
 mutant <-> case relation is stored. :func:`conformance.cases.validation.validate`
@@ -50,26 +37,24 @@ class Case:
         description: what a conforming DDP does, one sentence.
         kind: how it is evaluated (see the module docstring).
         model: the model (``fixtures.models.MODELS``) or ``"-"``.
-        tolerance: the tolerance key: a dtype row of ``conformance.tolerances``
-            (``float32``, ``bf16-autocast``, ``exact``) or ``grad`` (the
-            gradient tolerances of the properties).
-        train: for ``train``: RunSpec overrides (``setups``, ``ddp_kwargs``,
-            ``requires``, ``momentum``, ``broadcast_buffers``...).
+        tolerance: the tolerance key: a dtype row of ``conformance.tolerances`` (``float32``,
+            ``bf16-autocast``, ``exact``) or ``grad`` (the gradient tolerances of the properties).
+        train: for ``train``: RunSpec overrides (``setups``, ``ddp_kwargs``, ``requires``,
+            ``momentum``, ``broadcast_buffers``...).
         task / judge: for ``task``: references (:func:`resolve`) to ``task(ctx, impl, **args)
             -> dict``, run on every replica, and ``judge(results, impl, runtime) -> list[Verdict]``.
-        args: for ``task``: keyword arguments of ``task``; for ``scenario``:
-            ``{"space": {...}}``, the fields of the scenarios' ``Space``.
-        prop: for ``property``: the property name (a key of the property kind's
-            ``PROPERTIES``).
-        checks: the check names the case reports (one verdict each, whatever
-            the outcome, so verdict ids are stable).
-        tags: extra selection tags (feature names); the family, the model and
-            the name are tags too (see :attr:`all_tags`).
+        args: for ``task``: keyword arguments of ``task``; for ``scenario``: ``{"space": {...}}``,
+            the fields of the scenarios' ``Space``.
+        prop: for ``property``: the property name (a key of the property kind's ``PROPERTIES``).
+        checks: the check names the case reports (one verdict each, whatever the outcome, so
+            verdict ids are stable).
+        tags: extra selection tags (feature names); the family, the model and the name are tags
+            too (see :attr:`all_tags`).
         must_kill: catalog mutants this case must fail.
         timeout: bound on one world task in seconds (``None``: the world's).
-        world_sizes: ``{runtime: (W, ...)}``: the world sizes the case runs at when none
-            are given (``--world-size`` absent), instead of the runtime's defaults
-            (the runtime adapter's ``default_world_sizes``); e.g. two groups of two need W=4.
+        world_sizes: ``{runtime: (W, ...)}``: the world sizes the case runs at when none are given
+            (``--world-size`` absent), instead of the runtime's defaults (the runtime adapter's
+            ``default_world_sizes``); e.g. two groups of two need W=4.
     """
 
     name: str

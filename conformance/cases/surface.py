@@ -1,11 +1,9 @@
 """The map of torch's ``DistributedDataParallel`` surface: every public keyword and method, the
 value classes the kit draws for it, and the cases that cover each (or why none does).
 
-The surface is read from torch itself (:func:`torch_surface`: ``inspect.signature`` of
-``DistributedDataParallel.__init__`` and the public methods its class defines), so a torch that
-grows a keyword fails ``tests/test_surface.py`` until the keyword has a row here. The rows are
-data: ``covered`` names cases of the table (``conformance/cases/table.py``) and ``reason`` says
-why a value class is not drawn. docs/transparency.md publishes the map (:func:`render`).
+The surface is read from torch itself (:func:`torch_surface`), so a torch that grows a keyword
+fails ``tests/test_surface.py`` until the keyword has a row here. docs/transparency.md publishes
+the map (:func:`render`).
 """
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """The case table: every conformance case the kit runs, in one validated table.
 
-Every face - the CLI, the pytest plugin, the absltest face, the kill matrix,
-``calibrate``, ``run --repeat``, the JSON and HTML reports - iterates this table
-through :func:`conformance.evaluate.evaluate`. The row type, what each column
-means are in :mod:`conformance.cases.row`, the validation in :mod:`conformance.cases.validation`.
-
-Data only: the rows (:data:`ROWS`, grouped by family below) name their tasks and judges by
-reference (``"module:attr"``, :func:`conformance.cases.row.resolve`), so the table loads without
-torch and the CLI checks ``--only`` / ``--skip`` tags against it (:func:`all_tags`) before torch
-is imported. :data:`CASES`, the validated table, is built on first use (validation imports the
-kinds, the models and the mutants: torch).
+Every face - the CLI, the pytest plugin, the absltest face, the kill matrix, ``calibrate``,
+``run --repeat``, the JSON and HTML reports - iterates this table through
+:func:`conformance.evaluate.evaluate`. The row type: :mod:`conformance.cases.row`; the
+validation: :mod:`conformance.cases.validation`. Data only (rows name their tasks and judges by
+reference), so the table loads without torch and the CLI checks ``--only`` / ``--skip`` tags
+against it (:func:`all_tags`); :data:`CASES`, the validated table, is built on first use.
 """
 from __future__ import annotations
 
@@ -62,24 +58,22 @@ def _scenario(name, description, space, must_kill, tags=(), world_sizes=None):
                 must_kill=must_kill, world_sizes=world_sizes or {})
 
 
-def _collective(op):
-    o = OPS[op]
-    return Case(f"collective.{op}", "collective", f"torch.distributed {op} on the world's backend equals its "
-                "float64 host oracle on every rank: bitwise where exact, within the reduction-order bound "
-                "for floating sums" + ("; every rank holds the same bits" if o.agree else ""), "collective",
-                tolerance="exact", args={"op": op},
-                checks=("result", "agreement", "coverage") if o.agree else ("result", "coverage"),
-                tags=("backend",), timeout=COLLECTIVE_TIMEOUT_S)
-
-
-def _collective_layout(layout, op):
-    """One op with one input layout: a case of its own, so a backend's known defect in one op
-    (an expected failure) never hides a new one in another."""
-    return Case(f"collective.{layout}.{op}", "collective", f"{op} with {LAYOUT_TEXT[layout]} equals its float64 "
-                "host oracle on every rank (the same checks as the op's own case)", "collective", tolerance="exact",
-                args={"layout": layout, "op": op},
+def _collective(op, layout=None):
+    """One op's case; with ``layout``, the op with one input layout: a case of its own, so a
+    backend's known defect in one op (an expected failure) never hides a new one in another."""
+    if layout is None:
+        name, args, tags = f"collective.{op}", {"op": op}, ("backend",)
+        description = (f"torch.distributed {op} on the world's backend equals its float64 host oracle on every "
+                       "rank: bitwise where exact, within the reduction-order bound for floating sums"
+                       + ("; every rank holds the same bits" if OPS[op].agree else ""))
+    else:
+        name, args, tags = f"collective.{layout}.{op}", {"layout": layout, "op": op}, (
+            "backend", f"collective.{layout}", layout)
+        description = (f"{op} with {LAYOUT_TEXT[layout]} equals its float64 host oracle on every rank (the "
+                       "same checks as the op's own case)")
+    return Case(name, "collective", description, "collective", tolerance="exact", args=args,
                 checks=("result", "agreement", "coverage") if OPS[op].agree else ("result", "coverage"),
-                tags=("backend", f"collective.{layout}", layout), timeout=COLLECTIVE_TIMEOUT_S)
+                tags=tags, timeout=COLLECTIVE_TIMEOUT_S)
 
 
 #: What a layout case's inputs are, in its description.
@@ -193,9 +187,8 @@ SCENARIOS = (
     # loop does around the DDP, drawn as a program of steps and shrunk to the shortest one.
     _scenario("loop", "generated training-loop programs: forwards without backward (no_grad / "
               "inference_mode / grad enabled / raising and skipped, eval / train mode) before, inside and "
-              "after accumulation "
-              "windows, several forwards before one backward, several synced backwards per step, a frozen "
-              "teacher DDP, zero_grad(set_to_none=False), SGD with weight decay, "
+              "after accumulation windows, several forwards before one backward, several synced backwards "
+              "per step, a frozen teacher DDP, zero_grad(set_to_none=False), SGD with weight decay, "
               "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
               "semantics on one device; the module drawn too (dict / dataclass / namedtuple output, forward "
               "keywords, a non-persistent and an int64 buffer, a buffer feeding the output, a forward "
@@ -203,13 +196,11 @@ SCENARIOS = (
               "user registers after wrapping)",
               {"loop": True, "budget": 0.25},
               ("no_grad_sync", "user_hook_bypassed", "unused_zero_filled", "reduce_only_in_training",
-               "eval_forward_skips_buffer_sync",
-               "buffer_sync_ignores_grad_mode", "buffer_sync_once_per_iteration", "forward_sync_flag_shared",
-               "forward_sync_flag_cleared_first",
-               "synced_forward_zeroes_grads",
+               "eval_forward_skips_buffer_sync", "buffer_sync_ignores_grad_mode", "buffer_sync_once_per_iteration",
+               "forward_sync_flag_shared", "forward_sync_flag_cleared_first", "synced_forward_zeroes_grads",
                "unused_by_this_backward_dropped", "mean_at_optimizer_step", "output_walk_bare_tensor",
-               "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped",
-               "float_buffers_only"), tags=("loop", "module")),
+               "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped", "float_buffers_only"),
+              tags=("loop", "module")),
     _scenario("buckets", "the same with gradient buckets at the model's boundaries (caps below, at and above "
               "its gradients' sizes, buckets exactly full) and gradient_as_bucket_view",
               {"ddp_extra": ("buckets",), "budget": 0.5}, ("dropped_bucket", "exact_full_bucket_dropped"),
@@ -359,7 +350,7 @@ MODULE_AXIS = (
 
 #: One case per collective op, one per (layout, op), and the searched draws.
 COLLECTIVES = tuple(_collective(op) for op in OPS) + tuple(
-    _collective_layout(layout, op) for layout, ops in LAYOUT_OPS.items() for op in ops) + (
+    _collective(op, layout) for layout, ops in LAYOUT_OPS.items() for op in ops) + (
     Case("collective.search", "collective", "collective draws searched by Hypothesis (op, dtype, "
          "reduction, any size up to 300000, completion mode, group, layout) equal their float64 host "
          "oracle on every rank; a failure is shrunk to its simplest draw", "collective",

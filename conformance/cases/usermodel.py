@@ -1,14 +1,10 @@
 """The user's own model: what ``--model package.module:factory`` names (public:
 ``conformance.UserModel``).
 
-The kit's cases normally train its own fixtures (``fixtures.models.MODELS``). With
-``--model`` (CLI, ``--conformance-model`` under pytest, ``--model`` under absltest) the
-parity, agreement and loop-program cases run on a module the user builds, with the user's data and loss,
-at a tolerance the kit measures on that model (docs/configuration.md, "Your own model").
-
-``factory`` is a :class:`UserModel` or a zero-argument callable returning one. What cannot be
-derived from a module is required (``build``, ``batch``); a loss is optional (default: mean
-squared error of the prediction against the target, as the kit's own cases).
+With ``--model`` (CLI, ``--conformance-model`` under pytest, ``--model`` under absltest) the
+parity, agreement and loop-program cases run on a module the user builds, with the user's data
+and loss, at a tolerance the kit measures on that model (docs/configuration.md, "Your own
+model"). ``factory`` is a :class:`UserModel` or a zero-argument callable returning one.
 
 This module imports neither torch nor the rest of the kit: the faces read it while parsing.
 """
@@ -39,11 +35,10 @@ class UserModel:
             independent of the world size: ``inputs`` a tensor ``[size, ...]``, ``target`` a
             tensor ``[size, ...]``. Replica ``r`` of ``W`` trains on rows
             ``[r*size/W, (r+1)*size/W)`` of both (dim 0 is the sample dimension).
-        loss: ``loss(output, target) -> scalar tensor``: the mean over the samples of the
-            batch (DDP averages the replicas' gradients, so with equal shards only a
-            per-sample mean makes the replicas' average the global-batch loss: torch's
-            ``DistributedDataParallel`` docstring, "gradients ... averaged"; checked on the
-            single device for models whose samples do not interact). ``None``: ``mse_loss`` of
+        loss: ``loss(output, target) -> scalar tensor``: the mean over the samples of the batch
+            (with equal shards only a per-sample mean makes the replicas' averaged gradient the
+            global batch's: torch's ``DistributedDataParallel`` docstring, "gradients ...
+            averaged"; checked where samples do not interact). ``None``: ``mse_loss`` of
             ``prediction(output)`` and ``target``.
         prediction: ``prediction(output) -> tensor``: the tensor the default loss reads from a
             forward's output (a dataclass, dict, tuple...). ``None``: the output itself. Unused
@@ -51,8 +46,8 @@ class UserModel:
         forward_kwargs: keyword arguments of every training forward (``ddp(inputs, **kw)``).
         batch_coupled: the forward mixes the samples of a batch or updates buffers from the
             batch (BatchNorm, a running mean): the single-device reference then runs each
-            replica's shard separately (DDP without SyncBatchNorm), and buffers are compared.
-            Buffers are compared whenever the module has any.
+            replica's shard separately (DDP without SyncBatchNorm). Buffers are compared
+            whenever the module has any.
         lr, steps, global_batch, seed: the training run (SGD at ``lr``, ``steps`` steps of
             ``global_batch`` samples; ``global_batch`` must split evenly over every world size
             run: the default 24 over 2, 3, 4, 6, 8).

@@ -38,17 +38,10 @@ def kinds() -> dict[str, Kind]:
 
 
 def validate(rows, mutants: dict | None = None) -> dict[str, Case]:
-    """The table of ``rows`` by name, every row checked against the kit's other tables.
-
-    A row's name is unique and prefixed by its family; its kind, model, tolerance key,
-    setups and mutants are known; its kind's own columns pass its kind's ``validate`` (a
-    ``train`` row gets its checks from the check table, a ``task`` row names a task and a judge,
-    a ``property`` row names a property, a ``scenario`` row's space is one the scenarios are
-    drawn from, a ``collective`` row names an op); every mutant a row must kill can serve
-    the row (it honours the keywords and has the methods the row requires: else the case is
-    ``unsupported`` for it and it survives) and claims nothing that has no effect (see
-    :func:`conformance.impls.mutants.claims.claim_problems`); every mutant is killed by some
-    row and uses its claims in one.
+    """The table of ``rows`` by name, every row checked against the kit's other tables
+    (:func:`_row_problem`: names, kinds and their own columns, models, tolerance keys, setups,
+    mutants that can serve the row and claim nothing without effect; :func:`_check_catalog`:
+    every mutant killed by some row, its claims used).
 
     ``mutants``: the catalog to check against (default: ``conformance.impls.mutants.catalog.MUTANTS``).
     Imports the kinds, the models and every reference a row or mutant names (torch).
@@ -72,7 +65,9 @@ def validate(rows, mutants: dict | None = None) -> dict[str, Case]:
 
 def _row_problem(c: Case, known: dict, mutants: dict, models) -> str | None:
     """The first thing wrong with row ``c`` (:func:`validate`), or None; fills in the checks a
-    row's kind derives."""
+    row's kind derives. A mutant the row must kill has to serve it (honour the keywords, have
+    the methods it requires: else the case is ``unsupported`` for it and it survives) and claim
+    nothing that has no effect (:func:`conformance.impls.mutants.claims.claim_problems`)."""
     keys = {t.dtype for t in TOLERANCES} | {"grad"}
     if c.family not in FAMILIES or not c.name.startswith(c.family + "."):
         return f"family {c.family!r} must be one of {FAMILIES} and prefix the name"
@@ -91,7 +86,7 @@ def _row_problem(c: Case, known: dict, mutants: dict, models) -> str | None:
         return f"unknown setup(s) {unknown}"
     if kind.checks:
         object.__setattr__(c, "checks", tuple(kind.checks(c)))
-    why = kind.problem(c)
+    why = kind.validate(c)
     if why:
         return why
     if not c.checks:
@@ -101,7 +96,7 @@ def _row_problem(c: Case, known: dict, mutants: dict, models) -> str | None:
             return (f"world_sizes {rt!r}: {sizes!r}: need a runtime ({', '.join(RUNTIMES)}) and "
                     f"world sizes >= {MIN_WORLD_SIZE}")
     for m in c.must_kill:
-        why = claim_problems(mutants[m]) or cannot_serve(mutants[m], kind.required(c))
+        why = claim_problems(mutants[m]) or cannot_serve(mutants[m], tuple(kind.requires(c)))
         if why:
             return f"mutant {m!r} {why}"
     return None
@@ -118,7 +113,7 @@ def _check_catalog(rows, mutants: dict, known: dict) -> None:
         raise ValueError(f"case table: mutant(s) {orphans} are killed by no case (add them to a row's must_kill)")
     for name, m in mutants.items():
         killers = [c for c in rows if name in c.must_kill]
-        unused = unused_claims(m, {k for c in killers for k in known[c.kind].used(c)})
+        unused = unused_claims(m, {k for c in killers for k in (*known[c.kind].requires(c), *known[c.kind].uses(c))})
         if unused:
             raise ValueError(f"case table: row(s) {[c.name for c in killers]}: mutant {name!r} claims {unused}, "
                              "which no row that must kill it uses (drop the claim or add a row that needs it)")

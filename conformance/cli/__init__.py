@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version as dist_version
 
 from conformance.cli.calibrate import add_parser as add_calibrate
-from conformance.cli.output import STDOUT, report_lock, signal_of, signals_raise
+from conformance.cli.output import STDOUT, report_lock, signal_name, signal_of, signals_raise
 from conformance.cli.report import add_parser as add_report
 from conformance.cases.row import unknown_tags
 from conformance.errors import UsageError, split_list
 from conformance.impls.builtin import ROWS, unknown_impl
 from conformance.impls.mutants.catalog import MUTANTS, unknown_mutant
-from conformance.options import (check_world_size_range, folder_on_path, parse_runtime_names, parse_world_sizes,
-                                 runtimes_text)
+from conformance.options import (check_model_spec, check_world_size_range, folder_on_path, parse_runtime_names,
+                                 parse_world_sizes, runtimes_text)
 from conformance.settings import PROFILES, Settings, default_help, use_hypothesis_cache
 from conformance.worlds.hoststart import start_server, stop_server
 
@@ -42,9 +42,9 @@ SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend", "lanes")
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The options of ``python -m conformance run``, one value (built once from the parsed
-    command line by :func:`main`, handed to :func:`conformance.cli.run.command`); the fields
-    are the flags' values (``--help`` says what each means)."""
+    """The options of ``python -m conformance run``, one value (built once from the command line
+    :func:`parse` checked, handed to :func:`conformance.cli.run.command`); the fields are the
+    flags' values (``--help`` says what each means)."""
 
     runtime: str = "cpu"
     ddp: str | None = None
@@ -82,11 +82,6 @@ class _ErrorParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def exitfirst_under_launcher(flag: str) -> str:
-    return (f"{flag}: a launcher-built world judges on rank 0 only, so its other "
-            f"processes cannot stop together; drop {flag} or use --launcher spawn")
-
-
 def version() -> str:
     try:
         return dist_version("ddp-conformance")
@@ -101,13 +96,12 @@ def build_parser():
     run = sub.add_parser("run", help="run the case table and print the verdict table")
     for add in (_add_run_selection, _add_run_execution, _add_run_output):
         add(run)
-    run.set_defaults(command="run")
     run_actions = {a.option_strings[-1] if a.option_strings[-1].startswith("--") else a.option_strings[0]: a
                    for a in run._actions if a.option_strings}
     for add in (_add_ranks, _add_replay, _add_repeat):
         add(sub, run_actions)
-    add_calibrate(sub).set_defaults(command="calibrate")
-    add_report(sub).set_defaults(command="report")
+    add_calibrate(sub)
+    add_report(sub)
     return p
 
 
@@ -115,73 +109,69 @@ def _add_run_selection(run) -> None:
     """``run``'s options of what runs: runtimes, implementations, world sizes, the model, the
     cases, the kill matrix, and what counts as a failure."""
     run.add_argument("--runtime", default="cpu", help=f"comma list: {runtimes_text()} (default cpu)")
-    run.add_argument("--ddp", default=None, help="comma list of implementations: torch, ref, "
-                     "all (every row that runs on the runtime), mutant:<name>, package.module:Class (default: the runtime's)")
-    run.add_argument("--world-size", default=None, help="comma list of world sizes >= 2 (default 2,3; "
-                     "with --launcher env the launcher's WORLD_SIZE)")
-    run.add_argument("--model", dest="user_model", default=None, metavar="MOD:FACTORY",
-                     help="run the parity, agreement and loop-program cases on your own model instead of the case table: "
-                     "package.module:factory naming a conformance.UserModel (or a zero-argument factory of "
-                     "one); the bound is measured on the model (docs/configuration.md)")
-    run.add_argument("--only", default=None, help="comma list of tags: run only cases carrying one "
-                     "(a family: parity, feature, property, invariant, scenario; a model; a feature "
-                     "such as no_sync; a case name)")
-    run.add_argument("--skip", default=None, help="comma list of tags: leave out cases carrying one")
-    run.add_argument("--mutants", action="store_true", help="also run the kill matrix: every catalog "
-                     "mutant through every selected case that must kill it")
-    run.add_argument("--expected-failures", default=None, metavar="FILE",
-                     help="verdict ids (one a line, # comments) whose failure is expected: reported "
-                     "xfail; ids that no longer fail or no longer exist are warned about; a line that is no "
-                     "entry is an error")
-    run.add_argument("--strict-findings", action="store_true",
-                     help="do not apply the kit's own findings (the defects it measured in torch, torch_xla "
-                     "and gloo on the installed versions, docs/findings.md): their verdicts fail again")
-    run.add_argument("--fail-on-backend", action="store_true",
-                     help="a failing verdict of the backend beneath the DDP (the collective family, reported "
-                     "apart) exits 1 too; it always does when --backend names the backend under test")
-    run.add_argument("--require-supported", default=None, metavar="LIST",
-                     help="comma list of keywords or methods (find_unused_parameters, join, ...) or "
-                     "'all': an unsupported verdict whose cause names one exits 1 (a DDP must "
-                     "implement them to pass)")
+    run.add_argument("--ddp", help="comma list of implementations: torch, ref, all (every row that runs on the "
+                     "runtime), mutant:<name>, package.module:Class (default: the runtime's)")
+    run.add_argument("--world-size", help="comma list of world sizes >= 2 (default 2,3; with --launcher env the "
+                     "launcher's WORLD_SIZE)")
+    run.add_argument("--model", dest="user_model", metavar="MOD:FACTORY", help="run the parity, agreement and "
+                     "loop-program cases on your own model instead of the case table: package.module:factory "
+                     "naming a conformance.UserModel (or a zero-argument factory of one); the bound is measured on "
+                     "the model (docs/configuration.md)")
+    run.add_argument("--only", help="comma list of tags: run only cases carrying one (a family: parity, feature, "
+                     "property, invariant, scenario; a model; a feature such as no_sync; a case name)")
+    run.add_argument("--skip", help="comma list of tags: leave out cases carrying one")
+    run.add_argument("--mutants", action="store_true", help="also run the kill matrix: every catalog mutant "
+                     "through every selected case that must kill it")
+    run.add_argument("--expected-failures", metavar="FILE", help="verdict ids (one a line, # comments) whose "
+                     "failure is expected: reported xfail; ids that no longer fail or no longer exist are warned "
+                     "about; a line that is no entry is an error")
+    run.add_argument("--strict-findings", action="store_true", help="do not apply the kit's own findings (the "
+                     "defects it measured in torch, torch_xla and gloo on the installed versions, "
+                     "docs/findings.md): their verdicts fail again")
+    run.add_argument("--fail-on-backend", action="store_true", help="a failing verdict of the backend beneath "
+                     "the DDP (the collective family, reported apart) exits 1 too; it always does when --backend "
+                     "names the backend under test")
+    run.add_argument("--require-supported", metavar="LIST", help="comma list of keywords or methods "
+                     "(find_unused_parameters, join, ...) or 'all': an unsupported verdict whose cause names one "
+                     "exits 1 (a DDP must implement them to pass)")
 
 
 def _add_run_execution(run) -> None:
     """``run``'s options of how it runs: the example budget, timeouts, the backend, lanes,
     progress, where it stops."""
-    run.add_argument("--profile", default=None, help="example budget of the property and scenario "
-                     f"cases: {', '.join(PROFILES)} ({default_help('profile')})")
-    run.add_argument("--replica-timeout", type=float, default=None, metavar="S",
+    run.add_argument("--profile", help="example budget of the property and scenario cases: "
+                     f"{', '.join(PROFILES)} ({default_help('profile')})")
+    run.add_argument("--replica-timeout", type=float, metavar="S",
                      help=f"seconds one task may take on a world ({default_help('replica_timeout')})")
-    run.add_argument("--backend", default=None, metavar="NAME|MOD:FUNC",
-                     help="torch.distributed backend of the CPU worlds: a registered name (default gloo) or "
-                     "module:function registering one with Backend.register_backend (env CONFORMANCE_BACKEND); "
-                     "--only collective judges its ops, the rest of the table runs DDPs over it")
-    run.add_argument("--lanes", type=int, default=None, metavar="N",
-                     help="case runs evaluated side by side, each lane with its own worlds "
-                     f"({default_help('lanes')}); 1 runs the table in order, as -x and --exitfirst-each do")
+    run.add_argument("--backend", metavar="NAME|MOD:FUNC", help="torch.distributed backend of the CPU worlds: a "
+                     "registered name (default gloo) or module:function registering one with "
+                     "Backend.register_backend (env CONFORMANCE_BACKEND); --only collective judges its ops, the "
+                     "rest of the table runs DDPs over it")
+    run.add_argument("--lanes", type=int, metavar="N", help="case runs evaluated side by side, each lane with "
+                     f"its own worlds ({default_help('lanes')}); 1 runs the table in order, as -x and "
+                     "--exitfirst-each do")
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
-    run.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first fail or vacuous "
-                     "verdict not listed in --expected-failures (exit 1; later cases are not run)")
-    run.add_argument("--exitfirst-each", action="store_true", help="stop each implementation at its "
-                     "first fail or vacuous verdict not listed in --expected-failures and go on with "
-                     "the next (a sweep over many DDPs: one world, shared reference runs; exit 1)")
+    run.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first fail or vacuous verdict "
+                     "not listed in --expected-failures (exit 1; later cases are not run)")
+    run.add_argument("--exitfirst-each", action="store_true", help="stop each implementation at its first fail "
+                     "or vacuous verdict not listed in --expected-failures and go on with the next (a sweep over "
+                     "many DDPs: one world, shared reference runs; exit 1)")
 
 
 def _add_run_output(run) -> None:
     """``run``'s options of what it writes, how it is launched, and ``--repeat``."""
-    run.add_argument("--json", default="conformance-report.json", metavar="PATH",
-                     help="JSON report path (default conformance-report.json; locked for the run: a second "
-                     "live run on the same path is refused); '-' writes the JSON to stdout and the "
-                     "human text to stderr")
-    run.add_argument("--junitxml", default=None, metavar="FILE", help="also write JUnit XML: one testcase "
-                     "per verdict (classname = case, name = check[impl-runtime-wW])")
-    run.add_argument("--launcher", choices=("spawn", "env"), default="spawn",
-                     help="spawn: start the world's processes here (default); env: this process is one "
-                     "replica of a world an env:// launcher started (torchrun ... -m conformance run "
-                     "--launcher env); rank 0 prints and writes the report")
-    run.add_argument("--repeat", type=int, default=None, metavar="N",
+    run.add_argument("--json", default="conformance-report.json", metavar="PATH", help="JSON report path "
+                     "(default conformance-report.json; locked for the run: a second live run on the same path "
+                     "is refused); '-' writes the JSON to stdout and the human text to stderr")
+    run.add_argument("--junitxml", metavar="FILE", help="also write JUnit XML: one testcase per verdict "
+                     "(classname = case, name = check[impl-runtime-wW])")
+    run.add_argument("--launcher", choices=("spawn", "env"), default="spawn", help="spawn: start the world's "
+                     "processes here (default); env: this process is one replica of a world an env:// launcher "
+                     "started (torchrun ... -m conformance run --launcher env); rank 0 prints and writes the "
+                     "report")
+    run.add_argument("--repeat", type=int, metavar="N",
                      help="the same as the repeat subcommand: python -m conformance repeat N")
-    run.add_argument("--time-budget", type=float, default=None, metavar="S",
+    run.add_argument("--time-budget", type=float, metavar="S",
                      help="with --repeat: stop after S seconds (at a repetition boundary; printed)")
 
 
@@ -189,34 +179,30 @@ def _add_shared(sp, run_actions, *flags) -> None:
     """``flags`` of ``run`` (``--backend``, ``--replica-timeout``) on the subcommand ``sp``."""
     for flag in flags:
         action = run_actions[flag]
-        sp.add_argument(flag, default=None, type=action.type, metavar=action.metavar, help=action.help)
+        sp.add_argument(flag, type=action.type, metavar=action.metavar, help=action.help)
 
 
 def _add_ranks(sub, run_actions) -> None:
-    """The ``ranks`` subcommand."""
     ranks = sub.add_parser("ranks", help="print every replica's rank bindings and check the invariants")
     ranks.add_argument("--runtime", default="cpu", help=f"{runtimes_text(' or ')} (default cpu)")
-    ranks.add_argument("--world-size", default=None, help="world size (default 2; with --launcher env "
-                       "the launcher's WORLD_SIZE)")
+    ranks.add_argument("--world-size", help="world size (default 2; with --launcher env the launcher's "
+                       "WORLD_SIZE)")
     ranks.add_argument("--launcher", choices=("spawn", "env"), default="spawn", help="as for run")
-    ranks.add_argument("--json", default=None, metavar="PATH",
+    ranks.add_argument("--json", metavar="PATH",
                        help="also write the reports to this JSON file ('-': to stdout, the table to stderr)")
-    ranks.set_defaults(command="ranks")
     _add_shared(ranks, run_actions, "--backend", "--replica-timeout")
 
 
 def _add_replay(sub, run_actions) -> None:
-    """The ``replay`` subcommand."""
     replay = sub.add_parser("replay", help="rerun one scenario JSON (e.g. the minimal failing one a "
                             "scenario case wrote) against implementations, or one collective draw "
                             "(the shrunk one collective.search wrote) on --backend")
     replay.add_argument("scenario", help="scenario JSON file")
-    replay.add_argument("--ddp", default=None, help="comma list of implementations (default: the runtime's)")
+    replay.add_argument("--ddp", help="comma list of implementations (default: the runtime's)")
     replay.add_argument("--runtime", default="cpu", help=f"{runtimes_text(' or ')} (default cpu)")
     replay.add_argument("--json", default="conformance-report.json", metavar="PATH",
                         help="JSON report path, as for run (default conformance-report.json; - : stdout); "
                         "failure details go to PATH with .failures.txt")
-    replay.set_defaults(command="replay")
     _add_shared(replay, run_actions, "--backend", "--replica-timeout")
 
 
@@ -230,7 +216,6 @@ def _add_repeat(sub, run_actions) -> None:
         action = run_actions[flag]
         repeat.add_argument(flag, default=action.default, type=action.type, metavar=action.metavar,
                             help=action.help.replace("JSON report path", "JSON report path (the sweep's)"))
-    repeat.set_defaults(command="repeat")
     _add_shared(repeat, run_actions, "--backend")
 
 
@@ -269,7 +254,7 @@ def _check_early(values: dict) -> None:
     other, that input files can be read (and an expected-failures file is text), and that output
     paths can be written, before the first world starts (a report is never lost at the end of a
     run)."""
-    for check in (_check_sizes, _check_selection, _check_flags, _check_inputs, _check_outputs):
+    for check in (_check_sizes, _check_selection, _check_inputs, _check_outputs):
         check(values)
 
 
@@ -284,14 +269,13 @@ def _check_sizes(values: dict) -> None:
 
 
 def _check_selection(values: dict) -> None:
-    """``--model``, the ``--only`` / ``--skip`` tags and the ``--ddp`` specs."""
+    """``--model``, the ``--only`` / ``--skip`` tags, the ``--ddp`` specs and the flags that exclude
+    each other or the launcher."""
     if values.get("user_model"):
-        from conformance.options import check_model_spec
         check_model_spec(values["user_model"])
         if values.get("mutants"):
             raise UsageError("--model runs its own cases (parity.user_model, parity.user_model_find_unused, "
-                             "scenario.user_loop) on "
-                             "your model, which no mutant row names; drop --mutants")
+                             "scenario.user_loop) on your model, which no mutant row names; drop --mutants")
     for opt in ("only", "skip") if not values.get("user_model") else ():  # the model's cases' tags are
         # checked when they are built
         wanted = split_list(values.get(opt))
@@ -311,15 +295,12 @@ def _check_selection(values: dict) -> None:
             # module that is not there at all
             raise UsageError(f"--ddp {spec!r}: cannot import {mod_name!r}: "
                              f"ModuleNotFoundError: No module named {top!r}")
-
-
-def _check_flags(values: dict) -> None:
-    """Flags that exclude each other or the launcher."""
-    if values.get("exitfirst") and values.get("exitfirst_each"):  # also in run.py: command() is API
+    if values.get("exitfirst") and values.get("exitfirst_each"):
         raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
-    for flag in ("exitfirst", "exitfirst_each"):
-        if values.get(flag) and values.get("launcher") == "env":
-            raise UsageError(exitfirst_under_launcher(f"--{flag.replace('_', '-')}"))
+    for key, flag in (("exitfirst", "--exitfirst"), ("exitfirst_each", "--exitfirst-each")):
+        if values.get(key) and values.get("launcher") == "env":
+            raise UsageError(f"{flag}: a launcher-built world judges on rank 0 only, so its other processes "
+                             f"cannot stop together; drop {flag} or use --launcher spawn")
 
 
 def _check_inputs(values: dict) -> None:
@@ -372,10 +353,8 @@ def main(argv=None) -> int:
             start_server(settings.host_start)  # the hosts' fork server imports torch while this process does
         with signals_raise(), report_lock(command, values):  # SIGTERM unwinds like Ctrl-C
             module = importlib.import_module(f"conformance.cli.{command}")  # imports torch
-            if command == "run":  # run's options: one value
-                code = module.command(settings, RunOptions(**values))
-            else:
-                code = module.command(settings, **values)
+            code = (module.command(settings, RunOptions(**values)) if command == "run"  # run's options: one value
+                    else module.command(settings, **values))
         if command == "run":
             from conformance.cli.lanes import end_process
             end_process(code)  # an interrupted run with lanes ends here (conformance.cli.lanes)
@@ -386,7 +365,6 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt as exc:  # a command that writes no partial report
         stop_server()
-        import signal
         sig = signal_of(exc)
-        print(f"interrupted by {signal.Signals(sig).name}", file=sys.stderr)
+        print(f"interrupted by {signal_name(sig)}", file=sys.stderr)
         return 128 + sig

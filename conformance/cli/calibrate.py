@@ -50,13 +50,12 @@ condition. Exit 2 on bad input, as ``run``.
 """
 from __future__ import annotations
 
-import json as _json
 import math
 import time
 
 from conformance.cli.parity import ParityRunner, parity_mutants
 from conformance.options import parse_calibration
-from conformance.report.text import document
+from conformance.report.text import document, write_json_doc
 from conformance.tolerances import MIN_SIDE_FACTOR, lookup
 from conformance.worlds.pool import WorldPool
 
@@ -65,11 +64,10 @@ SILENT_FACTOR = 2.0        # a mutant run within 2 x noise on every check did no
 DEFAULT_SEEDS = 5
 
 
-def _scaled(verdict, atol: float) -> tuple[float, list]:
-    """(max deviation, per-step deviations) of ``verdict`` on the scale of ``atol``."""
+def _scaled(verdict, atol: float) -> float:
+    """The max deviation of ``verdict`` on the scale of ``atol``."""
     k = atol / verdict.atol if verdict.atol and math.isfinite(verdict.atol) and verdict.atol > 0 else 1.0
-    dev = verdict.max_dev
-    return (dev * k if math.isfinite(dev) else float("inf")), [x * k for x in verdict.per_step]
+    return verdict.max_dev * k if math.isfinite(verdict.max_dev) else float("inf")
 
 
 def _checks_json(verdicts: dict) -> dict:
@@ -94,8 +92,8 @@ def calibrate(runner, runtime: str, world_size: int, model: str, impl: str, seed
 
     tol = lookup(runtime, model, dtype)
     atol = tol.atol
-    case = CASES[f"parity.{model}"] if f"parity.{model}" in CASES else None
-    problems = []
+    case = CASES.get(f"parity.{model}")
+    problems, memo = [], {} if memo is None else memo
     correct, noise, noise_at, by_check = _noise(runner, runtime, world_size, model, impl, seeds, dtype, atol,
                                                 problems, progress)
     mutants, excluded = [], []
@@ -148,7 +146,7 @@ def _noise(runner, runtime, world_size, model, impl, seeds, dtype, atol, problem
             if v.status != "pass":
                 problems.append(f"correct run {impl} seed {seed}: {name} is {v.status}"
                                 + (f" ({v.reason})" if v.reason else ""))
-            dev, _ = _scaled(v, atol)
+            dev = _scaled(v, atol)
             if math.isnan(v.max_dev):
                 continue
             by_check[name] = max(by_check.get(name, 0.0), dev)
@@ -169,14 +167,12 @@ def _mutant_signal(runner, where, name, seeds, atol, noise, problems, progress, 
     runs, weakest, weakest_at, silent = [], float("inf"), None, []
     for seed in seeds:
         key = (runtime, world_size, name, model, dtype, seed)
-        if memo is None or key not in memo:
-            vs = runner.verdicts(runtime, world_size, f"mutant:{name}", model, dtype, seed=seed)
+        if key not in memo:
+            memo[key] = runner.verdicts(runtime, world_size, f"mutant:{name}", model, dtype, seed=seed)
             runner.forget()
-            if memo is not None:
-                memo[key] = vs
-        vs = memo[key] if memo is not None else vs
+        vs = memo[key]
         killers = [n for n, v in vs.items() if v.status == "fail"]
-        devs = {n: _scaled(v, atol)[0] for n, v in vs.items()}
+        devs = {n: _scaled(v, atol) for n, v in vs.items()}
         pool = killers or list(vs)
         best = max(pool, key=lambda n: devs[n]) if pool else None
         s = devs[best] if best else 0.0
@@ -211,8 +207,8 @@ def _gate(atol: float, noise: float, signal: float, ratio: float) -> list[str]:
 
 def summary_text(cal: dict) -> str:
     """The human summary of one calibration (what ``calibrate`` prints)."""
-    def f(x, spec=".3g"):
-        return "inf" if x is None and spec == "x" else ("-" if x is None else format(x, spec))
+    def f(x):
+        return "-" if x is None else format(x, ".3g")
     lines = [f"calibration: runtime {cal['runtime']}, W={cal['world_size']}, model {cal['model']}, "
              f"impl {cal['impl']}, dtype {cal['dtype']}, seeds {cal['seeds'][0]}..{cal['seeds'][-1]} "
              f"({len(cal['seeds'])})",
@@ -266,8 +262,7 @@ def command(settings, *, runtime: str, model: str, ddp: str, seeds: int, world_s
                              "signal_over_noise": MIN_SIGNAL_TO_NOISE},
                    calibrations=cals)
     if json:
-        with open(json, "w") as f:
-            _json.dump(doc, f, indent=1)
+        write_json_doc(json, doc)
         print(f"calibration JSON: {json}")
     bad = [c for c in cals if not c["ok"]]
     print(f"{len(cals) - len(bad)}/{len(cals)} calibrated" + (
@@ -276,7 +271,6 @@ def command(settings, *, runtime: str, model: str, ddp: str, seeds: int, world_s
 
 
 def add_parser(sub):
-    """Register the ``calibrate`` subcommand on ``sub`` (argparse subparsers)."""
     p = sub.add_parser("calibrate", help="measure noise (correct runs over seeds) and signal (mutants) "
                        "against the tolerance table's atol")
     p.add_argument("--runtime", default="cpu", help="runtime (comma list allowed; default cpu)")

@@ -1,19 +1,12 @@
-"""Lanes: the case runs of ``python -m conformance run`` evaluated side by side.
+"""Lanes: the case runs of ``python -m conformance run`` evaluated side by side (why and what it
+measured: docs/robustness.md, "Two lanes").
 
-A case run alternates between the kit's process (Hypothesis draws, the single-device
-reference, the judgement) and its world's hosts (the replicas' training); while one waits the
-other idles (the figures: docs/robustness.md, "Two lanes"). Each lane is a thread with its own
-:class:`~conformance.evaluate.Session` and world pool, so one lane's replicas train while another
-lane's reference runs; the worlds are separate processes, the kit's own work is mostly torch
-kernels and waits, which release the GIL. Lanes share the hosts' fork server and the sessions'
-caches of finished runs.
-
-Each lane keeps to one target world (runtime x world size) while it has case runs left, and
-then helps the lane with the most left: a PJRT world compiles each graph it runs, per process,
-and the worlds of two sizes share no graph, so two lanes on one size would compile the same
-graphs twice (more core-seconds, no faster: docs/robustness.md). A run's verdicts are kept in
-table order whatever lane finished them first, so the report is the one a single lane writes.
-``-x`` and ``--exitfirst-each`` use one lane: "the first failure" is the table's first.
+Each lane is a thread with its own :class:`~conformance.evaluate.Session` and world pool, so one
+lane's replicas train while another lane's reference runs; lanes share the hosts' fork server
+and the sessions' caches of finished runs. A lane keeps to one target world (runtime x world
+size) while it has case runs left, then helps the lane with the most left (two lanes on one PJRT
+size would compile the same graphs twice). A run's verdicts are kept in table order whatever
+lane finished them first; ``-x`` and ``--exitfirst-each`` use one lane.
 """
 from __future__ import annotations
 

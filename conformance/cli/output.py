@@ -28,16 +28,16 @@ class Interrupted(KeyboardInterrupt):
     """
 
     def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(signal_name(signum))
         self.signum = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
 
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
 
 
 def signal_of(exc: KeyboardInterrupt) -> int:
@@ -49,37 +49,32 @@ def _raise(signum, frame):
 
 
 @contextlib.contextmanager
+def _handled(handler, keep_ignored: bool):
+    """SIGINT and SIGTERM go to ``handler`` in the main thread while inside (``keep_ignored``:
+    not a signal this process was started with ignored)."""
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if not (keep_ignored and signal.getsignal(sig) is signal.SIG_IGN):
+                old[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
 def signals_raise():
-    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while inside.
-
-    A signal this process was started with ignored (``nohup``, a background job of a
-    non-interactive shell) stays ignored.
-    """
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                old[sig] = signal.signal(sig, _raise)
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while inside (a context
+    manager). A signal this process was started with ignored (``nohup``, a background job of a
+    non-interactive shell) stays ignored."""
+    return _handled(_raise, keep_ignored=True)
 
 
-@contextlib.contextmanager
 def signals_held():
-    """SIGINT and SIGTERM are ignored while inside (writing the partial report and closing
-    the worlds after a first signal takes seconds; a second one must not lose it)."""
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    """SIGINT and SIGTERM are ignored while inside (a context manager: writing the partial report
+    and closing the worlds after a first signal takes seconds; a second one must not lose it)."""
+    return _handled(signal.SIG_IGN, keep_ignored=False)
 
 
 # --- the report lock --------------------------------------------------------------
@@ -96,8 +91,8 @@ class ReportLock:
     a stale file that the next run takes over.
     """
 
-    def __init__(self, json_path: str, option: str = "--json"):
-        self.json_path, self.option = json_path, option
+    def __init__(self, json_path: str):
+        self.json_path = json_path
         self.path = lock_path(json_path)
         self._fd = None
 
@@ -110,18 +105,18 @@ class ReportLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             except OSError as exc:
-                raise UsageError(f"{self.option} {self.json_path}: cannot create the lock file "
+                raise UsageError(f"--json {self.json_path}: cannot create the lock file "
                                  f"{self.path} ({exc.strerror})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 os.close(fd)
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise UsageError(f"{self.option} {self.json_path}: cannot lock {self.path} "
+                    raise UsageError(f"--json {self.json_path}: cannot lock {self.path} "
                                      f"({exc.strerror})") from None
-                raise UsageError(f"{self.option} {self.json_path}: another run ({self._holder()}) is "
+                raise UsageError(f"--json {self.json_path}: another run ({self._holder()}) is "
                                  f"writing this report (lock {self.path}); wait for it or pass another "
-                                 f"{self.option} PATH") from None
+                                 "--json PATH") from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -133,7 +128,7 @@ class ReportLock:
             os.write(fd, f"{os.getpid()}\n".encode())
             self._fd = fd
             return self
-        raise UsageError(f"{self.option} {self.json_path}: cannot take the lock {self.path} (it keeps "
+        raise UsageError(f"--json {self.json_path}: cannot take the lock {self.path} (it keeps "
                          "changing)")
 
     def _holder(self) -> str:

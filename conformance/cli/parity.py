@@ -1,9 +1,6 @@
-"""Parity cases as a function of seeds and overrides: what ``calibrate`` and
-``repeat`` sweep (both run the parity case table through
-:func:`conformance.evaluate.evaluate`, with overrides such as ``seed``). A helper of
-those faces, so it sits with them: it imports the table and ``evaluate``, which no
-kind may (their imports are deferred: ``calibrate`` and ``repeat`` parse their
-options before torch loads)."""
+"""Parity cases as a function of seeds and overrides, what ``calibrate`` and ``repeat`` sweep
+through :func:`conformance.evaluate.evaluate`. It sits with those faces: it imports the table and
+``evaluate``, which no kind may (deferred: the faces parse their options before torch loads)."""
 from __future__ import annotations
 
 

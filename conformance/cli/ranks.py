@@ -1,18 +1,15 @@
-"""Rank bindings of a live world, checked: ``python -m conformance ranks`` and the ``invariant.ranks`` case.
-
-Every replica reports its bindings (:func:`conformance.cases.invariant.kind.rank_report`:
-``ddp_impl.runtime.ranks``'s snapshot and module functions, torch.distributed's rank,
-and ``host`` = torchrun's ``GROUP_RANK``, the machine) and the world must satisfy
-:func:`conformance.cases.invariant.kind.rank_invariant_violations` - global ordinals
-0..W-1, process indices 0..P-1, local ordinals 0..n-1 on every host - plus
-the consistency checks of ``check_reports``. Under ``torchrun --nnodes=2 --nproc-per-node=2``
+"""``python -m conformance ranks``: every replica of a live world reports its rank bindings
+(:func:`conformance.cases.invariant.kind.rank_report`, as the ``invariant.ranks`` case does) and
+the world must pass :func:`~conformance.cases.invariant.kind.check_reports` (the invariants of
+``rank_invariant_violations`` - global ordinals 0..W-1, process indices 0..P-1, local ordinals
+0..n-1 on every host - and consistency checks). Under ``torchrun --nnodes=2 --nproc-per-node=2``
 that is 4 replicas, process indices 0..3, local ordinals 0..1 on each of two hosts.
 """
 from __future__ import annotations
 
 from conformance.cases.invariant.kind import check_reports, rank_report
 from conformance.cli.output import stdout_for_json
-from conformance.report.text import document, write_json_doc
+from conformance.report.text import document, text_table, write_json_doc
 from conformance.options import parse_ranks_world
 from conformance.worlds.launched import ExternalPool, root_decides
 from conformance.worlds.runtimes import WorldKey
@@ -33,14 +30,11 @@ def rank_check(world) -> dict | None:
 
 
 def rank_table(check: dict) -> str:
-    """One line per replica: its bindings and host."""
+    """One line per replica: its host, bindings and pid."""
     keys = ("global_ordinal", "process_index", "process_count", "local_ordinal",
             "local_device_count", "world_size")
-    head = ("host",) + keys + ("pid",)
-    rows = [head] + [(str(r["host"]),) + tuple(str(r["bindings"][k]) for k in keys) + (str(r["pid"]),)
-                     for r in check["reports"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return text_table([{"host": str(r["host"]), **{k: str(r["bindings"][k]) for k in keys}, "pid": str(r["pid"])}
+                       for r in check["reports"]])
 
 
 def summary(check: dict) -> str:

@@ -1,40 +1,29 @@
-"""``python -m conformance run --repeat N``: flakiness sweep of the correct implementations.
+"""``python -m conformance run --repeat N``: flakiness sweep of the correct implementations
+(docs/calibration.md).
 
-Reruns every (runtime, world size, implementation, model) of the run N times,
-repetition k with the tolerance table's seed + k (a :class:`RunSpec` ``seed``
-override; k = 0 is the plain run), on the same persistent worlds, and reports
-every verdict that is not ``pass`` / ``unsupported`` / ``skip`` with its seed.
-Per cell it keeps the worst deviation and the smallest margin (atol / max dev)
-seen. ``--time-budget S`` stops at the first repetition boundary after S seconds
-and says how many repetitions completed. It also reports each replica host's
-resident set (VmRSS, MiB) when its world has started (before the first run),
-after the first repetition and at the end, so growth across the sweep (a leak
-in the kit or the DDP) shows. Exit 1 when any verdict failed or was
-vacuous, else 0 (also when the budget cut the sweep short: that is printed).
+Reruns every (runtime, world size, implementation, model) of the run N times, repetition k with
+the tolerance table's seed + k (k = 0 is the plain run), on the same persistent worlds; reports
+every verdict that is not ``pass`` / ``unsupported`` / ``skip`` with its seed, per cell the worst
+deviation and the smallest margin, and each replica host's resident set (VmRSS, MiB) when its
+world started, after the first repetition and at the end (growth is a leak in the kit or the
+DDP). Exit 1 when any verdict failed or was vacuous, else 0 (also when ``--time-budget`` cut the
+sweep short: that is printed).
 """
 from __future__ import annotations
 
 import contextlib
 import math
-import signal
 import sys
 import time
 
 from conformance.cli.parity import ParityRunner
-from conformance.cli.output import signal_of, signals_held, stdout_for_json
+from conformance.cli.output import signal_name, signal_of, signals_held, stdout_for_json
 from conformance.errors import UsageError, split_list
 from conformance.options import parse_matrix
 from conformance.report.text import document, write_json_doc
 from conformance.tolerances import lookup
 from conformance.worlds.procmem import host_rss
 from conformance.worlds.pool import Pool, WorldPool
-
-
-def _parity_cases(only, skip):
-    """The parity cases ``--only`` / ``--skip`` select (``--repeat`` sweeps seeds of
-    the standard training run)."""
-    from conformance.cases.table import select
-    return [c for c in select(split_list(only), split_list(skip)) if c.family == "parity"]
 
 
 class _MeteredPool(Pool):
@@ -100,7 +89,8 @@ def command(settings, *, times: int, runtime: str, ddp: str | None, world_size: 
     if n < 1:
         raise UsageError(f"--repeat: need N >= 1, got {n}")
     targets = parse_matrix(runtime, world_size, ddp)
-    models = [c.model for c in _parity_cases(only, skip)]
+    from conformance.cases.table import select
+    models = [c.model for c in select(split_list(only), split_list(skip)) if c.family == "parity"]
     for _, _, impls in targets:
         for impl in impls:
             if impl.startswith("mutant:"):
@@ -145,7 +135,7 @@ def _ended(budget: float | None, interrupted: int | None) -> str:
     """What cut the sweep short, for its summary line: the ``--time-budget`` that stopped it or
     the signal that interrupted it (``""``: neither)."""
     return ((f" - stopped by --time-budget {budget:g} s" if budget is not None else "")
-            + (f" - interrupted by {signal.Signals(interrupted).name}" if interrupted else ""))
+            + (f" - interrupted by {signal_name(interrupted)}" if interrupted else ""))
 
 
 def _sweep(settings, n, targets, models, time_budget, json, json_out) -> int:
@@ -204,7 +194,7 @@ def _sweep(settings, n, targets, models, time_budget, json, json_out) -> int:
     print(f"JSON report: {'stdout' if json_out else json}")
     stack.close()
     if interrupted:
-        print(f"interrupted by {signal.Signals(interrupted).name} after {done} of {n} repetitions: partial "
+        print(f"interrupted by {signal_name(interrupted)} after {done} of {n} repetitions: partial "
               f"report {'on stdout' if json_out else json} (\"interrupted\": true)", file=sys.stderr)
         return 128 + interrupted
     return 1 if failures else 0

@@ -7,7 +7,7 @@ import os
 
 from conformance.errors import UsageError
 from conformance.report.kills import KillRow
-from conformance.report.runs import load_document, merge_runs
+from conformance.report.runs import load_documents, merge_runs
 from conformance.report.writers import (DEFAULT_REPORT_FORMAT, WRITERS, RunOutput, report_formats,
                                         report_formats_help, write_all)
 from conformance.verdict import Verdict
@@ -15,29 +15,21 @@ from conformance.verdict import Verdict
 
 def command(settings, *, json: list[str], calibration: list[str], out: str, format: str = "html") -> int:
     """Write the report of run (and calibration) JSON files into the folder ``out`` with the
-    writer ``format`` of :data:`conformance.report.writers.WRITERS` (the same writers as
-    ``run``): HTML (default; needs matplotlib), ``json`` (the runs merged into one run report),
-    ``failures`` (the failures text), ``junit`` (JUnit XML), or any other registered
-    report-time writer; each names the file it writes in ``out``.
+    report-time writer ``format`` of :data:`conformance.report.writers.WRITERS` (module
+    docstring); each names the file it writes in ``out``.
 
     Raises:
         UsageError: a file that is no run / calibration JSON, calibration JSON for a format that
             shows none, or what the writer lacks (matplotlib for HTML).
     """
     writer = WRITERS[format]
-    runs = [load_document(p) for p in json]
-    for p, d in zip(json, runs):
-        if "verdicts" not in d:
-            raise UsageError(f"{p}: no 'verdicts' key: not a run JSON "
-                             "(python -m conformance run --json, or pytest --conformance-json)")
+    runs = load_documents(json, "verdicts", "run JSON (python -m conformance run --json, or pytest "
+                          "--conformance-json)")
     if calibration and not writer.calibration:
         raise UsageError("--calibration goes into the HTML report; drop it or use --format html")
     writer.check()
-    cals = [load_document(p) for p in calibration or []]
-    for p, d in zip(calibration or [], cals):
-        if "calibrations" not in d:
-            raise UsageError(f"{p}: no 'calibrations' key: not a calibration JSON "
-                             "(python -m conformance calibrate --json)")
+    cals = load_documents(calibration or [], "calibrations", "calibration JSON (python -m conformance "
+                          "calibrate --json)")
     merged = merge_runs(runs)
     result = RunOutput([Verdict.from_json(v) for v in merged["verdicts"]],
                        [KillRow.from_json(k) for k in merged["kill_matrix"]], {"sources": list(json)},
@@ -50,7 +42,6 @@ def command(settings, *, json: list[str], calibration: list[str], out: str, form
 
 
 def add_parser(sub):
-    """Register the ``report`` subcommand on ``sub`` (argparse subparsers)."""
     p = sub.add_parser("report", help="write a self-contained HTML report (tables + sensitivity plot)")
     p.add_argument("--json", action="append", required=True, metavar="RUN.json",
                    help="run JSON (python -m conformance run --mutants --json, or pytest "

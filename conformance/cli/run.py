@@ -3,22 +3,21 @@ implementation), the kill matrix with ``--mutants``; the verdict table, the JSON
 report and the failures file."""
 from __future__ import annotations
 
-import signal
 import sys
 import time
 
 from conformance.cases.scenario.dimensions import OPTIMIZER_REVEALS
 from conformance.cases.row import select_rows
 from conformance.cases.table import select
-from conformance.errors import UsageError, split_list
+from conformance.errors import split_list
 from conformance.evaluate import Session, evaluate, kill_rows
 from conformance.impls.builtin import inherits_from
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.options import case_runs_at, parse_matrix, parse_model
 from conformance.outcome import repro_command
-from conformance.cli import RunOptions, exitfirst_under_launcher
+from conformance.cli import RunOptions
 from conformance.cli.lanes import Lanes, Unit, skip_finalization
-from conformance.cli.output import progress_bar, signal_of, signals_held, stdout_for_json
+from conformance.cli.output import progress_bar, signal_name, signal_of, signals_held, stdout_for_json
 from conformance.report.coverage import coverage, unmet_requirements
 from conformance.report.expected import (expected_failure_warnings, mark_expected_failures, note_inherited,
                                          read_expected_failures)
@@ -37,34 +36,23 @@ PROGRESS_SECONDS = 5.0
 
 
 def command(settings: Settings, options: RunOptions) -> int:
-    """Run the selected cases; return the exit code (0 all good, 1 a fail/vacuous verdict or a
-    surviving mutant, 130 / 143 interrupted by SIGINT / SIGTERM: the finished verdicts are
-    written as a partial report marked ``"interrupted": true``). ``options``: the run's flags
-    (:class:`conformance.cli.RunOptions`); ``require_supported``: a comma list of keywords /
-    method names (or ``all``) whose ``unsupported`` verdicts exit 1 too; ``user_model``:
-    ``package.module:factory`` of a :class:`conformance.UserModel`: run the cases on that model
-    (:mod:`conformance.cases.train.usercases`) instead of the table.
+    """Run the selected cases; return the exit code (:mod:`conformance.cli`; interrupted by
+    SIGINT / SIGTERM, the finished verdicts are written as a partial report marked
+    ``"interrupted": true``). ``options``: the run's flags (:class:`conformance.cli.RunOptions`;
+    ``user_model`` runs :mod:`conformance.cases.train.usercases` instead of the table).
 
     Raises:
         UsageError: bad input (the CLI prints one ``error:`` line, exit 2).
     """
-    with stdout_for_json(options.json) as json_out:
-        return _run(settings, options, json_out)
-
-
-def _run(settings: Settings, options: RunOptions, json_out) -> int:
-    """The run in its steps: select the cases and worlds, evaluate them (:meth:`_Run.evaluate_all`),
-    report (:meth:`_Run.report`); ``json_out``: the stream of ``--json -``, else ``None``."""
-    cases, targets = _select(options)
-    return _Run(settings, options, json_out, cases, targets).go()
+    with stdout_for_json(options.json) as json_out:  # json_out: the stream of --json -, else None
+        cases, targets = _select(options)
+        return _Run(settings, options, json_out, cases, targets).go()
 
 
 def _select(o: RunOptions) -> tuple[list, list]:
     """The cases to run (the table's, or ``--model``'s own, checked on one device before any
     world starts) and the ``(runtime, W, impls)`` targets."""
     if o.user_model:
-        if o.mutants:
-            raise UsageError("--model runs its own cases on your model, which no mutant row names; drop --mutants")
         sizes = sorted({w for _, w, _ in parse_matrix(o.runtime, o.world_size, o.ddp, o.launcher)})
         cases, notes = parse_model(o.user_model, sizes)
         cases = select_rows(cases, split_list(o.only), split_list(o.skip))
@@ -72,18 +60,14 @@ def _select(o: RunOptions) -> tuple[list, list]:
             print(f"note: {note}", file=sys.stderr)
     else:
         cases = select(split_list(o.only), split_list(o.skip))
-    for flag, on in (("--exitfirst", o.exitfirst), ("--exitfirst-each", o.exitfirst_each)):
-        if on and o.env_launch:
-            raise UsageError(exitfirst_under_launcher(flag))
-    if o.exitfirst and o.exitfirst_each:
-        raise UsageError("--exitfirst stops the run, --exitfirst-each each implementation: pick one")
     return cases, parse_matrix(o.runtime, o.world_size, o.ddp, o.launcher, cases=cases)
 
 
 class _Run:
     """One run: its world pool and session, what it has found so far (verdicts, kill rows,
     seconds per case run, where ``--exitfirst``/``--exitfirst-each`` stopped it, the signal
-    that interrupted it) and its steps: :meth:`evaluate_all`, :meth:`report`."""
+    that interrupted it) and its steps: :meth:`evaluate_in_lanes` or :meth:`evaluate_in_order`,
+    :meth:`report`."""
 
     def __init__(self, settings: Settings, options: RunOptions, json_out, cases: list, targets: list):
         self.settings, self.o, self.json_out, self.cases, self.targets = settings, options, json_out, cases, targets
@@ -128,8 +112,11 @@ class _Run:
     def go(self) -> int:
         """Evaluate, then report (a partial report when a signal interrupted the run); the exit code."""
         try:
-            try:
-                self.evaluate_all()
+            try:  # every case of every target world and implementation, then the kill matrix
+                if self.lane_count() > 1:
+                    self.evaluate_in_lanes()
+                else:
+                    self.evaluate_in_order()
             except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (conformance.cli.output.Interrupted)
                 self.interrupted = signal_of(exc)
             if self.bar:
@@ -140,7 +127,7 @@ class _Run:
                         self.report()
                     for session in self.sessions:
                         session.close()
-                print(f"interrupted by {_signame(self.interrupted)} after {self.done} of {self.total} case runs: "
+                print(f"interrupted by {signal_name(self.interrupted)} after {self.done} of {self.total} case runs: "
                       f"partial report {'on stdout' if self.json_out else self.o.json} (\"interrupted\": true)",
                       file=sys.stderr)
                 if self.lanes:
@@ -163,14 +150,6 @@ class _Run:
             return 1
         runs = sum(len(self.runs_at(rt, w, impls)) for rt, w, impls in self.targets)
         return max(1, min(self.settings.lanes, runs))
-
-    def evaluate_all(self) -> None:
-        """Every case of every target world and implementation, then the kill matrix
-        (``--mutants``): in lanes side by side (:mod:`conformance.cli.lanes`), or in one."""
-        if self.lane_count() > 1:
-            self.evaluate_in_lanes()
-        else:
-            self.evaluate_in_order()
 
     def evaluate_in_lanes(self) -> None:
         """The case runs on :meth:`lane_count` lanes, each with its own worlds; the verdicts
@@ -271,7 +250,7 @@ class _Run:
                            "counts": counts([v for v in self.verdicts if v.subject == "backend"])},
                "findings": self.findings.to_json()}
         if self.interrupted:
-            out["interrupted_by"] = _signame(self.interrupted)
+            out["interrupted_by"] = signal_name(self.interrupted)
         if self.stopped:
             out["stopped_at"] = self.stopped.id
         if self.stopped_each:
@@ -297,9 +276,6 @@ class _Run:
 
     # --- report ---------------------------------------------------------------------------
 
-    def repro(self, v) -> str:
-        return repro_command(v, self.settings)
-
     def report(self) -> int:
         """Write every report, the terminal text last (:mod:`conformance.report.writers`,
         :mod:`conformance.report.terminal`); the exit code."""
@@ -307,7 +283,8 @@ class _Run:
                     if not (self.interrupted and w_.endswith("matches no verdict of this run"))]
         warnings += self.world_restarts()
         out = RunOutput(self.verdicts, self.kills, self.extra(complete=not self.interrupted), self.seconds,
-                        _signame(self.interrupted) if self.interrupted else None, self.repro,
+                        signal_name(self.interrupted) if self.interrupted else None,
+                        lambda v: repro_command(v, self.settings),
                         notes=self.model_bounds(), warnings=warnings)
         write_all(out, run_targets(self.o.json, self.json_out, self.o))  # the terminal prints their lines
         unmet = unmet_requirements(self.verdicts, self.o.required)
@@ -318,7 +295,3 @@ class _Run:
         measured = self.session.measured_tolerances  # --model: each bound, said once
         return [f"{self.o.user_model} on {rt_} W={w_}: {note}"
                 for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items())]
-
-
-def _signame(signum: int) -> str:
-    return signal.Signals(signum).name

@@ -22,6 +22,7 @@ import inspect
 from dataclasses import fields, replace
 
 from conformance.cases.row import resolve
+from conformance.errors import split_list
 from conformance.impls.row import (DDP_KEYWORDS, DDP_METHOD_NAMES, INTERNAL_FIELDS, STRATEGY_KINDS, ImplSpecError,
                                    Strategy, refuse_keywords, torch_sync_bn, wrap_torch_ddp)
 from conformance.worlds.runtimes import RUNTIMES, topologies
@@ -133,12 +134,6 @@ def _xla_recipe_after_backward(model, optimizer, ctx):
         raise RuntimeError(f"torch_xla.runtime.world_size() is {xr.world_size()}, the world has "
                            f"{ctx.world_size} replicas: xm.reduce_gradients would not average")
     xm.reduce_gradients(optimizer)  # all_reduce(SUM, grads, scale=1/W, pin_layout=True)
-
-
-def _user_wrapper(cls):
-    def wrap(module, ctx, kwargs):
-        return cls(module, **kwargs)
-    return wrap
 
 
 def torch_row() -> Strategy:
@@ -308,7 +303,7 @@ def _user_row(spec: str, attr: str, obj) -> Strategy:
     if not callable(obj):
         raise ImplSpecError(f"{where}: {attr!r} is a {type(obj).__name__}, neither a DDP-like class "
                             "nor a conformance.Strategy (or a zero-argument factory of one)")
-    return Strategy(spec, f"user implementation {spec}", _user_wrapper(obj))
+    return Strategy(spec, f"user implementation {spec}", lambda module, ctx, kwargs: obj(module, **kwargs))
 
 
 def resolve_impl(spec: str) -> Strategy:
@@ -357,7 +352,7 @@ def inherits_from(spec: str) -> str | None:
 def parse_impls(specs: str, runtime: str | None = None) -> list[Strategy]:
     """Resolve a comma-separated list of specs (see :func:`resolve_impl`). ``all`` names
     every row of the table that runs on ``runtime`` (every row when ``runtime`` is None)."""
-    names = [s for s in (p.strip() for p in specs.split(",")) if s]
+    names = split_list(specs)
     if "all" in names:
         rows = [n for n, row in impls().items() if runtime is None or runtime not in row.unsupported]
         names = [n for n in names if n != "all"] + [n for n in rows if n not in names]

@@ -2,12 +2,8 @@
 the two torch helpers rows share. A leaf module: ``impls.builtin``, ``impls.torch_paths``,
 ``impls.xla_paths`` and ``impls.mutants`` import it, it imports none of them (nor torch at import
 time); of the cases it reads only the kinds' registry (``conformance.cases.kinds``, a leaf).
-
-``--ddp package.module:obj`` names either a DDP-like class (built as ``Class(module,
-**ddp_kwargs)``, torch's ``DistributedDataParallel`` signature) or a :class:`Strategy` (an
-instance, or a zero-argument factory returning one). Every row of the kit - ``torch``, ``ref``,
-``xla_recipe``, ``xla_spmd``, ``xla_fsdpv2``, ``zero``, ``fsdp2``, ... - is a :class:`Strategy`
-using only its public fields; docs/strategies.md shows user strategies end to end.
+Every row of the kit is a :class:`Strategy` using only its public fields; docs/strategies.md
+shows user strategies end to end.
 """
 from __future__ import annotations
 
@@ -202,12 +198,10 @@ def refuse_keywords(row: str, kwargs: dict, accepted) -> None:
 
 
 def wrap_torch_ddp(module, ctx, kwargs):
-    """``torch.nn.parallel.DistributedDataParallel(module, **kwargs)``."""
     import torch.nn.parallel
     return torch.nn.parallel.DistributedDataParallel(module, **kwargs)
 
 
 def torch_sync_bn(module, ctx):
-    """``torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)``."""
     import torch
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)

@@ -168,7 +168,7 @@ def _world_mesh(ctx):
 
 def _fsdp2_wrap(reshard, mesh_of=_world_mesh, after_shard=None):
     """``mesh_of(ctx)`` gives the mesh; ``after_shard(module)`` runs once every
-    group is sharded (both only for mutants: conformance/impls/mutants/catalog.py)."""
+    group is sharded (both only for mutants: conformance/impls/mutants/torchmutants.py)."""
     def wrap(module, ctx, kwargs):
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -135,10 +135,9 @@ FSDPV2_CHANGES = {"module_hooks": "SpmdFullyShardedDataParallel registers a back
 
 def _spmd_row(name, description, wrap, guard=_require_sharded, not_transparent=None):
     return Strategy(name, description, wrap, after_backward=guard, unsupported=NOT_ON,
-                not_transparent=dict(not_transparent or {}),
-                sync_batchnorm=torch_sync_bn,
-                ignores=SPMD_IGNORES, holds_copies=False, no_copies_reason=NO_COPIES,
-                topology={"pjrt": "spmd"}, unsupported_kinds=UNSUPPORTED_KINDS)
+                    not_transparent=dict(not_transparent or {}), sync_batchnorm=torch_sync_bn, ignores=SPMD_IGNORES,
+                    holds_copies=False, no_copies_reason=NO_COPIES, topology={"pjrt": "spmd"},
+                    unsupported_kinds=UNSUPPORTED_KINDS)
 
 
 # Why FSDPv1 cannot run in the PJRT thread topology; tests/test_pjrt_runtime.py

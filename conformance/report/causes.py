@@ -1,16 +1,9 @@
 """Failures that share one cause: a DDP broken everywhere, named once, first.
 
-A DDP that raises in its constructor or at its first step fails every case; each
-verdict stays honest (every case is still run and reported), but the end-of-run
-summary should say that the failures are one fault. :func:`shared_cause` groups
-the failing case runs by the culprit replicas' *cause*: exception type, the
-first line of its message and the innermost frame of its traceback (the place
-that raised), from ``Verdict.replicas``
-(:attr:`conformance.worlds.spawned.ReplicaError.diagnosis`). A replica that
-died or hung has no exception: its cause is its status and exit signal or code
-plus its innermost stack frame.
-
-Pure: reads the verdicts only; no torch import.
+A DDP that raises in its constructor or at its first step fails every case; each verdict stays
+honest (every case is still run and reported), but the summary should say that the failures are
+one fault (:func:`shared_cause`, from ``Verdict.replicas``:
+:attr:`conformance.worlds.spawned.ReplicaError.diagnosis`). Pure: no torch import.
 """
 from __future__ import annotations
 
@@ -62,7 +55,8 @@ def _frame(text) -> str:
 
 def replica_cause(d: dict) -> tuple[str, str, str] | None:
     """The cause of one culprit replica's diagnosis ``d`` (keys of
-    :data:`conformance.worlds.diagnosis.DIAGNOSIS_KEYS`), or ``None`` when nothing is known."""
+    :data:`conformance.worlds.diagnosis.DIAGNOSIS_KEYS`; of one that died or hung: its status, exit
+    signal or code and innermost stack frame), or ``None`` when nothing is known."""
     if d.get("exception_type"):
         return d["exception_type"], _first_line(d.get("exception_message")), _frame(d.get("traceback"))
     status = d.get("status")
@@ -84,14 +78,14 @@ def run_cause(replicas: list[dict]) -> tuple[str, str, str] | None:
     return None
 
 
-def shared_cause(verdicts, most: float = MOST, min_runs: int = MIN_RUNS) -> SharedCause | None:
+def shared_cause(verdicts) -> SharedCause | None:
     """The cause shared by all or most failing case runs of ``verdicts``, else ``None``.
 
     A case run is one (case, implementation, runtime, world size); its checks share
     one replica failure, so they count once. Runs that failed on a comparison (no
     replica failure) count among the failing runs but have no cause. Returned when
-    the most common cause covers at least ``min_runs`` runs and more than ``most``
-    of the failing runs (all of them counts too).
+    the most common cause covers at least :data:`MIN_RUNS` runs and more than
+    :data:`MOST` of the failing runs (all of them counts too).
     """
     causes: dict[tuple, tuple | None] = {}
     for v in verdicts:
@@ -105,6 +99,6 @@ def shared_cause(verdicts, most: float = MOST, min_runs: int = MIN_RUNS) -> Shar
     if not known:
         return None
     cause, n = known.most_common(1)[0]
-    if n < min_runs or not (n == len(causes) or n > most * len(causes)):
+    if n < MIN_RUNS or not (n == len(causes) or n > MOST * len(causes)):
         return None
     return SharedCause(cause, n, len(causes))

@@ -1,18 +1,10 @@
-"""Expected-failures files: which ``fail`` and ``vacuous`` verdicts a run reports as ``xfail``.
+"""Expected-failures files: which ``fail`` and ``vacuous`` verdicts a run reports as ``xfail``
+(the format and the warnings: docs/configuration.md, "Expected-failures files").
 
-One entry a line, ``#`` starts a comment, blank lines are ignored. An entry names
-
-* a case: ``parity.linear`` (every verdict of the case),
-* a check of a case: ``parity.linear:param_parity`` (every implementation, runtime, W),
-* one verdict id: ``parity.linear:param_parity[mypkg.ddp:MyDDP-cpu-w2]``,
-* or any of these with wildcards: ``*`` (any text, ``:`` and brackets included) and
-  ``?`` (one character), e.g. ``parity.*:agreement[mypkg*-cpu-w*]``. Brackets are
-  literal: they are the id's own (``fnmatch``'s ``[seq]`` classes would clash with them).
-
-A listed ``fail`` or ``vacuous`` verdict becomes ``xfail`` (its reason says which it was).
-Warnings: an entry that matches no verdict of the run, and an entry whose verdicts all
-ran without failing ("no longer fails"). A line that is no entry at all (:func:`malformed`)
-makes :func:`read_expected_failures` refuse the file.
+One entry a line, ``#`` starts a comment: a case, ``case:check``, one verdict id, or any of these
+with the wildcards ``*`` (any text, ``:`` and brackets included) and ``?`` (one character);
+brackets are literal (the id's own: ``fnmatch``'s ``[seq]`` classes would clash with them). A line
+that is no entry at all (:func:`malformed`) makes :func:`read_expected_failures` refuse the file.
 """
 from __future__ import annotations
 

@@ -1,35 +1,14 @@
-"""``python -m conformance report``: a self-contained HTML report of a run.
+"""``python -m conformance report``'s HTML: ``report.html``, one file with no external resources
+and no script (what it holds, top to bottom: :func:`write_report`), and beside it the figures of
+:mod:`conformance.report.plots`, embedded in the page as ``data:image/png;base64`` URIs:
+``sensitivity.png`` (per-step deviations: :func:`conformance.report.runs.sensitivity_series`)
+and, with ``--calibration``, ``calibration.png``.
 
-Input: one or more run JSON files (what ``python -m conformance run [--mutants]
---json`` or ``pytest --conformance-json`` write: ``verdicts`` and
-``kill_matrix``, every verdict with its ``per_step`` deviations), and optionally
-calibration JSON files (``python -m conformance calibrate --json``).
-
-Output in ``--out DIR``:
-
-* ``report.html`` - one file, no external resources, no script: the overall
-  result; one row per implementation under test (every ``impl`` of ``verdicts``,
-  a ``mutant:`` named with ``--ddp`` included) with its own counts and a label
-  derived from its verdicts (``correct`` only without a fail or vacuous verdict);
-  the failures (every fail / vacuous verdict, every surviving mutant); one folded
-  ``<details>`` per implementation (case x check rows, failing rows first,
-  runtime-wW columns, statuses colour-coded, margins decoded: :func:`margin_text`);
-  the mutant kill matrix (folded), the calibration table, and the plots embedded
-  as ``data:image/png;base64`` URIs;
-* ``sensitivity.png`` (drawn by :mod:`conformance.report.plots`) - per-step deviation from the single-device reference on a
-  log axis, small multiples (one panel per model and runtime-wW, wrapped at 1400 px):
-  the correct implementations' ``param_parity`` deviation (an implementation under
-  test that failed is drawn like a mutant, labelled with its failures), and for every mutant
-  its ``param_parity`` deviation when that check kills it, else the failing check
-  with the largest deviation (named on the panel), with the verdicts' bound (``atol``:
-  atol + rtol * |ref| at the worst element);
-* ``calibration.png`` (with ``--calibration``) - one panel per calibration: the
-  correct runs over every seed, each mutant's weakest seed, atol, noise and
-  signal (definitions in :mod:`conformance.cli.calibrate`).
-
-The inputs are read and merged by :mod:`conformance.report.runs`. Matplotlib (Agg backend) is
-needed: ``pip install -e '.[report]' (from a clone)``. Exit 0 when written, 2 on bad input (one
-``error:`` line).
+Input: run JSON documents (``python -m conformance run [--mutants] --json``, ``pytest
+--conformance-json``: ``verdicts`` with their ``per_step`` deviations, ``kill_matrix``), read
+and merged by :mod:`conformance.report.runs`, and calibration JSON (``python -m conformance
+calibrate --json``). Matplotlib (Agg backend) is needed: ``pip install -e '.[report]'`` (from a
+clone).
 """
 from __future__ import annotations
 
@@ -44,17 +23,13 @@ from conformance.report.coverage import coverage
 from conformance.report.kills import KILLED, SKIP, SURVIVED, UNSUPPORTED, KillRow, kill_summary
 from conformance.report.plots import plot_calibrations, plot_sensitivity
 from conformance.report.runs import (impl_counts, impl_label, is_backend, is_correct, merge_runs,
-                                     sensitivity_series)
+                                     sensitivity_series, verdict_id)
 from conformance.report.text import fmt
 
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ef9a9a", "vacuous": "#ffcc80",
                   "unsupported": "#e0e0e0", "skip": "#bbdefb", "xfail": "#f8bbd0"}
 # Kill results (conformance.report.kills.KILL_RESULTS, of a cell and of a mutant): survived is the red one.
 KILL_COLOURS = {KILLED: "#c8e6c9", SURVIVED: "#ef9a9a", UNSUPPORTED: "#e0e0e0", SKIP: "#bbdefb"}
-
-
-def _fmt(x, spec=".2e"):
-    return fmt(x, spec)
 
 
 def _title(verdicts: list[dict], impl: str) -> str:
@@ -78,7 +53,6 @@ def margin_text(v: dict) -> str:
     return "-"
 
 
-# --------------------------------------------------------------------- HTML
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#212121}
 h1{font-size:22px} h2{font-size:18px;margin-top:28px}
@@ -111,6 +85,12 @@ def _cell(status: str, body: str, title: str = "") -> str:
             f'title="{_e(title)}">{body}</td>')
 
 
+def _table(attrs: str, head, rows) -> str:
+    """A ``<table attrs>`` of the header cells ``head`` and the ``rows`` (each a ``<tr>``, HTML)."""
+    return (f"<table {attrs}><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
 def _counts_text(c: dict) -> str:
     return ", ".join(f"{n} {s}" for s, n in c.items() if n) or "no verdicts"
 
@@ -120,16 +100,12 @@ def _measure_text(v: dict) -> str:
     dev = v.get("max_dev")
     if not isinstance(dev, (int, float)):
         return ""
-    out = f"dev {_fmt(dev)} / bound {_fmt(v.get('atol'))} · margin {margin_text(v)}"
+    out = f"dev {fmt(dev)} / bound {fmt(v.get('atol'))} · margin {margin_text(v)}"
     if v.get("first_bad_step") is not None:
         out += f" · step {v['first_bad_step']}"
     if v.get("replica") is not None:
         out += f" · replica {v['replica']}"
     return out
-
-
-def _vid(v: dict) -> str:
-    return v.get("id") or f"{v['case']}:{v['check']}[{v['impl']}-{v['runtime']}-w{v['world_size']}]"
 
 
 def _label_status(label: str) -> str:
@@ -145,16 +121,13 @@ def summary_table(verdicts: list[dict]) -> str:
     """One row per implementation under test: what its verdicts say and its own counts."""
     if not verdicts:
         return "<p>No verdicts in the input.</p>"
-    out = ['<table id="implementations"><thead><tr><th>implementation</th><th>verdict</th>']
-    out += [f"<th>{s}</th>" for s in STATUS_COLOURS]
-    out.append("</tr></thead><tbody>")
+    rows = []
     for impl, c in impl_counts(verdicts).items():
         label = impl_label(c)
-        out.append(f'<tr class="impl-row" data-impl="{_e(impl)}"><td><a href="#{_slug(impl)}">{_e(_title(verdicts, impl))}</a></td>'
-                   + _cell(_label_status(label), f"<b>{_e(label)}</b>")
-                   + "".join(f'<td class="num count-{s}">{n}</td>' for s, n in c.items()) + "</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
+        rows.append(f'<tr class="impl-row" data-impl="{_e(impl)}"><td><a href="#{_slug(impl)}">{_e(_title(verdicts, impl))}</a></td>'
+                    + _cell(_label_status(label), f"<b>{_e(label)}</b>")
+                    + "".join(f'<td class="num count-{s}">{n}</td>' for s, n in c.items()) + "</tr>")
+    return _table('id="implementations"', ["implementation", "verdict", *STATUS_COLOURS], rows)
 
 
 def coverage_section(verdicts: list[dict]) -> str:
@@ -163,14 +136,10 @@ def coverage_section(verdicts: list[dict]) -> str:
     covs = coverage([Verdict.from_json(v) for v in verdicts])
     if not covs:
         return ""
-    out = ['<table id="coverage"><thead><tr><th>implementation</th><th>tested</th>'
-           '<th>not tested: cause (largest first)</th></tr></thead><tbody>']
-    for c in covs:
-        causes = "<br>".join(_e(x.text()) for x in c.causes) or "-"
-        out.append(f'<tr data-impl="{_e(c.impl)}"><td>{_e(c.impl)}</td>'
-                   f'<td class="num">{c.tested} of {c.verdicts} ({100 * c.share:.1f} %)</td><td>{causes}</td></tr>')
-    out.append("</tbody></table>")
-    return "".join(out)
+    return _table('id="coverage"', ["implementation", "tested", "not tested: cause (largest first)"],
+                  [f'<tr data-impl="{_e(c.impl)}"><td>{_e(c.impl)}</td><td class="num">{c.tested} of {c.verdicts} '
+                   f'({100 * c.share:.1f} %)</td><td>{"<br>".join(_e(x.text()) for x in c.causes) or "-"}</td></tr>'
+                   for c in covs])
 
 
 def failures_section(verdicts: list[dict], kill_rows: list[dict]) -> str:
@@ -186,31 +155,25 @@ def failures_section(verdicts: list[dict], kill_rows: list[dict]) -> str:
                 + (" and every mutant was killed" if kill_rows else "") + ".</p>")
     out = []
     if bad:
-        out.append(f"<p>{len(bad)} failing or vacuous verdict(s).</p>"
-                   '<table id="failures-table"><thead><tr><th>status</th><th>verdict id</th>'
-                   "<th>deviation</th><th>reason</th></tr></thead><tbody>")
+        rows = []
         for v in bad:
             diag = v.get("diagnosis") or ""
-            more = ""
-            if diag:
-                cut = len(diag) > DIAGNOSIS_CHARS
-                more = ("<details><summary><small>diagnosis" + (" (first part; all of it in "
-                        "&lt;json&gt;.failures.txt)" if cut else "") + "</small></summary><pre>"
-                        + _e(diag[:DIAGNOSIS_CHARS]) + "</pre></details>")
-            out.append(f'<tr class="failure-row" data-id="{_e(_vid(v))}">'
-                       + _cell(v["status"], f"<b>{_e(v['status'])}</b>")
-                       + f"<td><code>{_e(_vid(v))}</code></td><td><small>{_e(_measure_text(v))}</small></td>"
-                       + f"<td><small>{_e(v.get('reason') or '')}</small>{more}</td></tr>")
-        out.append("</tbody></table>")
+            more = ("<details><summary><small>diagnosis" + (" (first part; all of it in &lt;json&gt;.failures.txt)"
+                                                            if len(diag) > DIAGNOSIS_CHARS else "")
+                    + "</small></summary><pre>" + _e(diag[:DIAGNOSIS_CHARS]) + "</pre></details>") if diag else ""
+            rows.append(f'<tr class="failure-row" data-id="{_e(verdict_id(v))}">'
+                        + _cell(v["status"], f"<b>{_e(v['status'])}</b>")
+                        + f"<td><code>{_e(verdict_id(v))}</code></td><td><small>{_e(_measure_text(v))}</small></td>"
+                        + f"<td><small>{_e(v.get('reason') or '')}</small>{more}</td></tr>")
+        out.append(f"<p>{len(bad)} failing or vacuous verdict(s).</p>"
+                   + _table('id="failures-table"', ["status", "verdict id", "deviation", "reason"], rows))
     if survived:
-        out.append('<p>Mutants that survived a case that must kill them:</p><table id="survivors"><thead><tr>'
-                   "<th>mutant</th><th>runtime</th><th>cases that did not kill it</th></tr></thead><tbody>")
-        for m, rt, w in survived:
-            cases = [r.case + ": " + r.reason() for r in krs
-                     if (r.mutant, r.runtime, r.world_size) == (m, rt, w) and r.result == SURVIVED]
-            out.append(f'<tr class="survivor-row"><td>{_e(m)}</td><td>{_e(rt)}-w{w}</td>'
-                       f"<td><small>{'<br>'.join(_e(c) for c in cases)}</small></td></tr>")
-        out.append("</tbody></table>")
+        rows = [f'<tr class="survivor-row"><td>{_e(m)}</td><td>{_e(rt)}-w{w}</td><td><small>'
+                + "<br>".join(_e(r.case + ": " + r.reason()) for r in krs
+                              if (r.mutant, r.runtime, r.world_size) == (m, rt, w) and r.result == SURVIVED)
+                + "</small></td></tr>" for m, rt, w in survived]
+        out.append("<p>Mutants that survived a case that must kill them:</p>"
+                   + _table('id="survivors"', ["mutant", "runtime", "cases that did not kill it"], rows))
     return "".join(out)
 
 
@@ -229,29 +192,27 @@ def impl_section(impl: str, verdicts: list[dict]) -> str:
                                     [impl]) for col in cols}
     bad_rows = {row for (row, _), v in cells.items() if v["status"] in BAD}
     rows.sort(key=lambda r: r not in bad_rows)   # stable: failing rows first, else table order
-    out = [f'<details class="impl" id="{_slug(impl)}" data-impl="{_e(impl)}"><summary><b>{_e(_title(vs, impl))}</b>'
-           f' — <span class="impl-label">{_e(impl_label(c))}</span> — '
-           f'<span class="impl-counts">{_e(_counts_text(c))}</span></summary>',
-           f'<table class="conformance-table"><thead><tr><th>case</th><th>check</th>']
-    out += [f"<th>{_e(col)}<br><small>{_e(col_counts[col])}</small></th>" for col in cols]
-    out.append("</tr></thead><tbody>")
+    trs = []
     for row in rows:
-        cls = "verdict-row bad" if row in bad_rows else "verdict-row"
-        out.append(f'<tr class="{cls}"><td>{_e(row[0])}</td><td>{_e(row[1])}</td>')
+        tr = (f'<tr class="{"verdict-row bad" if row in bad_rows else "verdict-row"}">'
+              f"<td>{_e(row[0])}</td><td>{_e(row[1])}</td>")
         for col in cols:
             v = cells.get((row, col))
             if v is None:
-                out.append("<td></td>")
+                tr += "<td></td>"
                 continue
             body = f"<b>{_e(v['status'])}</b>"
             if _measure_text(v):
                 body += f"<br><small>{_e(_measure_text(v))}</small>"
             if v.get("reason"):
                 body += f"<br><small>{_e(v['reason'][:120])}</small>"
-            out.append(_cell(v["status"], body, v.get("reason") or ""))
-        out.append("</tr>")
-    out.append("</tbody></table></details>")
-    return "".join(out)
+            tr += _cell(v["status"], body, v.get("reason") or "")
+        trs.append(tr + "</tr>")
+    head = ["case", "check", *(f"{_e(col)}<br><small>{_e(col_counts[col])}</small>" for col in cols)]
+    return (f'<details class="impl" id="{_slug(impl)}" data-impl="{_e(impl)}"><summary><b>{_e(_title(vs, impl))}</b>'
+            f' — <span class="impl-label">{_e(impl_label(c))}</span> — '
+            f'<span class="impl-counts">{_e(_counts_text(c))}</span></summary>'
+            + _table('class="conformance-table"', head, trs) + "</details>")
 
 
 def kill_table(rows: list[dict]) -> str:
@@ -260,56 +221,48 @@ def kill_table(rows: list[dict]) -> str:
         return "<p>No mutants in the input (run with <code>--mutants</code>).</p>"
     krs = [KillRow.from_json(r) for r in rows]
     summ = kill_summary(krs)
-    out = ['<table id="kill-matrix"><thead><tr><th>mutant</th><th>runtime</th><th>case</th>'
-           '<th>result</th><th>mutant verdict</th><th>reason</th></tr></thead><tbody>']
+    rows = []
     for r in krs:
         res, verdict = r.result, summ[(r.mutant, r.runtime, r.world_size)]
         colour = KILL_COLOURS.get(verdict, KILL_COLOURS[UNSUPPORTED])
-        out.append(f'<tr class="kill-row"><td>{html.escape(r.mutant)}</td>'
-                   f"<td>{html.escape(r.runtime)}-w{r.world_size}</td><td>{html.escape(r.case)}</td>"
-                   f'<td style="background:{KILL_COLOURS[res]}">{html.escape(res)}</td>'
-                   f'<td style="background:{colour}"><b>{html.escape(verdict)}</b></td>'
-                   f"<td><small>{html.escape(r.reason()[:160])}</small></td></tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
+        rows.append(f'<tr class="kill-row"><td>{_e(r.mutant)}</td>'
+                    f"<td>{_e(r.runtime)}-w{r.world_size}</td><td>{_e(r.case)}</td>"
+                    f'<td style="background:{KILL_COLOURS[res]}">{_e(res)}</td>'
+                    f'<td style="background:{colour}"><b>{_e(verdict)}</b></td>'
+                    f"<td><small>{_e(r.reason()[:160])}</small></td></tr>")
+    return _table('id="kill-matrix"', ["mutant", "runtime", "case", "result", "mutant verdict", "reason"], rows)
 
 
 def calibration_table(cals: list[dict]) -> str:
-    head = ["runtime", "model", "impl", "seeds", "lr", "atol", "noise", "signal (weakest mutant)",
-            "atol/noise", "signal/atol", "signal/noise", "excluded mutants; silent seeds", "verdict"]
-    out = ['<table id="calibration-table"><thead><tr>'] + [f"<th>{h}</th>" for h in head]
-    out.append("</tr></thead><tbody>")
+    rows = []
     for c in cals:
         sig_at = c.get("signal_at") or {}
         ok = c.get("ok")
-        out.append("<tr>" + "".join([
-            f"<td>{html.escape(c['runtime'])}-w{c['world_size']}</td>", f"<td>{html.escape(c['model'])}</td>",
-            f"<td>{html.escape(c['impl'])}</td>", f'<td class="num">{len(c["seeds"])}</td>',
-            f'<td class="num">{c["lr"]:g}</td>', f'<td class="num">{_fmt(c["atol"])}</td>',
-            f'<td class="num">{_fmt(c["noise"])}</td>',
-            f'<td class="num">{_fmt(c["signal"])} <small>{html.escape(str(sig_at.get("mutant")))}</small></td>',
-            f'<td class="num">{_fmt(c.get("atol_over_noise"), ".3g")}</td>',
-            f'<td class="num">{_fmt(c.get("signal_over_atol"), ".3g")}</td>',
-            f'<td class="num">{_fmt(c.get("signal_over_noise"), ".3g")}</td>',
-            "<td><small>" + "<br>".join([html.escape(f"{e['mutant']}: {e['reason']}")
-                                         for e in c.get("excluded", [])]
-                                        + [html.escape(f"{m['mutant']} silent at {len(m['silent_seeds'])}/"
-                                                       f"{len(c['seeds'])} seeds (the mutation did not "
-                                                       "change the run)")
-                                           for m in c.get("mutants", [])
-                                           if m.get("silent_seeds") and not m.get("excluded")])
-            + "</small></td>",
+        notes = ([f"{e['mutant']}: {e['reason']}" for e in c.get("excluded", [])]
+                 + [f"{m['mutant']} silent at {len(m['silent_seeds'])}/{len(c['seeds'])} seeds (the mutation did "
+                    "not change the run)" for m in c.get("mutants", [])
+                    if m.get("silent_seeds") and not m.get("excluded")])
+        rows.append("<tr>" + "".join([
+            f"<td>{_e(c['runtime'])}-w{c['world_size']}</td>", f"<td>{_e(c['model'])}</td>",
+            f"<td>{_e(c['impl'])}</td>", f'<td class="num">{len(c["seeds"])}</td>',
+            f'<td class="num">{c["lr"]:g}</td>', f'<td class="num">{fmt(c["atol"])}</td>',
+            f'<td class="num">{fmt(c["noise"])}</td>',
+            f'<td class="num">{fmt(c["signal"])} <small>{_e(sig_at.get("mutant"))}</small></td>',
+            *(f'<td class="num">{fmt(c.get(k), ".3g")}</td>'
+              for k in ("atol_over_noise", "signal_over_atol", "signal_over_noise")),
+            "<td><small>" + "<br>".join(_e(n) for n in notes) + "</small></td>",
             _cell("pass" if ok else "fail", "<b>OK</b>" if ok else
-                  "<b>NOT calibrated</b><br><small>" + html.escape("; ".join(c.get("problems", []))) + "</small>"),
+                  "<b>NOT calibrated</b><br><small>" + _e("; ".join(c.get("problems", []))) + "</small>"),
         ]) + "</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
+    return _table('id="calibration-table"', ["runtime", "model", "impl", "seeds", "lr", "atol", "noise",
+                                            "signal (weakest mutant)", "atol/noise", "signal/atol", "signal/noise",
+                                            "excluded mutants; silent seeds", "verdict"], rows)
 
 
 def _img(path: str, alt: str, ident: str) -> str:
     with open(path, "rb") as f:
         data = base64.b64encode(f.read()).decode("ascii")
-    return f'<img id="{ident}" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+    return f'<img id="{ident}" alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 
 def write_report(run_docs: list[dict], cal_docs: list[dict], out_dir: str, sources=()) -> dict:
@@ -411,7 +364,6 @@ def _verdict_parts(run: dict) -> list[str]:
 
 
 def _kill_parts(kill_rows: list[dict]) -> list[str]:
-    """The kill matrix section (collapsed)."""
     summ, killed, survived = _kill_counts(kill_rows)
     return [
         "<h2>Mutant kill matrix</h2>",
@@ -424,7 +376,6 @@ def _kill_parts(kill_rows: list[dict]) -> list[str]:
 
 
 def _sensitivity_parts(png: str) -> list[str]:
-    """The sensitivity section, its figure embedded."""
     return [
         "<h2>Sensitivity</h2>",
         "<p>Per-step deviation on a log axis, one panel per model and runtime-world size (each "
@@ -441,7 +392,6 @@ def _sensitivity_parts(png: str) -> list[str]:
 
 
 def _calibration_parts(cals: list[dict], png: str) -> list[str]:
-    """The calibration section (``--calibration``), its figure embedded."""
     return ["<h2>Calibration</h2>",
             "<p>From <code>python -m conformance calibrate</code>: noise = largest deviation "
             "of a correct run over the seeds; signal = over visible mutants, the smallest of "

@@ -1,18 +1,10 @@
 """JUnit XML of a run (``python -m conformance run --junitxml FILE``), for CI test views.
 
 One ``<testcase>`` per verdict: ``classname`` is the case (``parity.linear``), ``name`` is
-``<check>[<impl>-<runtime>-w<W>]`` (so ``classname:name`` is the verdict id).
-
-=============  ==========================================================================
-status         element
-=============  ==========================================================================
-pass           none
-fail, vacuous  ``<failure type="fail|vacuous" message="reason">`` summary, failure text
-               (diagnosis) and ``reproduce: <command>`` (:func:`conformance.outcome.repro_command`)
-unsupported,   ``<skipped type="unsupported|skip" message="reason"/>``
-skip
-xfail          ``<skipped type="pytest.xfail" message="reason"/>`` (as pytest writes it)
-=============  ==========================================================================
+``<check>[<impl>-<runtime>-w<W>]`` (so ``classname:name`` is the verdict id); fail and vacuous
+are a ``<failure type="fail|vacuous" message="reason">`` holding the summary, the failure text
+and ``reproduce: <command>``, unsupported and skip a ``<skipped type="unsupported|skip">``, xfail a
+``<skipped type="pytest.xfail">`` (as pytest writes it); docs/configuration.md, ``--junitxml``.
 
 With ``--mutants`` a second ``<testsuite>`` holds the kill matrix: one ``<testcase>`` per
 (mutant, case that must kill it), ``classname`` ``mutant.<name>``, ``name``
@@ -24,13 +16,14 @@ among its verdicts.
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
+from collections import Counter
 import xml.etree.ElementTree as ET
 
 from conformance.outcome import repro_command
 from conformance.report.kills import SKIP, SURVIVED, UNSUPPORTED
+from conformance.report.text import replaced
 from conformance.verdict import BAD
 
 # XML 1.0 forbids most control characters (tracebacks and log tails may hold them).
@@ -43,13 +36,9 @@ def _clean(text) -> str:
 
 def _suite(name: str, cases: list, timestamp: str | None, properties: dict) -> ET.Element:
     suite = ET.Element("testsuite", name=name)
-    counts = {"tests": len(cases), "failures": 0, "errors": 0, "skipped": 0}
-    for tc in cases:
-        if tc.find("failure") is not None:
-            counts["failures"] += 1
-        elif tc.find("skipped") is not None:
-            counts["skipped"] += 1
-    for k, n in counts.items():
+    failures = sum(tc.find("failure") is not None for tc in cases)
+    skipped = sum(tc.find("failure") is None and tc.find("skipped") is not None for tc in cases)
+    for k, n in (("tests", len(cases)), ("failures", failures), ("errors", 0), ("skipped", skipped)):
         suite.set(k, str(n))
     suite.set("time", f"{sum(float(tc.get('time', 0)) for tc in cases):.3f}")
     if timestamp:
@@ -97,10 +86,7 @@ def build_junit(verdicts, kill_rows=(), *, seconds: dict | None = None, created:
     gives a failing verdict's reproduce command; ``backend_judged``: the run's exit code counts
     the backend's failures (``--fail-on-backend``, a ``--backend`` under test)."""
     seconds = seconds or {}
-    per_case: dict = {}
-    for v in verdicts:
-        key = (v.case, v.impl, v.runtime, v.world_size)
-        per_case[key] = per_case.get(key, 0) + 1
+    per_case = Counter((v.case, v.impl, v.runtime, v.world_size) for v in verdicts)  # verdicts per case run
     props = {"interrupted": interrupted} if interrupted else {}
     root = ET.Element("testsuites", name="ddp-conformance")
 
@@ -124,11 +110,5 @@ def write_junit(path: str, verdicts, kill_rows=(), **kw) -> None:
     """Write :func:`build_junit`'s tree to ``path`` (a temporary file, then renamed)."""
     tree = build_junit(verdicts, kill_rows, **kw)
     ET.indent(tree)
-    target = os.path.realpath(path)
-    tmp = f"{target}.{os.getpid()}.tmp"
-    try:
-        tree.write(tmp, encoding="utf-8", xml_declaration=True)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with replaced(path) as f:
+        tree.write(f, encoding="utf-8", xml_declaration=True)

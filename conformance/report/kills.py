@@ -36,8 +36,7 @@ class KillRow:
         st = {v.status for v in self.verdicts}
         if "fail" in st or "xfail" in st:
             return SURVIVED if self.broken() else KILLED
-        ran = st - {"unsupported", "skip"}
-        if ran:
+        if st - {"unsupported", "skip"}:  # it ran
             return SURVIVED
         return UNSUPPORTED if "unsupported" in st else SKIP
 
@@ -75,16 +74,8 @@ class KillRow:
 def kill_summary(rows: list[KillRow]) -> dict:
     """Per (mutant, runtime, W): :data:`KILLED` (every case that must kill it did),
     :data:`SURVIVED` (some case that ran did not), :data:`UNSUPPORTED` (nothing could run)."""
-    out: dict = {}
+    results: dict = {}
     for r in rows:
-        key = (r.mutant, r.runtime, r.world_size)
-        out.setdefault(key, []).append(r.result)
-    res = {}
-    for key, results in out.items():
-        if SURVIVED in results:
-            res[key] = SURVIVED
-        elif KILLED in results:
-            res[key] = KILLED
-        else:
-            res[key] = UNSUPPORTED
-    return res
+        results.setdefault((r.mutant, r.runtime, r.world_size), set()).add(r.result)
+    return {key: SURVIVED if SURVIVED in rs else KILLED if KILLED in rs else UNSUPPORTED
+            for key, rs in results.items()}

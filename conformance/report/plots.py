@@ -120,20 +120,21 @@ def _sensitivity_panel(ax, s: dict, title: str, colours: dict, handles: dict) ->
 
 
 def plot_sensitivity(series: dict, path: str) -> None:
-    """Write the sensitivity figure (:func:`sensitivity_figure`) to ``path``."""
     import matplotlib.pyplot as plt
     fig = sensitivity_figure(series)
     fig.savefig(path, dpi=SENS_DPI)
     plt.close(fig)
 
 
+def _scaled(check: dict, atol: float) -> list:
+    """A calibration check's per-step deviations on the scale of ``atol`` (calibrate's scale)."""
+    k = atol / check["atol"] if check.get("atol") else 1.0
+    return [(x if x is not None else math.inf) * k for x in check.get("per_step", [])]
+
+
 def _per_step_max(checks: dict, atol: float) -> list:
-    """Per-step max over checks of the deviation scaled to ``atol`` (calibrate's scale)."""
-    rows = []
-    for c in checks.values():
-        if c.get("per_step"):
-            k = atol / c["atol"] if c.get("atol") else 1.0
-            rows.append([(x if x is not None else math.inf) * k for x in c["per_step"]])
+    """Per-step max over checks of the deviation scaled to ``atol``."""
+    rows = [_scaled(c, atol) for c in checks.values() if c.get("per_step")]
     return [max(col) for col in zip(*rows)] if rows else []
 
 
@@ -167,9 +168,7 @@ def plot_calibrations(cals: list[dict], path: str) -> None:
             if m.get("excluded") or not m.get("signal_at"):
                 continue
             run = next(r for r in m["runs"] if r["seed"] == m["signal_at"]["seed"])
-            chk = run["checks"].get(m["signal_at"]["check"]) or {}
-            k = atol / chk["atol"] if chk.get("atol") else 1.0
-            ys = [(x if x is not None else math.inf) * k for x in chk.get("per_step", [])]
+            ys = _scaled(run["checks"].get(m["signal_at"]["check"]) or {}, atol)
             h, = ax.plot(range(1, len(ys) + 1), _clip(ys), color=colours[m["mutant"]], lw=1.1,
                          marker="o", ms=2.5)
             handles.setdefault(m["mutant"], h)

@@ -12,12 +12,7 @@ from conformance.report.coverage import UNTESTED
 from conformance.verdict import BAD, STATUSES
 
 
-def load_document(path: str) -> dict:
-    """The JSON document at ``path`` (a run's or a calibration's), as read.
-
-    Raises:
-        UsageError: it cannot be read, is not JSON, or is not a JSON object (one line).
-    """
+def _load(path: str) -> dict:
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -30,6 +25,25 @@ def load_document(path: str) -> dict:
     return doc
 
 
+def load_documents(paths: list[str], key: str, what: str) -> list[dict]:
+    """The JSON documents at ``paths`` (runs' or calibrations'), as read; each must hold ``key``
+    (``what`` names such a document and where it comes from, for the error).
+
+    Raises:
+        UsageError: one cannot be read, is not JSON, is not a JSON object or has no ``key`` (one line).
+    """
+    docs = [_load(p) for p in paths]
+    for path, doc in zip(paths, docs):
+        if key not in doc:
+            raise UsageError(f"{path}: no {key!r} key: not a {what}")
+    return docs
+
+
+def verdict_id(v: dict) -> str:
+    """A JSON verdict's id (``Verdict.id``), also of a document written without it."""
+    return v.get("id") or f"{v['case']}:{v['check']}[{v['impl']}-{v['runtime']}-w{v['world_size']}]"
+
+
 def merge_runs(docs: list[dict]) -> dict:
     """Verdicts and kill-matrix rows of several run JSON files. A verdict id seen
     twice (the same run given twice, overlapping runs) keeps the later input's
@@ -38,7 +52,7 @@ def merge_runs(docs: list[dict]) -> dict:
     by_id, kills, envs, dups, judged = {}, [], [], 0, False
     for d in docs:
         for v in d.get("verdicts", []):
-            vid = v.get("id") or f"{v['case']}:{v['check']}[{v['impl']}-{v['runtime']}-w{v['world_size']}]"
+            vid = verdict_id(v)
             dups += vid in by_id
             by_id[vid] = v
         kills += d.get("kill_matrix", [])
@@ -84,10 +98,6 @@ def impl_label(counts: dict) -> str:
 def is_correct(label: str) -> bool:
     """An :func:`impl_label` of a conformant implementation (on all or part of the table)."""
     return label == "correct" or label.startswith("correct on ")
-
-
-def _is_mutant(impl: str) -> bool:
-    return impl.startswith("mutant:")
 
 
 def _panel(v: dict) -> str:
@@ -138,7 +148,7 @@ def sensitivity_series(run: dict) -> dict:
             by_line.setdefault((_panel(v), name, "failing", v["model"]), []).append(v)
     for row in run["kill_matrix"]:
         for v in row["verdicts"]:
-            if v.get("family") != "parity" or v["check"] == "agreement" or not _is_mutant(v["impl"]):
+            if v.get("family") != "parity" or v["check"] == "agreement" or not v["impl"].startswith("mutant:"):
                 continue
             by_line.setdefault((_panel(v), row["mutant"], "mutant", v["model"]), []).append(v)
     for (panel, name, kind, model), vs in by_line.items():

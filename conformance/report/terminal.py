@@ -1,20 +1,11 @@
-"""A run's terminal text, the writer :class:`conformance.report.writers.TerminalText` prints:
-
-* the verdicts (:func:`verdict_lines`): the cause most failures share, the verdict table, the
-  backend's verdicts apart, ``--model``'s measured bounds, reproduce commands, the kill matrix,
-  where ``-x`` / ``--exitfirst-each`` stopped;
-* what the other writers said (the files they wrote), the warnings (to stderr) and where the
-  JSON report is (:func:`where_lines`);
-* the summary (:func:`summary_lines`): the counts, the backend's counts, the coverage lines and
-  unmet ``--require-supported`` keywords.
-
-Everything is read from the run's :class:`~conformance.report.writers.RunOutput` (its verdicts,
-kill rows and JSON ``extra`` keys). Imports no torch at import (the DDP surface's summary does,
-when a run has tested cases).
+"""A run's terminal text, the writer :class:`conformance.report.writers.TerminalText` prints
+(:func:`write_terminal`), read from the run's :class:`~conformance.report.writers.RunOutput`.
+Imports no torch at import (the DDP surface's summary does, when a run has tested cases).
 """
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 from conformance.report.causes import shared_cause
 from conformance.report.coverage import TESTED, coverage, unmet_requirements
@@ -32,7 +23,9 @@ def _judged(out) -> bool:
 
 
 def verdict_lines(out) -> list[str]:
-    """What the run found, each item printed as one ``print`` (an item may hold newlines)."""
+    """What the run found - the cause most failures share, the verdict table, the backend's
+    verdicts apart, ``--model``'s bounds, reproduce commands, the kill matrix, where ``-x`` /
+    ``--exitfirst-each`` stopped - each item printed as one ``print`` (it may hold newlines)."""
     verdicts, extra = out.verdicts, out.extra
     lines = []
     shared = shared_cause(verdicts)  # one fault behind most failures: said first
@@ -75,11 +68,10 @@ def summary_lines(out) -> list[str]:
     unsupported verdicts ``--require-supported`` names (the JSON's ``require_supported``)."""
     verdicts = out.verdicts
     mine = [v for v in verdicts if v.subject != "backend"]
-    ks = kill_summary(out.kills)
+    ks = Counter(kill_summary(out.kills).values())
     lines = [", ".join(f"{n} {s}" for s, n in counts(mine).items() if n or s in ("pass", "fail"))
-             + (f"; mutants: {sum(r == KILLED for r in ks.values())} killed, "
-                f"{sum(r == SURVIVED for r in ks.values())} survived, "
-                f"{sum(r == UNSUPPORTED for r in ks.values())} unsupported" if out.kills else "")]
+             + (f"; mutants: {ks[KILLED]} killed, {ks[SURVIVED]} survived, {ks[UNSUPPORTED]} unsupported"
+                if out.kills else "")]
     backend = [v for v in verdicts if v.subject == "backend"]
     if backend:
         lines.append("backend " + ", ".join(f"{n} {s}" for s, n in counts(backend).items() if n)
@@ -97,15 +89,14 @@ def summary_lines(out) -> list[str]:
     return lines
 
 
-def write_terminal(stream, out, warnings_to=None) -> None:
+def write_terminal(stream, out) -> None:
     """Print the run's terminal text to ``stream``: :func:`verdict_lines`, the lines the writers
     before it returned (``out.lines``: the files they wrote), ``out.warnings`` (``warning: ...``,
-    to ``warnings_to``: stderr), :func:`where_lines` and :func:`summary_lines`."""
-    warnings_to = sys.stderr if warnings_to is None else warnings_to
+    to stderr), :func:`where_lines` and :func:`summary_lines`."""
     for line in verdict_lines(out) + list(out.lines):
         print(line, file=stream)
     for text in out.warnings:
-        print(f"warning: {text}", file=warnings_to)
+        print(f"warning: {text}", file=sys.stderr)
     for line in where_lines(out) + summary_lines(out):
         print(line, file=stream)
     stream.flush()

@@ -3,6 +3,7 @@
 :mod:`conformance.report.kills`."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -54,13 +55,13 @@ def first_sentence(text: str, width: int = REASON_WIDTH) -> str:
     return head + " ..."
 
 
-def text_table(rows: list[dict], wrap_last: int = REASON_WIDTH) -> str:
+def text_table(rows: list[dict]) -> str:
     """Rows as aligned columns; the last column (a reason) shortened by :func:`first_sentence`."""
     if not rows:
         return "(no rows)"
     head = list(rows[0])
     lines = [head] + [[str(r[h]) for h in head] for r in rows]
-    lines = [ln[:-1] + [first_sentence(ln[-1], wrap_last)] for ln in lines]
+    lines = [ln[:-1] + [first_sentence(ln[-1])] for ln in lines]
     widths = [max(len(ln[i]) for ln in lines) for i in range(len(head) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(ln, widths)) + "  " + ln[-1] for ln in lines)
 
@@ -83,8 +84,6 @@ def kill_matrix_text(rows: list[KillRow]) -> str:
               "reason": r.reason()} for r in rows]
     return text_table(table)
 
-
-# --- JSON ---------------------------------------------------------------------------
 
 def environment() -> dict:
     env = {"python": sys.version.split()[0], "platform": platform.platform()}
@@ -130,19 +129,29 @@ def write_json(path, verdicts: list[Verdict], kill_rows: list[KillRow] = (), ext
 
 
 def write_json_doc(path, doc: dict) -> None:
-    """``doc`` as indented JSON to a file name (atomically) or an open text stream."""
+    """``doc`` as indented JSON to a file name (atomically: :func:`replaced`) or an open text stream."""
     if hasattr(path, "write"):
         json.dump(doc, path, indent=1)
         path.write("\n")
         path.flush()
         return
+    with replaced(path) as f:
+        f.write(json.dumps(doc, indent=1).encode())
+
+
+@contextlib.contextmanager
+def replaced(path: str):
+    """A temporary file beside ``path``, open for binary writing, that replaces ``path`` when the
+    block ends (a reader never sees half a file) and is removed if it raises."""
     target = os.path.realpath(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
                                dir=os.path.dirname(target))
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.chmod(tmp, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -150,12 +159,6 @@ def write_json_doc(path, doc: dict) -> None:
         except OSError:
             pass
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def exit_code(verdicts: list[Verdict], kill_rows: list[KillRow] = (), judge_backend: bool = True) -> int:

@@ -1,10 +1,9 @@
 """Report writers behind one interface: what a run produced (:class:`RunOutput`) goes to each
 selected :class:`Writer` in registration order (:data:`WRITERS`); the ``run`` command,
 ``replay``, the pytest face (``--conformance-json``) and ``python -m conformance report`` share
-them. A new format is its :class:`Writer` subclass and one registration
-(:func:`register`, or a line of :data:`WRITERS`): the class declares its name, its file suffix,
-whether a run writes it (beside its JSON report) and whether ``report --format`` offers it; the
-run's targets and ``report``'s ``--format`` choices, help and files derive from that.
+them. A new format is its :class:`Writer` subclass and one registration (:func:`register`, or a
+line of :data:`WRITERS`); the run's targets and ``report``'s ``--format`` choices, help and files
+derive from what the class declares.
 
 Order matters: scenario files are written first (the diagnoses then name them, in the JSON and
 in the failures text), the JSON document's ``created`` stamp is the JUnit suites' timestamp, and
@@ -313,8 +312,7 @@ def report_formats() -> tuple[str, ...]:
 def report_formats_help() -> str:
     """``report --format``'s help, from each writer's ``says``."""
     said = [f"{n} ({'default: ' if n == DEFAULT_REPORT_FORMAT else ''}{WRITERS[n].says})" for n in report_formats()]
-    listed = ", ".join(said[:-1]) + f" or {said[-1]}" if len(said) > 1 else said[0]
-    return f"{listed}, written by the same writers as run"
+    return ", ".join(said[:-1]) + f" or {said[-1]}, written by the same writers as run"  # html, json, ...
 
 
 def run_targets(json: str, json_out=None, options=None) -> dict:

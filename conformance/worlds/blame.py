@@ -1,31 +1,27 @@
 """Who to blame for a failed task: a pure function of per-replica evidence.
 
-When a task fails on a world, the World knows per replica how its task ended
-(``raised``, ``died``, still running at the bound = ``hung``, returned =
-``ok``) and where it is: the collective it is inside, read from the kit's
-progress board (the collectives the kit instruments) or found in its Python
-stack or traceback (:func:`collective_in`: a frame of torch.distributed or
-torch_xla, so a DDP that calls them itself is seen too). :func:`blame` decides
-from that alone, in this order:
+When a task fails on a world, the World knows per replica how its task ended (``raised``,
+``died``, still running at the bound = ``hung``, returned = ``ok``) and where it is: the
+collective it is inside, read from the kit's progress board (the collectives the kit
+instruments) or found in its Python stack or traceback (:func:`collective_in`: a frame of
+torch.distributed or torch_xla, so a DDP that calls them itself is seen too). :func:`blame`
+decides from that alone, in this order:
 
-* a replica aborted because the replicas' calls did not match (gloo's "collective
-  mismatch", "Received data size doesn't match expected size"): the receiver's death is a
-  symptom, not the fault - a replica in a different collective is named; if all sit in the
-  same one (the sizes differ), every replica in it is named ``mismatched``: which one
-  deviated cannot be told from their stacks (the kit does not see a DDP's own call sequence);
-* a replica died: the dead are culprits (on a host of several replica threads,
-  only those outside any collective when some of them were inside one); an
-  abort inside a collective also names the peers sitting in another one; the
-  rest were cut off (``aborted-by-peer``);
-* a replica raised outside a collective: it is the culprit, the others were
-  cut off (``aborted-by-peer``). If every exception came out of a collective (a
-  gloo timeout, a closed connection), those replicas were *waiting*, and a
-  replica still running outside any collective, or one that returned, is the
-  culprit;
-* a bound passed: replicas inside a collective are *waiting*; the culprit is a
-  replica elsewhere (hung in its own code, stalled), else one that returned
-  (it skipped a collective the others entered), else - all waiting - the ones
-  in a different collective from the majority.
+* a replica aborted because the replicas' calls did not match (gloo's "collective mismatch",
+  "Received data size doesn't match expected size"): the receiver's death is a symptom, not the
+  fault - a replica in a different collective is named; if all sit in the same one (the sizes
+  differ), every replica in it is named ``mismatched``: which one deviated cannot be told from
+  their stacks (the kit does not see a DDP's own call sequence);
+* a replica died: the dead are culprits (on a host of several replica threads, only those
+  outside any collective when some of them were inside one); an abort inside a collective also
+  names the peers sitting in another one; the rest were cut off (``aborted-by-peer``);
+* a replica raised outside a collective: it is the culprit, the others were cut off
+  (``aborted-by-peer``). If every exception came out of a collective (a gloo timeout, a closed
+  connection), those replicas were *waiting*, and a replica still running outside any
+  collective, or one that returned, is the culprit;
+* a bound passed: replicas inside a collective are *waiting*; the culprit is a replica elsewhere
+  (hung in its own code, stalled), else one that returned (it skipped a collective the others
+  entered), else - all waiting - the ones in a different collective from the majority.
 
 No torch import; nothing here reads a process.
 """
@@ -72,11 +68,11 @@ class Frame:
 def frames(text: str) -> list[Frame]:
     """The frames of a ``faulthandler`` dump of one thread or of a Python traceback,
     innermost first (a chained traceback: its last exception only)."""
-    if "Traceback (most recent call last):" in text:
+    traceback = "Traceback (most recent call last):" in text
+    if traceback:
         text = text.rsplit("Traceback (most recent call last):", 1)[1]
-        found = _FH_FRAME.finditer(text)
-        return [Frame(m["path"], int(m["line"]), m["func"]) for m in found][::-1]
-    return [Frame(m["path"], int(m["line"]), m["func"]) for m in _FH_FRAME.finditer(text)]
+    fs = [Frame(m["path"], int(m["line"]), m["func"]) for m in _FH_FRAME.finditer(text)]
+    return fs[::-1] if traceback else fs
 
 
 def _library(path: str) -> str | None:
@@ -99,10 +95,9 @@ def collective_in(text: str, source=linecache.getline) -> str | None:
     ``torch.distributed.all_reduce at mydp.py:41 in _reduce``, or ``None``.
 
     Recognised: the blocking functions of torch.distributed and torch_xla
-    (:data:`COLLECTIVE_FUNCTIONS`), their step syncs and waits, the kit's own
-    collectives, and an innermost user frame at ``x.wait()`` (a C++
-    ``Work.wait``; ``source(path, line)`` reads that line). The caller named is
-    the first frame outside those libraries.
+    (:data:`COLLECTIVE_FUNCTIONS`), their step syncs and waits, the kit's own collectives, and an
+    innermost user frame at ``x.wait()`` (a C++ ``Work.wait``; ``source(path, line)`` reads that
+    line). The caller named is the first frame outside those libraries.
     """
     fs = frames(text or "")
     for i, f in enumerate(fs):
@@ -133,11 +128,10 @@ class Blame:
 
     Attributes:
         culprits: ranks to blame, ascending.
-        status: final status per rank: ``raised``, ``hung``, ``died``, ``ok``
-            (a culprit keeps how its task ended), ``waiting`` (inside a
-            collective a culprit never reached, at the bound), ``mismatched`` (inside
-            a collective whose calls did not match the peers'), ``aborted-by-peer``
-            (cut off by a culprit that raised or died).
+        status: final status per rank: ``raised``, ``hung``, ``died``, ``ok`` (a culprit keeps how
+            its task ended), ``waiting`` (inside a collective a culprit never reached, at the
+            bound), ``mismatched`` (inside a collective whose calls did not match the peers'),
+            ``aborted-by-peer`` (cut off by a culprit that raised or died).
         reason: per culprit, why, in words (``outside any collective``, ...).
     """
 
@@ -160,18 +154,18 @@ def mismatch_text(d: dict) -> str | None:
     return None
 
 
-def _key(d):
+def collective_key(d):
+    """Which collective a replica (a diagnosis or a progress slot) waits in: ``(collectives entered, name)``."""
     return d.get("collectives"), (d.get("in_collective") or "").split(" ")[0]
 
 
 def blame(diagnoses: list[dict]) -> Blame:
     """Decide the culprits of a failed task from per-replica ``diagnoses``.
 
-    Each entry needs ``rank`` and ``status`` (``raised``, ``died``, ``hung``:
-    still in the task, ``ok``: returned) and may have ``host``,
-    ``in_collective`` (the collective it is inside, or raised from; ``None``
-    when outside any), ``collectives`` (how many it entered, from the board),
-    ``last_collective`` and ``signal``. Pure: reads nothing else, changes nothing.
+    Each entry needs ``rank`` and ``status`` (``raised``, ``died``, ``hung``: still in the task,
+    ``ok``: returned) and may have ``host``, ``in_collective`` (the collective it is inside, or
+    raised from; ``None`` when outside any), ``collectives`` (how many it entered, from the
+    board), ``last_collective`` and ``signal``. Pure: reads nothing else, changes nothing.
     """
     ev = _Evidence(diagnoses)
     mismatched = [r for r in ev.of["died"] + ev.of["raised"] if r in ev.inside and mismatch_text(ev.by[r])]
@@ -185,9 +179,9 @@ def blame(diagnoses: list[dict]) -> Blame:
 
 
 class _Evidence:
-    """What :func:`blame` decides from: each replica's diagnosis by rank (``by``), its status
-    so far (``status``, changed as blame is decided), the ranks inside a collective
-    (``inside``), the ranks of each way a task ended (``of``) and the culprits' reasons."""
+    """What :func:`blame` decides from: each replica's diagnosis by rank (``by``), its status so far
+    (``status``, changed as blame is decided), the ranks inside a collective (``inside``), the
+    ranks of each way a task ended (``of``) and the culprits' reasons."""
 
     def __init__(self, diagnoses):
         self.by = {d["rank"]: d for d in diagnoses}
@@ -201,9 +195,7 @@ class _Evidence:
 
 
 def _blame_mismatch(ev: _Evidence, mismatched) -> Blame:
-    """The runtime reported that the replicas' calls did not match: a peer provably in a
-    different collective, else every replica inside one (``mismatched``: which one deviated
-    cannot be told)."""
+    """The module docstring's first rule: the runtime reported that the calls did not match."""
     by, status, reason = ev.by, ev.status, ev.reason
     lasts = {by[r].get("last_collective") for r in mismatched}
     elsewhere = [o for o in by if o not in mismatched and by[o].get("last_collective")
@@ -224,9 +216,7 @@ def _blame_mismatch(ev: _Evidence, mismatched) -> Blame:
 
 
 def _blame_deaths(ev: _Evidence) -> Blame:
-    """Replicas died: the dead (on a host of several replica threads, those outside any
-    collective while some were inside one), and the peers in another collective than one that
-    aborted inside its own; the rest were cut off."""
+    """The module docstring's second rule: replicas died."""
     by, status, reason, inside, of = ev.by, ev.status, ev.reason, ev.inside, ev.of
     culprits = set(of["died"])
     for r in of["died"]:
@@ -253,8 +243,7 @@ def _blame_deaths(ev: _Evidence) -> Blame:
 
 
 def _blame_raises(ev: _Evidence) -> Blame:
-    """Replicas raised: those that raised outside a collective; if every exception came out of
-    a collective (the runtime's own timeout), the replica they waited for."""
+    """The module docstring's third rule: replicas raised."""
     status, reason, inside, of = ev.status, ev.reason, ev.inside, ev.of
     genuine = [r for r in of["raised"] if r not in inside]
     if genuine:
@@ -263,8 +252,7 @@ def _blame_raises(ev: _Evidence) -> Blame:
         for r in of["hung"] + [r for r in of["raised"] if r in inside]:
             status[r] = "aborted-by-peer"
         return Blame(genuine, status, reason)
-    # Every exception came out of a collective (the runtime's own timeout): who
-    # did the raisers wait for?
+    # every exception came out of a collective (the runtime's own timeout): who did they wait for?
     elsewhere = [r for r in of["hung"] if r not in inside]
     culprits = elsewhere or of["ok"]
     if not culprits:
@@ -283,8 +271,7 @@ def _blame_raises(ev: _Evidence) -> Blame:
 
 
 def _blame_bound(ev: _Evidence) -> Blame:
-    """A bound passed: replicas inside a collective wait; the culprit is one elsewhere, else one
-    that returned, else - all waiting - the ones in a different collective from the majority."""
+    """The module docstring's last rule: a bound passed."""
     by, status, reason, inside, of = ev.by, ev.status, ev.reason, ev.inside, ev.of
     waiters = [r for r in of["hung"] if r in inside]
     culprits = [r for r in of["hung"] if r not in inside]
@@ -296,12 +283,12 @@ def _blame_bound(ev: _Evidence) -> Blame:
         for r in culprits:
             reason[r] = "returned from the task while its peers waited in a collective"
     if not culprits and waiters:  # all inside collectives: the odd ones out
-        keys = [_key(by[r]) for r in waiters]
+        keys = [collective_key(by[r]) for r in waiters]
         modal = [k for k in set(keys) if keys.count(k) > len(keys) / 2]
-        culprits = [r for r in waiters if not modal or _key(by[r]) != modal[0]] or waiters
+        culprits = [r for r in waiters if not modal or collective_key(by[r]) != modal[0]] or waiters
         for r in culprits:
             reason[r] = (f"in a different collective ({by[r].get('in_collective')}) from the others"
-                         if modal and _key(by[r]) != modal[0] else "waits in a collective like the others")
+                         if modal and collective_key(by[r]) != modal[0] else "waits in a collective like the others")
     for r in waiters:
         if r not in culprits:
             status[r] = "waiting"

@@ -1,18 +1,17 @@
 """Per-replica progress and failure diagnosis for :class:`conformance.worlds.spawned.World`.
 
-A world's host processes write each replica's progress (task, step, phase,
-last collective) into a small shared file, one fixed-size slot per replica
-(:class:`ProgressBoard`, an ``mmap``: a write costs a few microseconds, and the
-parent can read the slot after the host hung or died). When a task fails, the
-parent joins that with what it knows (exit codes, the replica's exception,
-``faulthandler`` stacks, log tails) into one ``dict`` per replica (the
-*diagnosis*, see :data:`DIAGNOSIS_KEYS`) and formats it (:func:`summary`,
-:func:`details`).
+A world's host processes write each replica's progress (task, step, phase, last collective)
+into a small shared file, one fixed-size slot per replica (:class:`ProgressBoard`, an ``mmap``:
+a write costs a few microseconds, and the parent can read the slot after the host hung or died).
+When a task fails, the parent joins that with what it knows (exit codes, the replica's
+exception, ``faulthandler`` stacks, log tails) into one ``dict`` per replica (the *diagnosis*,
+see :data:`DIAGNOSIS_KEYS`) and formats it (:func:`details`).
 
 No torch import here: the parent process stays plain Python.
 """
 from __future__ import annotations
 
+import io
 import json
 import linecache
 import mmap
@@ -34,7 +33,6 @@ REPLICA_STATES = ("raised", "hung", "died", "mismatched", "waiting", "aborted-by
 
 
 # --- the progress board (written by hosts, read by the parent) -------------
-
 def create_board(path: str, world_size: int) -> None:
     """Create the zeroed board file for ``world_size`` replicas (in the parent)."""
     with open(path, "wb") as f:
@@ -54,12 +52,12 @@ class ProgressBoard:
 
 def read_board(path: str, world_size: int) -> list[dict]:
     """Every replica's last written progress (``{}`` where none or unreadable)."""
-    out = []
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:
-        return [{} for _ in range(world_size)]
+        data = b""
+    out = []
     for r in range(world_size):
         raw = data[r * SLOT_BYTES:(r + 1) * SLOT_BYTES].split(b"\0", 1)[0]
         try:
@@ -72,14 +70,13 @@ def read_board(path: str, world_size: int) -> list[dict]:
 class Progress:
     """One replica's slot: what it is doing now. ``ReplicaContext.note`` writes here.
 
-    Fields: ``task`` (number), ``fn`` (task name), ``step``, ``phase``,
-    ``last_collective`` (e.g. ``"all_reduce_ #3 float32[10]"``), ``collectives``
-    (entered in this task), ``in_collective`` (name while inside one, else
-    None), ``since`` (``time.monotonic()`` when it entered the current
-    collective), ``seen_collective`` / ``seen_since`` (a collective the kit did
-    not record, found by sampling the stack: :meth:`seen_in`), ``state``
-    (``running``/``returned``/``raised``) and the thread ident ``tid`` (to find
-    the replica's thread in a stack dump).
+    Fields: ``task`` (number), ``fn`` (task name), ``step``, ``phase``, ``last_collective`` (e.g.
+    ``"all_reduce_ #3 float32[10]"``), ``collectives`` (entered in this task), ``in_collective``
+    (name while inside one, else None), ``since`` (``time.monotonic()`` when it entered the
+    current collective), ``seen_collective`` / ``seen_since`` (a collective the kit did not
+    record, found by sampling the stack: :meth:`seen_in`), ``state``
+    (``running``/``returned``/``raised``) and the thread ident ``tid`` (to find the replica's
+    thread in a stack dump).
     """
 
     def __init__(self, mm, rank, fixed):
@@ -115,9 +112,9 @@ class Progress:
             self._flush()
 
     def seen_in(self, name: str | None) -> None:
-        """Record the collective a sample of this replica's stack shows (``None``: none):
-        ``seen_collective``, and ``seen_since`` (``time.monotonic()`` of the first
-        sample inside it). Writes only on a change."""
+        """Record the collective a sample of this replica's stack shows (``None``: none) as
+        ``seen_collective``, with ``seen_since`` (``time.monotonic()`` of the first sample inside
+        it). Writes only on a change."""
         with self._lock:
             if self.state.get("seen_collective") == name:
                 return
@@ -150,58 +147,44 @@ class RecordingCollectives:
     ``broadcast_many_`` only when it has them); the record costs one small JSON write per call.
     """
 
+    RECORDED = ("all_reduce_", "broadcast_", "all_gather", "barrier", "sync", "all_reduce_many", "broadcast_many_")
+
     def __init__(self, inner, progress: Progress):
-        self._inner, self._progress = inner, progress
-        for name in ("sync", "all_reduce_many", "broadcast_many_"):
+        self._inner = inner
+        for name in self.RECORDED:
             if getattr(inner, name, None) is not None:
-                setattr(self, name, self._recorded(name, getattr(inner, name)))
-
-    def _recorded(self, name, method, describe=None):
-        def call(*args, **kwargs):
-            self._progress.enter(name + (f" {_shape(args[0])}" if args else ""))
-            try:
-                value = method(*args, **kwargs)
-            except BaseException:
-                self._progress.leave(failed=True)
-                raise
-            self._progress.leave()
-            return value
-        call.__name__ = name
-        return call
-
-    def all_reduce_(self, tensor, **kwargs):
-        return self._recorded("all_reduce_", self._inner.all_reduce_)(tensor, **kwargs)
-
-    def broadcast_(self, tensor, src=0):
-        return self._recorded("broadcast_", self._inner.broadcast_)(tensor, src)
-
-    def all_gather(self, tensor):
-        return self._recorded("all_gather", self._inner.all_gather)(tensor)
-
-    def barrier(self):
-        return self._recorded("barrier", self._inner.barrier)()
+                setattr(self, name, recorded(progress, getattr(inner, name),
+                                             lambda args, name=name: name + (f" {_shape(args[0])}" if args else "")))
 
     def __getattr__(self, name):  # rank, world_size, device, ... of the wrapped object
         return getattr(self.__dict__["_inner"], name)
 
 
-def recorded_step_sync(mark_step, progress: Progress):
-    """``mark_step`` that records itself as a collective wait (on XLA the lazy
-    collectives run, and block, inside the step sync)."""
-    def step_sync():
-        last = progress.state.get("last_collective") or ""
-        progress.enter("mark_step" + (f" (after {last})" if last and not last.startswith("mark_step") else ""))
+def recorded(progress: Progress, method, label):
+    """``method``, each call recorded in ``progress`` as the collective ``label(args)``."""
+    def call(*args, **kwargs):
+        progress.enter(label(args))
         try:
-            mark_step()
+            value = method(*args, **kwargs)
         except BaseException:
             progress.leave(failed=True)
             raise
         progress.leave()
-    return step_sync
+        return value
+    call.__name__ = getattr(method, "__name__", "call")
+    return call
+
+
+def recorded_step_sync(mark_step, progress: Progress):
+    """``mark_step`` that records itself as a collective wait (on XLA the lazy
+    collectives run, and block, inside the step sync)."""
+    def label(_):
+        last = progress.state.get("last_collective") or ""
+        return "mark_step" + (f" (after {last})" if last and not last.startswith("mark_step") else "")
+    return recorded(progress, mark_step, label)
 
 
 # --- exceptions raised by a replica ---------------------------------------
-
 def failure_info(exc: BaseException, progress: Progress | None = None) -> dict:
     """Picklable description of ``exc`` raised by a task on a replica (call in ``except``)."""
     t = type(exc)
@@ -216,7 +199,6 @@ def failure_info(exc: BaseException, progress: Progress | None = None) -> dict:
 
 
 # --- stacks and exit codes -------------------------------------------------
-
 _THREAD_HEAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.M)
 
 
@@ -260,11 +242,8 @@ def exit_description(code) -> tuple[int | None, str | None]:
 
 
 def tail(path: str, lines: int) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return ""
+    """The last ``lines`` lines of ``path`` (``""`` when it cannot be read)."""
+    return "".join(io.StringIO(read_text(path)).readlines()[-lines:])
 
 
 def read_text(path: str) -> str:
@@ -304,7 +283,6 @@ def request_stacks(pids: dict[int, int], paths: dict[int, str], tids=None, bound
 
 
 # --- formatting -------------------------------------------------------------
-
 def blank(rank: int) -> dict:
     return {k: None for k in DIAGNOSIS_KEYS} | {"rank": rank}
 
@@ -324,15 +302,11 @@ def where(d: dict) -> str:
     return ", ".join(bits)
 
 
-def who(d: dict) -> str:
-    return f"replica {d['rank']} (host {d.get('host')}, pid {d.get('pid')})"
-
-
 def details(diagnosis: list[dict]) -> str:
     """Full text: per replica its status, place, exception, traceback, stacks and log tail."""
     parts, logs_done = [], set()
     for d in diagnosis:
-        head = f"=== {who(d)}: {d.get('status')}"
+        head = f"=== replica {d['rank']} (host {d.get('host')}, pid {d.get('pid')}): {d.get('status')}"
         place = where(d)
         if d.get("task") is not None:
             place = f"task {d['task']}" + (f", {place}" if place else "")

@@ -1,11 +1,11 @@
-"""What a failed task raises: the :class:`ReplicaError` classes and the builder of their
-message from plain data.
+"""What a failed task raises: the :class:`ReplicaError` classes and the builder of their message
+from plain data.
 
 :func:`classify` takes the per-replica diagnosis (dicts with the keys of
-:data:`conformance.worlds.diagnosis.DIAGNOSIS_KEYS`: progress, exception, exit, stacks),
-what was reported (who raised, which hosts died, a collective hang) and the bounds, decides
-who is to blame (:func:`conformance.worlds.blame.blame`) and returns the summary and the
-error class; :func:`replica_error` adds the per-replica details. Neither needs a world:
+:data:`conformance.worlds.diagnosis.DIAGNOSIS_KEYS`), what was reported (who raised, which hosts
+died, a collective hang) and the bounds, decides who is to blame
+(:func:`conformance.worlds.blame.blame`) and returns the summary and the error class;
+:func:`replica_error` adds the per-replica details. Neither needs a world:
 tests/test_failure_messages.py builds diagnoses by hand.
 """
 from __future__ import annotations
@@ -18,26 +18,18 @@ from conformance.worlds.stacks import replica_stacks, top_frame
 
 
 class ReplicaError(RuntimeError):
-    """A task did not complete on every replica.
-
-    ``str(exc)`` is :meth:`summary` followed by :meth:`details`.
+    """A task did not complete on every replica. ``str(exc)`` is :meth:`summary` followed by :meth:`details`.
 
     Attributes:
         diagnosis: one ``dict`` per replica, by rank, with the keys of
-            :data:`conformance.worlds.diagnosis.DIAGNOSIS_KEYS` (``None`` when
-            unknown): ``rank``, ``host``, ``pid``, ``status`` (``raised``,
-            ``hung``, ``died``, ``waiting``, ``aborted-by-peer``, ``ok``; see
-            :class:`conformance.worlds.blame.Blame`), ``task``, ``step``, ``phase``,
-            ``last_collective``, ``collectives`` (kit-recorded, entered in the
-            task), ``in_collective`` (recorded, or found in its stack or
-            traceback), ``waited_s``, ``exception_type``,
-            ``exception_message``, ``traceback``, ``stacks`` (faulthandler with
-            source lines: this replica's thread, then on a one-replica host its
-            other threads), ``exit_code``, ``signal``, ``log_tail`` (its host's
-            last :data:`conformance.worlds.spawned.LOG_TAIL_LINES` lines), ``rss_mib`` / ``peak_rss_mib``
-            (its host process at the report, MiB), plus ``culprit`` (bool:
-            named in the summary) and ``culprit_reason``. Empty when the
-            failure is not per-replica (e.g. a broken world reused).
+            :data:`conformance.worlds.diagnosis.DIAGNOSIS_KEYS` (``None`` when unknown): ``status``
+            (:class:`conformance.worlds.blame.Blame` says each), ``collectives`` (kit-recorded, entered
+            in the task), ``in_collective`` (recorded, or found in its stack or traceback), ``stacks``
+            (faulthandler with source lines: this replica's thread, then on a one-replica host its
+            other threads), ``log_tail`` (its host's last :data:`conformance.worlds.spawned.LOG_TAIL_LINES`
+            lines), ``rss_mib`` / ``peak_rss_mib`` (its host process at the report, MiB), plus
+            ``culprit`` (bool: named in the summary) and ``culprit_reason``. Empty when the failure
+            is not per-replica (e.g. a broken world reused).
     """
 
     def __init__(self, message: str, diagnosis: list[dict] | None = None):
@@ -102,7 +94,6 @@ class HostDiedStarting(ReplicaDied):
         return self.exit_code is not None and self.exit_code < 0
 
 
-
 def inside(slot):
     """A board slot with a sampled collective (``seen_collective``) as its ``in_collective``
     when the kit recorded none."""
@@ -133,10 +124,9 @@ def collective_hang(board, task, now, bound, moved=None):
     either, or all wait in collectives that differ: ``(board, waiting ranks)``, else ``None``.
 
     ``moved``: ``{rank: time of the last change of its progress slot}`` (the World's polls;
-    :func:`progress_mark`). A peer elsewhere that advanced within the bound is late, not hung:
-    on a loaded machine a replica may trace its step for seconds while the others wait, and
-    the bound then waits for it (the runtime's own collective timeout, or the task bound,
-    still ends a wait that never ends). Without ``moved`` every peer elsewhere counts."""
+    :func:`progress_mark`). A peer elsewhere that advanced within the bound is late, not hung
+    (docs/robustness.md "A late peer is not a hung one"). Without ``moved`` every peer elsewhere
+    counts."""
     board = [inside(b) for b in board]
     current = [b for b in board if b.get("task") == task]
     waiting = [b["rank"] for b in current
@@ -148,8 +138,7 @@ def collective_hang(board, task, now, bound, moved=None):
     stalled = [r for r in elsewhere if moved is None or board[r].get("state") in ("returned", "raised")
                or now - moved.get(r, float("-inf")) > bound]  # a replica that left the task never comes
     # All inside collectives, but not the same one: they will never meet.
-    mismatch = len({(b.get("collectives"), (b.get("in_collective") or "").split(" ")[0])
-                    for b in current if b.get("in_collective")}) > 1
+    mismatch = len({blame_mod.collective_key(b) for b in current if b.get("in_collective")}) > 1
     return (board, waiting) if stalled or mismatch else None
 
 
@@ -163,8 +152,7 @@ def replica_diagnosis(rank, host, pid, task, slot, *, now, rss, dump, host_tids,
     ``pending`` hosts (still running the task)."""
     b = slot if slot.get("task") == task else {}
     d = dg.blank(rank) | {"host": host, "pid": pid, "task": task, "culprit": False}
-    for k in ("step", "phase", "last_collective", "collectives", "in_collective"):
-        d[k] = b.get(k)
+    d |= {k: b.get(k) for k in ("step", "phase", "last_collective", "collectives", "in_collective")}
     if b.get("own_graphs"):  # PJRT: a step sync of the DDP's own (runtimes.pjrt_graphs)
         d["own_graphs"] = b["own_graphs"]
     since = b.get("since") if b.get("in_collective") else b.get("seen_since")
@@ -178,13 +166,10 @@ def replica_diagnosis(rank, host, pid, task, slot, *, now, rss, dump, host_tids,
     d["log_tail"] = log_tail
     if rank in raised:
         info = raised[rank]
-        for k in ("exception_type", "exception_message", "traceback"):
-            d[k] = info.get(k)
-        for k in ("step", "phase", "last_collective", "in_collective"):
-            if info.get(k) is not None or k == "in_collective":
-                d[k] = info.get(k)
+        d |= {k: info.get(k) for k in ("exception_type", "exception_message", "traceback")}
+        d |= {k: info[k] for k in ("step", "phase", "last_collective") if info.get(k) is not None}
         # an exception out of torch.distributed itself (gloo's timeout) was a wait
-        d["in_collective"] = d["in_collective"] or blame_mod.collective_in(d["traceback"] or "")
+        d["in_collective"] = info.get("in_collective") or blame_mod.collective_in(d["traceback"] or "")
         d["waited_s"] = None
         d["status"] = "raised"
     elif host in dead:
@@ -257,7 +242,7 @@ def _death_summary(diag, culprits, head) -> str:
     parts = []
     for h in sorted({d["host"] for d in died}):
         ds = [d for d in died if d["host"] == h]
-        d0 = ds[0]
+        d0 = ds[0]  # the host's death, shared by its replicas
         how = (f"killed by {d0['signal']}" if d0["signal"] else f"exited with code {d0['exit_code']}")
         ranks = ", ".join(str(d["rank"]) for d in ds)
         last = [ln.strip() for ln in (d0.get("log_tail") or "").splitlines() if ln.strip()]
@@ -265,10 +250,9 @@ def _death_summary(diag, culprits, head) -> str:
             how += f" ({last[-1][:300]})"
         parts.append(f"replica {ranks} (host {h}, pid {d0['pid']}) died: {how}")
     # What each replica was doing: who waited in a collective, who was elsewhere.
-    doing = [f"replica {d['rank']}: {dg.where(d) or 'no progress noted'}" for d in diag
-             if dg.where(d)]
-    # An abort inside a collective whose peers sit in a different one (gloo's
-    # "Received data size doesn't match"): name both sides of the mismatch.
+    doing = [f"replica {d['rank']}: {dg.where(d)}" for d in diag if dg.where(d)]
+    # An abort inside a collective whose peers sit in another one (gloo's "Received data size
+    # doesn't match"): name both sides of the mismatch.
     other = [d for d in culprits if d["status"] != "died"]
     if other:
         aborted = [d for d in died if d["signal"] == "SIGABRT" and d.get("in_collective")]
@@ -324,10 +308,10 @@ def _hang_summary(diag, culprits, head, *, timeout, elapsed, raised, hang, colle
         else:
             d["status"] = "hung"
             outside = "outside any collective" in (d["culprit_reason"] or "")
-            top = top_frame(d.get("stacks") or "")
+            top, rss = top_frame(d.get("stacks") or ""), d.get("rss_mib")
             parts.append(f"replica {d['rank']} hung{' outside any collective' if outside else ''}"
                          f"{f' at {top}' if top else ''} ({dg.where(d) or 'no progress noted'}; "
-                         f"rss {mib(d.get('rss_mib'))})")
+                         f"rss {'?' if rss is None else f'{rss:.0f} MiB'})")
     waits = [f"replica {d['rank']} in {d['last_collective'] or d['in_collective']}"
              + (f" for {d['waited_s']:.1f} s" if d.get("waited_s") is not None else "")
              + (f" (raised {d['exception_type']})" if d.get("exception_type") else "")
@@ -348,11 +332,6 @@ def lead(parts: list[str], culprits=()) -> str:
     return f"{alike}{parts[0].rstrip('. ')}. "
 
 
-def mib(value):
-    return "?" if value is None else f"{value:.0f} MiB"
-
-
 def first_line(text):
     text = (text or "").strip()
     return text.splitlines()[0][:300] if text else ""
-

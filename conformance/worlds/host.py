@@ -1,14 +1,7 @@
 """The host side of a spawned world: the process a :class:`conformance.worlds.spawned.World`
-starts per host, its task loop, and the sampling of its replicas' stacks.
-
-:func:`host_main` is the spawned entry point (``multiprocessing`` pickles it by this module's
-path): it drops the parent's launcher variables (:data:`SCRUBBED_LAUNCHER_VARS`), sends its
-output to the host's log, ignores SIGINT, dies with its parent (:func:`die_with_parent`),
-enables ``faulthandler`` (fatal signals and SIGUSR1 dump every thread), sets up the runtime's
-replicas with their progress slots (:func:`instrument`), starts the collective watch
-(:func:`watch_collectives`) and then runs tasks until told to stop.
-
-This module imports torch only through the runtime, inside the host process.
+starts per host (:func:`host_main`, pickled by this module's path), its task loop, and the
+sampling of its replicas' stacks (:func:`watch_collectives`). This module imports torch only
+through the runtime, inside the host process.
 """
 from __future__ import annotations
 
@@ -68,9 +61,8 @@ def die_with_parent(parent_pid):
 
 def instrument(ctx, board, host, runtime):
     """Give a replica its progress slot; record its collectives (and XLA step syncs)."""
-    p = board.slot(ctx.rank, host=host, pid=os.getpid(),
-                   tid=ctx.extra.get("thread_ident") or threading.get_ident())
-    ctx.progress = p
+    ctx.progress = p = board.slot(ctx.rank, host=host, pid=os.getpid(),
+                                  tid=ctx.extra.get("thread_ident") or threading.get_ident())
     ctx.collectives = dg.RecordingCollectives(ctx.collectives, p)
     if runtime.step_sync_runs_collectives:
         ctx.mark_step = dg.recorded_step_sync(ctx.mark_step, p)
@@ -80,13 +72,11 @@ def sample_stacks(skip: int) -> dict[int, str]:
     """``{thread ident: stack}`` of every thread of this process but ``skip``, innermost frame
     first, each stack in ``faulthandler``'s format (what :mod:`conformance.worlds.blame` reads).
 
-    From ``sys._current_frames()``, which walks the interpreter's thread list under its
-    lock. ``faulthandler.dump_traceback`` walks it without one (it is written for signal
-    handlers): called often it races threads that C++ code gives a thread state and takes it
-    back, and kills the host with SIGSEGV. The frames are read into strings at once (microseconds, no I/O,
-    no garbage collection) and dropped before anything else: a frame object still held when its
-    function returns keeps the function's locals alive, and on PJRT a lazy tensor kept alive
-    that way is one more output of the replica's next graph (docs/runtimes/pjrt.md, cause 1)."""
+    From ``sys._current_frames()``, under the interpreter's lock (``faulthandler.dump_traceback``,
+    written for signal handlers, takes none: called often it killed hosts with SIGSEGV). The
+    frames are read into strings at once and dropped before anything else: a frame still held
+    keeps its function's locals alive, and on PJRT a lazy tensor kept alive that way is one more
+    output of the replica's next graph (docs/runtimes/pjrt.md, cause 1)."""
     collecting = gc.isenabled()
     gc.disable()  # a collection could run finalizers, which may release the GIL
     frames = frame = None
@@ -113,8 +103,7 @@ def watch_collectives(replicas, every=WATCH_S):
     """Host thread: every ``every`` seconds, record in each running replica's progress
     the collective its stack shows (:func:`conformance.worlds.blame.collective_in`), so the
     collective bound applies to a DDP that calls torch.distributed or torch_xla itself.
-    On a host of one replica every thread counts (a DDP's communication thread). Stacks come
-    from :func:`sample_stacks` (safe to call often, holds no frame)."""
+    On a host of one replica every thread counts (a DDP's communication thread)."""
     me = threading.get_ident()
     while True:
         time.sleep(every)
@@ -133,12 +122,12 @@ def watch_collectives(replicas, every=WATCH_S):
 
 
 def host_main(world, host, conn, workdir, env, parent_pid, settings, parent_env=None, registered=None):
-    """Entry point of host ``host`` of ``world`` (its :class:`~conformance.worlds.registry.WorldKey`;
-    runs until told to stop). ``parent_env``: the kit's environment when it started this host (a
-    host forked by the fork server would otherwise inherit the server's, from when the first
-    world started). ``registered``: ``(runtime, its entry in the kit's registry)``
-    (``"module:Class"`` or a class), for a runtime registered after the fork server imported the
-    registry."""
+    """Entry point of host ``host`` of ``world`` (its :class:`~conformance.worlds.registry.WorldKey`):
+    drops the parent's launcher variables, logs to the host's log, ignores SIGINT, dies with its
+    parent, enables ``faulthandler``, sets up the runtime's replicas, then runs tasks until told
+    to stop. ``parent_env``: the kit's environment when it started this host (a host forked by the
+    fork server would otherwise inherit the server's). ``registered``: ``(runtime, its registry
+    entry)``, for a runtime registered after the fork server imported the registry."""
     if parent_env is not None:
         os.environ.clear()
         os.environ.update(parent_env)
@@ -203,4 +192,3 @@ def reset_host(runtime, replicas, generation, workdir, stacks):
     except BaseException:
         return traceback.format_exc()
     return None
-

@@ -1,14 +1,11 @@
 """How hosts start (``Settings.host_start``): from a ``multiprocessing`` fork server that imported
-:mod:`conformance.worlds.preload` (torch, the parts of torch the tasks import lazily, the kit's
-task modules), or, with ``spawn``, as fresh interpreters.
+:mod:`conformance.worlds.preload`, or, with ``spawn``, as fresh interpreters.
 
 Why the server: a host forked from it starts and closes in a small fraction of the time of a
-fresh interpreter, which imports torch itself (the figures: docs/robustness.md "A lost world is
-replaced in a tenth of a second"). The server itself starts once per kit process (seconds of
-imports); :func:`start_server` starts it early, while the kit process still imports and selects
-its cases.
-
-Imports neither torch nor the kit's runtimes (the CLI calls :func:`start_server` first thing).
+fresh interpreter, which imports torch itself (docs/robustness.md "A lost world is replaced in a
+tenth of a second"). The server starts once per kit process (seconds of imports);
+:func:`start_server` starts it early, while the kit process still imports and selects its
+cases. Imports neither torch nor the kit's runtimes (the CLI calls :func:`start_server` first).
 """
 from __future__ import annotations
 
@@ -43,11 +40,11 @@ def start_server(start: str = "forkserver") -> None:
 
 
 def stop_server() -> None:
-    """Kill the fork server now, if this process started one: for a command that ends before
-    its first world (bad input, Ctrl-C), the server would otherwise finish its imports (seconds)
-    after this process exited. Its hosts, if any, die with it (``PR_SET_PDEATHSIG``). Reads
-    ``multiprocessing.forkserver``'s server pid, a private attribute of CPython 3.8-3.13:
-    without it the server is left to exit by itself."""
+    """Kill the fork server now, if this process started one: for a command that ends before its
+    first world (bad input, Ctrl-C), the server would otherwise finish its imports (seconds) after
+    this process exited. Its hosts, if any, die with it (``PR_SET_PDEATHSIG``). Reads the server
+    pid, a private attribute of CPython 3.8-3.13's ``multiprocessing.forkserver``: without it the
+    server is left to exit by itself."""
     server = getattr(forkserver, "_forkserver", None)
     pid = getattr(server, "_forkserver_pid", None)
     if not isinstance(pid, int):

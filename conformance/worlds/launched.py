@@ -1,34 +1,18 @@
 """A world whose replicas were started by an external launcher (torchrun, env://).
 
-:class:`conformance.worlds.spawned.World` starts its own host processes. Past one
-machine that is the launcher's job: ``torchrun --nnodes=N --nproc-per-node=P``
-starts ``N * P`` processes, one per replica, and tells each its place in the
-environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``,
-``MASTER_ADDR``/``MASTER_PORT``). :class:`ExternalWorld` is built from that
-environment instead of spawning anything, and has the same API as ``World``:
-
-* every launched process runs the *same* code and constructs one
-  ``ExternalWorld``; it initialises a gloo group with
-  :func:`ddp_impl.init_process_group` (``env://``, rank = process index) and is
-  itself one replica (the :class:`~conformance.worlds.runtimes.base.ReplicaContext`
-  the CPU runtime builds);
-* :meth:`ExternalWorld.run` runs the task *locally* on every process, then
-  gathers the per-replica results to rank 0 over a separate control group
-  (``gather_object``, bounded by the task timeout). Rank 0 gets the list by
-  global ordinal; every other rank gets ``None`` - rank 0 evaluates. Whether
-  some replica raised is broadcast back, so every rank raises the same
-  :class:`~conformance.worlds.failure.ReplicaFailed` and no rank is left waiting;
-* :meth:`ExternalWorld.broadcast` lets rank 0 share a verdict (the CLI's exit
-  code) so every process exits alike.
-
+Past one machine, starting processes is the launcher's job: ``torchrun --nnodes=N
+--nproc-per-node=P`` starts ``N * P`` processes, one per replica, and tells each its place in
+the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``,
+``MASTER_ADDR``/``MASTER_PORT``). Every launched process runs the same code and builds one
+:class:`ExternalWorld` from that environment instead of spawning anything: it initialises a gloo
+group with :func:`ddp_impl.init_process_group` (``env://``) and is itself one replica (the
+:class:`~conformance.worlds.runtimes.base.ReplicaContext` the CPU runtime builds).
 :class:`ExternalPool` is the :class:`~conformance.worlds.pool.Pool` a
-:class:`conformance.evaluate.Session` takes: ``get(WorldKey(runtime, W))`` returns the
-launcher's world and refuses any other ``W`` with a clear error.
+:class:`conformance.evaluate.Session` takes.
 
-Only the CPU runtime (plain PyTorch, gloo) runs under an external launcher.
-Control collectives use their own gloo group, never the default group the
-DDP under test uses: a replica that raised mid-step cannot pair its gather with
-another replica's pending all-reduce.
+Only the CPU runtime (plain PyTorch, gloo) runs under an external launcher. Control
+collectives use their own gloo group, never the default group the DDP under test uses: a
+replica that raised mid-step cannot pair its gather with another replica's pending all-reduce.
 """
 from __future__ import annotations
 
@@ -44,7 +28,7 @@ import traceback
 from conformance.settings import Settings
 from conformance.worlds.blame import collective_in
 from conformance.worlds.diagnosis import blank as blank_diagnosis, details as diagnosis_details
-from conformance.worlds.failure import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout
+from conformance.worlds.failure import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, first_line
 from conformance.worlds.host import die_with_parent
 from conformance.worlds.pool import Pool
 from conformance.worlds.runtimes import (RUNTIMES, RuntimeUnavailable, WorldKey, check_world, get_runtime,
@@ -52,8 +36,8 @@ from conformance.worlds.runtimes import (RUNTIMES, RuntimeUnavailable, WorldKey,
 from conformance.worlds.runtimes.base import ReplicaContext
 from conformance.worlds.runtimes.cpu import process_group_timeout_s, resolve_backend
 
-# What a launcher must set (torchrun does; so do `python -m torch.distributed.run`
-# and most cluster launchers that speak env://). MASTER_PORT defaults in gloo.
+# What a launcher must set (torchrun does; so do most cluster launchers that speak env://).
+# MASTER_PORT defaults in gloo.
 REQUIRED_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 
 
@@ -71,29 +55,27 @@ class WorldSizeMismatch(ValueError):
     """A world size other than the launcher's was asked for; ``str(exc)`` is one line."""
 
 
-def launcher_env(environ=None) -> dict | None:
+def launcher_env() -> dict | None:
     """The launcher's variables when ``REQUIRED_LAUNCHER_VARS`` are all set, else ``None``."""
-    env = os.environ if environ is None else environ
-    if not all(env.get(v) for v in REQUIRED_LAUNCHER_VARS):
+    if not all(os.environ.get(v) for v in REQUIRED_LAUNCHER_VARS):
         return None
     keys = REQUIRED_LAUNCHER_VARS + ("MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                            "TORCHELASTIC_RUN_ID")
-    return {k: env[k] for k in keys if k in env}
+                                     "TORCHELASTIC_RUN_ID")
+    return {k: os.environ[k] for k in keys if k in os.environ}
 
 
-def launched(environ=None) -> bool:
+def launched() -> bool:
     """True when this process was started by an env:// launcher (see :data:`REQUIRED_LAUNCHER_VARS`)."""
-    return launcher_env(environ) is not None
+    return launcher_env() is not None
 
 
-def launcher_world_size(environ=None) -> int:
+def launcher_world_size() -> int:
     """``WORLD_SIZE`` of the launcher that started this process.
 
     Raises:
-        LauncherEnvError: not launched, or the variables are not integers /
-            inconsistent (one line naming them).
+        LauncherEnvError: not launched, or the variables are not integers / inconsistent (one line).
     """
-    env = os.environ if environ is None else environ
+    env = os.environ
     missing = [v for v in REQUIRED_LAUNCHER_VARS if not env.get(v)]
     if missing:
         raise LauncherEnvError(
@@ -109,13 +91,13 @@ def launcher_world_size(environ=None) -> int:
     return size
 
 
-def check_external(runtime: str, world_size: int | None = None, environ=None) -> int:
+def check_external(runtime: str, world_size: int | None = None) -> int:
     """Validate an external world of ``runtime`` (and ``world_size``); return the launcher's size.
 
     Raises:
         LauncherEnvError, WorldSizeMismatch, RuntimeUnavailable: one line each.
     """
-    size = launcher_world_size(environ)
+    size = launcher_world_size()
     if runtime not in external_runtimes():
         raise RuntimeUnavailable(f"runtime {runtime} cannot run under an external launcher "
                                  f"(only {', '.join(external_runtimes())}: one replica per launched process)")
@@ -129,23 +111,18 @@ def check_external(runtime: str, world_size: int | None = None, environ=None) ->
 class ExternalWorld:
     """The world of replicas an external launcher started; this process is one of them.
 
-    Same API as :class:`conformance.worlds.spawned.World` (``run``, ``world_size``,
-    ``runtime``, ``broken``, ``close``, ``describe``), except that :meth:`run`
-    returns the results on rank 0 only (``None`` on the others). Every process
-    must construct it and call :meth:`run` with the same tasks in the same order
-    (the launcher runs the same program everywhere, so it does).
+    Same API as :class:`conformance.worlds.spawned.World`, except that :meth:`run` returns the
+    results on rank 0 only (``None`` on the others; rank 0 evaluates, and :meth:`broadcast` shares
+    its verdict). Every process must construct it and call :meth:`run` with the same tasks in the
+    same order (the launcher runs the same program everywhere, so it does). A task is bounded by
+    ``settings.replica_timeout`` s: a replica waits at most this long for the others at the result
+    gather, and one still inside the task after this long prints its Python stacks to stderr.
+    The default group the DDP under test uses is bounded by
+    :func:`conformance.worlds.runtimes.cpu.process_group_timeout_s` (above the task bound, so a
+    stuck replica's stacks are printed before a waiting peer's gloo timeout fires).
 
     Args:
         runtime: ``"cpu"`` (the only one, see :func:`external_runtimes`).
-        timeout: default bound in seconds on each task (default
-            ``settings.replica_timeout``): a replica waits at most this long for
-            the others at the result gather, and a replica still inside the
-            task after this long prints its Python stacks to stderr.
-        collective_timeout: bound on every collective of the default group
-            the DDP under test uses (default
-            :func:`conformance.worlds.runtimes.cpu.process_group_timeout_s`: above the
-            task bound, so a stuck replica's stacks are printed before a waiting peer's
-            gloo timeout fires).
         settings: the run's :class:`~conformance.settings.Settings`.
 
     Raises:
@@ -154,8 +131,7 @@ class ExternalWorld:
         RuntimeError: the rendezvous failed (within the group timeout).
     """
 
-    def __init__(self, runtime: str = "cpu", timeout: float | None = None,
-                 collective_timeout: float | None = None, settings: Settings | None = None):
+    def __init__(self, runtime: str = "cpu", settings: Settings | None = None):
         import torch
         import torch.distributed as dist
 
@@ -163,7 +139,7 @@ class ExternalWorld:
 
         settings = settings or Settings()
         self.runtime = runtime
-        self.timeout = timeout or settings.replica_timeout
+        self.timeout = settings.replica_timeout
         self.broken = False
         self.world_size = check_external(runtime)
         self.env = launcher_env()
@@ -175,10 +151,8 @@ class ExternalWorld:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
         self._owns_group = not dist.is_initialized()
         if self._owns_group:
-            ddp_impl.init_process_group(
-                resolve_backend(settings.backend), init_method="env://",
-                timeout=datetime.timedelta(seconds=collective_timeout or process_group_timeout_s(
-                    settings.replace(replica_timeout=self.timeout))))
+            ddp_impl.init_process_group(resolve_backend(settings.backend), init_method="env://",
+                                        timeout=datetime.timedelta(seconds=process_group_timeout_s(settings)))
         b = ddp_impl.runtime.ranks.bindings()
         if (b.process_count, b.global_ordinal) != (self.world_size, int(self.env["RANK"])):
             raise RuntimeError(f"torch.distributed is initialised with rank {b.global_ordinal} of "
@@ -186,8 +160,8 @@ class ExternalWorld:
                                f"WORLD_SIZE={self.world_size}")
         self.rank = b.global_ordinal
         self.ctx = ReplicaContext(runtime=runtime, rank=b.global_ordinal, world_size=b.world_size,
-                                  device=torch.device("cpu"),
-                                  collectives=ddp_impl.TorchDistributedCollectives(), bindings=b)
+                                  device=torch.device("cpu"), collectives=ddp_impl.TorchDistributedCollectives(),
+                                  bindings=b)
         me = {"rank": self.rank, "local_rank": b.local_ordinal, "host": os.environ.get("GROUP_RANK", "0"),
               "hostname": socket.gethostname(), "pid": os.getpid()}
         self.members = [None] * self.world_size
@@ -215,8 +189,8 @@ class ExternalWorld:
 
         Raises (on every rank alike, and the world is then broken):
             ReplicaFailed: some replica raised (the message holds every traceback).
-            ReplicaTimeout: some replica did not deliver within ``timeout``
-                seconds (a stuck one dumps its stacks to stderr).
+            ReplicaTimeout: some replica did not deliver within ``timeout`` seconds (a stuck one
+                dumps its stacks to stderr).
             ReplicaDied: a peer vanished (connection closed) during the gather.
         """
         if self.broken:
@@ -225,9 +199,8 @@ class ExternalWorld:
         limit = float(timeout or self.timeout)
         self._tasks += 1
         group = self._control(limit)
-        # A replica still in the task when its timeout expires dumps its Python
-        # stacks to stderr (the launcher shows them) before the others' gather
-        # times out: the stuck one names itself.
+        # A replica still in the task when its timeout expires dumps its Python stacks to stderr
+        # (the launcher shows them) before the others' gather times out: the stuck one names itself.
         watchdog = threading.Timer(limit, self._dump_stacks, args=(self._tasks, fn, limit))
         watchdog.daemon = True
         watchdog.start()
@@ -250,17 +223,14 @@ class ExternalWorld:
         ``(the gathered pairs on rank 0, else None; the failures' infos, or None)``.
 
         Raises:
-            ReplicaTimeout / ReplicaDied: the gather or the broadcast failed (a replica stuck
-                past ``limit`` seconds, or gone); the world is then broken.
+            ReplicaTimeout / ReplicaDied: the gather or the broadcast failed (a replica stuck past
+                ``limit`` seconds, or gone); the world is then broken.
         """
         import torch.distributed as dist
         gathered = [None] * self.world_size if self.is_root else None
         try:
             dist.gather_object((ok, value), gathered, dst=0, group=group)
-            errors = None
-            if self.is_root:
-                errors = [v for good, v in gathered if not good]
-            status = [errors or None]
+            status = [([v for good, v in gathered if not good] or None) if self.is_root else None]
             dist.broadcast_object_list(status, src=0, group=group)
         except Exception as exc:
             self.broken = True
@@ -277,13 +247,10 @@ class ExternalWorld:
 
     def _raised(self, errors: list[dict]) -> ReplicaFailed:
         """The :class:`ReplicaFailed` of the replicas that raised (``errors``: their infos)."""
-        diag = []
-        for v in errors:
-            d = blank_diagnosis(v["rank"]) | {k: v.get(k) for k in ("host", "pid", "exception_type",
-                                                                      "exception_message", "traceback")}
-            diag.append(d | {"status": "raised", "culprit": True, "task": self._tasks})
-        head = "; ".join(f"replica {d['rank']} raised {d['exception_type']}: "
-                         f"{(d['exception_message'] or '').strip().splitlines()[0][:300] if d['exception_message'] else ''}"
+        keys = ("host", "pid", "exception_type", "exception_message", "traceback")
+        diag = [blank_diagnosis(v["rank"]) | {k: v.get(k) for k in keys}
+                | {"status": "raised", "culprit": True, "task": self._tasks} for v in errors]
+        head = "; ".join(f"replica {d['rank']} raised {d['exception_type']}: {first_line(d['exception_message'])}"
                          for d in diag)
         return ReplicaFailed(f"{self.describe()}: {len(diag)} replica(s) raised; {head}\n"
                              + diagnosis_details(diag), diag)
@@ -324,7 +291,7 @@ class ExternalWorld:
     def pids(self) -> list[int]:
         return [m["pid"] for m in self.members]
 
-    def close(self, graceful: bool = True) -> None:
+    def close(self) -> None:
         """Destroy the process group if this world created it; idempotent."""
         import torch.distributed as dist
         if self._owns_group and dist.is_initialized():
@@ -339,13 +306,11 @@ class ExternalWorld:
 
 
 class ExternalPool(Pool):
-    """The :class:`~conformance.worlds.pool.Pool` of the one launcher-built world.
-
-    ``get(world)`` returns it (constructed on first use) when ``world`` is the launch's runtime
-    and size; anything else raises :class:`WorldSizeMismatch` / ``RuntimeUnavailable`` - a
-    launched world has exactly the launcher's processes. A broken world cannot be replaced.
-    A task's results reach the root process only (:attr:`sees_every_result` is false).
-    """
+    """The :class:`~conformance.worlds.pool.Pool` of the one launcher-built world: ``get(world)``
+    returns it (constructed on first use) when ``world`` is the launch's runtime and size; anything
+    else raises :class:`WorldSizeMismatch` / ``RuntimeUnavailable`` - a launched world has exactly
+    the launcher's processes. A broken world cannot be replaced. A task's results reach the root
+    process only (:attr:`sees_every_result` is false)."""
 
     sees_every_result = False
 
@@ -357,9 +322,7 @@ class ExternalPool(Pool):
 
     @property
     def is_root(self) -> bool:
-        if self.world is not None:
-            return self.world.is_root
-        return int(os.environ["RANK"]) == 0
+        return self.world.is_root if self.world is not None else int(os.environ["RANK"]) == 0
 
     def get(self, world: WorldKey) -> ExternalWorld:
         if world.world != self.runtime:
@@ -384,10 +347,9 @@ def root_decides(pool, decide) -> int:
     """Run ``decide() -> exit code`` on the root process only; return its code on every rank.
 
     ``pool`` is a :class:`~conformance.worlds.pool.Pool`: of one process (a
-    :class:`~conformance.worlds.pool.WorldPool`: just calls ``decide``), or an
-    :class:`ExternalPool` (rank 0 decides - prints, writes the report - and broadcasts the
-    code, so every launched process exits alike). If ``decide`` raises on the root, every
-    rank gets 1 and the root re-raises.
+    :class:`~conformance.worlds.pool.WorldPool`: just calls ``decide``), or an :class:`ExternalPool`
+    (rank 0 decides - prints, writes the report - and broadcasts the code, so every launched
+    process exits alike). If ``decide`` raises on the root, every rank gets 1 and the root re-raises.
     """
     code, error = None, None
     if pool.is_root:

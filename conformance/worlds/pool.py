@@ -1,14 +1,10 @@
 """The world pool: what a :class:`conformance.evaluate.Session` asks of the worlds it runs on.
 
 Declared once, as pytest-xdist declares its scheduler's interface: :class:`Pool` names every
-member a caller may use, with its meaning, types and errors, and gives the defaults of a pool
-that has nothing to say about a member. Every pool derives from it - :class:`WorldPool` (the
-worlds the kit spawns, here), :class:`conformance.worlds.launched.ExternalPool` (the one world
-an env:// launcher started), the test doubles - and callers use its members plainly, never
-probing for them.
-
-A world is asked for by its :class:`~conformance.worlds.registry.WorldKey`, the key itself (its
-:attr:`~conformance.worlds.registry.WorldKey.world` name is for display only).
+member a caller may use and gives the defaults of a pool that has nothing to say about one.
+Every pool derives from it - :class:`WorldPool` (the worlds the kit spawns),
+:class:`conformance.worlds.launched.ExternalPool` (the one world an env:// launcher started), the
+test doubles - and callers use its members plainly, never probing for them.
 """
 from __future__ import annotations
 
@@ -32,17 +28,16 @@ class Pool(abc.ABC):
     """The worlds of a run, by :class:`~conformance.worlds.registry.WorldKey`.
 
     A world is an object with ``run(fn, timeout=None, **payload) -> list | None`` (``fn(ctx,
-    **payload)`` on every replica: the results by rank, ``None`` on a process that does not
-    receive them), ``world_size``, ``broken``, ``describe() -> str``, ``pids() -> list[int]``
-    and ``close()``: a :class:`conformance.worlds.spawned.World` or a
-    :class:`conformance.worlds.launched.ExternalWorld`.
+    **payload)`` on every replica: the results by rank, ``None`` on a process that does not receive
+    them), ``world_size``, ``broken``, ``describe() -> str``, ``pids() -> list[int]`` and
+    ``close()``: a :class:`conformance.worlds.spawned.World` or a :class:`conformance.worlds.launched.ExternalWorld`.
 
     Attributes:
-        sees_every_result: ``True`` when a task's results come back to the process that runs
-            it; ``False`` when they reach the root process only (a launcher-built world: the
-            searching kinds, which draw each example from the last result, are skipped there).
-        is_root: ``True`` on the process that evaluates and reports (every process of a pool
-            that spans one process; rank 0 of a launcher-built world).
+        sees_every_result: ``True`` when a task's results come back to the process that runs it;
+            ``False`` when they reach the root process only (a launcher-built world: the searching
+            kinds, which draw each example from the last result, are skipped there).
+        is_root: ``True`` on the process that evaluates and reports (the one process of a spawning
+            pool; rank 0 of a launcher-built world).
         restarts: one line per world start that a host's crash undid and the pool made again
             (reported as a warning by every face); empty when none was.
     """
@@ -65,9 +60,9 @@ class Pool(abc.ABC):
 
     def prestart(self, world: WorldKey):
         """Start ``world`` now without waiting for it, so that its hosts start while this process
-        works with another world; :meth:`get` then returns it. Returns the world, or ``None``
-        when nothing is started ahead (the default) or it cannot be: the error is left for
-        :meth:`get` to raise where it is reported. Raises nothing."""
+        works with another world; :meth:`get` then returns it. Returns the world, or ``None`` when
+        nothing is started ahead (the default) or it cannot be (:meth:`get` raises the error where
+        it is reported). Raises nothing."""
         return None
 
     def broadcast(self, obj, src: int = 0):
@@ -114,21 +109,14 @@ class WorldPool(Pool):
         self.restarts: list[str] = [] if restarts is None else restarts
 
     def get(self, world: WorldKey) -> World:
-        """The started world ``world``. A start-up that a host's crash (a fatal signal before any
-        task) undid is made again, up to :data:`START_ATTEMPTS` starts in all, and said in
-        :attr:`restarts`.
-
-        Raises:
-            ReplicaError / RuntimeUnavailable / KeyError: as :class:`World` (a crash at every start
-                attempt: the last one's :class:`~conformance.worlds.failure.HostDiedStarting`).
-            PoolHalted: the pool was halted (:meth:`halt`).
-        """
+        """:meth:`Pool.get`. A start-up that a host's crash (a fatal signal before any task) undid
+        is made again, up to :data:`START_ATTEMPTS` starts in all, and said in :attr:`restarts`; a
+        crash at every attempt raises the last one's :class:`~conformance.worlds.failure.HostDiedStarting`."""
         with self._lock:  # another thread may halt the pool meanwhile
             if self._halted:
                 raise _not_started(world)
             started = self._worlds.get(world)
-        attempt = 1
-        while True:
+        for attempt in range(1, START_ATTEMPTS + 1):
             if started is None or started.broken:
                 # started outside the lock: a start can wait seconds on the fork server's imports
                 started = self._keep(world, World(world, settings=self.settings, wait=False))
@@ -144,14 +132,10 @@ class WorldPool(Pool):
                 self.restarts.append(f"{started.describe()}: {err.death} while starting"
                                      f"{f' at {err.where}' if err.where else ''} "
                                      f"(start {attempt} of {START_ATTEMPTS}); started again")
-                attempt += 1
 
     def _keep(self, key: WorldKey, world: World) -> World:
-        """``world``, now the pool's for ``key``; closed at once if the pool was halted while it started.
-
-        Raises:
-            PoolHalted: it was.
-        """
+        """``world``, now the pool's for ``key``; closed at once, raising :class:`PoolHalted`, if the
+        pool was halted while it started."""
         with self._lock:
             if not self._halted:
                 self._worlds[key] = world
@@ -160,26 +144,20 @@ class WorldPool(Pool):
         raise _not_started(key)
 
     def prestart(self, world: WorldKey) -> World | None:
-        """Spawn that world's hosts now, without waiting for them: they import the runtime while
-        this process still works with another world (docs/runtimes/pjrt.md "The next world starts
-        meanwhile"). See :meth:`Pool.prestart`."""
+        """:meth:`Pool.prestart`: the hosts import the runtime while this process still works with
+        another world (docs/runtimes/pjrt.md "The next world starts meanwhile")."""
         with self._lock:
             if self._halted:
                 return None
             if world in self._worlds and not self._worlds[world].broken:
                 return self._worlds[world]
         try:
-            started = World(world, settings=self.settings, wait=False)
-        except Exception:  # unavailable runtime, bad size, spawn failure: get() reports it
-            return None
-        try:
-            return self._keep(world, started)
-        except PoolHalted:
+            return self._keep(world, World(world, settings=self.settings, wait=False))
+        except (Exception, PoolHalted):  # unavailable runtime, bad size, spawn failure: get() reports it
             return None
 
     def halt(self) -> None:
-        """Close every world and start no new one (an interrupted run: a thread of it that
-        asks for a world after this gets :class:`PoolHalted`, not a world nobody closes)."""
+        """:meth:`Pool.halt`: a thread of an interrupted run gets :class:`PoolHalted`, not a world nobody closes."""
         with self._lock:
             self._halted = True
         self.close()

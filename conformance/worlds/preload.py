@@ -1,21 +1,16 @@
-"""What the hosts' fork server imports once, before it forks any host.
+"""What the hosts' fork server imports once, before it forks any host (why: :mod:`conformance.worlds.hoststart`).
 
-:class:`conformance.worlds.spawned.World` starts its hosts from a ``multiprocessing`` fork
-server that has imported this module, so a host starts with torch, the parts of torch that the
-kit's tasks and the DDPs under test import lazily, and the kit's task modules already loaded.
-A spawned host imports them itself (torch as it starts; ``torch._dynamo`` and sympy on its
-first optimizer, which ``torch.optim`` imports then; DDP's parts on its first DDP): CPU-seconds
-per host (docs/robustness.md "A lost world is replaced in a tenth of a second"). Thread pools
-are kept to one thread before anything is imported, so the server holds no worker thread when
-it forks (OpenBLAS starts one per extra core on import).
+A host then starts with torch, the parts of torch that the kit's tasks and the DDPs under test
+import lazily (``torch._dynamo`` and sympy on a first optimizer, DDP's parts on a first DDP) and
+the kit's task modules already loaded. Thread pools are kept to one thread before anything is
+imported, so the server holds no worker thread when it forks (OpenBLAS starts one per extra core
+on import; a host sets its own environment when it starts).
 """
 import importlib
 import os
 
 
-def _one_thread_pools() -> None:
-    """Before the imports below: each thread pool library starts with one thread (a host sets
-    its own environment when it starts; these only shape the server)."""
+def _one_thread_pools() -> None:  # a function: module-level code reads no os.environ (tests/test_structure.py)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
 

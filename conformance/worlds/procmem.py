@@ -1,8 +1,6 @@
-"""Memory of local processes, read from ``/proc/<pid>/status`` (Linux).
-
-Every figure is in MiB (the kernel reports kB = KiB). A reading is ``None`` when
-it cannot be taken: the process is gone, or this system has no ``/proc``. Reading
-another process's status needs no cooperation from it, so a world's hosts are
+"""Memory of local processes, read from ``/proc/<pid>/status`` (Linux), in MiB (the kernel
+reports kB = KiB). A reading is ``None`` when it cannot be taken: the process is gone, or this
+system has no ``/proc``. It needs no cooperation from the process, so a world's hosts are
 measured without running a task on them.
 """
 from __future__ import annotations
@@ -31,7 +29,6 @@ def peak_rss_mib(pid: int) -> float | None:
 
 
 def host_rss(world) -> list[dict]:
-    """``[{"host", "pid", "rss_mib"}]``: the resident set (MiB) of each host process of
-    ``world`` (a :class:`conformance.worlds.spawned.World`; one host per replica on the CPU
-    runtime, one host of W replica threads on PJRT)."""
+    """``[{"host", "pid", "rss_mib"}]``: the resident set (MiB) of each host process of ``world``
+    (a :class:`conformance.worlds.spawned.World`)."""
     return [{"host": i, "pid": pid, "rss_mib": rss_mib(pid)} for i, pid in enumerate(world.pids())]

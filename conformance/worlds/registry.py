@@ -1,14 +1,9 @@
-"""The runtime registry and :class:`WorldKey`, a world's identity (the adapters themselves
-live in :mod:`conformance.worlds.runtimes`).
+"""The runtime registry and :class:`WorldKey`, a world's identity (the adapters themselves live
+in :mod:`conformance.worlds.runtimes`; adding one: docs/extending.md "A new runtime").
 
-A leaf module (it imports nothing of the kit): :mod:`conformance.settings` and the faces read
-a runtime's facts - default world sizes and implementations, largest world, emulated hosts,
-topologies - from the adapter class registered here (class attributes of
-:class:`conformance.worlds.runtimes.base.Runtime`). The adapter modules import no torch at
-import, so reading a fact does not load it.
-
-Adding a runtime: its adapter module (a ``Runtime`` subclass with its facts) and one line in
-:data:`RUNTIMES` (or :func:`register`, e.g. from a test).
+A leaf module (it imports nothing of the kit): :mod:`conformance.settings` and the faces read a
+runtime's facts (:data:`conformance.worlds.runtimes.base.Runtime.FACTS`) from the adapter class
+registered here. The adapter modules import no torch at import, so reading a fact does not load it.
 """
 from __future__ import annotations
 
@@ -109,9 +104,8 @@ class WorldKey:
 
     @classmethod
     def of(cls, world: "WorldKey | str", size: int | None = None) -> "WorldKey":
-        """``world`` itself when it is a key, else the key of its spelled name (:meth:`parse`): what
-        a world's constructor and :meth:`conformance.evaluate.Session.run` accept, so that a person
-        or a test may write ``"cpu", 2`` while the kit passes the key.
+        """``world`` itself when it is a key, else the key of its spelled name (:meth:`parse`), so
+        that a person or a test may write ``"cpu", 2`` where the kit passes the key.
 
         Raises:
             KeyError: no registered runtime or topology has that name.

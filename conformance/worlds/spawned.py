@@ -3,33 +3,26 @@
 A :class:`World` starts its host processes once (one per replica on the CPU runtime; one per
 host with a thread per replica on PJRT), then runs many tasks on them; the pool that keeps
 worlds by key and replaces broken ones is :class:`conformance.worlds.pool.WorldPool`. Every
-wait is bounded and every failure is diagnosed per replica (docs/robustness.md; the error
-classes and their messages: :mod:`conformance.worlds.failure`; who is to blame, from every
-replica's stacks, progress and collective: :func:`conformance.worlds.blame.blame`):
+wait is bounded and every failure is diagnosed per replica (docs/robustness.md; the errors:
+:mod:`conformance.worlds.failure`; who is to blame: :func:`conformance.worlds.blame.blame`):
 
 * a replica that raises reports it at once; the parent waits :data:`RAISE_GRACE` seconds for
-  simultaneous failures (less once every other replica is seen inside a collective), then
-  raises ``ReplicaFailed``. Where the runtime can (CPU) the world is kept: the hosts drop their
-  process groups, which ends the peers' collectives, and rendezvous anew (:meth:`World._reset`);
+  simultaneous failures, then raises ``ReplicaFailed``. Where the runtime can (CPU) the world is
+  kept: the hosts drop their process groups, which ends the peers' collectives, and rendezvous
+  anew (:meth:`World._reset`);
 * a host process that exits is ``ReplicaDied``, with its exit code or signal and, after a fatal
   signal, its Python stacks (``faulthandler`` is enabled in every host);
 * ``ReplicaTimeout`` only when a bound passed: the task's ``timeout``, or the runtime's
   collective bound (:attr:`conformance.worlds.runtimes.base.Runtime.collective_bound`) on a
   replica waiting in a collective while a peer is elsewhere. Both are below the runtime's own
-  collective timeout (:func:`conformance.worlds.runtimes.cpu.process_group_timeout_s`; XLA's
-  abort), so the report names the peer, not the waiter.
+  collective timeout, so the report names the peer, not the waiter.
 
-Each replica's progress (task, step, phase, last collective; :meth:`ReplicaContext.note
-<conformance.worlds.runtimes.base.ReplicaContext.note>`) lives in a shared file the parent reads
-after a failure (:mod:`conformance.worlds.diagnosis`). After any failure but a kept raise the
-world is broken and must be replaced.
-
+Each replica's progress lives in a shared file the parent reads after a failure
+(:mod:`conformance.worlds.diagnosis`). After any failure but a kept raise the world is broken.
 The hosts (:mod:`conformance.worlds.host`) ignore SIGINT (an interrupted :meth:`World.run` kills
-them), die with their parent, and drop the parent's launcher variables: a kit-spawned world is
-never part of a torchrun launch it is started from. Rendezvous uses a file in a private
-temporary directory, never a port, so many worlds (pytest-xdist workers) coexist on one machine.
-
-This module imports torch only inside host processes.
+them), die with their parent and drop its launcher variables. Rendezvous uses a file in a
+private temporary directory, never a port, so many worlds (pytest-xdist workers) coexist on one
+machine. This module imports torch only inside host processes.
 """
 from __future__ import annotations
 
@@ -52,18 +45,15 @@ from conformance.worlds.registry import RUNTIMES, WorldKey
 from conformance.worlds.runtimes import check_world
 from conformance.worlds.stacks import crash_site
 
-# After the first replica raised (or a host died), how long the parent waits
-# for other replicas' simultaneous reports before it tears the world down.
-# Short: the others are most likely blocked in a collective the failed one left.
+# After the first replica raised (or a host died), how long the parent waits for other replicas'
+# simultaneous reports; short: the others are most likely blocked in a collective the failed one left.
 RAISE_GRACE = 2.0
-# How often the parent reads the progress board while waiting: host.POLL_S.
-# The grace ends early once every replica that has not reported is seen inside a collective
-# (it cannot raise on its own before the runtime's timeout) at least this long after the
-# first report: one stack sample of its host (every WATCH_S) taken since.
+# The grace ends early once every replica that has not reported is seen inside a collective (it
+# cannot raise on its own before the runtime's timeout) at least this long after the first
+# report: one stack sample of its host (every WATCH_S) taken since.
 WAITING_SEEN_S = WATCH_S + 0.1
-# Bound on making a world whole again after a raise (World._reset: a tenth of a second is
-# usual, docs/robustness.md "A raise keeps the world"); past it, or on any error, the world is
-# torn down and replaced.
+# Bound on making a world whole again after a raise (World._reset: a tenth of a second is usual);
+# past it, or on any error, the world is torn down and replaced.
 RESET_BOUND_S = 15.0
 LOG_TAIL_LINES = 200
 # Of a host's faulthandler dump in a start-up failure: a fatal signal's dump of every thread.
@@ -80,18 +70,17 @@ class World:
         world_size: replicas of a spelled ``world`` (``>= 1``); not needed with a key.
         timeout: default bound in seconds on each task (default ``settings.replica_timeout``).
         settings: the run's :class:`~conformance.settings.Settings` (default: built-in defaults).
-        wait: wait here for every host's start-up answer; ``False`` returns once the host
-            processes are spawned (they import the runtime meanwhile) and the first :meth:`run`
-            (or :meth:`wait_started`) waits, bounded by ``settings.start_timeout`` from then.
+        wait: wait here for every host's start-up answer; ``False`` returns once the host processes
+            are spawned (they import the runtime meanwhile) and the first :meth:`run` (or
+            :meth:`wait_started`) waits, bounded by ``settings.start_timeout`` from then.
 
     Attributes:
-        key: the world's key; ``runtime`` its name (:attr:`WorldKey.world
-            <conformance.worlds.registry.WorldKey.world>`, for display); ``world_size`` its replicas.
+        key: the world's key; ``runtime`` its name (for display); ``world_size`` its replicas.
 
     Raises:
-        ReplicaError: when the hosts cannot start within ``settings.start_timeout`` (with
-            ``wait=False``: raised by :meth:`wait_started` / :meth:`run`).
-        conformance.worlds.runtimes.RuntimeUnavailable: when the runtime cannot run here.
+        ReplicaError: the hosts cannot start within ``settings.start_timeout`` (with ``wait=False``:
+            raised by :meth:`wait_started` / :meth:`run`).
+        conformance.worlds.runtimes.RuntimeUnavailable: the runtime cannot run here.
         KeyError: an unknown runtime or topology.
     """
 
@@ -110,15 +99,14 @@ class World:
         adapter = check_world(key, settings)
         self.collective_bound = adapter.collective_bound
         self._progress = {}  # {task: {rank: (progress mark, time it last changed)}}
+        self._ranks, self._host_of = None, {}
+        self._next_task, self._stop_sent = 0, False
+        self._generation = 0  # of the hosts' rendezvous (World._reset)
+        self.resets, self._resettable = 0, adapter.resettable  # resets: failures this world survived
         self.workdir = tempfile.mkdtemp(prefix=f"ddpconf-{self.runtime}{self.world_size}-")
         self._board = os.path.join(self.workdir, "progress")
         dg.create_board(self._board, self.world_size)
         self._spawn_hosts(adapter)
-        self._ranks, self._host_of = None, {}
-        self._next_task, self._stop_sent = 0, False
-        self._generation = 0  # of the hosts' rendezvous (World._reset)
-        self.resets = 0  # failures this world survived (World._reset)
-        self._resettable = adapter.resettable
         if wait:
             self.wait_started()
 
@@ -147,8 +135,7 @@ class World:
         """Wait (once) for every host's start-up answer, bounded by ``settings.start_timeout``.
 
         Raises:
-            ReplicaError: a host failed, died or did not answer in time; the world is then
-                broken and its hosts killed.
+            ReplicaError: a host failed, died or did not answer in time; the world is then broken.
         """
         if self._ranks is not None:
             return
@@ -168,16 +155,14 @@ class World:
 
     # --- running tasks ---------------------------------------------------
     def run(self, fn, timeout: float | None = None, **payload) -> list:
-        """Run ``fn(ctx, **payload)`` on every replica; return results by global ordinal.
-
-        ``fn`` must be a module-level function (it is pickled by reference);
-        ``payload`` and results must be picklable (numpy, not tensors).
+        """Run ``fn(ctx, **payload)`` on every replica; return results by global ordinal. ``fn``
+        must be a module-level function (it is pickled by reference); ``payload`` and results must
+        be picklable (numpy, not tensors).
 
         Raises:
-            ReplicaFailed / ReplicaTimeout / ReplicaDied: see the classes; the
-                world is then broken, except after a raise it could reset
-                (:meth:`_reset`; :attr:`resets` counts them). ``KeyboardInterrupt`` kills the hosts
-                first, then propagates.
+            ReplicaFailed / ReplicaTimeout / ReplicaDied: see the classes; the world is then broken,
+                except after a raise it could reset (:meth:`_reset`; :attr:`resets` counts them).
+                ``KeyboardInterrupt`` kills the hosts first, then propagates.
         """
         self.wait_started()
         if self.broken:
@@ -185,19 +170,13 @@ class World:
         self._next_task += 1
         task = self._next_task
         try:
-            for proc, conn in self.hosts:
-                try:
-                    conn.send((task, fn, payload))
-                except (BrokenPipeError, OSError):
-                    pass  # reported by _collect_task as a dead host
-            from conformance.worlds.diagnosis import task_name
-            results = self._collect_task(task, task_name(fn, payload), timeout or self.timeout)
+            self._send_all((task, fn, payload))
+            return self._collect_task(task, dg.task_name(fn, payload), timeout or self.timeout)
         except ReplicaError:
             raise
         except BaseException:  # Ctrl-C or a bug here: never leave hosts running a task
             self._break()
             raise
-        return results
 
     def _collect_ready(self, timeout):
         """Wait for every host's start-up answer (its ranks), bounded by ``timeout``."""
@@ -212,16 +191,13 @@ class World:
                            + self._logs(pending, stacks=True))
                 self._break()
                 raise ReplicaTimeout(message)
-            ready = wait_any([self.hosts[i][1] for i in pending] + [self.hosts[i][0].sentinel for i in pending],
-                             timeout=left)
+            ready = wait_any([x for i in pending for x in (self.hosts[i][1], self.hosts[i][0].sentinel)], timeout=left)
             for i in pending:
                 proc, conn = self.hosts[i]
-                msg = None
-                if conn in ready or conn.poll():
-                    try:
-                        msg = conn.recv()
-                    except (EOFError, OSError):
-                        msg = None
+                try:
+                    msg = conn.recv() if conn in ready or conn.poll() else None
+                except (EOFError, OSError):
+                    msg = None
                 if msg is None:
                     if proc.sentinel in ready or not proc.is_alive():
                         proc.join(1)
@@ -244,9 +220,8 @@ class World:
         return os.path.join(self.workdir, f"host{host}.stacks")
 
     def _logs(self, hosts, stacks=False):
-        """Each host's log tail; with ``stacks``, also its ``faulthandler`` dump (a fatal
-        signal's, or the one :meth:`_dump_stacks` asked for), where a death while starting
-        shows where it happened: that dump is all there is of a crash in C++ code."""
+        """Each host's log tail; with ``stacks``, also its ``faulthandler`` dump (a fatal signal's,
+        or the one :meth:`_dump_stacks` asked for): all there is of a crash in C++ code."""
         out = []
         for i in hosts:
             out.append(f"\n--- host {i} log tail:\n{self.log_tail(i)}")
@@ -267,7 +242,7 @@ class World:
             end = deadline if seen.failed_at is None else min(deadline, seen.failed_at + RAISE_GRACE)
             # after a report, wake at each stack sample: the grace may end at the next one
             poll = POLL_S if seen.failed_at is None else WATCH_S
-            ready = wait_any([self.hosts[i][1] for i in seen.pending] + [self.hosts[i][0].sentinel for i in seen.pending],
+            ready = wait_any([x for i in seen.pending for x in (self.hosts[i][1], self.hosts[i][0].sentinel)],
                              timeout=max(0.0, min(poll, end - now)))
             for i in sorted(seen.pending):
                 self._receive(i, task, seen, ready)
@@ -278,7 +253,7 @@ class World:
                 for rank, _, value in rows:
                     results[rank] = value
             return results
-        self._fail(task, name, timeout, elapsed, seen.pending, seen.rows_by_host, seen.raised, seen.dead, seen.hang)
+        self._fail(task, name, timeout, elapsed, seen)
 
     def _wait_ends(self, task, seen: "_TaskWait", now: float, deadline: float) -> bool:
         """The wait for ``task`` ends at ``now``: the grace after the first report passed (or
@@ -293,7 +268,7 @@ class World:
         if now >= deadline:
             return True
         if self.collective_bound is not None and seen.failed_at is None:
-            seen.hang = self._collective_hang(task, seen.pending, seen.rows_by_host, now)
+            seen.hang = self._collective_hang(task, now)
             return bool(seen.hang)
         return False
 
@@ -335,7 +310,7 @@ class World:
         ranks = [r for r in range(self.world_size) if self._host_of.get(r, r) in pending]
         return all_waiting(dg.read_board(self._board, self.world_size), ranks, task)
 
-    def _collective_hang(self, task, pending, rows_by_host, now):
+    def _collective_hang(self, task, now):
         """:func:`conformance.worlds.failure.collective_hang` of the board now, each replica's
         last advance taken from this task's polls."""
         board = dg.read_board(self._board, self.world_size)
@@ -353,8 +328,10 @@ class World:
         (:func:`conformance.worlds.diagnosis.request_stacks`)."""
         dg.request_stacks({i: self.hosts[i][0].pid for i in hosts}, {i: self._stacks_path(i) for i in hosts}, tids)
 
-    def _fail(self, task, name, timeout, elapsed, pending, rows_by_host, raised, dead, hang):
+    def _fail(self, task, name, timeout, elapsed, seen: "_TaskWait"):
+        """Diagnose every replica and raise the task's error; the world is kept only if a reset can."""
         now = time.monotonic()
+        raised, dead, hang = seen.raised, seen.dead, seen.hang
         alive = [i for i in range(len(self.hosts)) if i not in dead and self.hosts[i][0].is_alive()]
         board = dg.read_board(self._board, self.world_size)
         tids = {}
@@ -372,7 +349,7 @@ class World:
             diag.append(replica_diagnosis(
                 rank, host, pid, task, board[rank], now=now, rss=rss,
                 dump=dg.read_text(self._stacks_path(host)), host_tids=tids.get(host, []),
-                log_tail=self.log_tail(host), raised=raised, dead=dead, pending=pending))
+                log_tail=self.log_tail(host), raised=raised, dead=dead, pending=seen.pending))
         err = replica_error(diag, f"{self.describe()}: task {name}", timeout=timeout, elapsed=elapsed,
                             raised=raised, dead=dead, hang=hang, collective_bound=self.collective_bound,
                             load=machine_load())
@@ -387,11 +364,11 @@ class World:
         raise err
 
     def _reset(self, bound: float = RESET_BOUND_S) -> bool:
-        """Make the world whole again after a replica raised, instead of replacing it: every
-        host drops its process groups (a peer blocked in a collective the culprit left fails
-        out of it and returns to its task loop) and rendezvous anew (the runtime's ``reset_host``,
-        cheaper than a new world: docs/robustness.md "A raise keeps the world"). True when every
-        host answered within ``bound`` seconds; late reports of the failed task are dropped."""
+        """Make the world whole again after a replica raised, instead of replacing it: every host
+        drops its process groups (a peer blocked in a collective the culprit left fails out of it)
+        and rendezvous anew (the runtime's ``reset_host``: docs/robustness.md "A raise keeps the
+        world"). True when every host answered within ``bound`` seconds; late reports of the
+        failed task are dropped."""
         if not self._resettable:
             return False
         self._generation += 1
@@ -405,7 +382,7 @@ class World:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                wait_any([self.hosts[i][1] for i in waiting] + [self.hosts[i][0].sentinel for i in waiting],
+                wait_any([x for i in waiting for x in (self.hosts[i][1], self.hosts[i][0].sentinel)],
                          timeout=min(POLL_S, left))
                 for i in sorted(waiting):
                     proc, conn = self.hosts[i]
@@ -439,38 +416,37 @@ class World:
     def request_stop(self) -> None:
         """Ask every started host to stop, without waiting (:meth:`close` waits): closing
         several worlds, each host's teardown then runs beside the others'."""
-        if getattr(self, "_ranks", None) is None or self._stop_sent:  # a starting host reads no stop
+        if self._ranks is None or self._stop_sent:  # a starting host reads no stop
             return
         self._stop_sent = True
+        self._send_all(None)
+
+    def _send_all(self, msg) -> None:
         for proc, conn in self.hosts:
-            if proc.is_alive():
-                try:
-                    conn.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
+            try:
+                conn.send(msg)
+            except OSError:  # a dead host: reported where it is waited for
+                pass
 
     def close(self, graceful: bool = True) -> None:
         """Stop every host (politely when ``graceful``, then by SIGKILL); idempotent, and safe
         from two threads at once (an interrupted run's main thread closes the world a lane
         thread is closing after its hosts died: the second waits, then finds it closed)."""
         with self._close_lock:
-            self._close(graceful)
-
-    def _close(self, graceful: bool) -> None:
-        graceful = graceful and getattr(self, "_ranks", None) is not None  # a starting host reads no stop
-        if graceful:
-            self.request_stop()
-        deadline = time.monotonic() + (5.0 if graceful else 0.0)
-        for proc, conn in self.hosts:
-            if proc.pid is None:  # never started (Ctrl-C before its start())
+            graceful = graceful and self._ranks is not None  # a starting host reads no stop
+            if graceful:
+                self.request_stop()
+            deadline = time.monotonic() + (5.0 if graceful else 0.0)
+            for proc, conn in self.hosts:
+                if proc.pid is None:  # never started (Ctrl-C before its start())
+                    conn.close()
+                    continue
+                proc.join(max(0.0, deadline - time.monotonic()))
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5.0)
                 conn.close()
-                continue
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5.0)
-            conn.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)  # error reports are built before
+            shutil.rmtree(self.workdir, ignore_errors=True)  # error reports are built before
 
     def __enter__(self):
         return self
@@ -482,8 +458,8 @@ class World:
 @dataclasses.dataclass
 class _TaskWait:
     """What :meth:`World._collect_task` has seen of one task: the hosts still running it, each
-    finished host's rows, who raised (``{rank: info}``), the hosts that died (``{host: exit
-    code}``), when the first failure was reported, and a collective hang."""
+    finished host's rows, who raised (``{rank: info}``), the hosts that died (``{host: exit code}``),
+    when the first failure was reported, and a collective hang."""
 
     pending: set
     rows_by_host: dict = dataclasses.field(default_factory=dict)

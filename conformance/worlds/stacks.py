@@ -1,7 +1,7 @@
 """Pure helpers on a host's stack dumps (``faulthandler``'s text, see
 :func:`conformance.worlds.diagnosis.thread_stacks`): which threads are a replica's, which
-collective they are inside, and where a replica is in one line. They read text only, so
-they are tested from hand-made dumps (tests/test_failure_messages.py).
+collective they are inside, and where a replica is in one line. They read text only (tested
+from hand-made dumps: tests/test_failure_messages.py).
 """
 from __future__ import annotations
 
@@ -21,14 +21,12 @@ def kit_thread(block):
 
 
 def replica_stacks(dump, tid, host_tids):
-    """``(stacks, collective)`` of the replica on thread ``tid`` from its host's
-    faulthandler ``dump`` (with source lines), and the collective
-    (:func:`conformance.worlds.blame.collective_in`) the first of those threads is inside.
-
-    Its threads: on a host of one replica (``host_tids``: the replica threads of the
-    host), every thread; on a host of several, its own, plus the threads no replica
-    owns when it alone waits in backward (autograd runs an XLA device's backward,
-    and its hooks, on a worker thread of its own)."""
+    """``(stacks, collective)`` of the replica on thread ``tid`` from its host's faulthandler
+    ``dump`` (with source lines), and the collective (:func:`conformance.worlds.blame.collective_in`)
+    the first of those threads is inside. Its threads: on a host of one replica (``host_tids``: the
+    replica threads of the host), every thread; on a host of several, its own, plus the threads
+    no replica owns when it alone waits in backward (autograd runs an XLA device's backward, and
+    its hooks, on a worker thread of its own)."""
     blocks = {t: b for t, b in dg.thread_stacks(dump).items() if not kit_thread(b)}
     mine = blocks.get(tid) if tid else None
     if len(host_tids) <= 1:
@@ -46,10 +44,10 @@ def replica_stacks(dump, tid, host_tids):
 
 
 def top_frame(stacks):
-    """Where a replica is, in one line: the innermost frame of its first thread that is
-    neither just waiting for autograd (whose worker thread runs the backward) nor blocked
-    on a ``threading`` primitive (an Event, a Condition, a queue: it waits for another
-    thread of its own, e.g. a DDP's communication thread, which is where the replica is)."""
+    """Where a replica is, in one line: the innermost frame of its first thread that is neither
+    just waiting for autograd (whose worker thread runs the backward) nor blocked on a
+    ``threading`` primitive (it waits for another thread of its own, e.g. a DDP's communication
+    thread, which is where the replica is)."""
     blocks = list(dg.thread_stacks(stacks).values()) or [stacks]
     busy = [b for b in blocks if innermost(b) != "_engine_run_backward" and not waits_for_a_thread(b)]
     if not busy:
@@ -82,4 +80,3 @@ def worker(block):
     """A thread started outside Python (no ``threading`` bootstrap, not the main thread)."""
     fs = blame_mod.frames(block)
     return bool(fs) and fs[-1].func not in ("_bootstrap", "<module>")
-

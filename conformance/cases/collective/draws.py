@@ -1,11 +1,6 @@
-"""The draws of the collective family's op cases: what each draw runs (dtype, reduction, size,
-completion mode, group, root, layout) and every group rank's input, regenerated from the draw's
-seed on every rank (:func:`make_input`), so no tensor crosses the pipe.
-
-A case's draws (:func:`plan`; a layout case's: :func:`plan_layout`) are deterministic: every
-(dtype, reduction) pair of the ops table once (ops without a reduction: each dtype as often as
-covers every size), the sizes, the completion modes (sync, ``Work.wait``, ``Work.get_future``)
-and the groups (the world; ranks 1..W-1 at W >= 3) cycled over them.
+"""The draws of the collective family's op cases (:func:`plan`, :func:`plan_layout`,
+deterministic) and every group rank's input, regenerated from the draw's seed on every rank
+(:func:`make_input`), so no tensor crosses the pipe.
 """
 from __future__ import annotations
 
@@ -49,8 +44,9 @@ def plan(op: str, world_size: int, profile: str = "dev") -> list[dict]:
     """The draws of ``op`` at ``world_size``: ``[{dtype, red, size, how, group}, ...]``.
 
     ``red`` is a ``torch.distributed.ReduceOp`` name or ``"-"``; ``group`` a name of
-    :data:`GROUPS` (:func:`members` gives its global ranks). Every size of
-    :data:`~conformance.cases.collective.ops.SIZES` appears at least once for every op.
+    :data:`GROUPS` (:func:`members` gives its global ranks). Every (dtype, reduction) pair once
+    (without a reduction: each dtype as often as covers every size of
+    :data:`~conformance.cases.collective.ops.SIZES`), sizes, completion modes and groups cycled.
     """
     o = OPS[op]
     combos = [(d, r) for d in DTYPES for r in (REDUCTIONS[d] if o.reduces else ("-",))]
@@ -117,7 +113,9 @@ def make_input(op: str, index: int, grank: int, n: int, draw: dict):
     import torch
     dtype, red = draw["dtype"], draw["red"]
     length = OPS[op].length(draw["size"], n, grank)
-    g = torch.Generator().manual_seed(_seed(op, index, grank))
+    # hash() of a str differs per process (PYTHONHASHSEED): a digest is the same everywhere
+    g = torch.Generator().manual_seed(int.from_bytes(
+        hashlib.sha256(f"{SEED}/{op}/{index}/{grank}".encode()).digest()[:7], "little"))
     tdt = getattr(torch, dtype)
     if dtype == "bool":
         return torch.randint(0, 2, (length,), generator=g).bool()
@@ -143,13 +141,6 @@ def make_input(op: str, index: int, grank: int, n: int, draw: dict):
     if red == "-" and length >= 4:  # special values a copy must keep bit for bit
         x[:3] = torch.tensor([-0.0, float("inf"), float("nan")], dtype=torch.float64)
     return x.to(tdt)
-
-
-def _seed(op: str, index: int, grank: int) -> int:
-    # hash() of a str differs per process (PYTHONHASHSEED): a digest is the same everywhere
-    return int.from_bytes(hashlib.sha256(f"{SEED}/{op}/{index}/{grank}".encode()).digest()[:7], "little")
-
-
 
 
 def label(op: str, draw: dict, world_size: int) -> str:

@@ -9,11 +9,10 @@ is computed once per session and repeated for every implementation.
 from __future__ import annotations
 
 from conformance.cases.collective.ops import LAYOUT_OPS, OPS
-from conformance.cases.collective.run import evaluate_collective
+from conformance.cases.collective.run import evaluate_collective, every_check
 from conformance.cases.collective.search import evaluate_search
 from conformance.cases.collective.xla import evaluate_pjrt
 from conformance.cases.kinds import Kind
-from conformance.verdict import Verdict
 
 #: Why the search row does not run on a runtime other than CPU.
 SEARCH_ELSEWHERE = ("the collective search runs on the CPU runtime: on XLA every drawn shape and dtype "
@@ -27,25 +26,18 @@ def evaluate(case, impl, runtime, w, session, overrides):
     if not case.args.get("search"):
         return evaluate_collective(case, impl, runtime, w, session, overrides)
     if runtime != "cpu":  # reached for xrt and runtimes to come
-        return [Verdict(case.name, c, impl, runtime, "-", w, "skip", reason=SEARCH_ELSEWHERE) for c in case.checks]
+        return every_check(case, impl, runtime, w, "skip", SEARCH_ELSEWHERE)
     key = ("collective", case.name, runtime, w, session.settings.profile)
     return session.memo(key, lambda: evaluate_search(case, impl, runtime, w, session))
 
 
 def validate(case) -> str | None:
-    """The search row reports result and agreement; the others as
-    :func:`_collective_problem` says."""
+    """The search row reports result and agreement; another row names an op of :data:`OPS` (and
+    maybe a layout of :data:`~conformance.cases.collective.ops.LAYOUT_OPS` that applies to the op)
+    and reports that op's checks."""
     if case.args.get("search"):
-        if tuple(case.checks) != ("result", "agreement"):
-            return "the collective search row reports the checks ('result', 'agreement')"
-        return None
-    return _collective_problem(case)
-
-
-def _collective_problem(case) -> str | None:
-    """A row names an op of :data:`OPS` (and maybe a layout of
-    :data:`~conformance.cases.collective.ops.LAYOUT_OPS` that applies to the op) and reports that
-    op's checks."""
+        ok = tuple(case.checks) == ("result", "agreement")
+        return None if ok else "the collective search row reports the checks ('result', 'agreement')"
     op, layout = case.args.get("op"), case.args.get("layout")
     if op not in OPS:
         return f"unknown collective op {op!r}; known: {', '.join(OPS)}"

@@ -1,15 +1,9 @@
-"""The collective ops table: each op's replica call (torch.distributed) and its host oracle.
-
-An :class:`Op` says how long every group rank's input is, how the replica calls the op on
-the backend (sync, ``Work.wait`` or ``Work.get_future``) and what the host expects on each
-group rank, computed in float64 (integers exactly, in int64). ``exact``: the result is a
-copy, a permutation, an integer reduction, MAX/MIN or a PRODUCT of powers of two, so it is
-judged bit for bit; otherwise (floating SUM/AVG) within :func:`sum_bound`. ``agree``: every
-group rank holds the same result (all-reduce, broadcast, all-gather), compared bitwise.
-
-``all_to_all`` (lists) sends equal chunks (gloo requires equal chunk sizes: uneven splits raise
-on some ranks only); ``all_to_all_single`` carries the uneven splits. ``batch_isend_irecv`` is
-a ring (each group rank sends to the next and receives from the previous, one batch).
+"""The collective ops table (:class:`Op`): each op's replica call (torch.distributed, completed
+sync, by ``Work.wait`` or by ``Work.get_future``) and its host oracle (float64; integers exactly,
+in int64). A result is judged bit for bit (a copy, a permutation, an integer reduction, MAX/MIN,
+a PRODUCT of powers of two) except a floating SUM/AVG, held to :func:`sum_bound`. ``all_to_all``
+(lists) sends equal chunks (gloo requires equal chunk sizes: uneven splits raise on some ranks
+only); ``all_to_all_single`` carries the uneven splits; ``batch_isend_irecv`` is a ring.
 
 Semantics mirrored: ``torch.distributed`` (torch 2.13 ``distributed_c10d``): ``reduce`` and
 ``gather`` define the result on the destination only, ``scatter`` reads the source's list,
@@ -83,8 +77,8 @@ def sum_bound(xs: list, red: str, dtype: str) -> np.ndarray:
 #: in-place forms of ``all_gather_into_tensor`` and ``reduce_scatter_tensor``); ``reused_input``: the
 #: same tensor object passes through the op twice, with other values the first time (DDP reduces the
 #: same bucket storage every step: a backend that caches what it sent by the tensor's address
-#: would send the old values). Not ``send_recv``:
-#: gloo refuses a non-dense ``send`` on the sender only, and its receiver then waits forever.
+#: would send the old values). Not ``send_recv``: gloo refuses a non-dense ``send`` on the sender
+#: only, and its receiver then waits forever.
 LAYOUT_OPS = {
     "noncontiguous": ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                 "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter"),
@@ -115,18 +109,13 @@ def lay_out(x, layout: str | None):
 
 # --- replica side -------------------------------------------------------------------
 
-def _wait(work, how):
-    """Complete an async call ``how``: ``wait`` (Work.wait) or ``future`` (get_future)."""
-    if how == "future":
-        work.get_future().wait()
-    else:
-        work.wait()
-
-
 def _call(fn, how, *args, **kw):
+    """``fn(*args, **kw)`` completed ``how``: ``sync`` (blocking), ``wait`` (``async_op=True``,
+    Work.wait) or ``future`` (Work.get_future)."""
     if how == "sync":
         return fn(*args, **kw)
-    _wait(fn(*args, async_op=True, **kw), how)
+    work = fn(*args, async_op=True, **kw)
+    (work.get_future() if how == "future" else work).wait()
 
 
 def _red(name):
@@ -265,13 +254,11 @@ def _chunk(a, n, i):
 
 @dataclass(frozen=True)
 class Op:
-    """One collective: ``length(size, n, grank)`` input elements per group rank,
-    ``replica(x, group, ctx)`` -> the rank's result tensor (or None where undefined),
-    ``oracle(xs, grank, red, size)`` -> expected float64/int64 array (or None),
-    ``reduces``: takes a ReduceOp; ``exact``: bitwise unless a floating SUM/AVG;
-    ``agree``: every group rank holds the same bits; ``p2p``: needs >= 2 group ranks;
-    ``rooted``: the op has a source or destination rank (a draw's ``root``, a group rank; its
-    oracle takes ``root=``)."""
+    """One collective: ``length(size, n, grank)`` input elements per group rank, ``replica(x, group,
+    ctx)`` -> the rank's result tensor (or None where undefined), ``oracle(xs, grank, red, size)``
+    -> expected float64/int64 array (or None); ``reduces``: takes a ReduceOp; ``agree``: every
+    group rank holds the same bits; ``p2p``: needs >= 2 group ranks; ``rooted``: the op has a
+    source or destination (a draw's ``root``, a group rank; its oracle takes ``root=``)."""
 
     name: str
     replica: Callable

@@ -1,11 +1,8 @@
 """The ``collective`` kind: each collective of :mod:`conformance.cases.collective.ops` run on
 the torch.distributed backend of the CPU world (``--backend``), rank by rank against the host
-oracle.
-
-A case is one op, its draws :mod:`conformance.cases.collective.draws` (deterministic). Every rank
-regenerates every group rank's input from the draw's seed, runs the op and compares its own
-result with the oracle (:func:`compare`), returning only findings and a digest of its result,
-so no tensor crosses the pipe. The judge turns them into three checks:
+oracle. Every rank runs the op's draws and compares its own result with the oracle
+(:func:`compare`), returning only findings and a digest of its result. The judge turns them into
+three checks:
 
 * ``result``: every rank's result equals the oracle, bitwise where exact, within
   :func:`~conformance.cases.collective.ops.sum_bound` for floating SUM/AVG;
@@ -51,12 +48,9 @@ def digest(t) -> str:
 
 def compare(got: np.ndarray, want: np.ndarray, bound: np.ndarray | None, dtype: str) -> list[dict]:
     """Elements where ``got`` differs from ``want``: ``[{element, got, expected, bound, ratio}]``,
-    worst first (at most :data:`MAX_FINDINGS`), ``[]`` if none.
-
-    ``bound`` None: exact (equal values; NaN matches NaN, -0.0 only -0.0); else
-    ``|got - want| <= bound`` elementwise (complex: per component, named ``.re`` / ``.im``).
-    A result of the wrong length is one finding at element -1.
-    """
+    worst first (at most :data:`MAX_FINDINGS`). ``bound`` None: exact (NaN matches NaN, -0.0 only
+    -0.0); else ``|got - want| <= bound`` elementwise (complex: per component, ``.re`` / ``.im``).
+    A result of the wrong length is one finding at element -1."""
     if got.shape != want.shape:
         return [{"element": -1, "got": f"shape {list(got.shape)}", "expected": f"shape {list(want.shape)}",
                  "bound": None, "ratio": float("inf")}]
@@ -167,21 +161,27 @@ def task_collective(ctx, op: str, draws: list) -> list:
         except REFUSALS as exc:  # the backend's refusal: on every rank before any traffic (gloo checks locally)
             out.append({"raised": refusal(exc)})
             continue
-        host = [to_host(x) for x in xs]
-        want = o.oracle(host, me, d["red"], d["size"], root=d["root"]) if "root" in d else \
-            o.oracle(host, me, d["red"], d["size"])
-        if res is None or want is None:
-            out.append({"digest": None, "findings": [], "dev": None, "bound": None, "ratio": None})
-            continue
-        res = res.reshape(-1)  # logical order, whatever the layout
-        bound = result_bound(o, host, d, want, me)
-        got = to_host(res)
-        entry = {"digest": digest(res), "findings": compare(got, want, bound, d["dtype"]),
-                 "dev": None, "bound": None, "ratio": None}
-        if bound is not None and got.shape == want.shape:
-            entry["dev"], entry["bound"], entry["ratio"] = worst_ratio(got, want, bound)
-        out.append(entry)
+        out.append(judged_entry(o, xs, d, me, res))
     return out
+
+
+def judged_entry(o, xs: list, d: dict, me: int, res) -> dict:
+    """Group rank ``me``'s entry of draw ``d`` that ran on the group's inputs ``xs``: its result
+    ``res`` (on the host; None where the op defines none) against the oracle, as
+    :func:`task_collective` returns it."""
+    host = [to_host(x) for x in xs]
+    want = o.oracle(host, me, d["red"], d["size"], root=d["root"]) if "root" in d else \
+        o.oracle(host, me, d["red"], d["size"])
+    if res is None or want is None:
+        return {"digest": None, "findings": [], "dev": None, "bound": None, "ratio": None}
+    res = res.reshape(-1)  # logical order, whatever the layout
+    bound = result_bound(o, host, d, want, me)
+    got = to_host(res)
+    entry = {"digest": digest(res), "findings": compare(got, want, bound, d["dtype"]),
+             "dev": None, "bound": None, "ratio": None}
+    if bound is not None and got.shape == want.shape:
+        entry["dev"], entry["bound"], entry["ratio"] = worst_ratio(got, want, bound)
+    return entry
 
 
 def result_bound(o, host, d, want, me):
@@ -202,9 +202,8 @@ def result_bound(o, host, d, want, me):
 # --- judge ------------------------------------------------------------------------------
 
 def judge(case, draws: list, results: list, world_size: int, runtime: str = "cpu") -> list[Verdict]:
-    """Verdicts of one op's ``draws`` from every rank's :func:`task_collective` list (by global
-    rank), one per ``case.checks`` entry, in that order. A draw over several groups (``pairs``)
-    judges each group on its own."""
+    """One verdict per ``case.checks`` entry from every rank's :func:`task_collective` list of
+    ``draws`` (by global rank); a draw over several groups (``pairs``) judges each on its own."""
     op = case.args.get("op")  # None in a layout case: each draw names its op
     seen = _findings(op, draws, results, world_size)
     out = []
@@ -287,8 +286,7 @@ def _judge_result(v: Verdict, op, seen: dict) -> None:
 
 
 def _judge_group(op, d, world_size, ranks, entries, fails, disagree, worst):
-    """One group's findings of draw ``d`` into ``fails`` / ``disagree``; ``worst`` (a list)
-    updated in place."""
+    """One group's findings of draw ``d`` into ``fails``, ``disagree`` and ``worst`` (in place)."""
     for r, e in entries.items():
         for f in e["findings"]:
             fails.append((f["ratio"], f"{label(op, d, world_size)}: rank {r} element {f['element']} = {_fmt(f['got'])}, "
@@ -335,8 +333,7 @@ def _rejections(rejected: dict, ran_ok: set = frozenset()) -> str:
     for msg, ds in rejected.items():
         what = {}
         for d in ds:
-            key = _pair(d)
-            what.setdefault(key, set()).add(d["how"])
+            what.setdefault(_pair(d), set()).add(d["how"])
         names = sorted((f"{r} " if r != "-" else "") + t + (f" via {'/'.join(sorted(hows))}" if (r, t) in ran_ok
                                                            else "") for (r, t), hows in what.items())
         parts.append(f"{', '.join(names)} ({msg})")
@@ -344,12 +341,11 @@ def _rejections(rejected: dict, ran_ok: set = frozenset()) -> str:
 
 
 def evaluate_collective(case, impl, runtime, w, session, overrides):
-    """Verdicts of a ``collective`` row (the implementation is not involved: the verdicts of one
-    (runtime, W) are computed once per session and repeated for every implementation)."""
+    """Verdicts of a ``collective`` row, computed once per session (:mod:`.kind`)."""
     if runtime not in RUNTIMES or not runtime_class(runtime).collectives_judged:
-        return [Verdict(case.name, c, impl, runtime, "-", w, "skip",
-                        reason=f"the collective family runs on the CPU runtime (torch.distributed) and on "
-                        f"PJRT (torch_xla); {runtime}'s collectives are not judged op by op yet") for c in case.checks]
+        return every_check(case, impl, runtime, w, "skip", f"the collective family runs on the CPU runtime "
+                           f"(torch.distributed) and on PJRT (torch_xla); {runtime}'s collectives are not judged "
+                           "op by op yet")
     profile = session.settings.profile
     key = ("collective", case.name, runtime, w, profile)
 
@@ -359,6 +355,10 @@ def evaluate_collective(case, impl, runtime, w, session, overrides):
         results = session.run(runtime, w, task_collective, timeout=case.timeout, op=op, draws=draws)
         if results is None:
             return None
-        return judge(case, draws, results, w) if draws else [
-            Verdict(case.name, c, impl, runtime, "-", w, "vacuous", reason="no draws") for c in case.checks]
+        return judge(case, draws, results, w) if draws else every_check(case, impl, runtime, w, "vacuous", "no draws")
     return session.memo(key, verdicts)
+
+
+def every_check(case, impl, runtime, w, status: str, reason: str) -> list[Verdict]:
+    """One verdict per check of ``case``, each ``status`` with ``reason`` (no draw judged)."""
+    return [Verdict(case.name, c, impl, runtime, "-", w, status, reason=reason) for c in case.checks]

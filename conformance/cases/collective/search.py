@@ -1,18 +1,11 @@
 """``collective.search``: draws of the collective family searched by Hypothesis and shrunk.
 
-The op cases of :mod:`conformance.cases.collective.run` are a deterministic cover
-(:mod:`~conformance.cases.collective.draws`: every (dtype, reduction) pair, every size of
-``SIZES``). A fault that lives between those points (a
-backend wrong only above a chunk size, or for one size class) is found by drawing the draw
-itself: op, dtype and reduction, size (the cover's sizes, any size up to :data:`MAX_SIZE`, and
-the neighbours of powers of two), completion mode, group and input layout (contiguous,
-channels_last, aliased output). Each example runs one draw on the world and is judged by the
-same :func:`~conformance.cases.collective.run.judge`; on a failure Hypothesis shrinks the draw
-(smallest size, simplest dtype) and the verdict names the shrunk draw and its finding. The
-search is derandomized: the same command reruns the same examples and the same shrink.
-
-Not drawn: ``noncontiguous`` inputs (gloo fails them, finding 13: the layout case reports it)
-and barrier (no data).
+The op cases are a deterministic cover (:mod:`~conformance.cases.collective.draws`); a fault
+between its points (a backend wrong only above a chunk size, or for one size class) is found by
+drawing the draw itself (:func:`draws`). Each example runs one draw on the world, judged by
+:func:`~conformance.cases.collective.run.judge`; a failing draw is shrunk (derandomized: the same
+command reruns the same examples) and the verdict names it. Not drawn: ``noncontiguous`` inputs
+(gloo fails them, finding 13: the layout case reports it) and barrier.
 """
 from __future__ import annotations
 
@@ -21,7 +14,7 @@ import json
 from conformance.cases.collective.ops import DTYPES, LAYOUT_OPS, OPS, REDUCTIONS, SIZES
 from conformance.cases.collective.draws import HOWS, drawn_groups, members
 from conformance.cases.collective.run import judge, task_collective
-from conformance.cases.shared.search import PROFILES, kit_settings, profile_name
+from conformance.cases.shared.search import kit_settings, profile_budget
 from conformance.verdict import Verdict
 
 #: Largest per-chunk size drawn (elements): above gloo's 256 KiB chunking for every dtype.
@@ -74,7 +67,7 @@ def evaluate_search(case, impl, runtime, w, session):
     """Verdicts of ``collective.search`` at world size ``w`` (``None`` if the world failed:
     the session reports it)."""
     from hypothesis import given
-    budget = max(1, round(PROFILES[profile_name(session.settings.profile)].properties * EXAMPLES_FRACTION))
+    budget = max(1, round(profile_budget(session.settings.profile).properties * EXAMPLES_FRACTION))
     state = {"examples": 0, "judged": 0, "lost": False, "last": None}
 
     @kit_settings(budget)

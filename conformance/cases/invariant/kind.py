@@ -10,16 +10,10 @@ from conformance.verdict import Verdict
 
 
 def rank_invariant_violations(bindings: list[dict], expect_world_size: int) -> list[str]:
-    """Check one world's bindings (one dict of RankBindings fields per replica).
-
-    Each dict may carry ``"host"`` (the machine; default one host for all).
-    Invariants: global ordinals are exactly 0..W-1; world size and process count
-    agree on every replica; process indices are exactly 0..P-1; each process's
-    local device count equals its number of replicas and they sum to W; the
-    local ordinals of one host are exactly 0..n-1 for its n replicas (as
-    torchrun's LOCAL_RANK and torch_xla's ``local_ordinal``). Returns
-    human-readable violations ([] = ok).
-    """
+    """Human-readable violations ([] = ok) of one world's bindings (one dict of RankBindings
+    fields per replica, maybe with ``"host"``, the machine: default one host for all). The local
+    ordinals of one host are 0..n-1 for its n replicas, as torchrun's LOCAL_RANK and torch_xla's
+    ``local_ordinal``."""
     out = []
     w = expect_world_size
     ords = sorted(b["global_ordinal"] for b in bindings)

@@ -1,43 +1,19 @@
 """Hypothesis properties of gradient sync as cases of the table.
 
 Each property is a factory ``prop(runner, measure) -> hypothesis test`` (:data:`PROPERTIES`):
-examples are drawn in the evaluating process, shipped to every replica of the runner's
-persistent :class:`~conformance.worlds.spawned.World` with ``runner.run(<task>, **payload)``
-(the world is reused for every example, never respawned) and judged in the evaluating
-process. :func:`run_property` runs one property within an example budget and returns the
-fields of a verdict: the worst use of the bound over all examples (max deviation, bound,
-margin) on a pass, and the shrunk counterexample on a failure. Budgets, settings and the
-runner (:class:`conformance.cases.shared.search.SearchRunner`): :mod:`conformance.cases.shared.search`.
+examples are drawn in the evaluating process (:mod:`.strategies`), shipped to every replica of
+the runner's persistent world with ``runner.run(<task>, **payload)`` (:mod:`.tasks`; the world
+is reused for every example, never respawned) and judged in the evaluating process
+(:mod:`.oracles`; every bound in :mod:`conformance.cases.shared.numerics`). :func:`run_property`
+runs one property within an example budget (:mod:`conformance.cases.shared.search`) and returns
+the fields of a verdict: the worst use of the bound over all examples (max deviation, bound,
+margin) on a pass, and the shrunk counterexample on a failure.
 
-The package's seams:
-
-* :mod:`.strategies` (test process): ``allreduce_examples``, ``mlp_examples``, ``bn_examples``,
-  ...; every example records the world size it is for;
-* :mod:`.tasks` (replicas): ``fn(ctx, *, impl, **payload)``; they build a model
-  (:mod:`.models`), wrap it with ``conformance.impls.builtin.resolve_impl(impl).wrap(module,
-  ctx, {})``, train nothing (one or a few backward passes) and return numpy;
-* :mod:`.oracles` (test process): ``check_*`` raise ``AssertionError`` whose message names the
-  world size, the element or parameter that broke and the tensors involved;
-  ``full_batch_grads`` and friends compute single-device float32 references;
-* the numbers (:mod:`conformance.cases.shared.numerics`): every tolerance of the gradient
-  properties is in ``GRAD_TOLERANCES``; the all-reduce bound is ``allreduce_bound``
-  (derivation in its docstring).
-
-The properties:
-
-1. ``allreduce_mean`` - a gradient pushed through the DDP comes back as the
-   replicas' mean, bit-identical on every replica, within
-   :func:`conformance.cases.shared.numerics.allreduce_bound` of the float64 mean;
-2. ``full_batch_grad`` - synced gradients of a random MLP equal the
-   single-device gradient on the global batch;
-3. ``rank_permutation`` - permuting which replica gets which shard leaves the
-   synced gradients unchanged;
-4. ``broadcast`` - construction makes every replica hold rank 0's parameters and
-   buffers bit-identically; constructing again changes nothing;
-5. ``no_sync_accumulation`` - k ``no_sync`` micro-steps + one synced step give the
-   sum of the per-micro-batch global-batch gradients;
-6. ``scale_linearity`` - scaling every replica's loss by c scales the synced
-   gradient by c.
+The properties, numbered as the kit's docs count them (what each asserts: its row's description
+in the case table): 1 ``allreduce_mean`` (within
+:func:`conformance.cases.shared.numerics.allreduce_bound` of the float64 mean), 2
+``full_batch_grad``, 3 ``rank_permutation``, 4 ``broadcast``, 5 ``no_sync_accumulation``, 6
+``scale_linearity``.
 """
 from __future__ import annotations
 
@@ -158,12 +134,9 @@ PROPERTIES = {f.__name__: f for f in (allreduce_mean, full_batch_grad, rank_perm
 
 
 def run_property(name: str, runner: SearchRunner, max_examples: int, shrink: bool = True) -> dict:
-    """Run property ``name`` on ``runner`` with ``max_examples`` examples (a failing
-    example shrunk to a minimal counterexample unless ``shrink`` is false).
-
-    Returns verdict fields: ``status`` (``pass``/``fail``/``vacuous``),
-    ``max_dev``, ``atol`` (the bound at the worst element), ``margin``,
-    ``reason`` and ``diagnosis`` (the shrunk counterexample, Hypothesis' report).
+    """Run property ``name`` on ``runner`` with ``max_examples`` examples (a failing example
+    shrunk unless ``shrink`` is false). Returns verdict fields: ``status``, ``max_dev``, ``atol``
+    (the bound at the worst element), ``margin``, ``reason`` and ``diagnosis`` (Hypothesis' report).
 
     Raises:
         Unsupported: the implementation cannot serve the property.

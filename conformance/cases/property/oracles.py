@@ -3,7 +3,6 @@ raise ``AssertionError`` naming the world size, the element or parameter that br
 tensors involved; ``full_batch_grads`` and friends compute single-device float32 references."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from conformance.cases.property.models import build_mlp, grads_of
@@ -14,21 +13,14 @@ from conformance.cases.property.strategies import AllReduceExample
 def full_batch_grads(widths, seed: int, x: np.ndarray, y: np.ndarray) -> list:
     """``[(name, grad)]`` of the mean MSE of ``build_mlp(widths, seed)`` on the
     whole batch ``x, y`` on one CPU device, float32."""
-    import torch
-    import torch.nn.functional as F
-    module = build_mlp(widths, seed)
-    F.mse_loss(module(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-    return grads_of(module)
+    return accumulated_grads(widths, seed, x[None], y[None])
 
 
 def accumulated_grads(widths, seed: int, x: np.ndarray, y: np.ndarray) -> list:
-    """What ``k - 1`` ``no_sync`` micro-steps plus one synced step must give,
-    for ``k = len(x)`` global micro-batches ``x[j]``: torch DDP *accumulates*
-    across micro-steps (each backward adds into ``.grad``; the synced step
-    all-reduces the sum and divides by the world size only), so the gradient
-    is ``sum_j grad(mean MSE on global micro-batch j)`` - not the mean over
-    micro-steps, and not the gradient of one mean over all ``k`` batches
-    (which is ``1/k`` of it)."""
+    """What ``k - 1`` ``no_sync`` micro-steps plus one synced step must give, for ``k = len(x)``
+    global micro-batches ``x[j]``: torch DDP *accumulates* across micro-steps (the synced step
+    all-reduces the sum and divides by the world size only), so the gradient is
+    ``sum_j grad(mean MSE on global micro-batch j)``, not the mean over micro-steps."""
     import torch
     import torch.nn.functional as F
     module = build_mlp(widths, seed)

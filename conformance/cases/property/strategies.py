@@ -8,9 +8,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from conformance.cases.property.models import build_bn_net
 from conformance.cases.shared.numerics import DEFAULT_ALLREDUCE_DTYPES, MAX_ELEMENTS, MAX_MAGNITUDE
-from conformance.cases.shared.loop import rank_seed
 
 
 @st.composite
@@ -69,11 +67,10 @@ class AllReduceExample:
 
 @st.composite
 def allreduce_examples(draw, world_size: int, dtypes=DEFAULT_ALLREDUCE_DTYPES):
-    """Per-replica tensors: rank 0..4, <= ``MAX_ELEMENTS`` elements, finite
-    float32/bfloat16 values incl. subnormals, zeros of both signs and mixed
-    magnitudes up to ``MAX_MAGNITUDE``: a dense background (zeros, normal,
-    log-uniform mixed magnitudes, or cancelling across replicas) overlaid with
-    Hypothesis-drawn elements (which shrink to small, readable tensors)."""
+    """Per-replica tensors: rank 0..4, <= ``MAX_ELEMENTS`` elements, finite float32/bfloat16 values
+    incl. subnormals, zeros of both signs and magnitudes up to ``MAX_MAGNITUDE``: a dense
+    background (:data:`BACKGROUNDS`) overlaid with Hypothesis-drawn elements (which shrink to
+    small, readable tensors)."""
     dtype = draw(st.sampled_from(dtypes))
     shape = draw(shapes())
     kind = draw(st.sampled_from(BACKGROUNDS))
@@ -89,10 +86,9 @@ def allreduce_examples(draw, world_size: int, dtypes=DEFAULT_ALLREDUCE_DTYPES):
 
 @dataclass(frozen=True, eq=False)
 class MlpExample:
-    """Properties 2, 3, 5, 6: an MLP and ``micro_steps`` global batches
-    ``x[j]`` ``[world_size * local_batch, widths[0]]``, ``y[j]``
-    ``[world_size * local_batch, widths[-1]]``; shard ``s`` is rows
-    ``[s * local_batch, (s + 1) * local_batch)``."""
+    """Properties 2, 3, 5, 6: an MLP and ``micro_steps`` global batches ``x[j]`` ``[world_size *
+    local_batch, widths[0]]``, ``y[j]`` ``[world_size * local_batch, widths[-1]]``; shard ``s`` is
+    rows ``[s * local_batch, (s + 1) * local_batch)``."""
 
     world_size: int
     widths: tuple

@@ -1,7 +1,6 @@
-"""World tasks of the gradient-sync properties (replicas): ``fn(ctx, *, impl, **payload)``
-builds a model, wraps it with ``conformance.impls.builtin.resolve_impl(impl).wrap(module, ctx,
-{})``, runs one or a few backward passes and returns numpy. Pickled by reference
-(``conformance.cases.property.tasks.<name>``)."""
+"""World tasks of the gradient-sync properties (replicas, pickled by reference):
+``fn(ctx, *, impl, **payload)`` builds a model, wraps it with ``resolve_impl(impl).wrap(module,
+ctx, {})``, runs one or a few backward passes and returns numpy."""
 from __future__ import annotations
 
 import numpy as np

@@ -42,15 +42,11 @@ def exactly_full(sizes: list[int], cap: int) -> int:
 
 
 def cap_bytes(sizes: list[int], cls: str, k: int = 2) -> int:
-    """The cap in bytes of class ``cls`` for gradients of ``sizes`` (bucketing order):
-
-    * ``above_model``: twice the model (one bucket, not full);
-    * ``model_exactly``: the model's bytes (one bucket, exactly full);
-    * ``below_smallest``: half the smallest gradient (every parameter its own bucket, each over);
-    * ``one_parameter``: the first gradient's bytes (the first bucket exactly full with it);
-    * ``fills_one``: the first ``k`` gradients' bytes (``k`` clipped to ``1..len(sizes)``);
-    * ``fills_several``: the sum of consecutive gradients that closes the most buckets exactly
-      full (at least two where the sizes allow; the smallest such cap).
+    """The cap in bytes of class ``cls`` for gradients of ``sizes`` (bucketing order): one bucket
+    not full (``above_model``) or exactly full (``model_exactly``), every parameter its own bucket
+    (``below_smallest``), the first bucket exactly full with one or ``k`` gradients
+    (``one_parameter``, ``fills_one``: ``k`` clipped to ``1..len(sizes)``), or the smallest cap of
+    consecutive gradients that closes the most buckets exactly full (``fills_several``).
 
     Raises:
         ValueError: ``cls`` is not one of :data:`CAP_CLASSES`, or ``sizes`` is empty."""

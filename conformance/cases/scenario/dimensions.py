@@ -29,61 +29,26 @@ MAX_FORWARDS = 3
 #: Data of forward ``k`` (0-based, ``k >= 1``) of micro-step ``j``: micro index ``FORWARD_DATA * k + j``.
 FORWARD_DATA = 2000
 
-#: The loop dimension (docs/scenarios.md, "The loop programs"): what a user's training
-#: loop does around the DDP besides forward, backward and ``optimizer.step()``. Each key's first
-#: value is the plain loop Hypothesis shrinks towards.
-#:   zero_grad:   ``optimizer.zero_grad(set_to_none=True)`` or ``(set_to_none=False)``: zero
-#:                tensors, which a parameter no replica used keeps (weight decay and momentum then
-#:                still move it; a ``None`` gradient skips it);
-#:   module_mode: the module's mode at the training forwards: ``train``, or ``eval`` (a backward in
-#:                eval mode is legal: fine-tuning with frozen statistics; the buffers then stay);
-#:   clip:        ``none``, or ``norm``: ``torch.nn.utils.clip_grad_norm_(max_norm=CLIP_NORM)`` on
-#:                the synced, unscaled gradients before the step (it reads every replica's
-#:                gradients: a reduction not finished by then shows);
-#:   teacher:     ``none``, or ``frozen``: a second DDP in the loop (knowledge distillation, a mean
-#:                teacher): the scenario model built from :data:`TEACHER_SALT` seeds, wrapped by the
-#:                same implementation, kept in eval mode and never trained; before each training
-#:                forward it runs under ``no_grad`` on the same inputs, and the loss's target is
-#:                ``(y + its prediction) / 2``. Its forwards must not touch the trained DDP's state
-#:                (torch keeps ``require_forward_param_sync`` per instance);
-#:   lr_drop_at:  ``None``, or the 0-based step from which the learning rate is ``lr * LR_DROP``
-#:                (set in the optimizer's ``param_groups`` before the step, as a scheduler does).
+#: The loop dimension: what a user's training loop does around the DDP besides forward, backward
+#: and ``optimizer.step()`` (each value in words: :data:`LOOP_PHRASES`; its torch semantics and the
+#: fault it reveals: docs/scenarios.md, "The loop programs"), plus ``lr_drop_at``: ``None`` or the
+#: 0-based step from which the learning rate is ``lr * LR_DROP``. First values: the plain loop.
 LOOPS = {"zero_grad": ("set_to_none", "zeros"), "module_mode": ("train", "eval"), "clip": ("none", "norm"),
          "teacher": ("none", "frozen")}
 #: The build salt of the teacher model (:data:`LOOPS` ``teacher``; a checkpoint reload's is 1).
 TEACHER_SALT = 2
 PLAIN_LOOP = dict({k: v[0] for k, v in LOOPS.items()}, lr_drop_at=None)
 CLIP_NORM, LR_DROP = 0.25, 0.5
-#: The module dimension drawn with the loop programs (docs/scenarios.md, "The module axis"): what the user's
-#: module looks like to the DDP. First values: the plain module.
-#:   output:      forward returns the prediction tensor, a dict ``{"pred", "hidden" (detached), "note" (a
-#:                str)}``, a :class:`ScenarioOutput` dataclass (``pred``, ``hidden``, ``calls``: an int) or a
-#:                :data:`ScenarioPair` namedtuple (``pred``, ``hidden``: a tensor that needs no grad, ``tag``:
-#:                a str); the loss reads ``pred`` (``find_unused_parameters`` must walk the structure);
-#:   buffers:     ``ema`` registered ``persistent`` or ``non_persistent`` (absent from ``state_dict()``:
-#:                a checkpoint reload leaves the new module's own, as construction made it);
-#:   hook:        ``none`` or ``pre_hook``: a forward pre-hook on the wrapped module halves the input
-#:                (it runs only when the wrapper calls ``module(...)``);
-#:   kwargs:      forward keywords the module uses: ``none``, ``scale`` (``scale=KW_SCALE``, a float
-#:                multiplying the stem's activation) or ``mask`` (``mask=``, a float 0/1 tensor ``[n]``
-#:                from the data zeroing some samples' hidden activation, :func:`~.model.scenario_mask`);
-#:                a DDP must pass them on (``DistributedDataParallel.forward(*inputs, **kwargs)``);
-#:   int_buffer:  ``none`` or ``samples``: an int64 buffer ``seen`` counting the samples of the training
-#:                forwards (``+= n``, the local batch: rank-dependent with uneven batches), starting
-#:                rank-dependent (:func:`~.model.seen_start`); DDP broadcasts it with the float buffers;
-#:   parametrize: ``none``, ``symmetric`` (``torch.nn.utils.parametrize.register_parametrization`` on
-#:                ``branch.a``'s weight: trained tensor ``branch.a.parametrizations.weight.original``)
-#:                or ``weight_norm`` (``torch.nn.utils.parametrizations.weight_norm`` on the head:
-#:                ``head.parametrizations.weight.original0`` (g) and ``original1`` (v));
-#:   params:      ``modules`` or ``containers``: also parameters held in an ``nn.ParameterList``
-#:                (``gains.0``, ``gains.1``: per-feature gains) and an ``nn.ParameterDict``
-#:                (``offsets.h``, ``offsets.out``: offsets added to the hidden layer and the output).
-#:   buffer_use:  ``none`` (the buffers never feed the output), or ``centre``: a training forward
-#:                subtracts the updated ``ema`` from the hidden layer (a running centring; a
-#:                subtraction saves nothing for backward, so a buffer broadcast between two forwards
-#:                before one backward is legal): which buffers a forward starts from moves the parameters.
-#: Float buffers rebound in forward are the scenario's ``rebind_buffers`` (every scenario case draws it;
-#: with ``int_buffer`` ``samples`` the int64 ``seen`` is rebound too).
+#: How a verdict names each non-plain loop value (``lr_drop_at``: from its step on).
+LOOP_PHRASES = {("zero_grad", "zeros"): "zero_grad(set_to_none=False): zero gradients, not None",
+                ("module_mode", "eval"): "training forwards and backwards in eval mode",
+                ("clip", "norm"): f"clip_grad_norm_(max_norm={CLIP_NORM}) on the synced gradients",
+                ("teacher", "frozen"): "a second DDP (a frozen teacher, eval mode) runs under no_grad before each "
+                                       "training forward; the target blends in its prediction"}
+#: The module dimension drawn with the loop programs: what the user's module looks like to the DDP
+#: (each value in words: :data:`MODULE_PHRASES`; its torch semantics: docs/scenarios.md, "The module
+#: axis"). First values: the plain module. Float buffers rebound in forward are the scenario's
+#: ``rebind_buffers`` (with ``int_buffer`` ``samples`` the int64 ``seen`` too).
 MODULES = {"output": ("tensor", "dict", "dataclass", "namedtuple"), "buffers": ("persistent", "non_persistent"),
            "hook": ("none", "pre_hook"), "kwargs": ("none", "scale", "mask"), "int_buffer": ("none", "samples"),
            "parametrize": ("none", "symmetric", "weight_norm"), "params": ("modules", "containers"),
@@ -135,15 +100,10 @@ def prediction_of(out):
 
 #: A forward without backward (``step["eval"]``, keys :data:`~.format.EVAL_KEYS`): ``{"at": j,
 #: "grad": ..., "mode": ..., "batch": [n per replica]}`` runs before micro-step ``j`` (``j`` = the
-#: window's length: after the last backward, before the step) under ``grad`` with the module in
-#: ``mode``, through the DDP, output discarded. In ``train`` mode it updates the buffers (a metric computed under ``no_grad`` in train
-#: mode). ``grad`` ``enabled``: autograd on and no backward (validation written without
-#: ``no_grad``); it runs outside ``no_sync()``, so DDP counts it as a synced training forward and
-#: broadcasts buffers at the next forward; under ``no_grad`` / ``inference_mode`` it does not
-#: (``_pre_forward``: ``require_forward_param_sync``). ``raising``: grad enabled, and the module
-#: raises after its buffers moved (a bad batch found mid-forward, on every rank; the loop catches
-#: it and goes on): torch sets the flag only after the module returns, so it keeps the previous
-#: forward's, and the next forward broadcasts if that one was a synced training forward.
+#: window's length: after the last backward, before the step) under ``grad`` (``enabled``: a
+#: validation written without ``no_grad``; ``raising``: grad enabled, and the module raises after its
+#: buffers moved, a bad batch the loop skips) with the module in ``mode``, through the DDP, output
+#: discarded. What each does to DDP's buffer broadcast (``require_forward_param_sync``): :mod:`.oracle`.
 EVAL_GRAD = ("no_grad", "inference_mode", "enabled", "raising")
 EVAL_MODE = ("eval", "train")
 #: Data of a forward without backward: micro index ``EVAL_DATA + e`` (apart from the micro-steps').
@@ -157,19 +117,9 @@ def grad_mode(grad: str):
     return {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "enabled": torch.enable_grad,
             "raising": torch.enable_grad}[grad]()
 
-#: The workload dimension (docs/scenarios.md, "The workload axis"): what the scenario model's parameters
-#: and graph are. Each key's first value is the plain workload Hypothesis shrinks towards
-#: (dense, contiguous float32 parameters, each branch applied once).
-#:   dtype:  float64 (the whole model and its loss), complex64 (branch ``b``), bfloat16
-#:           (branch ``b`` between float32 layers);
-#:   layout: channels_last (the stem is a conv with a channels_last weight), transposed (the
-#:           head's weight is a non-contiguous transposed view);
-#:   grad:   sparse (an ``Embedding(sparse=True)`` added to the stem), sparse_bag (an
-#:           ``EmbeddingBag(mode="mean", sparse=True)``);
-#:   graph:  applied_twice (each planned branch twice, each adding half), shared (branches ``a`` and ``c``
-#:           share one weight), checkpoint_nonreentrant / checkpoint_reentrant (each planned
-#:           branch twice, each application under its own activation checkpoint: with
-#:           ``use_reentrant=True`` a branch's gradient hook fires twice in one backward).
+#: The workload dimension: what the scenario model's parameters and graph are (each value in words:
+#: :data:`WORKLOAD_PHRASES`; what it changes in the model: docs/scenarios.md, "The workload axis").
+#: Each key's first value is the plain workload Hypothesis shrinks towards.
 WORKLOADS = {
     "dtype": ("float32", "float64", "complex64", "bfloat16"),
     "layout": ("contiguous", "channels_last", "transposed"),
@@ -188,9 +138,8 @@ WORKLOAD_PHRASES = {
     "checkpoint_reentrant": "each branch applied twice under reentrant activation checkpointing "
                             "(its gradient hook fires twice per backward)",
 }
-#: Corners a runtime whose every distinct graph is compiled (XLA: PJRT, XRT) cannot train,
-#: with the reason (docs/scenarios.md, PJRT): never drawn there; a replayed one is
-#: ``unsupported``.
+#: Corners a runtime whose every distinct graph is compiled (XLA: PJRT, XRT) cannot train, with the
+#: reason (docs/scenarios.md, PJRT): never drawn there; a replayed one is ``unsupported``.
 XLA_UNSUPPORTED = {
     ("dtype", "bfloat16"): "the PJRT CPU device's collectives have no bfloat16 (xm.all_reduce: "
                            "\"AllReduce for datatype 'bf16' is not supported\")",
@@ -220,8 +169,7 @@ UPSTREAM_DEFECTS = {
 }
 #: Workload dtypes drawn with short runs only (1..8 steps).
 SHORT_RUN_DTYPES = ("bfloat16",)
-#: Optimizers that take sparse gradients (torch's Adam/AdamW raise on them: SparseAdam is another
-#: optimizer).
+#: Optimizers that take sparse gradients (torch's Adam/AdamW raise on them: SparseAdam is another one).
 SPARSE_OPTIMIZERS = ("sgd", "sgd_momentum")
 #: Vocabulary of the sparse corner's embedding; each sample looks up ``INDICES_PER_SAMPLE`` rows.
 VOCAB, INDICES_PER_SAMPLE = 16, 2

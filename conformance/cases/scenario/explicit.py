@@ -1,4 +1,4 @@
-"""The explicit scenarios every run of a scenario case includes before the generated ones: one
+"""The explicit scenarios every run of a scenario case includes after the generated ones: one
 per dimension a fault hides in, so the default budget always covers them; and the builders of
 explicit loop programs (a user's model gets the same programs, :mod:`.userloop`)."""
 from __future__ import annotations
@@ -11,9 +11,13 @@ from conformance.cases.scenario.generate import LRS, Space
 from conformance.cases.scenario.model import build_scenario_model
 
 
+def uneven_batches(world_size: int) -> list:
+    """Uneven local batches (2, 3, 3, 4, ...): DDP averages the replicas' local means equally."""
+    return [2 + (r % 2) + (r // 2) for r in range(world_size)]
+
+
 def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
-    """Scenarios every run of a case includes (before the generated ones): one per
-    dimension a fault hides in, so the default budget always covers them."""
+    """Scenarios every run of a case includes (module docstring)."""
     if space.workload:
         return explicit_workload_scenarios(world_size, space)
     if "keywords" in space.ddp_extra:
@@ -77,14 +81,11 @@ def _finished(out: list, space: Space) -> list:
 
 def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]:
     """The workload case's scenarios every run includes: together they cover every corner of
-    :data:`~.dimensions.WORKLOADS` (only :data:`~.dimensions.XLA_UNSUPPORTED`-free ones with
-    ``space.xla_corners``), each with small buckets that split the model, uneven local batches
-    (equal with ``space.rank_uniform``) and, but with static_graph
-    (:data:`~.dimensions.UPSTREAM_DEFECTS`), an accumulation window; 2 optimizer steps (a
-    static-graph fault shows from the second)."""
+    :data:`~.dimensions.WORKLOADS` (without :data:`~.dimensions.XLA_UNSUPPORTED` ones with
+    ``space.xla_corners``), each on 2 optimizer steps (a static-graph fault shows from the second)."""
     w = world_size
     all_b = list(BRANCHES)
-    uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
+    uneven = uneven_batches(w)
 
     def sc(workload, optimizer="sgd", static=False, bucket_view=False, find_unused=False, plans=None, **kw):
         plans = plans or [[all_b] * w, [all_b] * w]
@@ -122,13 +123,11 @@ def explicit_workload_scenarios(world_size: int, space: Space) -> list[Scenario]
 
 def explicit_keyword_scenarios(world_size: int, space: Space) -> list[Scenario]:
     """The keyword case's scenarios every run includes: together they hold each value class of
-    :data:`~.generate.KEYWORD_VALUES`, ``bucket_cap_mb_list`` and ``skip_all_reduce_unused_params``,
-    each on two steps with uneven local batches, rank-dependent hook order and a validation
-    forward (buffers move without a backward)."""
+    :data:`~.generate.KEYWORD_VALUES`, ``bucket_cap_mb_list`` and ``skip_all_reduce_unused_params``."""
     w = world_size
     all_b = list(BRANCHES)
     rev = [all_b if r % 2 == 0 else all_b[::-1] for r in range(w)]
-    uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
+    uneven = uneven_batches(w)
     sizes = grad_bytes(build_scenario_model(41, False))
 
     def sc(plans=None, optimizer="sgd", find_unused=False, **ddp):
@@ -152,8 +151,7 @@ def explicit_keyword_scenarios(world_size: int, space: Space) -> list[Scenario]:
            bucket_cap_mb_list=[cap_mb(sizes, "fills_several")] * 2 + [cap_mb(sizes, "model_exactly")]),
         # forward_sync_buffers=True wins over a deprecated broadcast_buffers=False
         sc(broadcast_buffers=False, forward_sync_buffers=True),
-        # torch's defaults (None) of both; branch c unused on every replica at every step, its
-        # reduction skipped
+        # torch's defaults (None) of both; branch c unused on every replica at every step, its reduction skipped
         sc(plans=[["a", "b"]] * w, find_unused=True, broadcast_buffers=None, skip_all_reduce_unused_params=True),
     ]
     return _finished(out, space)
@@ -188,12 +186,9 @@ def eval_forward(at: int, grad: str, mode: str, batch) -> dict:
 
 def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
     """The loop case's scenarios every run includes: together they hold every value of
-    :data:`~.dimensions.LOOPS` and of :data:`~.dimensions.MODULES`, ``sgd_wd``, a learning-rate
-    drop, forwards without backward of each grad mode and module mode (before, inside and after an
-    accumulation window), several synced backwards in one step and two forwards before one
-    backward (synced and under ``no_sync()``), each where a fault it reveals shows (see the
-    comments of :func:`_gradient_programs` and :func:`_forward_programs`)."""
-    parts = _loop_parts(world_size)
+    :data:`~.dimensions.LOOPS` and of :data:`~.dimensions.MODULES`, each where a fault it reveals
+    shows (the comments of :func:`_gradient_programs` and :func:`_forward_programs`)."""
+    parts = loop_builders(world_size, 31, True)
     out = _gradient_programs(*parts) + _forward_programs(*parts)
     if space.xla_corners:  # no inference_mode there (XLA_UNSUPPORTED_LOOP): no_grad in its place
         for e in out:
@@ -204,20 +199,23 @@ def explicit_loop_scenarios(world_size: int, space: Space) -> list[Scenario]:
     return _finished(out, space)
 
 
-def _loop_parts(world_size: int) -> tuple:
-    """``(sc, micro, ev)``: the builders of the loop case's programs at ``world_size`` (a program,
-    a micro-step of one plan on every replica, a forward without backward), all on uneven local
-    batches."""
+def loop_builders(world_size: int, seed: int, find_unused: bool, sgd_lr: float | None = None) -> tuple:
+    """``(sc, micro, ev)``: the builders of loop programs at ``world_size`` from ``seed`` (a program:
+    SGD-family optimizers at ``sgd_lr``, default their largest rate of :data:`~.generate.LRS`, the
+    others at their smallest; a micro-step of one plan on every replica; a forward without
+    backward), on uneven local batches."""
     w = world_size
-    uneven = [2 + (r % 2) + (r // 2) for r in range(w)]
+    uneven = uneven_batches(w)
 
-    def sc(steps, optimizer="sgd", find_unused=True, module=None, checkpoint_at=None, **loop):
-        lr = LRS[optimizer][-1] if optimizer.startswith("sgd") else LRS[optimizer][0]
-        return loop_program(steps, seed=31, lr=lr, optimizer=optimizer, find_unused=find_unused,
+    def sc(steps, optimizer="sgd", find_unused=find_unused, module=None, checkpoint_at=None, **loop):
+        lr = LRS[optimizer][0]
+        if optimizer.startswith("sgd"):
+            lr = LRS[optimizer][-1] if sgd_lr is None else sgd_lr
+        return loop_program(steps, seed=seed, lr=lr, optimizer=optimizer, find_unused=find_unused,
                             checkpoint_at=checkpoint_at, module=module, **loop)
 
-    def micro(plan, sync=None, batch=None, forwards=1):
-        return micro_step(batch or uneven, [plan] * w, sync, forwards)
+    def micro(plan=BRANCHES, sync=None, forwards=1):
+        return micro_step(uneven, [plan] * w, sync, forwards)
 
     def ev(at, grad, mode):
         return eval_forward(at, grad, mode, uneven)
@@ -226,7 +224,6 @@ def _loop_parts(world_size: int) -> tuple:
 
 def _gradient_programs(sc, micro, ev) -> list[Scenario]:
     """The loop programs where zero and ``None`` gradients, synced backwards and clipping meet."""
-    all_b = list(BRANCHES)
     return [
         # zero gradients, not None: branch c used at steps 1 and 3 only; at steps 2 and 4 its zero
         # gradient must stay zero (weight decay still moves it; a DDP setting it None skips it); an
@@ -236,7 +233,7 @@ def _gradient_programs(sc, micro, ev) -> list[Scenario]:
         # checkpoint reload; an int64 buffer counting the (uneven) local samples, starting
         # rank-dependent (DDP broadcasts integer buffers too); a mask= forward keyword; parameters in
         # an nn.ParameterList and an nn.ParameterDict
-        sc([{"micro": [micro(all_b if s % 2 == 0 else ["a", "b"])], "eval": [ev(0, "no_grad", "eval")]}
+        sc([{"micro": [micro(BRANCHES if s % 2 == 0 else ["a", "b"])], "eval": [ev(0, "no_grad", "eval")]}
             for s in range(4)], optimizer="sgd_wd", zero_grad="zeros", lr_drop_at=2, checkpoint_at=1,
            module={"output": "dataclass", "buffers": "non_persistent", "int_buffer": "samples", "kwargs": "mask",
                    "params": "containers"}),
@@ -253,20 +250,19 @@ def _gradient_programs(sc, micro, ev) -> list[Scenario]:
 def _forward_programs(sc, micro, ev) -> list[Scenario]:
     """The loop programs where forwards without backward, eval-mode training, several forwards
     per backward and a second DDP (a teacher) meet the buffer broadcast."""
-    all_b = list(BRANCHES)
     return [
         # training forwards and backwards in eval mode (gradients still averaged); a no_grad forward in
         # train mode inside an accumulation window (it updates the buffers, and the next forward, not
         # following a synced one, does not broadcast them); an inference_mode forward after the last
         # backward (a namedtuple output with a str and a tensor needing no grad; the head under
         # parametrizations.weight_norm)
-        sc([{"micro": [micro(all_b), micro(all_b)], "eval": [ev(1, "no_grad", "train"), ev(2, "inference_mode", "eval")]}
+        sc([{"micro": [micro(), micro()], "eval": [ev(1, "no_grad", "train"), ev(2, "inference_mode", "eval")]}
             for _ in range(3)], find_unused=False, module_mode="eval",
            module={"output": "namedtuple", "parametrize": "weight_norm"}),
         # clipping where it binds, a train-mode no_grad forward before each step, momentum (the int64
         # sample counter again: updated by the no_grad forward, kept at the training forward after it,
         # which follows a forward without grad; rank 0's comes back before the next step's no_grad forward)
-        sc([{"micro": [micro(all_b)], "eval": [ev(0, "no_grad", "train")]} for _ in range(4)],
+        sc([{"micro": [micro()], "eval": [ev(0, "no_grad", "train")]} for _ in range(4)],
            optimizer="sgd_momentum", find_unused=False, clip="norm", module={"int_buffer": "samples"}),
         # two forwards before one backward (a GAN's discriminator on fake and real batches): DDP
         # broadcasts the buffers between them in the synced micro-step, not under no_sync(); a
@@ -277,7 +273,7 @@ def _forward_programs(sc, micro, ev) -> list[Scenario]:
         # trained DDP's broadcast rule alone (a flag shared by instances does not). After the grad-enabled
         # forward, a bad batch the loop skips: the module raises after its buffers moved, DDP's flag stays
         # armed, and the window's first forward broadcasts rank 0's buffers again
-        sc([{"micro": [micro(all_b, forwards=2), micro(all_b, forwards=2)],
+        sc([{"micro": [micro(forwards=2), micro(forwards=2)],
              "eval": [ev(0, "enabled", "train"), ev(0, "raising", "train")]}
             for _ in range(3)], module={"buffer_use": "centre"}, teacher="frozen"),
     ]

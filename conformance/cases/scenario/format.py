@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import json
 import math
 
-from conformance.cases.scenario.dimensions import (BRANCHES, CLIP_NORM, EVAL_GRAD, EVAL_MODE, LOOPS, LR_DROP,
+from conformance.cases.scenario.dimensions import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOP_PHRASES, LOOPS, LR_DROP,
                                                    MAX_FORWARDS, MODULE_PHRASES, MODULES, PLAIN_LOOP, PLAIN_MODULE,
                                                    PLAIN_WORKLOAD, SPARSE_OPTIMIZERS, WORKLOAD_PHRASES, WORKLOADS,
                                                    workload_corners)
@@ -19,17 +19,15 @@ SCENARIO_KEYS = {"seed", "lr", "optimizer", "ddp", "rebind_buffers", "loss_scale
                  "steps", "workload", "loop", "module"}
 #: Scenario keys a JSON file may leave out (older files: the plain workload, loop and module).
 OPTIONAL_KEYS = {"workload", "loop", "module"}
-DDP_KEYS = {"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view",
-            "static_graph", "comm_hook", "init_sync", "forward_sync_buffers", "batched_grad_copy",
-            "bucket_cap_mb_list", "skip_all_reduce_unused_params"}
 #: torch's default of each DDP keyword a scenario may hold: a scenario passes the others to the DDP.
 DDP_DEFAULTS = {"find_unused_parameters": False, "broadcast_buffers": None, "bucket_cap_mb": None,
                 "gradient_as_bucket_view": False, "static_graph": False, "init_sync": True,
                 "forward_sync_buffers": None, "batched_grad_copy": False, "bucket_cap_mb_list": None,
                 "skip_all_reduce_unused_params": False}
-#: Keywords whose value must be a bool, or a bool or None.
-BOOL_KEYS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "init_sync", "batched_grad_copy",
-             "skip_all_reduce_unused_params")
+#: The DDP keywords a scenario may hold (``comm_hook``: ``"allreduce"``, registered after wrapping).
+DDP_KEYS = set(DDP_DEFAULTS) | {"comm_hook"}
+#: Keywords whose value must be a bool (those of a bool default), or a bool or None.
+BOOL_KEYS = tuple(k for k, v in DDP_DEFAULTS.items() if isinstance(v, bool))
 OPTIONAL_BOOL_KEYS = ("broadcast_buffers", "forward_sync_buffers")
 
 
@@ -79,12 +77,10 @@ class Scenario:
             synced gradient divided by it before the step (exact: a power of two).
         checkpoint_at: after this step (0-based) save and reload DDP + optimizer state (or None).
         steps: ``[{"micro": [{"batch": [n_0, ..., n_{W-1}], "plan": [[branch, ...] per replica]}]}]``.
-        workload: ``{dimension: value}`` of :data:`~.dimensions.WORKLOADS` (a file without it: the
-            plain one).
-        loop: ``{dimension: value}`` of :data:`~.dimensions.LOOPS` plus ``lr_drop_at`` (a file without
-            it: the plain loop, :data:`~.dimensions.PLAIN_LOOP`). A step may hold ``"eval"`` (forwards without
-            backward, :data:`EVAL_KEYS`) and a micro-step ``"sync"`` and ``"forwards"``
-            (:data:`MICRO_OPTIONAL`).
+        workload: ``{dimension: value}`` of :data:`~.dimensions.WORKLOADS` (a file without it: plain).
+        loop: ``{dimension: value}`` of :data:`~.dimensions.LOOPS` plus ``lr_drop_at`` (a file
+            without it: :data:`~.dimensions.PLAIN_LOOP`). A step may hold ``"eval"`` (:data:`EVAL_KEYS`)
+            and a micro-step ``"sync"`` and ``"forwards"`` (:data:`MICRO_OPTIONAL`).
     """
 
     seed: int
@@ -133,7 +129,7 @@ class Scenario:
 
     @classmethod
     def from_json(cls, d) -> "Scenario":
-        """Parse and validate.
+        """Parse and validate (a failure file's ``"scenario"`` too).
 
         Raises:
             ScenarioError: not an object, an unknown or missing key (dimension), or a bad value.
@@ -148,10 +144,9 @@ class Scenario:
         missing = sorted(SCENARIO_KEYS - OPTIONAL_KEYS - set(d))
         if missing:
             raise ScenarioError(f"missing scenario key(s) {missing}")
-        if isinstance(d.get("loop"), dict):  # a file from before a loop dimension: its plain value
-            d = dict(d, loop=dict({k: v for k, v in PLAIN_LOOP.items() if k not in d["loop"]}, **d["loop"]))
-        if isinstance(d.get("module"), dict):  # a file from before a module dimension: its plain value
-            d = dict(d, module=dict({k: v for k, v in PLAIN_MODULE.items() if k not in d["module"]}, **d["module"]))
+        for key, plain in (("loop", PLAIN_LOOP), ("module", PLAIN_MODULE)):
+            if isinstance(d.get(key), dict):  # a file from before a loop or module dimension: its plain value
+                d = dict(d, **{key: dict({k: v for k, v in plain.items() if k not in d[key]}, **d[key])})
         s = cls(**d)
         s.validate()
         return s
@@ -213,23 +208,14 @@ class Scenario:
     def _validate_loop(self, w: int) -> None:
         """The loop's values and every step's forwards without backward."""
         md = self.module
-        if not isinstance(md, dict) or set(md) != set(MODULES):
-            raise ScenarioError(f"module: an object with keys {sorted(MODULES)}")
-        for k, vals in MODULES.items():
-            if md[k] not in vals:
-                raise ScenarioError(f"module {k} {md[k]!r}: one of {vals}")
+        _values("module", md, MODULES, MODULES)
         if md["parametrize"] != "none" and (self.workload["graph"] == "shared"
                                             or self.workload["layout"] == "transposed"):
             raise ScenarioError(f"module parametrize {md['parametrize']!r} with workload "
                                 f"{workload_corners(self.workload)}: a parametrized weight that is shared "
                                 "or a transposed view is not drawn (the parametrization would rebuild it)")
-        lp = self.loop
-        if not isinstance(lp, dict) or set(lp) != set(PLAIN_LOOP):
-            raise ScenarioError(f"loop: an object with keys {sorted(PLAIN_LOOP)}")
-        for k, vals in LOOPS.items():
-            if lp[k] not in vals:
-                raise ScenarioError(f"loop {k} {lp[k]!r}: one of {vals}")
-        drop = lp["lr_drop_at"]
+        _values("loop", self.loop, PLAIN_LOOP, LOOPS)
+        drop = self.loop["lr_drop_at"]
         if drop is not None and not (isinstance(drop, int) and 0 < drop < len(self.steps)):
             raise ScenarioError(f"loop lr_drop_at {drop!r}: null or a step after the first (0-based)")
         for i, step in enumerate(self.steps):
@@ -254,11 +240,7 @@ class Scenario:
     def _validate_workload(self) -> None:
         """The workload's values, and the combinations upstream DDP forbids or that mean nothing."""
         wl = self.workload
-        if not isinstance(wl, dict) or set(wl) != set(WORKLOADS):
-            raise ScenarioError(f"workload: an object with keys {sorted(WORKLOADS)}")
-        for k, v in wl.items():
-            if v not in WORKLOADS[k]:
-                raise ScenarioError(f"workload {k} {v!r}: one of {WORKLOADS[k]}")
+        _values("workload", wl, WORKLOADS, WORKLOADS, order=wl)
         if wl["grad"] != "dense" and self.optimizer not in SPARSE_OPTIMIZERS:
             raise ScenarioError(f"workload grad {wl['grad']!r} with optimizer {self.optimizer!r}: sparse "
                                 f"gradients need one of {SPARSE_OPTIMIZERS} (torch's Adam/AdamW refuse them)")
@@ -336,15 +318,7 @@ class Scenario:
             parts.append(f"a forward without backward under {grad} in {f['mode']} mode {where}")
         parts += [MODULE_PHRASES[v] for k, v in self.module.items() if v != PLAIN_MODULE[k]]
         lp = self.loop
-        if lp["zero_grad"] == "zeros":
-            parts.append("zero_grad(set_to_none=False): zero gradients, not None")
-        if lp["module_mode"] == "eval":
-            parts.append("training forwards and backwards in eval mode")
-        if lp["clip"] == "norm":
-            parts.append(f"clip_grad_norm_(max_norm={CLIP_NORM}) on the synced gradients")
-        if lp["teacher"] == "frozen":
-            parts.append("a second DDP (a frozen teacher, eval mode) runs under no_grad before each training "
-                         "forward; the target blends in its prediction")
+        parts += [phrase for (k, v), phrase in LOOP_PHRASES.items() if lp[k] == v]
         if lp["lr_drop_at"] is not None and s >= lp["lr_drop_at"]:
             parts.append(f"learning rate x {LR_DROP} from step {lp['lr_drop_at'] + 1}")
         return parts
@@ -353,6 +327,16 @@ class Scenario:
         """``workload: <corner>, <corner>`` (``""`` for the plain workload)."""
         corners = workload_corners(self.workload)
         return "workload: " + ", ".join(WORKLOAD_PHRASES[c] for c in corners) if corners else ""
+
+
+def _values(what: str, got, keys, table: dict, order=None) -> None:
+    """Raises ScenarioError unless ``got`` is an object with exactly ``keys`` whose every key of
+    ``table`` (in ``order``, default ``table``'s) holds one of that key's values."""
+    if not isinstance(got, dict) or set(got) != set(keys):
+        raise ScenarioError(f"{what}: an object with keys {sorted(keys)}")
+    for k in order or table:
+        if got[k] not in table[k]:
+            raise ScenarioError(f"{what} {k} {got[k]!r}: one of {table[k]}")
 
 
 def load_scenario(path: str) -> Scenario:

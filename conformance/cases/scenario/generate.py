@@ -14,9 +14,6 @@ from conformance.cases.scenario.model import build_scenario_model
 from conformance.cases.shared.loop import ALL_OPTIMIZERS, OPTIMIZERS
 from conformance.tolerances import lookup
 
-# --------------------------------------------------------------------------
-# generation (Hypothesis) and the case runner
-# --------------------------------------------------------------------------
 
 #: Learning rates per optimizer: large enough that one step moves parameters by
 #: >= 100 x atol (the vacuity guard), small enough to stay stable for 120 steps.
@@ -92,13 +89,10 @@ def space_requires(space: dict) -> tuple:
 
 
 def scenarios(world_size: int, space: Space):
-    """Hypothesis strategy of :class:`Scenario` for ``world_size`` replicas.
-
-    A run is a pattern of 1..4 distinct optimizer steps repeated cyclically to its
-    length (1..8, or one run in ten 41..``max_steps``: faults that start late), so
-    long runs stay cheap to draw and shrink. Everything shrinks towards the plain case: one step,
-    one micro-step, equal batches of 1, every branch in the same order, SGD.
-    """
+    """Hypothesis strategy of :class:`Scenario` for ``world_size`` replicas: a pattern of 1..4
+    distinct optimizer steps repeated cyclically to the run's length (1..8, or one run in ten
+    41..``max_steps``), so long runs stay cheap to draw and shrink. Everything shrinks towards the
+    plain case: one step, one micro-step, equal batches of 1, every branch in the same order, SGD."""
     from hypothesis import strategies as st
 
     @st.composite
@@ -256,10 +250,9 @@ def _bucket_caps(sc: Scenario, space: Space, cap, caps) -> None:
 
 
 def _no_enabled_forward_before_no_sync(sc: Scenario) -> None:
-    """Turn a grad-enabled forward without backward whose next training forward runs under
-    ``no_sync()`` (the same step's micro-step at its ``at``, or the next step's first, the same DDP)
-    into a ``no_grad`` one: torch's DDP with ``find_unused_parameters`` fails that loop
-    (:data:`UPSTREAM_DEFECTS`)."""
+    """Turn a grad-enabled forward without backward whose next training forward (of the same DDP)
+    runs under ``no_sync()`` into a ``no_grad`` one: torch's DDP with ``find_unused_parameters``
+    fails that loop (:data:`UPSTREAM_DEFECTS`)."""
     for s, step in enumerate(sc.steps):
         for f in step.get("eval", ()):
             if f["grad"] != "enabled":
@@ -273,10 +266,9 @@ def _no_enabled_forward_before_no_sync(sc: Scenario) -> None:
 
 
 def workloads(space: Space):
-    """Hypothesis strategy of workloads (:data:`WORKLOADS`): each dimension drawn apart,
-    shrinking towards the plain workload; with ``space.xla_corners`` only the corners XLA
-    runtimes train, and without the ``static_graph`` DDP extra no reentrant checkpoint
-    (upstream needs ``static_graph`` for it)."""
+    """Hypothesis strategy of workloads (:data:`WORKLOADS`), each dimension drawn apart; with
+    ``space.xla_corners`` only the corners XLA runtimes train, without the ``static_graph`` DDP
+    extra no reentrant checkpoint (upstream needs ``static_graph`` for it)."""
     from hypothesis import strategies as st
 
     def allowed(k):
@@ -298,11 +290,10 @@ WORKLOAD_TOLERANCE = {"float64": "float64", "bfloat16": "bf16-mixed"}
 
 
 def judged_on(sc, vs: list, first_sc, first_vs: list, worst: dict, examples: int) -> list:
-    """``[(verdict, scenario it was judged on or None)]`` for a failing scenario case.
-    Shrinking keeps what fails, not what trains: a sibling check ``vacuous`` on the minimal
-    failing scenario ``sc`` takes its verdict over the passing scenarios (``worst``; scenario
-    None), else its verdict on the first, unshrunk failing scenario when that one is not
-    vacuous; only when neither could judge it does it stay vacuous."""
+    """``[(verdict, scenario it was judged on or None)]`` for a failing scenario case. Shrinking
+    keeps what fails, not what trains: a check ``vacuous`` on the minimal failing scenario ``sc``
+    takes its verdict over the passing scenarios (``worst``; None), else on the first, unshrunk
+    failing scenario when that one is not vacuous; else it stays vacuous."""
     out = []
     for v in vs:
         if v.status == "vacuous" and v.check in worst:

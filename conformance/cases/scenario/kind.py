@@ -2,41 +2,24 @@
 ``--model``, the loop programs on the user's model (:mod:`.userloop`, rows with
 ``args["user_loop"]``); one evaluator above both.
 
-A **scenario** is JSON-serialisable data: a sequence of optimizer steps, each an
-accumulation window of ``k`` micro-steps (the first ``k - 1`` under ``no_sync()``,
-the last synced), and for every micro-step and replica a local batch size
-(uneven allowed) and a *plan*: which branches of the scenario model the replica
-uses and in which order (rank-dependent control flow, so gradient hooks fire in
-rank-dependent orders and parameters go unused on some replicas). Around it: DDP
-keywords (``find_unused_parameters``, ``broadcast_buffers``, buckets, a comm
-hook), buffer rebinding in forward, a loss scale (gradients up to where fp16
-communication overflows; unscaled before the step, as ``GradScaler`` does), the
-optimizer (SGD, SGD with momentum, Adam, AdamW), a checkpoint save/reload of
-DDP + optimizer state mid-run, and the length (up to 120 steps).
+A **scenario** is JSON-serialisable data (:class:`.format.Scenario`): a sequence of optimizer
+steps, each an accumulation window of ``k`` micro-steps (the first ``k - 1`` under ``no_sync()``,
+the last synced), and for every micro-step and replica a local batch size (uneven allowed) and a
+*plan*: which branches of the scenario model the replica uses and in which order (rank-dependent
+control flow, so gradient hooks fire in rank-dependent orders and parameters go unused on some
+replicas). Around it: DDP keywords, buffer rebinding in forward, a loss scale (gradients up to
+where fp16 communication overflows; unscaled before the step, as ``GradScaler`` does), the
+optimizer, a checkpoint save/reload of DDP + optimizer state mid-run, and the length.
 
-The oracle computes **DDP's semantics** on one device for any scenario: every
-replica's accumulated gradient over the window (its own micro-batches, its own
-local-mean losses), then the equal average over replicas (not the global-batch
-gradient: with uneven local batches the two differ). A parameter no replica used
-in the whole window keeps no gradient (``find_unused_parameters``: globally
-unused); one used only by some replicas, or only in the ``no_sync`` micro-steps,
-is averaged with zeros from the others. Buffers follow torch's DDP: with
-``broadcast_buffers`` a forward starts from rank 0's buffers when the previous
-forward was synced (or it is the first), i.e. at the start of an accumulation
-window (``torch.nn.parallel.DistributedDataParallel._pre_forward`` /
-``_post_forward``: ``require_forward_param_sync``).
+The oracle (:mod:`.oracle`, whose docstring states the semantics and the torch code they mirror)
+computes **DDP's semantics** on one device for any scenario: every replica's accumulated gradient
+over the window, then the equal average over replicas (not the global-batch gradient: with uneven
+local batches the two differ), and the buffers each replica must hold.
 
 The plain scenario model's buffers do not feed its output (an exponential moving
 average of the stem activations and a forward counter), so buffer semantics are
 judged by the buffer check and cannot mask a gradient fault (the module axis's
 ``buffer_use`` ``centre`` makes ``ema`` feed it).
-
-The package's seams: :mod:`.dimensions` (each dimension's values, phrases and refusals),
-:mod:`.format` (the JSON data and its validation), :mod:`.model` (the scenario model and its
-data), :mod:`.replica` (the world task and the loop it runs on every replica), :mod:`.oracle`
-(DDP's semantics on one device, the judge), :mod:`.generate` (the Hypothesis strategies) and
-:mod:`.explicit` (the scenarios every run includes), :mod:`.buckets` (bucket caps at the model's
-boundaries), :mod:`.run` (the case runner).
 """
 from __future__ import annotations
 

@@ -21,17 +21,14 @@ class BadBatch(RuntimeError):
 
 
 def user_grad_hook(net, module: dict | None) -> None:
-    """With ``module["grad_hook"] == "after_wrap"``, register the user's gradient hook on
-    :data:`~.dimensions.GRAD_HOOK_PARAM` of ``net`` (``Tensor.register_hook``: the gradient times
-    :data:`~.dimensions.GRAD_HOOK_SCALE`). The replicas call it after wrapping, the reference after
-    building: torch's DDP reduces what accumulated into ``.grad``, after the tensor's hooks."""
+    """With ``module["grad_hook"] == "after_wrap"``, register the user's gradient hook
+    (:data:`~.dimensions.GRAD_HOOK_PARAM`) on ``net``: the replicas after wrapping, the reference
+    after building (torch's DDP reduces what accumulated into ``.grad``, after the tensor's hooks)."""
     if dict(PLAIN_MODULE, **(module or {}))["grad_hook"] == "after_wrap":
         dict(net.named_parameters())[GRAD_HOOK_PARAM].register_hook(lambda g: g * GRAD_HOOK_SCALE)
 
 
-# --------------------------------------------------------------------------
-# the layers of the workload's corners
-# --------------------------------------------------------------------------
+# --- the layers of the workload's corners ---------------------------------------------------------
 
 class LowPrecisionLinear(nn.Linear):
     """A Linear in a lower dtype (bfloat16) between float layers: input cast down, output back."""
@@ -82,9 +79,7 @@ def _branch_layer(b: str, dtype: str):
     return nn.Linear(HIDDEN, HIDDEN)
 
 
-# --------------------------------------------------------------------------
-# the model
-# --------------------------------------------------------------------------
+# --- the model ------------------------------------------------------------------------------------
 
 class ScenarioNet(nn.Module):
     """The scenario model of workload ``wl`` and module ``md`` (both complete: every dimension
@@ -197,24 +192,15 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
 
     Parameters U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from ``seed`` (fan_in of a conv or
     embedding weight: its first row's size; complex: real and imaginary parts so drawn);
-    buffers ``ema`` (``[HIDDEN]``: moving average of the stem's batch mean, 0.9/0.1) and
-    ``count`` (int64 scalar: training forwards), updated in training forward by
-    assignment of new tensors when ``rebind`` else in place. Buffers feed the output only with
-    ``module["buffer_use"] == "centre"`` (a training forward's hidden layer minus ``ema``, after
-    the update). ``buffer_offset`` is added to ``ema`` (rank-dependent starts). ``workload``
-    (:data:`~.dimensions.WORKLOADS`; default plain) changes the parameters' dtype, layout, gradient
-    kind and the graph; inputs ``x`` float32 ``[n, IN_FEATURES]`` and, for a sparse
-    workload, ``idx`` int64 ``[n, INDICES_PER_SAMPLE]``; output ``[n, OUT_FEATURES]``
-    (float64 for the float64 workload, else float32). ``module`` (:data:`~.dimensions.MODULES`;
-    default plain): the output's structure, ``ema``'s persistence, a forward pre-hook, forward
-    keywords ``scale`` / ``mask`` (:func:`forward_kwargs`), ``ema`` feeding the output, ``bad=True``
-    raising :class:`BadBatch` after the buffers' update (a bad batch the loop skips), an int64 buffer
-    ``seen`` (``+= n`` at each training forward;
-    starts at :func:`seen_start` of ``buffer_offset``), a parametrized weight (registered after
-    initialisation: ``symmetric`` reads ``branch.a``'s ``original`` through ``triu(X) + triu(X, 1)^T``;
-    ``weight_norm`` splits the head's weight into ``original0`` (g, the row norms) and ``original1``
-    (v)), parameters held in containers (``gains`` ``nn.ParameterList`` of two ``[HIDDEN]``,
-    ``offsets`` ``nn.ParameterDict`` ``{"h": [HIDDEN], "out": [OUT_FEATURES]}``, drawn from ``seed``).
+    buffers ``ema`` (``[HIDDEN]``: moving average of the stem's batch mean, 0.9/0.1, offset by
+    ``buffer_offset``: rank-dependent starts) and ``count`` (int64 scalar: training forwards),
+    updated in training forward by assignment of new tensors when ``rebind`` else in place.
+    Inputs ``x`` float32 ``[n, IN_FEATURES]`` and, for a sparse workload, ``idx`` int64
+    ``[n, INDICES_PER_SAMPLE]``; output ``[n, OUT_FEATURES]`` (float64 for the float64 workload,
+    else float32) in ``module``'s structure; ``bad=True`` raises :class:`BadBatch` after the
+    buffers' update. ``workload`` (:data:`~.dimensions.WORKLOADS`) and ``module``
+    (:data:`~.dimensions.MODULES`; a parametrization registered after initialisation, container
+    parameters drawn from ``seed``) default to the plain ones.
     """
     wl = dict(PLAIN_WORKLOAD, **(workload or {}))
     md = dict(PLAIN_MODULE, **(module or {}))
@@ -278,6 +264,22 @@ def forward_kwargs(module: dict, seed: int, step: int, micro: int, rank: int, n:
     if kind == "mask":
         return {"mask": scenario_mask(seed, step, micro, rank, n)}
     return {}
+
+
+def scenario_inputs(sc, s: int, j: int, r: int, sizes, plan, device=None) -> tuple:
+    """``((x,), keywords, y)`` of replica ``r``'s forward on micro-batch ``(s, j)`` of scenario
+    ``sc`` (``sizes``: every replica's local batch size; ``plan`` None: a forward without backward,
+    on the module's default plan), the tensors on ``device`` when given."""
+    n = sizes[r]
+    x, y = scenario_batch(sc.seed, s, j, r, n)
+    kwargs = {} if plan is None else {"plan": plan}
+    if sc.workload["grad"] != "dense":
+        kwargs["idx"] = scenario_indices(sc.seed, s, j, r, n)
+    kwargs.update(forward_kwargs(sc.module, sc.seed, s, j, r, n))  # MODULES "kwargs"
+    if device is not None:
+        x, y = x.to(device), y.to(device)
+        kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    return (x,), kwargs, y
 
 
 def scenario_batch(seed: int, step: int, micro: int, rank: int, n: int):

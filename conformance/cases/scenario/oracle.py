@@ -18,18 +18,13 @@ update as upstream's sparse all-reduce):
   forwards before one backward, and after a grad-enabled forward that no backward follows; a
   forward whose module raises (the loop's skipped bad batch) moved the buffers and leaves the flag
   as it was (``_post_forward`` never ran).
-* **The module axis** (:data:`~.dimensions.MODULES`): every buffer is broadcast, integer ones too
-  (an int64 ``seen``): torch's construction sync (``torch/distributed/utils.py``
-  ``_sync_module_states``: every ``module.named_buffers()`` tensor when ``broadcast_buffers``) and
-  the pre-forward one (``torch/nn/parallel/distributed.py`` ``_sync_buffers`` over
-  ``_assign_modules_buffers``' ``named_buffers()``, re-read each time) take every buffer whatever
-  its dtype; without ``broadcast_buffers`` each replica keeps its own start
-  (:func:`~.model.seen_start`). Forward keywords reach the module unchanged
-  (``DistributedDataParallel.forward(*inputs, **kwargs)`` calls ``self.module(*inputs, **kwargs)``;
-  the oracle passes the same ones). A parametrized weight (``torch.nn.utils.parametrize``,
-  ``parametrizations.weight_norm``) is trained through its ``original`` tensors, which are the
-  module's parameters DDP reduces and broadcasts; parameters in an ``nn.ParameterList`` /
-  ``nn.ParameterDict`` are ``module.parameters()`` like any other.
+* **The module axis** (:data:`~.dimensions.MODULES`): every buffer is broadcast whatever its dtype
+  (integer ones too), at construction (``torch/distributed/utils.py`` ``_sync_module_states``) and
+  before a forward (``_sync_buffers`` over ``named_buffers()``, re-read each time); without
+  ``broadcast_buffers`` each replica keeps its own start (:func:`~.model.seen_start`). Forward
+  keywords reach the module unchanged (``DistributedDataParallel.forward(*inputs, **kwargs)``); a
+  parametrized weight trains its ``original`` tensors, container-held parameters are module
+  parameters like any other.
 
 :func:`loop_reference` is the engine (any module, its own data); :func:`scenario_reference` runs
 it on the scenario model, the user loop programs on a user's model (:mod:`.userloop`).
@@ -43,26 +38,20 @@ import torch
 
 from conformance.cases.shared.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, TRANSPARENCY, judge, judge_agreement
 from conformance.cases.shared.transparency import judge_transparency
-from conformance.cases.scenario.dimensions import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
+from conformance.cases.scenario.dimensions import (CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
                                                    grad_mode, prediction_of)
 from conformance.cases.scenario.format import Scenario, buffer_sync
-from conformance.cases.scenario.model import (BadBatch, build_scenario_model, forward_kwargs, scenario_batch,
-                                              scenario_indices, seen_start, user_grad_hook)
+from conformance.cases.scenario.model import (BadBatch, build_scenario_model, scenario_inputs, seen_start,
+                                              user_grad_hook)
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.readback import flat_optimizer_state, flat_params
 
-# --------------------------------------------------------------------------
-# the oracle
-# --------------------------------------------------------------------------
+# --- the oracle -----------------------------------------------------------------------------------
 
 def scenario_reference(sc: Scenario) -> dict:
-    """DDP's semantics for ``sc`` on one CPU device (the module docstring says what they are),
-    on the scenario model: rank 0's, each replica's buffers its own build's where the DDP does
-    not broadcast them at construction.
-
-    Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica
-    must hold after each step), ``optim`` (final optimizer state).
-    """
+    """DDP's semantics for ``sc`` on one CPU device (the module docstring), on rank 0's scenario
+    model. Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica must
+    hold after each step), ``optim`` (final optimizer state)."""
     net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
     user_grad_hook(net, sc.module)
     start_buffers, reload_buffers = _scenario_buffers(sc, net)
@@ -70,15 +59,13 @@ def scenario_reference(sc: Scenario) -> dict:
     if sc.loop["teacher"] != "none":  # rank 0's (the DDP broadcasts its parameters), in eval mode
         teacher = build_scenario_model(rank_seed(sc.seed, 0, TEACHER_SALT), sc.rebind_buffers,
                                        rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module).eval()
-    return loop_reference(sc, net, _scenario_inputs(sc), lambda out, y: mse(prediction_of(out), y), start_buffers,
-                          reload_buffers, teacher=teacher, blend=distilled_target)
+    return loop_reference(sc, net, lambda s, j, r, sizes, plan: scenario_inputs(sc, s, j, r, sizes, plan),
+                          lambda out, y: mse(prediction_of(out), y), start_buffers, reload_buffers, teacher=teacher,
+                          blend=distilled_target)
 
 
 def _scenario_buffers(sc: Scenario, net) -> tuple:
-    """``(start_buffers, reload_buffers)`` of :func:`loop_reference` for the scenario model
-    ``net``: what replica ``r``'s own construction gave each buffer (rank 0's when the
-    construction syncs), and after a checkpoint reload (``ema``, when non-persistent, is the new
-    module's own)."""
+    """``(start_buffers, reload_buffers)`` of :func:`loop_reference` for the scenario model ``net``."""
     init_synced = buffer_sync(sc.ddp)[0]  # rank 0's buffers at construction
     names = [n for n, _ in net.named_buffers()]
 
@@ -101,21 +88,6 @@ def _scenario_buffers(sc: Scenario, net) -> tuple:
     return start_buffers, reload_buffers
 
 
-def _scenario_inputs(sc: Scenario):
-    """``inputs(s, j, r, sizes, plan)`` of :func:`loop_reference`: replica ``r``'s scenario data."""
-    sparse = sc.workload["grad"] != "dense"
-
-    def inputs(s, j, r, sizes, plan):
-        n = sizes[r]
-        x, y = scenario_batch(sc.seed, s, j, r, n)
-        extra = {"plan": BRANCHES if plan is None else plan}
-        if sparse:
-            extra["idx"] = scenario_indices(sc.seed, s, j, r, n)
-        extra.update(forward_kwargs(sc.module, sc.seed, s, j, r, n))
-        return (x,), extra, y
-    return inputs
-
-
 def distilled_target(teacher_out, y):
     """The loss's target with a frozen teacher (:data:`~.dimensions.LOOPS` ``teacher``): ``(y + its
     prediction) / 2``."""
@@ -123,20 +95,16 @@ def distilled_target(teacher_out, y):
 
 
 def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffers, teacher=None, blend=None) -> dict:
-    """The model-agnostic oracle of a loop program ``sc`` (its steps, micro-steps, forwards without
-    backward, loop dimensions, optimizer, DDP keywords, checkpoint; semantics as the module
-    docstring says) on module ``net`` (rank 0's, as the DDP broadcasts it at
-    construction), which it trains: ``inputs(s, j, r, sizes, plan)`` -> ``(args, kwargs, target)``
-    of replica ``r``'s forward on micro-batch ``(s, j)`` (``j >= EVAL_DATA``: a forward without
-    backward, ``plan`` None), ``loss(out, target)`` the scalar each replica backpropagates,
-    ``start_buffers(r)`` replica ``r``'s buffers after construction (rank 0's when
-    ``broadcast_buffers``), ``reload_buffers(r, buffers)`` its buffers after the checkpoint reload
-    (the non-persistent ones are the rebuilt module's own). The plan and the data are the caller's:
-    the scenario model's (:func:`scenario_reference`) or a user's (:mod:`.userloop`). ``teacher``: the
-    frozen teacher module (eval mode, rank 0's parameters) whose ``no_grad`` prediction on each
-    training forward's inputs ``blend(prediction, target)`` mixes into the target: its forwards
-    leave the trained DDP's buffer rule alone (torch keeps ``require_forward_param_sync`` per
-    instance)."""
+    """The model-agnostic oracle of loop program ``sc`` (semantics: the module docstring) on module
+    ``net`` (rank 0's, as the DDP broadcasts it at construction), which it trains, with the
+    caller's data (the scenario model's, :func:`scenario_reference`, or a user's, :mod:`.userloop`):
+    ``inputs(s, j, r, sizes, plan)`` -> ``(args, kwargs, target)`` of replica ``r``'s forward on
+    micro-batch ``(s, j)`` (``j >= EVAL_DATA``: a forward without backward, ``plan`` None),
+    ``loss(out, target)`` each replica's scalar, ``start_buffers(r)`` / ``reload_buffers(r,
+    buffers)`` replica ``r``'s buffers after construction / after the checkpoint reload.
+    ``teacher``: the frozen teacher module (eval mode, rank 0's parameters) whose ``no_grad``
+    prediction ``blend(prediction, target)`` mixes into each training forward's target; it leaves
+    the trained DDP's buffer rule alone (torch keeps ``require_forward_param_sync`` per instance)."""
     run = _LoopOracle(sc, net, inputs, loss, start_buffers, teacher, blend)
     out_p = [flat_params(net)]
     out_b = [run.flat_bufs()]
@@ -293,19 +261,14 @@ class _LoopOracle:
         self.rank_bufs = [reload_buffers(r, self.rank_bufs[r]) for r in range(self.w)]
 
 
-# --------------------------------------------------------------------------
-# the judge
-# --------------------------------------------------------------------------
+# --- the judge ------------------------------------------------------------------------------------
 
 def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 0.0, ref: dict | None = None,
                    model: str = "scenario") -> list[dict]:
-    """Compare every replica with the oracle: parameters and buffers after every step,
-    final optimizer state, and replica agreement (parameters and optimizer state
-    bit-identical to replica 0's after every step). Returns one
-    :class:`~conformance.verdict.Verdict` per check of
-    :data:`~conformance.cases.shared.checks.SCENARIO_CHECKS` (case and implementation fields left
-    for the caller). ``ref``: the oracle's result when the caller computed it (a user's model,
-    :func:`loop_reference`), else :func:`scenario_reference`'s; ``model`` the verdicts' model."""
+    """One :class:`~conformance.verdict.Verdict` per check of
+    :data:`~conformance.cases.shared.checks.SCENARIO_CHECKS` (case and implementation fields left for
+    the caller): every replica against the oracle's result ``ref`` (default:
+    :func:`scenario_reference`'s), and replica agreement; ``model`` the verdicts' model."""
     ref = scenario_reference(sc) if ref is None else ref
     out = []
     for name, row in SCENARIO_CHECKS.items():

@@ -12,10 +12,9 @@ from conformance.cases.scenario.dimensions import (BRANCHES, CLIP_NORM, EVAL_DAT
                                                    XLA_UNSUPPORTED_LOOP, grad_mode, prediction_of, workload_corners,
                                                    xla_unsupported)
 from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
-from conformance.cases.scenario.model import (BadBatch, build_scenario_model, forward_kwargs, scenario_batch,
-                                              scenario_indices, user_grad_hook)
+from conformance.cases.scenario.model import BadBatch, build_scenario_model, scenario_inputs, user_grad_hook
 from conformance.cases.scenario.oracle import distilled_target
-from conformance.cases.shared.commhooks import register_hook
+from conformance.cases.shared.setups import register_hook
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, wrap
 from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
                                                optimizer_state_layout, param_layout, saved_checkpoint,
@@ -28,10 +27,9 @@ from conformance.impls.builtin import resolve_impl
 def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     """World task: run ``scenario`` on this replica with implementation ``impl``.
 
-    Returns ``params`` float32 ``[S+1, P]``, ``buffers`` float64 ``[S+1, B]`` (after
-    construction and after each optimizer step), ``optim_digests`` (SHA-1 per step),
-    ``optim`` (final optimizer state, float64), ``layout`` (the tensors' names and
-    shapes, as :func:`conformance.cases.shared.loop.train_replica` gives them).
+    Returns ``params`` float32 ``[S+1, P]``, ``buffers`` float64 ``[S+1, B]`` (after construction
+    and after each optimizer step), ``optim_digests``, ``optim``, ``layout`` and ``transparency``
+    as :func:`conformance.cases.shared.loop.train_replica` gives them.
 
     Raises:
         Unsupported: the implementation refuses a keyword or lacks no_sync /
@@ -52,7 +50,9 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
             raise
         raise Unsupported(f"{impl} refuses workload {workload_corners(sc.workload)}: "
                           f"NotImplementedError: {exc}") from None
-    return run_loop(ctx, row, sc, built, build, _scenario_inputs(ctx, sc, row.shard_rank(ctx)),
+    which = row.shard_rank(ctx)
+    return run_loop(ctx, row, sc, built, build,
+                    lambda s, j, sizes, plan: scenario_inputs(sc, s, j, which, sizes, plan, ctx.device),
                     lambda out, y: mse(prediction_of(out), y), blend=distilled_target)
 
 
@@ -110,31 +110,11 @@ def _builder(ctx, row, sc: Scenario, kwargs: dict, requires: list, optional: tup
     return build
 
 
-def _scenario_inputs(ctx, sc: Scenario, which: int):
-    """``inputs(s, j, sizes, plan)`` of :func:`run_loop`: shard ``which``'s scenario data on the
-    device (no plan: a forward without backward)."""
-    sparse = sc.workload["grad"] != "dense"
-
-    def inputs(s, j, sizes, plan):
-        n = sizes[which]
-        x, y = scenario_batch(sc.seed, s, j, which, n)
-        extra = {} if plan is None else {"plan": plan}
-        if sparse:
-            extra["idx"] = scenario_indices(sc.seed, s, j, which, n).to(ctx.device)
-        extra.update({k: v.to(ctx.device) if isinstance(v, torch.Tensor) else v  # MODULES "kwargs"
-                      for k, v in forward_kwargs(sc.module, sc.seed, s, j, which, n).items()})
-        return (x.to(ctx.device),), extra, y.to(ctx.device)
-    return inputs
-
-
 def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> dict:
-    """The model-agnostic replica side of loop program ``sc`` on this replica (what
-    :func:`scenario_task` returns): ``built`` the ``(module, ddp, optimizer, observer)``
-    constructed (the :class:`~conformance.cases.shared.transparency.Observer` of the wrap), ``build(salt)``
-    a new one (the checkpoint reload; ``TEACHER_SALT``: the teacher),
-    ``inputs(s, j, sizes, plan)`` -> ``(args, kwargs, target)`` on the device for micro-batch
-    ``(s, j)`` (``j >= EVAL_DATA``: a forward without backward, ``plan`` None), ``loss(out,
-    target)`` the scalar to backpropagate, ``blend(teacher_out, target)`` the target with a teacher.
+    """The model-agnostic replica side of loop program ``sc`` (what :func:`scenario_task` returns),
+    with the callables of :func:`.oracle.loop_reference` as this replica sees them: ``built`` the
+    ``(module, ddp, optimizer, observer)`` constructed, ``build(salt)`` a new one (the checkpoint
+    reload; ``TEACHER_SALT``: the teacher), ``inputs(s, j, sizes, plan)`` on the device.
 
     Raises:
         ValueError: the program has a teacher and no ``blend`` was given.

@@ -12,8 +12,7 @@ from conformance.cases.scenario.generate import Space, judged_on, scenario_toler
 from conformance.cases.scenario.oracle import judge_scenario
 from conformance.cases.scenario.replica import scenario_task
 from conformance.cases.shared.checks import SCENARIO_CHECKS
-from conformance.cases.shared.search import (SearchRunner, kit_settings, loop_depth, loop_examples, scenario_examples,
-                                             workload_examples)
+from conformance.cases.shared.search import SearchRunner, kit_settings, profile_budget
 from conformance.cases.surface import cells_of, joint_cells
 from conformance.errors import Unsupported
 from conformance.tolerances import lookup
@@ -23,15 +22,11 @@ from conformance.worlds.runtimes import get_runtime
 
 def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_examples: int,
                       shrink: bool = True) -> list:
-    """Run the explicit scenarios, then ``max_examples`` generated ones, on ``runner``
-    (a :class:`conformance.cases.shared.search.SearchRunner`), each judged with ``tol(scenario)`` (its
+    """Run ``max_examples`` generated scenarios, then the explicit ones, on ``runner`` (a
+    :class:`conformance.cases.shared.search.SearchRunner`), each judged with ``tol(scenario)`` (its
     workload's tolerance row); Hypothesis shrinks a failing scenario to a minimal one (unless
-    ``shrink`` is false: the first failing one).
-
-    Returns one :class:`~conformance.verdict.Verdict` per :data:`~conformance.cases.shared.checks.SCENARIO_CHECKS`
-    (case fields filled by the caller): on a pass, the worst deviation over all
-    examples; on a failure, the minimal failing scenario's verdicts, with the
-    scenario JSON in ``example`` and a reproducer in ``diagnosis``.
+    ``shrink`` is false). Returns one :class:`~conformance.verdict.Verdict` per
+    :data:`~conformance.cases.shared.checks.SCENARIO_CHECKS` (case fields filled by the caller).
 
     Raises:
         Unsupported: the implementation cannot serve the scenarios.
@@ -42,9 +37,8 @@ def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_exam
     # + "crashed": a Scenario; "cells": what the keyword scenarios exercised (surface.cells_of)
     state = {"examples": 0, "vacuous": 0, "failing": None, "unsupported": {}, "cells": set()}
     check = _checker(space, runner, tol, agreement_atol, state, worst)
-    # Generated scenarios first (a failure is shrunk to a minimal scenario), then the
-    # explicit ones (deterministic coverage of every dimension; reported as they are).
-    # max_examples 0: the explicit scenarios only (Hypothesis refuses a zero budget)
+    # the explicit scenarios are reported as they are; max_examples 0: only they run (Hypothesis
+    # refuses a zero budget)
     test = kit_settings(max_examples, shrink)(given(sc=scenarios(runner.world_size, space))(check)) \
         if max_examples > 0 else None
     try:
@@ -62,11 +56,9 @@ def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_exam
 
 
 def _checker(space: Space, runner, tol, agreement_atol: float, state: dict, worst: dict):
-    """``check(sc)``: run scenario ``sc`` on ``runner`` and judge it, into ``state`` (examples,
-    vacuous ones, the failing and first failing scenario, unsupported corners, keyword cells) and
-    ``worst`` (per check, the passing verdict of largest deviation); raises ``AssertionError`` on a
-    failing scenario (Hypothesis shrinks it). The Hypothesis test: its code seeds the derandomized
-    draw."""
+    """``check(sc)``: run scenario ``sc`` on ``runner`` and judge it, into ``state`` and ``worst``
+    (per check, the passing verdict of largest deviation); raises ``AssertionError`` on a failing
+    scenario. The Hypothesis test: its code seeds the derandomized draw."""
     def check(sc: Scenario):
         try:
             results = runner.run(scenario_task, scenario=sc.to_json())
@@ -178,19 +170,19 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
     space = replace(space, rank_uniform=space.rank_uniform or rt.uniform_graphs,
                     few_shapes=space.few_shapes or rt.compiled_graphs,
                     xla_corners=space.xla_corners or rt.compiled_graphs)
-    # The workload draw has its own budget column (where each distinct graph is compiled, every
-    # drawn workload is new graphs: explicit scenarios only by default).
+    # The workload draw and, where each distinct graph is compiled, the loop programs have their own
+    # budget columns (there every drawn one is new graphs: explicit scenarios only by default).
+    b = profile_budget(session.profile)
     if space.loop:  # deeper programs under a larger profile
-        space = replace(space, max_pattern=loop_depth(session.profile))
-    examples = (workload_examples(session.profile, rt.compiled_graphs) if space.workload
-                else loop_examples(session.profile, space.budget) if space.loop and rt.compiled_graphs
-                else scenario_examples(session.profile, space.budget))
+        space = replace(space, max_pattern=b.loop_depth)
+    examples = ((b.workloads_compiled if rt.compiled_graphs else b.workloads) if space.workload
+                else round(b.loops_compiled * space.budget) if space.loop and rt.compiled_graphs
+                else max(1, round(b.scenarios * space.budget)))
     return run_scenario_case(space, runner, lambda sc: scenario_tolerance(runtime, sc), agree, examples,
                              overrides.get("shrink", True))
 
 
 def scenario_problem(case) -> str | None:
-    """What is wrong with a ``scenario`` row's ``args["space"]`` (:func:`~.generate.space_problem`),
-    or None."""
+    """What is wrong with a ``scenario`` row's ``args["space"]`` (:func:`~.generate.space_problem`)."""
     why = space_problem(case.args.get("space", {}))
     return f"scenario space: {why}" if why else None

@@ -1,32 +1,17 @@
 """The loop programs on the user's own model: ``scenario.user_loop`` (``--model package.module:factory``).
 
-``scenario.loop`` runs training-loop programs on the kit's scenario model; this case runs the loop
-dimensions of those programs on the module the user builds, with the user's batches and loss, on
-every replica and on the single-device oracle in lockstep (the same engine: :func:`.replica.run_loop`
-on the replicas, :func:`.oracle.loop_reference` on one device), judged with the bound the kit
-measured on that model (:mod:`conformance.cases.shared.measured`, the bound the ``parity.user_model``
-verdicts state).
+The loop dimensions of ``scenario.loop``'s programs run on the module the user builds, with the
+user's batches and loss, on every replica and on the single-device oracle in lockstep (the same
+engine: :func:`.replica.run_loop`, :func:`.oracle.loop_reference`). What runs: the explicit
+programs of :func:`user_loop_programs` (no Hypothesis draws: each drawn program would be a new
+world run on a model whose cost the kit does not know), one forward per backward (with a
+BatchNorm, which saves its running statistics for backward, torch's DDP raises when a second
+forward broadcasts into them: pytorch/pytorch#175024).
 
-What runs: the explicit programs of :func:`user_loop_programs` (no Hypothesis draws: each drawn
-program would be a new world run on a model whose cost the kit does not know). Together they hold
-forwards without backward under ``no_grad`` and ``inference_mode`` in either module mode and with
-grad enabled (before, inside and after an accumulation window), several synced backwards in one step, ``no_sync``
-windows, ``zero_grad(set_to_none=True|False)``, every optimizer of
-:data:`~conformance.cases.shared.loop.ALL_OPTIMIZERS`, ``clip_grad_norm_``, a learning-rate drop,
-training forwards in eval mode, a checkpoint save/reload, ``find_unused_parameters`` on and off,
-uneven local batches. One forward per backward: with a BatchNorm (which saves its running
-statistics for backward) torch's DDP raises when a second forward broadcasts into them
-(pytorch/pytorch#175024).
-
-Bound: the parity run's, measured by the kit on the model, raised for a program that carries float32
-rounding further (:func:`rounding_of`: its float32 oracle against a float64 one, times
-``MIN_SIDE_FACTOR``); the verdict states which.
-
-What does not apply: the module axis (output structure, buffer kinds, hooks, forward keywords,
-parametrizations, parameter containers) and the workload and branch plans of the scenario model:
-the user's model is what it is; its own output, buffers, hooks and keywords are what the programs
-exercise. Every replica runs the whole forward (a plan names the scenario model's branches; here it
-is carried in the JSON and unused).
+Bound: the parity run's, measured by the kit on the model (:mod:`conformance.cases.shared.measured`),
+raised for a program that carries float32 rounding further (:func:`rounding_of`); the verdict
+states which. The module axis, the workload and the branch plans of the scenario model do not
+apply: the user's model is what it is (a plan is carried in the JSON and unused).
 
 Data: the forward of micro-batch ``(s, j)`` (``j >= EVAL_DATA``: a forward without backward) reads
 the user's global batch ``batch(seed, s * DATA_STRIDE + j, sum(sizes))``, replica ``r`` its rows
@@ -41,10 +26,8 @@ import json
 import numpy as np
 
 from conformance.cases.shared.checks import SCENARIO_CHECKS, UNBOUNDED
-from conformance.cases.scenario.dimensions import BRANCHES
 from conformance.cases.scenario.format import Scenario, buffer_sync
-from conformance.cases.scenario.explicit import eval_forward, loop_program, micro_step
-from conformance.cases.scenario.generate import LRS
+from conformance.cases.scenario.explicit import loop_builders
 from conformance.cases.scenario.oracle import judge_scenario, loop_reference
 from conformance.cases.scenario.replica import run_loop
 from conformance.cases.shared.loop import build_optimizer, rank_buffer_offset, rank_seed, wrap
@@ -65,28 +48,11 @@ DATA_STRIDE = 10_000
 SCENARIO_MODEL_ONLY = {"loop": {"teacher": ("frozen",)}, "eval_grad": ("raising",)}
 
 
-def _sizes(world_size: int) -> list:
-    """Uneven local batches (2, 3, 3, 4, ...): DDP averages the replicas' local means equally."""
-    return [2 + (r % 2) + (r // 2) for r in range(world_size)]
-
-
 def user_loop_programs(world_size: int, seed: int, lr: float) -> list[Scenario]:
     """The explicit loop programs run on a user's model (module docstring): SGD-family optimizers at
     the model's ``lr``, Adam / AdamW at the scenario case's (their step does not scale with the
     gradient)."""
-    w = world_size
-    uneven = _sizes(w)
-    every = [list(BRANCHES)] * w
-
-    def sc(steps, optimizer="sgd", find_unused=False, checkpoint_at=None, **loop):
-        return loop_program(steps, seed=seed, lr=lr if optimizer.startswith("sgd") else LRS[optimizer][0],
-                            optimizer=optimizer, find_unused=find_unused, checkpoint_at=checkpoint_at, **loop)
-
-    def micro(sync=None):
-        return micro_step(uneven, every, sync)
-
-    def ev(at, grad, mode):
-        return eval_forward(at, grad, mode, uneven)
+    sc, micro, ev = loop_builders(world_size, seed, False, lr)
     out = [
         # zero gradients kept (set_to_none=False) under weight decay, an eval-mode validation forward
         # before each step, a learning-rate drop, a checkpoint reload (non-persistent buffers: the
@@ -106,9 +72,7 @@ def user_loop_programs(world_size: int, seed: int, lr: float) -> list[Scenario]:
         # Adam across a checkpoint reload (its state saved and loaded), a window of three micro-steps after
         # a grad-enabled train-mode forward (validation written without no_grad: the window's first
         # forward broadcasts again, the later ones, under no_sync, do not; a broadcast armed by the
-        # backward instead would leave the window on each replica's buffers). One forward per backward in
-        # every program: a BatchNorm saves its running statistics for backward, and torch's DDP raises
-        # when a second forward broadcasts into them (pytorch/pytorch#175024)
+        # backward instead would leave the window on each replica's buffers)
         sc([{"micro": [micro(), micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
            optimizer="adam", checkpoint_at=0, find_unused=True),
     ]
@@ -135,7 +99,6 @@ def _build(spec: str, seed: int, rank: int, salt: int = 0):
     return build_model(spec, rank_seed(seed, rank, salt), perturb_buffers=rank_buffer_offset(rank, salt))
 
 
-
 def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
     """World task: loop program ``scenario`` on this replica of user model ``model`` with
     implementation ``impl`` (what :func:`.replica.scenario_task` returns).
@@ -144,7 +107,6 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
         Unsupported: the implementation brings its own step or optimizer, refuses a keyword or
             lacks ``no_sync``.
     """
-
     sc = Scenario.from_json(scenario)
     only = ([f"loop {k} {sc.loop[k]!r}" for k, vals in SCENARIO_MODEL_ONLY["loop"].items() if sc.loop[k] in vals]
             + sorted({f"a forward under {f['grad']!r}" for st in sc.steps for f in st.get("eval", ())
@@ -177,12 +139,9 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
 
 def user_loop_reference(spec: str, sc: Scenario, float64: bool = False) -> dict:
     """DDP's semantics for loop program ``sc`` on user model ``spec`` on one CPU device
-    (:func:`.oracle.loop_reference`): rank 0's module; replica ``r``'s buffers its own build's
-    without ``broadcast_buffers``; after the checkpoint reload a non-persistent buffer (absent from
-    ``state_dict()``) is the rebuilt module's own (rank 0's when the construction broadcasts).
-    ``float64``: the module (``Module.double()``) and the floating inputs and targets in float64,
-    to measure how far the program carries float32 rounding (:func:`rounding_of`)."""
-
+    (:func:`.oracle.loop_reference` on rank 0's module; after the checkpoint reload a buffer absent
+    from ``state_dict()`` is the rebuilt module's own). ``float64``: the module and the floating
+    inputs and targets in float64 (:func:`rounding_of`)."""
     def build(rank, salt=0):
         m = _build(spec, sc.seed, rank, salt)
         return m.double() if float64 else m
@@ -212,12 +171,10 @@ def user_loop_reference(spec: str, sc: Scenario, float64: bool = False) -> dict:
 
 def rounding_of(spec: str, sc: Scenario, ref: dict) -> tuple[float | None, str]:
     """``(amplified, why)``: how far loop program ``sc`` carries float32 rounding on user model
-    ``spec``, the largest ``|float32 oracle - float64 oracle|`` over parameters, buffers and final
-    optimizer state (``ref``: the float32 oracle's result). An optimizer that normalises the
-    gradient (Adam) or a BatchNorm can turn one-ulp differences into more than the parity run's
-    bound (docs/scenarios.md, "On your own model": Adam on a BatchNorm model), so a correct DDP's
-    summation order alone would fail there. ``(None, why)`` when the model cannot run
-    in float64 (``why`` names the error)."""
+    ``spec``, the largest ``|float32 oracle (ref) - float64 oracle|`` over parameters, buffers and
+    final optimizer state: an optimizer that normalises the gradient (Adam) or a BatchNorm can turn
+    one-ulp differences into more than the parity run's bound (docs/scenarios.md, "On your own
+    model"). ``(None, why)`` when the model cannot run in float64 (``why`` names the error)."""
     try:
         wide = user_loop_reference(spec, sc, float64=True)
     except Exception as exc:  # a user's module may build float32 tensors of its own in forward
@@ -251,8 +208,6 @@ def evaluate_user_loop(case, impl, runtime, w, session, overrides):
     :func:`user_loop_programs` (or ``overrides["scenario"]``), each judged against
     :func:`user_loop_reference` with the bound the kit measures on the model; per check the worst
     deviation over the programs, or the first failing program's verdict with its JSON."""
-
-
     user = MODELS[case.model].user
     tol = measured_tolerance(session, runtime, w, user_run(impl, case.model))
     if tol is None:  # non-root process of a launcher-built world

@@ -1,10 +1,7 @@
-"""The check table: comparisons of one training run with the single-device reference.
-
-A check compares every replica's trajectory with the reference (or with replica
-0, for ``agreement``) and gives a :class:`~conformance.verdict.Verdict`.
-``vacuous`` replaces ``pass`` when the comparison could not have failed: world
-size < 2, or the reference moved less than ``VACUITY_FACTOR * atol`` over the
-run (the lr=1e-100 trap).
+"""The check table: comparisons of every replica's trajectory with the single-device reference
+(or with replica 0's, for ``agreement``), each giving a :class:`~conformance.verdict.Verdict`.
+``vacuous`` replaces ``pass`` when the comparison could not have failed: world size < 2, or the
+reference moved less than ``VACUITY_FACTOR * atol`` over the run (the lr=1e-100 trap).
 """
 from __future__ import annotations
 
@@ -44,25 +41,6 @@ class Check:
     nan_is_absent: bool = False
 
 
-def _params(reps, ref):
-    return np.stack([r["params"][1:] for r in reps]), ref["params"][1:]
-
-
-def _loss(reps, ref):
-    # The loss the DDP minimises is the mean of the replicas' local losses.
-    mean = np.mean([r["losses"] for r in reps], axis=0)
-    return mean[None, :, None], ref["losses"][:, None]
-
-
-def _optim(reps, ref):
-    return np.stack([r["optim"][None] for r in reps]), ref["optim"][None]
-
-
-def _buffers(reps, ref):
-    exp = np.stack([ref["buffers"][1:, r] for r in range(len(reps))])
-    return np.stack([r["buffers"][1:] for r in reps]), exp
-
-
 def named(key: str) -> Callable:
     """``layout`` of a check on the replicas' ``layout[key]`` (see ``conformance.cases.shared.loop.train_replica``)."""
     return lambda reps: ((reps[0].get("layout") or {}).get(key)
@@ -82,39 +60,41 @@ def buffer_movement(ref: dict) -> float:
 
 CHECKS = {c.name: c for c in [
     Check("param_parity", "every parameter of every replica equals the single-device "
-          "reference after every step", _params, lambda t: (t.atol, t.rtol), layout=named("params")),
+          "reference after every step", lambda reps, ref: (np.stack([r["params"][1:] for r in reps]),
+                                                           ref["params"][1:]),
+          lambda t: (t.atol, t.rtol), layout=named("params")),
     Check("loss_parity", "the replica-averaged loss equals the reference loss at every step",
-          _loss, lambda t: (t.loss_atol, 0.0), layout=lambda reps: [("loss", ())]),
+          # the loss the DDP minimises is the mean of the replicas' local losses
+          lambda reps, ref: (np.mean([r["losses"] for r in reps], axis=0)[None, :, None], ref["losses"][:, None]),
+          lambda t: (t.loss_atol, 0.0), layout=lambda reps: [("loss", ())]),
     Check("buffer_parity", "every replica's buffers equal what upstream DDP semantics give "
           "(rank 0's broadcast before forward, then a local update) after every step",
-          _buffers, lambda t: (t.atol, t.rtol), applies=lambda m, run: m.batch_coupled,
+          lambda reps, ref: (np.stack([r["buffers"][1:] for r in reps]),
+                             np.stack([ref["buffers"][1:, r] for r in range(len(reps))])),
+          lambda t: (t.atol, t.rtol), applies=lambda m, run: m.batch_coupled,
           movement=buffer_movement, layout=named("buffers")),
     Check("optimizer_state", "every replica's final optimizer state (momentum buffers) equals "
-          "the reference's", _optim, lambda t: (t.atol, t.rtol), applies=lambda m, run: run.momentum > 0,
+          "the reference's", lambda reps, ref: (np.stack([r["optim"][None] for r in reps]), ref["optim"][None]),
+          lambda t: (t.atol, t.rtol), applies=lambda m, run: run.momentum > 0,
           layout=named("optim"), when="final"),
 ]}
 
-#: Name of the replica-agreement check (see :func:`judge_agreement`).
-AGREEMENT = "agreement"
-
-#: The checks of a scenario case (:mod:`conformance.cases.scenario`), in order: its check
-#: name -> the row of :data:`CHECKS` that judges it (agreement: :func:`judge_agreement`;
-#: transparency: :func:`conformance.cases.shared.transparency.judge_transparency`).
-TRANSPARENCY = "transparency"
+#: Names of the replica-agreement check (:func:`judge_agreement`) and of the transparency check
+#: (:func:`conformance.cases.shared.transparency.judge_transparency`).
+AGREEMENT, TRANSPARENCY = "agreement", "transparency"
 #: Checks with no deviation to bound: calibration and measured tolerances leave them out.
 UNBOUNDED = (AGREEMENT, TRANSPARENCY)
+#: The checks of a scenario case, in order: its check name -> the row of :data:`CHECKS` that
+#: judges it (or the agreement or transparency check).
 SCENARIO_CHECKS = {"params": "param_parity", "buffers": "buffer_parity", "optimizer_state": "optimizer_state",
                    AGREEMENT: AGREEMENT, TRANSPARENCY: TRANSPARENCY}
 
 
 class Names:
     """Where a flat index of a compared vector lives: tensor name, shape, index inside it.
-
-    ``layout`` is ``[(name, shape), ...]`` in the vector's order, an entry optionally
-    ``(name, shape, corner)``: the tensor's workload corner (``complex64``, ``channels_last``,
-    ``sparse gradient``; :func:`conformance.cases.shared.readback.corner`), shown after its
-    name wherever a reason names it. One that does not cover exactly ``n`` values (or
-    ``None``) names flat indices only."""
+    ``layout`` is ``[(name, shape), ...]`` in the vector's order, an entry maybe ``(name, shape,
+    corner)`` (:func:`conformance.cases.shared.readback.corner`, shown after the name); one that
+    does not cover exactly ``n`` values (or ``None``) names flat indices only."""
 
     MAX_LISTED = 3  # tensor names a reason lists before "+k more"
 
@@ -250,8 +230,7 @@ def _tensor_table(names, diff, bad, step_of, step_at, multi, limit=40):
 
 
 def margin(dev: float, bound: float) -> float:
-    """``bound / dev``: >= 1 within the bound, < 1 out of it; ``inf`` when ``dev`` is 0, NaN when
-    ``dev`` is NaN (nothing measured)."""
+    """``bound / dev`` (>= 1 within the bound; NaN when ``dev`` is NaN: nothing measured)."""
     if dev != dev:
         return float("nan")
     return bound / dev if dev > 0 else float("inf")
@@ -278,14 +257,9 @@ def worst_element(diff, bound) -> tuple[float, float, list]:
 
 def judge(check: Check, replicas: list, ref: dict, tol: Tolerance, *, case: str, impl: str,
           runtime: str, model: str, world_size: int | None = None) -> Verdict:
-    """Compare one run with the reference under ``check``; never raises on a mismatch.
-
-    A failure's reason names the first deviating replica, the worst value of the
-    first bad step (tensor, shape, flat index; NaN/Inf said as such) and how many
-    tensors and values are out of bound; ``diagnosis`` lists every tensor out of bound.
-
-    ``world_size``: devices the run was spread over (default: ``len(replicas)``;
-    an SPMD program reports one trajectory for a W-device mesh)."""
+    """Compare one run with the reference under ``check``; never raises on a mismatch (a failure:
+    :func:`_deviation`). ``world_size``: devices the run was spread over (default:
+    ``len(replicas)``; an SPMD program reports one trajectory for a W-device mesh)."""
     w = world_size or len(replicas)
     atol, rtol = check.tol(tol)
     actual, expected = check.series(replicas, ref)
@@ -328,14 +302,10 @@ def judge(check: Check, replicas: list, ref: dict, tol: Tolerance, *, case: str,
 
 def judge_agreement(replicas: list, *, case: str, impl: str, runtime: str, model: str,
                     atol: float = 0.0) -> Verdict:
-    """Replica agreement: every replica's parameters after every step, and its
-    optimizer state after every step (SHA-1 digests), equal replica 0's, within
-    ``atol`` (0: bit-identical; a tolerance row may allow more where a runtime
-    legitimately differs). Names the first deviating replica, the step and the
-    tensor; a NaN/Inf parameter fails, even when every replica holds the same.
-    Buffers are not compared: without SyncBatchNorm each replica updates them
-    from its own shard.
-    """
+    """Replica agreement: every replica's parameters and optimizer state (SHA-1 digests) after
+    every step equal replica 0's, within ``atol`` (0: bit-identical; a tolerance row may allow more
+    where a runtime legitimately differs); a NaN/Inf parameter fails, even when every replica holds
+    the same. Buffers are not compared: without SyncBatchNorm each replica updates its own."""
     w = len(replicas)
     base = dict(case=case, check=AGREEMENT, impl=impl, runtime=runtime, model=model, world_size=w)
     p0 = replicas[0]["params"].astype(np.float64)

@@ -1,10 +1,5 @@
-"""The one training loop every runtime runs, and the run specification.
-
-:func:`train_replica` is a World task: it runs on every replica, builds the
-model (rank 0 from the run's seed, other ranks deliberately from other seeds and
-with offset buffers, so only a DDP that broadcasts module states can match the
-reference), wraps it in the implementation under test, trains ``steps`` steps on
-the replica's shard of each global batch and returns the trajectory as numpy.
+"""The one training loop every runtime runs (the World task :func:`train_replica`), the run
+specification, and the wrapping and optimizers every kind that builds replicas shares.
 """
 from __future__ import annotations
 
@@ -13,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params, optimizer_state, optimizer_state_dict, optimizer_state_layout, param_layout, state_digest, to_device)
+from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params, optimizer_state_dict, optimizer_state_layout, param_layout, state_digest, to_device)
 from conformance.tolerances import lookup
 from conformance.cases.shared.setups import SETUPS, replica_groups
 from conformance.cases.shared.transparency import merged, observed_wrap, probe_modes
@@ -22,9 +17,9 @@ from conformance.impls.builtin import resolve_impl
 from fixtures import build_model, global_batch, shard
 from fixtures.models import MODELS, training_loss
 
-# Rank r != 0 builds its model from seed + RANK_SEED_STRIDE * r and adds
-# r * RANK_BUFFER_OFFSET to its buffers before the DDP is constructed (every kind
-# that builds replicas does, so only a DDP that broadcasts module states matches).
+# Rank r != 0 builds its model from other seeds and with offset buffers (every kind that builds
+# replicas does, :func:`rank_seed`, :func:`rank_buffer_offset`): only a DDP that broadcasts module
+# states matches the reference.
 RANK_SEED_STRIDE = 7919
 RANK_BUFFER_OFFSET = 0.5
 
@@ -41,14 +36,9 @@ def rank_buffer_offset(rank: int, salt: float = 0.0) -> float:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything that defines one training run (picklable, hashable).
-
-    ``setups`` names rows of :data:`conformance.cases.shared.setups.SETUPS` (SyncBatchNorm,
-    comm hook, autocast, checkpoint, ...): each brings its own model conversion,
-    forward context and per-step action, so this loop has no feature branches.
-    ``requires`` lists DDP keywords / methods the case needs the implementation
-    to honour (else the case is ``unsupported``).
-    """
+    """Everything that defines one training run (picklable, hashable). ``setups`` names rows of
+    :data:`conformance.cases.shared.setups.SETUPS`: each brings its own model conversion, forward
+    context and per-step action, so this loop has no feature branches."""
 
     impl: str
     model: str
@@ -67,10 +57,8 @@ class RunSpec:
     def from_table(cls, runtime: str, impl: str, model: str, dtype: str = "float32", **overrides):
         """The run the tolerance table prescribes for ``(runtime, model, dtype)``."""
         tol = lookup(runtime, model, dtype)
-        fields = dict(impl=impl, model=model, lr=tol.lr, steps=tol.steps,
-                      global_batch=tol.global_batch, seed=tol.seed, dtype=dtype)
-        fields.update(overrides)
-        return cls(**fields)
+        return cls(**{**dict(impl=impl, model=model, lr=tol.lr, steps=tol.steps, global_batch=tol.global_batch,
+                             seed=tol.seed, dtype=dtype), **overrides})
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -86,14 +74,10 @@ PERFORMANCE_HINTS = ("bucket_cap_mb", "gradient_as_bucket_view")
 
 def require(ddp, impl, requires) -> None:
     """Raise :class:`~conformance.errors.Unsupported` if ``ddp`` (built by the
-    :class:`~conformance.impls.row.Strategy` ``impl``) cannot serve ``requires``.
-
-    A keyword is unsupported when the implementation's row lists it in
-    ``ignores`` (the reference DDP accepts some torch keywords and ignores them,
-    with a warning); a user's DDP that does not honour a keyword must raise
-    ``TypeError`` on it, which :func:`wrap` turns into ``Unsupported``. A method
-    (``join``, ``register_comm_hook``, ``no_sync``) is unsupported when missing.
-    """
+    :class:`~conformance.impls.row.Strategy` ``impl``) cannot serve ``requires``: a need the row
+    declares unsupported, a keyword it ``ignores`` (the reference DDP accepts some torch keywords
+    and ignores them, with a warning; another DDP raises ``TypeError``, :func:`wrap`), a missing
+    method of :data:`DDP_METHODS`."""
     for need in requires:
         if need in impl.unsupported_features:
             raise Unsupported(f"{impl.name}: {impl.unsupported_features[need]}")
@@ -104,11 +88,9 @@ def require(ddp, impl, requires) -> None:
 
 
 def wrap(impl, module, ctx, kwargs: dict, requires=(), optional=()):
-    """``impl.wrap(module, ctx, kwargs)``, then :func:`require`.
-
-    A refused :data:`PERFORMANCE_HINTS` keyword, or one of ``optional`` (keywords this run's
-    semantics do not depend on, e.g. ``find_unused_parameters`` when every parameter is used
-    at every step), not in ``requires`` is dropped and the construction retried without it.
+    """``impl.wrap(module, ctx, kwargs)``, then :func:`require`. A refused :data:`PERFORMANCE_HINTS`
+    keyword, or one of ``optional`` (keywords this run's semantics do not depend on), not in
+    ``requires`` is dropped and the construction retried without it.
 
     Raises:
         Unsupported: a required keyword is refused with ``TypeError`` (the
@@ -158,27 +140,24 @@ WEIGHT_DECAY = 0.01
 #: the 1e-5 bound (benchmarks/README.md, the PJRT searches). At 1e-3 the amplification is at most
 #: 10; Adam's own faults (direction, state) still move parameters by ~lr.
 ADAM_EPS = 1e-3
+#: name -> (``torch.optim`` class, its keywords besides ``lr``; none: ``sgd``, the run's momentum)
+#: of :func:`build_optimizer`.
+OPTIMIZER_ROWS = {"sgd": ("SGD", {}), "sgd_momentum": ("SGD", {"momentum": 0.9}),
+                  "sgd_wd": ("SGD", {"weight_decay": WEIGHT_DECAY}), "adam": ("Adam", {"eps": ADAM_EPS}),
+                  "adamw": ("AdamW", {"eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY})}
 
 
 def build_optimizer(name: str, params, lr: float, momentum: float = 0.0):
-    """Optimizer ``name`` of :data:`OPTIMIZERS` over ``params``: ``sgd`` (with ``momentum``),
-    ``sgd_momentum`` (0.9), ``sgd_wd`` (weight decay :data:`WEIGHT_DECAY`), ``adam``, ``adamw``
-    (weight decay :data:`WEIGHT_DECAY`; both with ``eps`` :data:`ADAM_EPS`).
+    """Optimizer ``name`` of :data:`ALL_OPTIMIZERS` over ``params`` (:data:`OPTIMIZER_ROWS`;
+    ``sgd`` with ``momentum``).
 
     Raises:
         ValueError: ``name`` is not one of :data:`ALL_OPTIMIZERS`."""
     import torch
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum)
-    if name == "sgd_momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "sgd_wd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=WEIGHT_DECAY)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, eps=ADAM_EPS)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
-    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(ALL_OPTIMIZERS)}")
+    if name not in OPTIMIZER_ROWS:
+        raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(ALL_OPTIMIZERS)}")
+    cls, kwargs = OPTIMIZER_ROWS[name]
+    return getattr(torch.optim, cls)(params, lr=lr, **(kwargs or {"momentum": momentum}))
 
 
 def make_optimizer(params, run: RunSpec):
@@ -240,15 +219,12 @@ class Loop:
 
 
 def train_replica(ctx, spec: dict) -> dict:
-    """World task: train one replica; return its trajectory.
-
-    Returns a dict with ``params`` float32 ``[steps+1, P]`` (after DDP
-    construction, then after each step), ``losses`` float64 ``[steps]`` (this
-    replica's local mean loss), ``buffers`` float64 ``[steps+1, B]``, ``optim``
-    (final optimizer state, float64), ``optim_digests`` (SHA-1 of the optimizer
-    state after each step), ``shard`` (the shard index trained on) and ``layout``
-    (``{"params" | "buffers" | "optim": [(name, shape), ...]}``: the tensors behind
-    each flat vector, so verdicts can name them).
+    """World task: train one replica; return its trajectory: ``params`` float32 ``[steps+1, P]``
+    (after DDP construction, then after each step), ``losses`` float64 ``[steps]`` (this replica's
+    local mean loss), ``buffers`` float64 ``[steps+1, B]``, ``optim`` (final optimizer state,
+    float64), ``optim_digests`` (SHA-1 per step), ``shard`` (the shard index trained on),
+    ``layout`` (``{"params" | "buffers" | "optim": [(name, shape), ...]}``: the tensors behind each
+    flat vector, so verdicts can name them) and ``transparency`` (the observers' result).
 
     Raises:
         Unsupported: the implementation cannot serve the run (see :func:`wrap`).
@@ -270,6 +246,9 @@ def train_replica(ctx, spec: dict) -> dict:
     index = group.index(which) if which in group else which % len(group)
     params, losses, buffers = [flat_params(loop.model)], [], [flat_buffers(loop.model)]
     digests = []
+
+    def full_state():  # the optimizer's full state dict where sharded (a collective), else None: opt.state
+        return optimizer_state_dict(loop.impl, loop.opt, ctx) if loop.impl.optimizer_state_dict else None
     for step in range(run.steps):
         x, y = global_batch(run.model, data_seed, step, run.global_batch)
         loss = _train_step(loop, step, shard(x, index, len(group)).to(ctx.device),
@@ -277,11 +256,10 @@ def train_replica(ctx, spec: dict) -> dict:
         losses.append(float(loss.detach().cpu()))
         params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
-        digests.append(state_digest(optimizer_state(loop.impl, loop.opt, ctx)))
+        digests.append(state_digest(flat_optimizer_state(loop.opt, full_state())))
         for s in loop.setups:
             s.after_step(loop, step)
-    # the optimizer_state() read, with its state dict kept for the names (a collective when sharded)
-    final = optimizer_state_dict(loop.impl, loop.opt, ctx) if loop.impl.optimizer_state_dict else None
+    final = full_state()  # kept for the names too
     layout = {"params": param_layout(loop.model), "buffers": buffer_layout(loop.model),
               "optim": optimizer_state_layout(loop.opt, final, loop.model)}
     return {"params": np.stack(params), "losses": np.asarray(losses),

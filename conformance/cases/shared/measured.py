@@ -47,10 +47,8 @@ def user_run(impl: str, model: str, **overrides) -> RunSpec:
     """The training run of user model ``model`` (its :class:`conformance.UserModel`'s ``lr``,
     ``steps``, ``global_batch``, ``seed``) for ``impl``, with RunSpec ``overrides``."""
     user = MODELS[model].user
-    fields = dict(impl=impl, model=model, lr=user.lr, steps=user.steps, global_batch=user.global_batch,
-                  seed=user.seed)
-    fields.update(overrides)
-    return RunSpec(**fields)
+    return RunSpec(**{**dict(impl=impl, model=model, lr=user.lr, steps=user.steps, global_batch=user.global_batch,
+                             seed=user.seed), **overrides})
 
 
 def _max_abs(a, b) -> float:

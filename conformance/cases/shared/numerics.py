@@ -1,8 +1,7 @@
-"""Numbers the kinds share: the rounding constants of every floating dtype (:data:`UNIT_ROUNDOFF`,
-:data:`SMALLEST_NORMAL`) and Higham's :func:`gamma`, which bound a sum in any order (the
-collective family's :func:`~conformance.cases.collective.ops.sum_bound`, the gradient
-all-reduce's :func:`allreduce_bound`); and the gradient-sync properties' example sizes, dtypes
-per runtime and tolerances (:data:`GRAD_TOLERANCES`)."""
+"""Numbers the kinds share: the rounding constants of every floating dtype and Higham's
+:func:`gamma`, which bound a sum in any order (the collective family's
+:func:`~conformance.cases.collective.ops.sum_bound`, the gradient all-reduce's
+:func:`allreduce_bound`); the gradient-sync properties' example sizes, dtypes and tolerances."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,10 +26,9 @@ SMALLEST_NORMAL = {"float16": 2.0 ** -14, "bfloat16": 2.0 ** -126, "float32": 2.
 #: The float64 oracles' own unit roundoff.
 FLOAT64_UNIT_ROUNDOFF = UNIT_ROUNDOFF["float64"]
 
-#: dtypes property 1 pushes through each runtime. bfloat16 on CPU: gloo's all-reduce supports
-#: it (torch's DDP and the reference DDP reduce bfloat16 gradients). Not on PJRT: XLA's CPU
-#: backend (torch_xla 2.9) rejects it at execution, "AllReduce for datatype 'bf16' is not
-#: supported".
+#: dtypes property 1 pushes through each runtime. bfloat16 on CPU: gloo's all-reduce supports it
+#: (torch's DDP and the reference DDP reduce bfloat16 gradients). Not on PJRT: XLA's CPU backend
+#: (torch_xla 2.9) rejects it at execution, "AllReduce for datatype 'bf16' is not supported".
 ALLREDUCE_DTYPES = {"cpu": ("float32", "bfloat16"), "pjrt": ("float32",)}
 DEFAULT_ALLREDUCE_DTYPES = ("float32",)
 

@@ -17,9 +17,7 @@ def full(t):
 def on_host(tensors) -> list:
     """``tensors`` (detached) copied to the host, in order. Tensors on an XLA device are copied
     in one transfer (``torch_xla``'s batched device-to-host copy, as ``xm.save`` uses): a
-    per-tensor ``.cpu()`` is one transfer each, and reading every parameter and optimizer
-    state after every step spent 0.58 of 5.0 s of an 84-step Adam scenario's replica there
-    (PJRT, W=2)."""
+    per-tensor ``.cpu()`` is one transfer each, for every parameter and state after every step."""
     out = list(tensors)
     on_xla = [i for i, t in enumerate(out) if t.device.type == "xla"]
     if on_xla:
@@ -30,12 +28,10 @@ def on_host(tensors) -> list:
 
 
 def flat_params(module) -> np.ndarray:
-    """All parameters of ``module`` concatenated, float32 ``[P]`` on the host (float64
-    when a parameter is float64 or complex128: nothing is rounded away), full tensors in
-    ``parameters()`` order, also for DTensor-sharded ones; each in logical (row-major)
-    order whatever its strides; a complex one as ``view_as_real`` (real, imaginary pairs)."""
+    """All parameters of ``module`` concatenated, float32 ``[P]`` on the host (float64 when one is
+    float64 or complex128), full tensors (a DTensor shard gathered) in ``parameters()`` order, each
+    in logical order whatever its strides, a complex one as ``view_as_real`` pairs."""
     import torch
-    # Sharded (DTensor) parameters are gathered first: a collective, every replica reads.
     ps = on_host(full(p).detach() for p in module.parameters())
     wide = any(p.dtype in (torch.float64, torch.complex128) for p in ps)
     # .cpu() first: on XLA a dtype cast would be a device graph compiled per read.
@@ -58,20 +54,14 @@ def corner(p, sparse_grad: bool = False) -> str:
     return ", ".join(parts)
 
 
-def _sparse_grad_params(module) -> set:
-    """Ids of the parameters whose gradient is sparse (``Embedding``/``EmbeddingBag`` with
-    ``sparse=True``), known from the module before any backward."""
-    import torch
-    return {id(m.weight) for m in module.modules()
-            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse}
-
-
 def param_layout(module) -> list:
-    """``[(name, shape), ...]`` of :func:`flat_params`' tensors, in its order (a
-    DTensor's global shape: no collective); a complex parameter's shape ends in 2
-    (``view_as_real``). A parameter in a workload corner (:func:`corner`) is
-    ``(name, shape, corner)``. Verdicts name tensors with it."""
-    sparse = _sparse_grad_params(module)
+    """``[(name, shape), ...]`` of :func:`flat_params`' tensors, in its order (a DTensor's global
+    shape: no collective; a complex one's ends in 2); a parameter in a workload corner
+    (:func:`corner`) is ``(name, shape, corner)``. Verdicts name tensors with it."""
+    import torch
+    # parameters whose gradient is sparse, known from the module before any backward
+    sparse = {id(m.weight) for m in module.modules()
+              if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse}
     held = _held_in(module)
     out = []
     for n, p in module.named_parameters():
@@ -123,13 +113,9 @@ def flat_buffers(module) -> np.ndarray:
 
 
 def to_device(module, device):
-    """``module.to(device)``, keeping tied (shared) parameters tied.
-
-    Moving to an XLA device gives every module its own new Parameter (the CPU
-    and XLA tensors are not shallow-copy compatible), so a weight shared by two
-    modules becomes two (torch_xla 2.9); the sharing is restored here
-    as it was on the CPU module.
-    """
+    """``module.to(device)``, keeping tied (shared) parameters tied: moving to an XLA device gives
+    every module its own new Parameter (the CPU and XLA tensors are not shallow-copy compatible),
+    so a weight shared by two modules becomes two (torch_xla 2.9)."""
     ties = {}
     for mod_name, mod in module.named_modules(remove_duplicate=False):
         for name, p in mod._parameters.items():
@@ -137,12 +123,9 @@ def to_device(module, device):
                 ties.setdefault(id(p), []).append((mod_name, name))
     module = module.to(device)
     mods = dict(module.named_modules(remove_duplicate=False))
-    for places in ties.values():
-        (m0, n0), rest = places[0], places[1:]
-        first = mods[m0]._parameters[n0]
+    for (m0, n0), *rest in ties.values():
         for m, n in rest:
-            if mods[m]._parameters[n] is not first:
-                mods[m]._parameters[n] = first
+            mods[m]._parameters[n] = mods[m0]._parameters[n0]
     return module
 
 
@@ -150,7 +133,6 @@ def to_cpu(obj):
     """``obj`` (nested dicts/lists of tensors) with every tensor copied to the host,
     as ``torch_xla``'s ``xm.save`` does before saving: XLA-device storages cannot
     be restored by ``torch.load``."""
-
     import torch
     if torch.is_tensor(obj):
         return obj.detach().cpu()
@@ -165,10 +147,9 @@ def to_cpu(obj):
 
 
 def flat_optimizer_state(opt, state_dict=None) -> np.ndarray:
-    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64
-    (sharded ones gathered, see :func:`full`; sparse ones dense, complex ones as
-    ``view_as_real`` pairs);
-    from ``state_dict["state"]`` (per parameter index) when a full state dict is given."""
+    """Every tensor of the optimizer state (e.g. momentum buffers) concatenated, float64 (sharded
+    ones gathered, sparse ones dense, complex ones as ``view_as_real`` pairs); from
+    ``state_dict["state"]`` (per parameter index) when a full state dict is given."""
     import torch
     states = opt.state.values() if state_dict is None else [
         state_dict["state"][k] for k in sorted(state_dict["state"])]
@@ -215,11 +196,6 @@ def optimizer_state_dict(impl, opt, ctx) -> dict:
     return impl.optimizer_state_dict(opt, ctx) if impl.optimizer_state_dict else opt.state_dict()
 
 
-def optimizer_state(impl, opt, ctx) -> np.ndarray:
-    """:func:`flat_optimizer_state` of the full state (collective for sharded optimizers)."""
-    return flat_optimizer_state(opt, optimizer_state_dict(impl, opt, ctx) if impl.optimizer_state_dict else None)
-
-
 def state_digest(*arrays) -> str:
     """SHA-1 of the bytes of ``arrays`` (replica agreement compares bits, cheaply)."""
     h = hashlib.sha1()
@@ -231,7 +207,6 @@ def state_digest(*arrays) -> str:
 def saved_copy(obj):
     """What a checkpoint of ``obj`` gives back: ``torch.save`` of :func:`to_cpu` ``(obj)``
     into memory, then ``torch.load`` onto the CPU (``load_state_dict`` copies to the device)."""
-
     import torch
     blob = io.BytesIO()
     torch.save(to_cpu(obj), blob)

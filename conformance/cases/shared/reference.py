@@ -1,15 +1,14 @@
 """The single-device reference (oracle): the same steps on one CPU device.
 
-For models whose forward does not couple samples, the reference trains on the
-whole global batch: with equal shards and a mean-reduced loss its gradient is
-exactly what DDP promises. For batch-coupled models (BatchNorm) a DDP replica
-normalises with its *own* shard's statistics, so the reference runs the W shards
-one after another on one device and averages their losses - the documented
-semantics of DDP without SyncBatchNorm. A model that draws random numbers (dropout) also runs
-shard by shard, each shard on its replica's generator stream (seeded per rank before wrapping),
-so the reference replays each replica's masks. Buffers follow upstream DDP: with
-``broadcast_buffers`` every replica starts a forward from rank 0's buffers, else
-from its own; the reference tracks the expected buffers of every rank.
+For models whose forward does not couple samples, the reference trains on the whole global
+batch: with equal shards and a mean-reduced loss its gradient is exactly what DDP promises. For
+batch-coupled models (BatchNorm) a DDP replica normalises with its *own* shard's statistics, so
+the reference runs the W shards one after another on one device and averages their losses - the
+documented semantics of DDP without SyncBatchNorm (with it: one global forward, global-batch
+statistics). A model that draws random numbers (dropout) also runs shard by shard, each shard on
+its replica's generator stream (seeded per rank before wrapping), so the reference replays each
+replica's masks. Buffers follow upstream DDP: with ``broadcast_buffers`` every replica starts a
+forward from rank 0's buffers, else from its own; the reference tracks every rank's.
 """
 from __future__ import annotations
 
@@ -66,14 +65,6 @@ def _biased_running_var(net):
             mod.register_forward_hook(post)
 
 
-def _replica_streams(world_size: int) -> list:
-    """Each replica's default-generator state as the train loop leaves it before the first forward
-    (seeded per rank before wrapping, ``conformance.cases.shared.transparency.RNG_SEED``), as a
-    ``torch.Generator`` each: the process's own generator is not touched."""
-    import torch
-    return [torch.Generator().manual_seed(RNG_SEED + RNG_SEED_STRIDE * r) for r in range(world_size)]
-
-
 @contextlib.contextmanager
 def _stream(net, streams, r: int):
     """Run the block with every ``StreamDropout`` of ``net`` drawing from replica ``r``'s generator
@@ -92,9 +83,7 @@ def _stream(net, streams, r: int):
 
 
 def _per_shard(model: str, sync_bn: bool) -> bool:
-    """Whether the reference runs the W shards one after another: a batch-coupled model without
-    SyncBatchNorm (each replica's own statistics), or one that draws random numbers (each
-    replica's generator stream)."""
+    """Whether the reference runs the W shards one after another (module docstring)."""
     return (MODELS[model].batch_coupled and not sync_bn) or MODELS[model].draws_random
 
 
@@ -104,8 +93,12 @@ class _ReferenceNet:
     (a model that draws random numbers)."""
 
     def __init__(self, model: str, seed: int, world_size: int, autocast: str, sync_bn: bool, quirks):
+        import torch
         self.model, self.world_size, self.autocast = model, world_size, autocast
-        self.streams = _replica_streams(world_size) if MODELS[model].draws_random else None
+        # each replica's generator as the train loop seeds it before wrapping (transparency.RNG_SEED);
+        # the process's own generator is not touched
+        self.streams = [torch.Generator().manual_seed(RNG_SEED + RNG_SEED_STRIDE * r)
+                        for r in range(world_size)] if MODELS[model].draws_random else None
         self.net = build_model(model, seed=seed)
         # SyncBatchNorm is the DDP's own code, except where the runtime's BatchNorm runs it
         if ("bn_running_var_biased" in quirks and not sync_bn) or ("sync_bn_running_var_biased" in quirks and sync_bn):
@@ -156,8 +149,6 @@ class _ReferenceNet:
 @functools.lru_cache(maxsize=32)
 def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_buffers,
                momentum=0.0, autocast="", sync_bn=False, quirks=frozenset()):
-    # SyncBatchNorm normalises with global-batch statistics: one global forward. A model that draws
-    # random numbers runs shard by shard, each on its replica's generator stream.
     coupled = _per_shard(model, sync_bn)
     ref = _ReferenceNet(model, seed, world_size, autocast, sync_bn, quirks)
     net = ref.net
@@ -183,15 +174,10 @@ def _reference(model, lr, steps, global_batch_size, seed, world_size, broadcast_
 
 
 def reference_run(spec: RunSpec, world_size: int, runtime: str | None = None) -> dict:
-    """Trajectory of ``spec`` on one CPU device in float32.
-
-    ``runtime`` names the runtime the replicas ran on: the reference then
-    reproduces that runtime's :data:`QUIRKS` (its adapter's ``reference_quirks``).
-
-    Returns ``params`` float32 ``[steps+1, P]``, ``losses`` float64 ``[steps]``
-    (the global-batch loss), ``buffers`` float64 ``[steps+1, world_size, B]``
-    (the buffers each rank should hold after each step). Cached per spec.
-    """
+    """Trajectory of ``spec`` on one CPU device in float32, reproducing the :data:`QUIRKS` of
+    ``runtime`` (the runtime the replicas ran on; its adapter's ``reference_quirks``). Returns
+    ``params`` float32 ``[steps+1, P]``, ``losses`` float64 ``[steps]`` (the global-batch loss),
+    ``buffers`` float64 ``[steps+1, world_size, B]`` (each rank's after each step). Cached."""
 
     over = {}
     for name in spec.setups:

@@ -1,10 +1,7 @@
-"""Hypothesis machinery shared by the search kinds (properties, scenarios): the example
-budgets per profile, the settings of every kit search, and the runner that ships a search's examples to a world.
-
-Hypothesis settings are applied per run (never through global profiles), so the kit
-changes nothing in other projects' Hypothesis configuration. Budgets: :data:`PROFILES`,
-selected by name (``Settings.profile``: CLI ``--profile``, pytest ``--conformance-profile``,
-absl ``--profile``, or the environment, read by :mod:`conformance.settings`).
+"""Hypothesis machinery shared by the search kinds: the example budgets per profile
+(:data:`PROFILES`, selected by ``Settings.profile``), the settings of every kit search, applied per
+run (never through global profiles, so other projects' Hypothesis configuration is untouched),
+and the runner that ships a search's examples to a world.
 """
 from __future__ import annotations
 
@@ -18,16 +15,12 @@ from conformance.settings import DEFAULT_PROFILE
 class Budget:
     """Examples per case of one profile (shrinking comes on top on a failure).
 
-    ``properties``: per property case; ``scenarios``: per scenario case (each example a
-    training run; a case's ``space.budget`` takes a fraction of it); ``workloads``: generated
-    examples of the workload case (``scenario.workload``: each a drawn workload, after its
-    explicit scenarios, which cover every corner); ``workloads_compiled``: the same on a
-    runtime where every distinct graph is compiled (XLA), where each drawn workload costs
-    compilations (0: the explicit scenarios only); ``loop_depth``: the most distinct steps a
-    generated loop program repeats (``scenario.loop``: each step its own accumulation window,
-    synced backwards and forwards without backward); ``loops_compiled``: generated loop programs
-    on a runtime where every distinct graph is compiled (0: the explicit ones only; each program
-    is new graphs)."""
+    ``properties``: per property case; ``scenarios``: per scenario case (a case's ``space.budget``
+    takes a fraction of it); ``workloads``: generated examples of ``scenario.workload`` (after its
+    explicit scenarios, which cover every corner); ``workloads_compiled`` / ``loops_compiled``:
+    generated workloads / loop programs on a runtime where every distinct graph is compiled (XLA;
+    0: the explicit ones only); ``loop_depth``: the most distinct steps a generated loop program
+    repeats."""
 
     properties: int
     scenarios: int
@@ -48,8 +41,8 @@ PROFILES = {
 }
 
 
-def profile_name(name: str | None = None) -> str:
-    """``name``, else the default profile (faces pass ``Settings.profile``).
+def profile_budget(name: str | None = None) -> Budget:
+    """The budget of profile ``name``, else of the default profile (faces pass ``Settings.profile``).
 
     Raises:
         UsageError: unknown profile.
@@ -57,36 +50,12 @@ def profile_name(name: str | None = None) -> str:
     name = name or DEFAULT_PROFILE
     if name not in PROFILES:
         raise UsageError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
-    return name
+    return PROFILES[name]
 
 
 def profile_examples(name: str | None = None) -> int:
-    """Examples per property of profile :func:`profile_name` ``(name)``."""
-    return PROFILES[profile_name(name)].properties
-
-
-def scenario_examples(name: str | None = None, fraction: float = 1.0) -> int:
-    """Examples of a scenario case taking ``fraction`` of profile :func:`profile_name` ``(name)``'s
-    budget (at least one)."""
-    return max(1, round(PROFILES[profile_name(name)].scenarios * fraction))
-
-
-def workload_examples(name: str | None = None, compiled: bool = False) -> int:
-    """Generated examples of the workload case under profile :func:`profile_name` ``(name)``
-    (``compiled``: on a runtime that compiles every distinct graph)."""
-    b = PROFILES[profile_name(name)]
-    return b.workloads_compiled if compiled else b.workloads
-
-
-def loop_depth(name: str | None = None) -> int:
-    """The most distinct steps of a generated loop program under profile :func:`profile_name` ``(name)``."""
-    return PROFILES[profile_name(name)].loop_depth
-
-
-def loop_examples(name: str | None = None, fraction: float = 1.0) -> int:
-    """Generated loop programs under profile :func:`profile_name` ``(name)`` on a runtime that
-    compiles every distinct graph (``fraction`` of ``Budget.loops_compiled``; 0: explicit only)."""
-    return round(PROFILES[profile_name(name)].loops_compiled * fraction)
+    """Examples per property of profile ``name`` (:func:`profile_budget`)."""
+    return profile_budget(name).properties
 
 
 def kit_settings(max_examples: int, shrink: bool = True):
@@ -102,15 +71,10 @@ def kit_settings(max_examples: int, shrink: bool = True):
 
 
 class SearchRunner:
-    """Runs a search's examples on one (runtime, world size, implementation): not a world
-    itself, it holds the function that ships a task to the session's world and what the
-    search has seen there (``runs``, the first ``error``).
-
-    ``run(task, **payload)`` ships one example to the world. The first replica
-    failure or ``Unsupported`` is remembered and raised again at once for every
-    later example, so Hypothesis shrinks a deterministic crash without touching
-    the world again (seconds, not minutes).
-    """
+    """Runs a search's examples on one (runtime, world size, implementation): ``run(task,
+    **payload)`` ships one example to the session's world (``runs`` counts them). The first
+    replica failure or ``Unsupported`` (``error``) is raised again at once for every later example,
+    so Hypothesis shrinks a deterministic crash without touching the world again."""
 
     def __init__(self, run_task, runtime: str, world_size: int, impl: str):
         self._run_task, self.runtime, self.world_size, self.impl = run_task, runtime, world_size, impl

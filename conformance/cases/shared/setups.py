@@ -10,9 +10,22 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from conformance.cases.shared.commhooks import register_hook
 from conformance.errors import Unsupported
 from conformance.worlds.registry import adapter_named
+
+
+def register_hook(ddp, impl_name: str, hook, state=None) -> None:
+    """``ddp.register_comm_hook(state, hook)`` (every kind that registers a comm hook); a DDP that
+    raises ``NotImplementedError`` there (it cannot run a hook in this configuration, e.g. the
+    reference DDP on the XLA collectives) is ``unsupported`` with its message.
+
+    Raises:
+        Unsupported: the DDP raised ``NotImplementedError``.
+    """
+    try:
+        ddp.register_comm_hook(state, hook)
+    except NotImplementedError as exc:
+        raise Unsupported(f"{impl_name} cannot register a comm hook here: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -80,8 +93,11 @@ class SyncBatchNormSetup(Setup):
         return self.construction_context(loop)
 
 
+@dataclass(frozen=True)
 class CommHookSetup(Setup):
-    """A registered communication hook (torch's ``ddp_comm_hooks.default_hooks``)."""
+    """A registered communication hook: ``hook`` of torch's ``ddp_comm_hooks.default_hooks``
+    (``fp16_compress_hook``: the bucket cast to float16, divided by the world size, all-reduced and
+    copied back into the bucket buffer; float16 rounding: its own tolerance)."""
 
     hook: str = "allreduce_hook"
 
@@ -90,20 +106,11 @@ class CommHookSetup(Setup):
         register_hook(loop.ddp, loop.impl.name, getattr(default_hooks, self.hook))
 
 
-class _Fp16CommHook(CommHookSetup):
-    """torch's ``fp16_compress_hook``: the bucket cast to float16, divided by the world size,
-    all-reduced, and copied back into the bucket buffer (float16 rounding: its own tolerance)."""
-
-    hook = "fp16_compress_hook"
-
-
 class _Bf16CommHook(CommHookSetup):
     """torch's ``bf16_compress_hook``: as fp16's in bfloat16 (8-bit mantissa). A DDP that
     refuses it with ``TypeError`` is ``unsupported`` (torch 2.13's DDP on CPU raises
     "BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ or XPU and XCCL" in
     ``register_comm_hook``, although gloo all-reduces bfloat16)."""
-
-    hook = "bf16_compress_hook"
 
     def after_wrap(self, loop):
         try:
@@ -146,11 +153,9 @@ class OutOfPlaceCommHookSetup(Setup):
 
 
 class NonReentrantCheckpointSetup(Setup):
-    """The model runs blocks under non-reentrant activation checkpointing: on an XLA device
-    ``unsupported`` (torch 2.9 + torch_xla 2.9: torch.utils.checkpoint raises
-    AttributeError "module 'torch' has no attribute 'xla'" looking up the device module, and
-    torch_xla.utils.checkpoint raises ValueError "XLA currently does not support
-    use_reentrant==False")."""
+    """The model runs blocks under non-reentrant activation checkpointing: ``unsupported`` on an
+    XLA device (torch 2.9's checkpoint raises AttributeError "module 'torch' has no attribute 'xla'",
+    torch_xla 2.9's ValueError "XLA currently does not support use_reentrant==False")."""
 
     def prepare_model(self, model, loop):
         if loop.ctx.device.type == "xla":
@@ -169,11 +174,12 @@ class AutocastSetup(Setup):
                               dtype=getattr(torch, self.reference["autocast"]))
 
 
+@dataclass(frozen=True)
 class CheckpointSetup(Setup):
     """After step ``steps // 2`` the state (``reference``-free: the trajectory must
     be the uninterrupted one) is saved with ``torch.save`` - the DDP wrapper's
-    state_dict (``module.`` prefix) or the inner module's - with the optimizer's,
-    the model is rebuilt from other seeds, reloaded and wrapped again."""
+    state_dict (``module.`` prefix; ``source`` ``"module"``: the inner module's) with the
+    optimizer's, the model is rebuilt from other seeds, reloaded and wrapped again."""
 
     source: str = "ddp"
 
@@ -189,16 +195,10 @@ class CheckpointSetup(Setup):
         loop.opt.load_state_dict(optim_state)
 
 
-class _ModuleCheckpoint(CheckpointSetup):
-    source = "module"
-
-
 class ResumeInPlaceSetup(Setup):
-    """After step ``steps // 2`` the DDP wrapper's and the optimizer's state_dicts are
-    saved (``torch.save``), the live parameters are then overwritten (as a run that
-    went on and is rolled back), and the saved state is loaded back into the *same*
-    DDP and optimizer objects, which keep training: the trajectory must be the
-    uninterrupted one (the optimizer must still be updating the model's tensors)."""
+    """After step ``steps // 2`` the DDP wrapper's and the optimizer's state_dicts are saved, the
+    live parameters overwritten (a run rolled back) and the saved state loaded back into the *same*
+    DDP and optimizer objects, which keep training: the trajectory must be the uninterrupted one."""
 
     def after_step(self, loop, step):
         import torch
@@ -217,22 +217,21 @@ class ResumeInPlaceSetup(Setup):
         loop.ctx.mark_step()
 
 
-#: Groups of the process_groups setup at each world size: HSDP-style process groups of two
-#: ({0,1}, {2,3}); at W=3 a group of two and a singleton (its DDP has nobody to sync with:
-#: a divisor or broadcast taken from the world still shows). W=2 would be one group (no subgroups).
+#: The process_groups setup's groups: HSDP-style process groups of two ({0,1}, {2,3}); at W=3 a
+#: group of two and a singleton (a divisor or broadcast taken from the world still shows there).
 SUBGROUP_SIZE = 2
 SUBGROUPS_MIN_WORLD_SIZE = 3
 
 
 class ProcessGroupsSetup(Setup):
     """``DDP(module, process_group=<my group>)`` with the world split into groups of
-    :data:`SUBGROUP_SIZE` consecutive ranks (``torch.distributed.new_group`` called by every
-    rank, in the same order, as upstream requires). Each group is its own data-parallel job:
-    it trains its own global batch (seeded by its first rank) and upstream DDP averages over
-    the group (divisor = group size) and broadcasts module states from the group's rank 0
-    (the lowest global rank of the group; ``DistributedDataParallel``'s docs, ``process_group``;
-    pytorch/pytorch#36516 on the divisor). Models without buffers only:
-    the reference starts each group from its first rank's parameters.
+    :data:`SUBGROUP_SIZE` consecutive ranks (the runtime adapter's ``make_process_group``: every
+    rank calls ``torch.distributed.new_group`` in the same order, as upstream requires). Each
+    group is its own data-parallel job on its own global batch (seeded by its first rank); upstream
+    DDP averages over the group (divisor = group size) and broadcasts module states from the
+    group's rank 0, its lowest global rank (``DistributedDataParallel``'s docs, ``process_group``;
+    pytorch/pytorch#36516 on the divisor). Models without buffers only: the reference starts each
+    group from its first rank's parameters.
 
     Raises:
         Unsupported: below :data:`SUBGROUPS_MIN_WORLD_SIZE`, or where the replicas are not
@@ -261,12 +260,12 @@ SETUPS = {s.name: s for s in [
     CommHookSetup("comm_hook_allreduce", requires=("register_comm_hook",)),
     AutocastSetup("autocast_bf16", reference={"autocast": "bfloat16"}),
     CheckpointSetup("checkpoint_ddp"),
-    _ModuleCheckpoint("checkpoint_module"),
+    CheckpointSetup("checkpoint_module", source="module"),
     ResumeInPlaceSetup("checkpoint_resume"),
     ProcessGroupsSetup("process_groups", requires=("process_group",)),
     # Comm hooks that return a new tensor or compress.
-    _Fp16CommHook("comm_hook_fp16", requires=("register_comm_hook",)),
-    _Bf16CommHook("comm_hook_bf16", requires=("register_comm_hook",)),
+    CommHookSetup("comm_hook_fp16", requires=("register_comm_hook",), hook="fp16_compress_hook"),
+    _Bf16CommHook("comm_hook_bf16", requires=("register_comm_hook",), hook="bf16_compress_hook"),
     OutOfPlaceCommHookSetup("comm_hook_out_of_place", requires=("register_comm_hook",)),
     NonReentrantCheckpointSetup("checkpoint_nonreentrant"),
 ]}

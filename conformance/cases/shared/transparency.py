@@ -7,20 +7,12 @@ beyond that it leaves the wrapped module as it was: the same parameter and buffe
 ``requires_grad``, every submodule's ``training`` flag, the module's hook dictionaries, its own
 ``state_dict`` keys (the wrapper's are the same under ``module.``), the parameters' layout and
 the process-wide torch settings, and it draws no random numbers (the measurement is in
-docs/transparency.md). It returns the
-module's output as the module returned it (the same containers, keys and non-tensor members;
-tensors of the same shape and dtype, possibly new objects).
+docs/transparency.md). It returns the module's output as the module returned it (the same
+containers, keys and non-tensor members; tensors of the same shape and dtype, possibly new objects).
 
-An :class:`Observer` records these observables on one replica around the DDP: at wrap time
-(:meth:`Observer.wrapped`), around every DDP call (:meth:`Observer.call`), around backward and
-the optimizer step (:meth:`Observer.unchanged_by`) and after every step
-(:meth:`Observer.after_step`); its :meth:`Observer.result` is a list of differences, each naming
-the observable and where it changed. :func:`judge_transparency` turns the replicas' lists into
-the ``transparency`` verdict. A strategy documented to change an observable (FSDP replaces the
-parameters with sharded ones) declares it in ``Strategy.not_transparent`` and the verdict says it
-was not checked.
-
-The default CPU generator is observed (``torch.get_rng_state()``); an XLA device's generator is
+An :class:`Observer` records these observables (:data:`OBSERVABLES`) on one replica around the
+DDP; :func:`judge_transparency` turns the replicas' differences into the ``transparency``
+verdict. The default CPU generator is observed (``torch.get_rng_state()``); an XLA device's is
 not (its seed advances with the step marker, outside the DDP).
 """
 from __future__ import annotations
@@ -67,16 +59,6 @@ MODE_FREE = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Embedding", "EmbeddingBag"
              "ReLU", "GELU", "Tanh", "Sigmoid", "Identity", "Flatten")
 
 
-def unobserved(row, ctx) -> dict:
-    """``{observable: reason}`` an :class:`Observer` of strategy ``row`` on replica ``ctx`` leaves
-    out: the strategy's documented changes (``Strategy.not_transparent``), and the RNG where the
-    replica shares its process's generator (:data:`SHARED_RNG`)."""
-    skip = dict(row.not_transparent)
-    if "thread" in ctx.extra:
-        skip.setdefault("rng", SHARED_RNG)
-    return skip
-
-
 #: Replica r seeds its default generator with ``RNG_SEED + RNG_SEED_STRIDE * r`` before wrapping,
 #: as a user seeds each rank's dropout: a DDP that synchronises the generators changes a state.
 RNG_SEED, RNG_SEED_STRIDE = 20_261, 7_919
@@ -85,8 +67,12 @@ RNG_SEED, RNG_SEED_STRIDE = 20_261, 7_919
 def observed_wrap(row, module, ctx, wrap):
     """``(ddp, observer)``: the replica's default generator seeded per rank (:data:`RNG_SEED`;
     not where replicas share it), then ``wrap()`` (which builds the DDP around ``module``)
-    between an :class:`Observer`'s first snapshot and :meth:`Observer.wrapped`."""
-    skip = unobserved(row, ctx)
+    between an :class:`Observer`'s first snapshot and :meth:`Observer.wrapped`. The observer of
+    strategy ``row`` leaves out its documented changes (``Strategy.not_transparent``) and the RNG
+    where the replica shares its process's generator (:data:`SHARED_RNG`)."""
+    skip = dict(row.not_transparent)
+    if "thread" in ctx.extra:
+        skip.setdefault("rng", SHARED_RNG)
     if "rng" not in skip:
         import torch
         torch.manual_seed(RNG_SEED + RNG_SEED_STRIDE * ctx.rank)
@@ -105,14 +91,11 @@ def rng_digest() -> str:
 def probe_modes(module) -> list[str]:
     """Set every other :data:`MODE_FREE` leaf of ``module`` to eval mode (the first stays in train
     mode); return the names set. Numbers unchanged: those modules ignore the flag."""
-    names = []
     leaves = [(n, m) for n, m in module.named_modules() if n and type(m).__name__ in MODE_FREE
-              and type(m).__module__.startswith("torch.nn.") and not list(m.children())]
-    for i, (name, m) in enumerate(leaves):
-        if i % 2 == 1:
-            m.training = False
-            names.append(name)
-    return names
+              and type(m).__module__.startswith("torch.nn.") and not list(m.children())][1::2]
+    for _, m in leaves:
+        m.training = False
+    return [n for n, _ in leaves]
 
 
 @dataclasses.dataclass
@@ -209,15 +192,9 @@ def _lay(entry) -> str:
 
 
 class Observer:
-    """The observables of one replica's module, recorded around the DDP.
-
-    Args:
-        module: the module before it is wrapped (``torch.nn.Module``).
-        rank: the replica (named in every difference).
-        skip: ``{observable: reason}``, observables the strategy is documented to change
-            (``Strategy.not_transparent``) or the runtime cannot attribute to one replica
-            (:data:`SHARED_RNG`); they are not compared and the verdict says why.
-    """
+    """The observables of one replica's module (``torch.nn.Module``, before it is wrapped), recorded
+    around the DDP; every difference names replica ``rank``. ``skip``: ``{observable: reason}`` of
+    those not compared (:func:`observed_wrap`), the verdict says why."""
 
     def __init__(self, module, rank: int, skip: dict | None = None):
         self.module, self.rank = module, rank
@@ -232,7 +209,6 @@ class Observer:
         self.keys = list(module.state_dict().keys())  # the wrapper's must be these under 'module.'
         self.rng = rng_digest()
 
-    # -- recording ------------------------------------------------------------------------
     def _diff(self, observable: str, text: str) -> None:
         if observable in self.skip:
             return
@@ -417,9 +393,8 @@ def merged(observers) -> dict:
 def judge_transparency(replicas: list, *, case: str = "", impl: str = "", runtime: str = "",
                        model: str = "") -> Verdict:
     """The ``transparency`` verdict over the replicas' :meth:`Observer.result` (``replicas[r]
-    ["transparency"]``): fail naming the first replica's first difference (and how many more),
-    pass naming what was checked, vacuous when nothing was; the observables left out
-    (``unobserved``) are said in the reason with why."""
+    ["transparency"]``): fail naming the first difference, pass naming what was checked, vacuous
+    when nothing was; the reason says which observables were left out, and why."""
     w = len(replicas)
     base = dict(case=case, check=TRANSPARENCY, impl=impl, runtime=runtime, model=model, world_size=w)
     results = [r.get("transparency") for r in replicas]

@@ -4,26 +4,19 @@ XLA's in-process CPU collectives meet only when every replica runs one executabl
 compiles it once under a lock: docs/runtimes/pjrt.md, cause 1); on a pod, replicas whose graphs
 differ recompile per replica or wait forever in a collective. Arithmetic can be right while the
 graphs differ: a rank-dependent Python constant (``t.mul_(1.0 if rank == 0 else 0.0)``) is
-inlined by torch_xla's default graph rules ("special scalars", 0 and 1 become constants;
-``torch_xla.core.xla_model.collective_broadcast`` moves its mask to the device for that reason).
-The kit's worlds switch those rules off (``ddp_impl.runtime.xla.value_independent_graphs``), so
-a parity case cannot see it.
-
-:func:`task_graph_agreement` trains :data:`GRAPH_MODEL` for :data:`GRAPH_STEPS` SGD steps with
-special scalars **on** (torch_xla's default) and fingerprints each replica's pending graph before
-every step sync: ``_XLAC._get_graph_hash`` over the replica's parameters, gradients, buffers and
-loss (tens of microseconds; device-independent, so replicas of one graph agree). The
-replicas are threads of one process, so they compare hashes in memory at a barrier *before* the
-step runs: when they differ, each renders its graph as HLO text (``_get_xla_tensors_hlo``, ~1 ms,
-only then and once per distinct hash), the pending graph is dropped (``_clear_pending_irs``:
-running it would make XLA abort in the collective) and the run stops there. The device-data
-cache stays off (its value dependence aborts the host, and is not a DDP's doing).
-
-Private torch_xla APIs (``_get_graph_hash``, ``_get_xla_tensors_hlo``,
-``_set_xla_handle_special_scalars``, ``_clear_pending_irs``) of the pinned 2.9.
+inlined by torch_xla's default graph rules ("special scalars", 0 and 1 become constants). The
+kit's worlds switch those rules off (``ddp_impl.runtime.xla.value_independent_graphs``), so a
+parity case cannot see it: :func:`task_graph_agreement` switches them **on** and the replicas,
+threads of one process, compare the hashes of their pending graphs at a barrier before every step
+sync (:class:`GraphRecorder`; ``_XLAC._get_graph_hash``, tens of microseconds, device-independent);
+when they differ each renders its graph as HLO text once (``_get_xla_tensors_hlo``, ~1 ms) and the
+pending graph is dropped (``_clear_pending_irs``: running it would make XLA abort in the
+collective). The device-data cache stays off (its value dependence aborts the host, and is not a
+DDP's doing). Private torch_xla APIs of the pinned 2.9.
 """
 from __future__ import annotations
 
+from itertools import zip_longest
 import threading
 import time
 
@@ -65,12 +58,8 @@ def hlo_ops(text: str) -> list[str]:
     """The instruction lines of an HLO module's text (``_get_xla_tensors_hlo``), without
     ``metadata=``: ``%constant.5 = f32[] constant(0)``. HLO, not the lazy IR text: the IR text
     prints a constant as ``prim::Constant()`` without its value."""
-    ops = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("%") or line.startswith("ROOT %"):
-            ops.append(line.split(", metadata={")[0])
-    return ops
+    return [line.split(", metadata={")[0] for line in map(str.strip, text.splitlines())
+            if line.startswith(("%", "ROOT %"))]
 
 
 def user_of(ops: list[str], i: int) -> str:
@@ -81,12 +70,8 @@ def user_of(ops: list[str], i: int) -> str:
 
 def first_difference(a: list[str], b: list[str]) -> tuple[int, str, str]:
     """``(i, a[i], b[i])`` at the first op where two op lists differ (``"(none)"`` past an end)."""
-    for i in range(max(len(a), len(b))):
-        x = a[i] if i < len(a) else "(none)"
-        y = b[i] if i < len(b) else "(none)"
-        if x != y:
-            return i, x, y
-    return -1, "", ""
+    return next(((i, x, y) for i, (x, y) in enumerate(zip_longest(a, b, fillvalue="(none)")) if x != y),
+                (-1, "", ""))
 
 
 class GraphRecorder:
@@ -103,9 +88,8 @@ class GraphRecorder:
         self._text: dict = {}
 
     def step(self, step: int, tensors: list):
-        """Returns ``None`` (graphs agree; the step ran) or the difference, the same dict on
-        every replica: ``{"step", "replica", "index", "mine", "theirs", "ops"}`` (replica 0's
-        op vs the first differing replica's)."""
+        """``None`` (graphs agree; the step ran) or the difference, the same dict on every replica
+        (replica 0's op against the first differing replica's)."""
         t0 = time.perf_counter()
         h = self.C._get_graph_hash(tensors).hex()
         self.call += 1
@@ -128,9 +112,9 @@ class GraphRecorder:
 
 def task_graph_agreement(ctx, impl, model: str = GRAPH_MODEL, steps: int = GRAPH_STEPS, lr: float = 0.1):
     """Replica task: ``steps`` SGD steps of ``model`` wrapped in ``impl``, each replica's graph
-    fingerprinted at construction (step 0) and at every step (torch_xla's default graph rules,
-    see the module docstring). Returns ``{"hashes": [str, ...], "difference": dict | None}``, or
-    ``{"skip": reason}`` off the PJRT thread topology."""
+    fingerprinted at construction (step 0) and at every step (module docstring). Returns
+    ``{"hashes": [str, ...], "difference": dict | None, "cost_s"}``, or ``{"skip": reason}`` off
+    the PJRT thread topology."""
     if ctx.runtime != "pjrt" or "thread_ident" not in ctx.extra:
         return {"skip": f"runtime {ctx.runtime} builds no per-replica XLA graphs (the PJRT runtime's "
                         "replica threads do)"}

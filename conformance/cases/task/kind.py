@@ -1,13 +1,11 @@
 """Replica tasks and judges of the feature cases (the rows, in ``conformance/cases/table.py``, name
 them by reference: ``"conformance.cases.task.kind:task_no_sync"``).
 
-A feature case is either a *parity variant* (the standard training loop with
-other models, keywords or setups, judged by the check table) or a *task* here
-(a replica task plus a judge that builds :class:`~conformance.cases.shared.checks.Check`
-rows on the fly, so the same :func:`~conformance.cases.shared.checks.judge` - tolerances,
-vacuity guard, margin - decides). Semantics mirrored: PyTorch's
-``torch/testing/_internal/distributed/distributed_test.py`` (module-state sync,
-buffer broadcast, unused parameters, no_sync, join, comm hooks, SyncBatchNorm).
+A feature case is either a *parity variant* (the standard training loop, judged by the check
+table) or a *task* here: a replica task plus a judge that builds
+:class:`~conformance.cases.shared.checks.Check` rows on the fly, so the same
+:func:`~conformance.cases.shared.checks.judge` (tolerances, vacuity guard, margin) decides.
+Semantics mirrored: PyTorch's ``torch/testing/_internal/distributed/distributed_test.py``.
 """
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ from conformance.cases.kinds import Kind
 from conformance.cases.row import resolve
 from conformance.cases.shared.loop import rank_buffer_offset, rank_seed, wrap
 from conformance.cases.shared.readback import buffer_layout, flat_buffers, flat_params, param_layout, to_device
-from conformance.cases.shared.commhooks import register_hook
+from conformance.cases.shared.setups import register_hook
 from conformance.tolerances import lookup
 from conformance.verdict import Verdict
 from conformance.impls.builtin import resolve_impl
@@ -239,10 +237,10 @@ POWERSGD_MIN_DROP = 0.5   # the loss must fall by >= this share of the exact DDP
 
 
 def task_powersgd(ctx, impl, lr=0.1):
-    """torch's ``powerSGD_hook`` (rank-1 PowerSGD, ``start_powerSGD_iter`` 2: compressed from
-    the second step) registered; ``POWERSGD_STEPS`` SGD steps on the replica's shard of one
-    fixed global batch of ``linear``. Returns every replica's parameters after each step
-    (float64 ``[steps, P]``) and its local loss before the first and after the last step."""
+    """torch's ``powerSGD_hook`` (rank 1, compressed from step ``POWERSGD_START_ITER``) registered;
+    ``POWERSGD_STEPS`` SGD steps on the replica's shard of one fixed global batch of ``linear``.
+    Returns the parameters after each step (float64 ``[steps, P]``) and the local loss before the
+    first and after the last step."""
     import torch
     import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -288,11 +286,10 @@ def _exact_drop(world_size, lr=0.1):
 
 
 def judge_powersgd(results, impl, runtime):
-    """``agreement``: every replica's parameters bit-identical to replica 0's after every
-    step (PowerSGD's factors are seeded alike on every replica and all-reduced, so replicas
-    apply one update); ``loss_decrease``: the replica-averaged loss on the fixed batch falls
-    by >= ``POWERSGD_MIN_DROP`` of exact DDP's fall. Parity is not judged: PowerSGD is a
-    lossy, rank-1 approximation of the mean gradient (Vogels et al., 2019)."""
+    """``agreement``: every replica's parameters bit-identical to replica 0's after every step
+    (PowerSGD's factors are seeded alike and all-reduced, so replicas apply one update);
+    ``loss_decrease``: the replica-averaged loss falls by >= ``POWERSGD_MIN_DROP`` of exact DDP's
+    fall. Parity is not judged: PowerSGD is a lossy, rank-1 approximation (Vogels et al., 2019)."""
     ref0 = results[0]["params"]
     moved = float(np.max(np.abs(ref0[-1] - ref0[0])))
     agree = _judge("agreement", [{"agreement": r["params"].reshape(-1), "layout": None} for r in results],

@@ -1,20 +1,13 @@
 """The cases run on a user's model (``--model package.module:factory``) and the checks of the
 model itself on one device before any world starts.
 
-The cases are ``train`` rows like the table's parity rows, built for the model's spec (the
-model column is the spec; :data:`fixtures.models.MODELS` loads it on first use):
-
-* ``parity.user_model`` - default DDP keywords: parameters, the replica-averaged loss,
-  buffers (when ``batch_coupled``) against the single-device reference, replica agreement;
-* ``parity.user_model_find_unused`` - the same with ``find_unused_parameters=True``, which
-  makes the DDP walk whatever the forward returns (dataclass, dict, tuple) to find the graph
-  (torch/nn/parallel/distributed.py, ``_find_tensors`` / ``prepare_for_backward``);
-* ``scenario.user_loop`` - the loop programs (:mod:`conformance.cases.scenario.userloop`):
-  forwards without backward, several synced backwards, no_sync windows, zero_grad modes, every
-  optimizer, clipping, a learning-rate drop, eval-mode backward, a checkpoint reload, on the
-  user's module, batches and loss, judged step by step against DDP's semantics on one device.
-
-Their bound is the model's own, measured by :mod:`conformance.cases.shared.measured`.
+The cases (:data:`USER_CASES`, ``train`` rows like the table's parity rows, and
+:data:`USER_LOOP_CASE`, the loop programs of :mod:`conformance.cases.scenario.userloop`) are built
+for the model's spec (the model column is the spec; :data:`fixtures.models.MODELS` loads it on
+first use). ``find_unused_parameters=True`` makes the DDP walk whatever the forward returns
+(dataclass, dict, tuple) to find the graph (torch/nn/parallel/distributed.py, ``_find_tensors`` /
+``prepare_for_backward``). Their bound is the model's own, measured by
+:mod:`conformance.cases.shared.measured`.
 """
 from __future__ import annotations
 
@@ -79,9 +72,7 @@ def user_case_rows() -> list[tuple[str, str]]:
 
 
 def _first_difference(a: torch.nn.Module, b: torch.nn.Module) -> str | None:
-    sa, sb = dict(a.named_parameters()), dict(b.named_parameters())
-    sa.update(dict(a.named_buffers()))
-    sb.update(dict(b.named_buffers()))
+    sa, sb = ({**dict(m.named_parameters()), **dict(m.named_buffers())} for m in (a, b))
     if list(sa) != list(sb):
         return "the two modules have different parameter/buffer names"
     for n, t in sa.items():
@@ -91,11 +82,8 @@ def _first_difference(a: torch.nn.Module, b: torch.nn.Module) -> str | None:
 
 
 def check_model(spec: str, world_sizes) -> list[str]:
-    """Load user model ``spec`` and check it on one CPU device: ``build`` returns an
-    ``nn.Module`` and is deterministic in its seed, ``batch`` gives tensors of the global batch
-    size (dim 0) deterministically, the forward and the loss run, the loss is a scalar that
-    reaches some parameter, is a per-sample mean (when samples do not interact), and a model
-    that is not ``batch_coupled`` keeps its buffers in a training forward. Returns notes worth
+    """Load user model ``spec`` and check it on one CPU device (``build``, ``batch``, a training
+    step, no random forward, a per-sample mean loss: the ``_check_*`` steps). Returns notes worth
     printing (e.g. every seed builds the same parameters).
 
     Raises:

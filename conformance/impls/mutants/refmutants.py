@@ -18,46 +18,26 @@ from ddp_impl.runtime.collectives import default_collectives
 from ddp_impl.sync_batchnorm import SyncBatchNorm
 
 
-class NoGradSync(RefDDP):
-    """Gradients are never all-reduced: every replica trains on its shard alone."""
-
-    def _reduce_bucket(self, bucket):
-        return None  # no all-reduce: each gradient is written back as computed locally
-
-
-class SumNotMean(RefDDP):
-    """All-reduce sums gradients but never divides by the world size."""
-
-    def _grad_scale(self):
-        return 1.0
+def _seam(name: str, doc: str, **seams) -> type:
+    """A mutant class named ``name`` whose methods ``seams`` replace the reference DDP's; ``doc``
+    (what it breaks) is its docstring, its description in the catalog."""
+    return type(name, (RefDDP,), {"__doc__": doc, "__module__": __name__, "__qualname__": name, **seams})
 
 
-class WrongCount(RefDDP):
-    """Mean over the wrong count: divides by world_size + 1 (off by one)."""
-
-    def _grad_scale(self):
-        return 1.0 / (self.collectives.world_size + 1)
-
-
-class ScaleTwice(RefDDP):
-    """The 1/world_size scale is applied twice (1/world_size**2)."""
-
-    def _grad_scale(self):
-        return 1.0 / self.collectives.world_size ** 2
-
-
-class NoInitialBroadcast(RefDDP):
-    """Module states are not broadcast at construction (replicas start apart)."""
-
-    def _sync_module_states(self):
-        pass
-
-
-class BuffersNotBroadcast(RefDDP):
-    """``broadcast_buffers=True`` is accepted but buffers are never broadcast."""
-
-    def _sync_buffers(self):
-        pass
+NoGradSync = _seam("NoGradSync", "Gradients are never all-reduced: every replica trains on its shard alone.",
+                   _reduce_bucket=lambda self, bucket: None)  # each gradient written back as computed locally
+SumNotMean = _seam("SumNotMean", "All-reduce sums gradients but never divides by the world size.",
+                   _grad_scale=lambda self: 1.0)
+WrongCount = _seam("WrongCount", "Mean over the wrong count: divides by world_size + 1 (off by one).",
+                   _grad_scale=lambda self: 1.0 / (self.collectives.world_size + 1))
+ScaleTwice = _seam("ScaleTwice", "The 1/world_size scale is applied twice (1/world_size**2).",
+                   _grad_scale=lambda self: 1.0 / self.collectives.world_size ** 2)
+NoInitialBroadcast = _seam("NoInitialBroadcast", "Module states are not broadcast at construction (replicas "
+                           "start apart).", _sync_module_states=lambda self: None)
+BuffersNotBroadcast = _seam("BuffersNotBroadcast", "``broadcast_buffers=True`` is accepted but buffers are never "
+                            "broadcast.", _sync_buffers=lambda self: None)
+NoSyncIgnored = _seam("NoSyncIgnored", "``no_sync()`` is a no-op: gradients are all-reduced every micro-step.",
+                      no_sync=lambda self: contextlib.nullcontext())
 
 
 class LastParamUnsynced(RefDDP):
@@ -274,13 +254,6 @@ class UnusedSkipped(RefDDP):
     def _set_grad(self, param, reduced):
         if id(param) not in self.__dict__.get("_partly_used", ()):  # bug: only the all-used ones
             super()._set_grad(param, reduced)
-
-
-class NoSyncIgnored(RefDDP):
-    """``no_sync()`` is a no-op: gradients are all-reduced every micro-step."""
-
-    def no_sync(self):
-        return contextlib.nullcontext()
 
 
 class NoSyncSticky(RefDDP):

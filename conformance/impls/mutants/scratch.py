@@ -80,10 +80,6 @@ class ScratchDDP(nn.Module):
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
 
-    def _used(self, params):
-        """Per parameter: did this replica produce (or accumulate) a gradient?"""
-        return [p.grad is not None for p in params]
-
     def _order(self, params):
         """The order gradients are packed in (parameter order: the same on every replica)."""
         return params
@@ -93,7 +89,7 @@ class ScratchDDP(nn.Module):
         self._queued = False
         self.synced_steps += 1
         params = [p for p in self.module.parameters() if p.requires_grad]
-        used = torch.tensor([float(u) for u in self._used(params)])
+        used = torch.tensor([float(p.grad is not None) for p in params])  # produced or accumulated here
         if self.find_unused_parameters:
             dist.all_reduce(used)
         elif not bool(used.all()):

@@ -1,11 +1,10 @@
 """Runtime adapters: the only code that differs between runtimes.
 
-Each adapter says where replicas live (host processes x replicas per host), how a
-host initialises its runtime, and how a task runs on the host's replicas; its class
-attributes are the runtime's facts (default world sizes and implementations, largest
-world, emulated hosts, topologies, ...: :class:`~conformance.worlds.runtimes.base.Runtime`).
-The registry (:mod:`conformance.worlds.registry`) names them; a world is
-identified by a :class:`~conformance.worlds.registry.WorldKey`.
+Each adapter says where replicas live (host processes x replicas per host), how a host
+initialises its runtime and how a task runs on the host's replicas; its class attributes are the
+runtime's facts (:class:`~conformance.worlds.runtimes.base.Runtime`). The registry
+(:mod:`conformance.worlds.registry`) names them; a world is identified by a
+:class:`~conformance.worlds.registry.WorldKey`.
 """
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ def get_runtime(name: str | WorldKey, settings=None) -> Runtime:
     Raises:
         KeyError: unknown runtime (message lists the known ones).
     """
-    key = name if isinstance(name, WorldKey) else WorldKey.parse(name)
+    key = WorldKey.of(name)
     if key.topology is None:
         adapter = runtime_class(key.runtime)()
     else:
@@ -46,10 +45,9 @@ def get_runtime(name: str | WorldKey, settings=None) -> Runtime:
 
 
 def check_world(world: WorldKey, settings=None) -> Runtime:
-    """The adapter of ``world`` (configured by ``settings``), once it is known that the world runs
-    here: the one check of a runtime and a world size that the faces, :func:`conformance.evaluate.evaluate`
-    and the worlds make (the adapter's :meth:`~conformance.worlds.runtimes.base.Runtime.check` of the
-    world's :attr:`~WorldKey.replicas`).
+    """The adapter of ``world`` (configured by ``settings``) once its
+    :meth:`~conformance.worlds.runtimes.base.Runtime.check` of the world's replicas passed: the one
+    check of a runtime and world size that the faces, :func:`conformance.evaluate.evaluate` and the worlds make.
 
     Raises:
         KeyError: unknown runtime or topology (message lists the known ones).

@@ -1,11 +1,11 @@
 """The runtime adapter interface and the per-replica context tasks receive."""
 from __future__ import annotations
 
-from conformance.settings import Settings
-
 from dataclasses import dataclass, field
 from typing import Any, Callable
-from conformance.worlds.diagnosis import failure_info
+
+from conformance.settings import Settings
+from conformance.worlds.diagnosis import failure_info, task_name
 
 
 class RuntimeUnavailable(RuntimeError):
@@ -23,12 +23,11 @@ class ReplicaContext:
         device: the ``torch.device`` the replica computes on.
         collectives: a :class:`ddp_impl.runtime.collectives.Collectives` for this replica.
         bindings: the replica's :class:`ddp_impl.runtime.ranks.RankBindings`.
-        mark_step: call after each optimizer step (a no-op except on XLA, where
-            it cuts and runs the lazy graph).
+        mark_step: call after each optimizer step (a no-op except on XLA, where it cuts and runs
+            the lazy graph).
         extra: runtime-specific state.
-        progress: where :meth:`note` writes (a
-            :class:`conformance.worlds.diagnosis.Progress`, set by the World's host;
-            ``None`` elsewhere, and then :meth:`note` is a no-op).
+        progress: where :meth:`note` writes (a :class:`conformance.worlds.diagnosis.Progress`, set
+            by the World's host; ``None`` elsewhere, and then :meth:`note` is a no-op).
     """
 
     runtime: str
@@ -42,11 +41,8 @@ class ReplicaContext:
     progress: Any = None
 
     def note(self, **fields) -> None:
-        """Record where this replica is, e.g. ``ctx.note(step=3, phase="backward")``.
-
-        Cheap (one small write to shared memory); a failure report names the
-        last values noted (``step``, ``phase`` and any other JSON-able field).
-        """
+        """Record where this replica is, e.g. ``ctx.note(step=3, phase="backward")``: cheap (one small
+        write to shared memory); a failure report names the last values noted (any JSON-able field)."""
         if self.progress is not None:
             self.progress.update(**fields)
 
@@ -78,15 +74,13 @@ def restore_torch_settings(saved: dict) -> None:
 def run_task(ctx: ReplicaContext, fn, payload: dict, on_raise=None, task=None) -> tuple:
     """Run ``fn(ctx, **payload)`` on one replica; return ``(rank, ok, value)``.
 
-    On an exception ``value`` is :func:`conformance.worlds.diagnosis.failure_info`
-    (type, message, traceback, step/phase/last collective), and
-    ``on_raise(rank, value)`` is called at once, before the other replicas
-    finish (they may be blocked in a collective this one left). The process-wide torch settings
-    (:func:`torch_settings`) are put back after the task, whatever it left.
+    On an exception ``value`` is :func:`conformance.worlds.diagnosis.failure_info` (type, message,
+    traceback, step/phase/last collective), and ``on_raise(rank, value)`` is called at once, before
+    the other replicas finish (they may be blocked in a collective this one left). The
+    process-wide torch settings (:func:`torch_settings`) are put back after the task, whatever it left.
     """
     p = ctx.progress
     if p is not None:
-        from conformance.worlds.diagnosis import task_name
         p.begin(task, task_name(fn, payload))
     saved = torch_settings()
     try:
@@ -109,57 +103,43 @@ def run_task(ctx: ReplicaContext, fn, payload: dict, on_raise=None, task=None) -
 
 
 class Runtime:
-    """Adapter base class. Subclasses set :attr:`name` and override the hooks."""
+    """Adapter base class. Subclasses set :attr:`name` and override the hooks.
+
+    Its facts are the class attributes named in :data:`FACTS` (docs/extending.md "A new runtime"
+    says what each means): the faces read them by runtime name before any world starts, through
+    :mod:`conformance.worlds.registry` (:mod:`conformance.settings` serves them).
+    """
 
     name = "?"
-    #: The runtime's facts (class attributes below; docs/extending.md "A new runtime" lists them).
     FACTS = ("max_world_size", "default_world_sizes", "default_impls", "hosts_field", "topologies",
              "launchable", "collectives_judged", "make_process_group", "reference_quirks", "uniform_graphs",
              "compiled_graphs", "step_sync_runs_collectives", "collective_bound", "resettable")
-    # --- Facts the faces read before any world starts (by runtime name, through
-    # conformance.worlds.registry; conformance.settings serves them) ---
-    # Largest world the runtime runs (the faces refuse a larger --world-size before torch loads).
-    max_world_size = 64
-    # World sizes a run covers unless told: 2, and 3 because divisor faults cancel at powers of
-    # two (an FSDP-style pre/post divide by 2 and W // 2 is exact at W=2 and 4, 1.5x off at 3:
-    # tests/outside/sharded_predivide_int.py).
+    max_world_size = 64  # a larger --world-size is refused before torch loads
+    # 2, and 3 because divisor faults cancel at powers of two (an FSDP-style pre/post divide by 2
+    # and W // 2 is exact at W=2 and 4, 1.5x off at 3: tests/outside/sharded_predivide_int.py).
     default_world_sizes: tuple = (2, 3)
-    # Implementations a run covers unless --ddp says otherwise.
     default_impls: tuple = ("ref",)
-    # The Settings field holding this runtime's emulated hosts (``((W, H), ...)``; None: one host).
-    hosts_field: str | None = None
-    # Topologies an implementation row may map this runtime to (``Strategy.topology``; not
-    # selectable with --runtime): ``{topology: "module:Class"}``, a Runtime built with the
-    # world's device count, whose world is named ``<runtime>_<topology>:<W>`` (WorldKey.world).
+    hosts_field: str | None = None  # the Settings field of its emulated hosts, ((W, H), ...)
+    # {topology: "module:Class"}: a Runtime built with the world's device count, whose world is
+    # named <runtime>_<topology>:<W> (WorldKey.world); not selectable with --runtime.
     topologies: dict = {}
-    # True where a world can be an external launcher's processes (--launcher env: one replica
-    # per launched process, conformance.worlds.launched).
-    launchable = False
-    # True where the collective family's cases judge this runtime's collectives op by op.
-    collectives_judged = False
-    # ``make_process_group(ctx, groups)``: this replica's process group for ``groups`` (lists
-    # of global ranks; every rank calls it with the same groups), which a DDP takes as
-    # ``process_group`` (feature.subgroups); None: the runtime has no process groups.
+    launchable = False  # one replica per launched process (conformance.worlds.launched)
+    collectives_judged = False  # by the collective family's cases, op by op
+    # make_process_group(ctx, groups): this replica's group for ``groups`` (lists of global ranks;
+    # every rank calls it with the same groups), which a DDP takes as process_group.
     make_process_group = None
-    # Known ways the runtime's own ops differ from CPU PyTorch, which the
-    # single-device reference must reproduce (see conformance.cases.shared.reference.QUIRKS).
-    reference_quirks: frozenset = frozenset()
-    # True where every replica must run the same graph for its collectives to meet
-    # (XLA's in-process CPU collectives, docs/runtimes/pjrt.md, cause 1): generated
-    # scenarios then keep batch sizes and control flow equal across replicas.
+    reference_quirks: frozenset = frozenset()  # see conformance.cases.shared.reference.QUIRKS
+    # XLA's in-process CPU collectives (docs/runtimes/pjrt.md, cause 1): generated scenarios then
+    # keep batch sizes and control flow equal across replicas.
     uniform_graphs: bool = False
-    # True where every distinct graph is compiled before it runs (XLA): generated examples
-    # then draw their shapes from a few that repeat, so the compile cache serves them.
-    compiled_graphs: bool = False
-    # Seconds a replica may wait inside one collective while a peer is elsewhere
-    # before the World reports the peer as hung (None: only the task timeout).
-    # Must be below the runtime's own collective timeout, so the World names the
-    # peer instead of reporting the waiter's timeout error or abort.
+    compiled_graphs: bool = False  # generated examples then draw their shapes from a few that repeat
+    step_sync_runs_collectives = False  # XLA: collectives are lazy and run (and block) in ctx.mark_step
+    # Below the runtime's own collective timeout, so the World names a peer that is elsewhere
+    # instead of reporting the waiter's timeout error or abort (None: only the task timeout).
     collective_bound: float | None = None
+    resettable = False  # by reset_host, instead of being replaced (see the World's reset)
     # The run's configuration (conformance.settings.Settings), set by get_runtime.
     settings: Settings = Settings()
-    # True where collectives are lazy and run (and block) in ctx.mark_step (XLA).
-    step_sync_runs_collectives = False
 
     def backend_label(self) -> str:
         """The name the collective family's verdicts carry in place of a DDP's: the
@@ -185,18 +165,12 @@ class Runtime:
 
     def execute(self, replicas: list[ReplicaContext], fn, payload: dict, on_raise=None,
                 task=None) -> list[tuple]:
-        """Run ``fn(ctx, **payload)`` on each replica of this host (see :func:`run_task`).
-
-        Returns ``[(rank, ok, value_or_failure_info), ...]``.
-        """
+        """Run ``fn(ctx, **payload)`` on each replica of this host (see :func:`run_task`):
+        ``[(rank, ok, value_or_failure_info), ...]``."""
         return [run_task(ctx, fn, payload, on_raise, task) for ctx in replicas]
 
     def teardown_host(self, replicas: list[ReplicaContext]) -> None:
         """Release runtime resources before the host exits."""
-
-    # True where a world whose replicas all returned to their task loops can be made whole
-    # again by :meth:`reset_host` instead of being replaced (see the World's reset).
-    resettable = False
 
     def reset_host(self, replicas: list[ReplicaContext], generation: int, workdir: str) -> None:
         """Drop this host's communication state (its peers blocked in it then fail out of

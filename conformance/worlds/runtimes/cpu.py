@@ -1,8 +1,8 @@
 """CPU runtime: plain PyTorch, one process per replica, gloo process group.
 
-Rendezvous is a ``FileStore`` in the world's private directory (no TCP port, so
-pytest-xdist workers cannot clash). Each process uses one intra-op thread so W
-replicas do not oversubscribe a small machine.
+Rendezvous is a ``FileStore`` in the world's private directory (no TCP port, so pytest-xdist
+workers cannot clash). Each process uses one intra-op thread so W replicas do not oversubscribe
+a small machine.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import os
 import socket
 
 from conformance.errors import Unsupported, UsageError
-
 from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
 
@@ -24,10 +23,9 @@ PG_TIMEOUT_MARGIN_S = 30.0
 def resolve_backend(spec: str) -> str:
     """The torch.distributed backend name ``spec`` stands for, registered in this process.
 
-    ``spec``: a name torch knows (``gloo``; ``Backend.backend_list``) or ``module:function``;
-    the function takes no argument, registers a backend with
-    ``torch.distributed.Backend.register_backend`` and may return its name (else the one name
-    it added to ``Backend.backend_list`` is taken).
+    ``spec``: a name torch knows (``gloo``; ``Backend.backend_list``) or ``module:function``; the
+    function takes no argument, registers a backend with ``torch.distributed.Backend.register_backend``
+    and may return its name (else the one name it added to ``Backend.backend_list`` is taken).
 
     Raises:
         UsageError: a module that does not import, a function that is missing, raises or
@@ -65,15 +63,11 @@ def resolve_backend(spec: str) -> str:
 
 
 def process_group_timeout_s(settings) -> float:
-    """gloo's timeout in seconds for a world of ``settings``
-    (:class:`conformance.settings.Settings`): ``settings.collective_timeout``, raised to
-    ``settings.replica_timeout + PG_TIMEOUT_MARGIN_S``.
-
-    Above the task bound, so the World takes every replica's stack and decides who
-    hung; below it, a replica waiting in a collective of the DDP under test (one
-    the kit does not instrument) would raise gloo's "Timed out waiting" first and
-    be reported as the replica that failed.
-    """
+    """gloo's timeout in seconds for a world of ``settings`` (:class:`conformance.settings.Settings`):
+    ``settings.collective_timeout``, raised to ``settings.replica_timeout + PG_TIMEOUT_MARGIN_S``.
+    Above the task bound, so the World takes every replica's stack and decides who hung; below
+    it, a replica waiting in a collective the kit does not instrument would raise gloo's "Timed
+    out waiting" first and be reported as the replica that failed."""
     return max(settings.collective_timeout, settings.replica_timeout + PG_TIMEOUT_MARGIN_S)
 
 
@@ -120,13 +114,11 @@ class CpuRuntime(Runtime):
     launchable = True  # one replica per process: a launcher's processes are the world
     collectives_judged = True  # torch.distributed's collectives, op by op (conformance.cases.collective)
     make_process_group = staticmethod(torch_process_group)
-    # The World's collective bound is shorter than gloo's own timeout: a replica
-    # left waiting in an all-reduce by a hung peer would otherwise raise gloo's
-    # "Timed out waiting ... for recv" first, and the report would blame the
-    # waiter instead of the peer.
     @property
     def collective_bound(self) -> float:
-        return 0.8 * self.settings.collective_timeout  # gloo's timeout is never below it
+        # below gloo's own timeout (never below collective_timeout): a waiter left by a hung peer
+        # would otherwise raise gloo's "Timed out waiting ... for recv" first and be blamed
+        return 0.8 * self.settings.collective_timeout
 
     def backend_label(self) -> str:
         return self.settings.backend  # gloo, or the --backend under test
@@ -148,9 +140,8 @@ class CpuRuntime(Runtime):
         torch.set_num_threads(1)
         self._init_group(workdir, "rendezvous")
         b = ddp_impl.runtime.ranks.bindings()
-        return [ReplicaContext(runtime=self.name, rank=b.global_ordinal, world_size=b.world_size,
-                               device=torch.device("cpu"),
-                               collectives=ddp_impl.TorchDistributedCollectives(), bindings=b)]
+        return [ReplicaContext(runtime=self.name, rank=b.global_ordinal, world_size=b.world_size, bindings=b,
+                               device=torch.device("cpu"), collectives=ddp_impl.TorchDistributedCollectives())]
 
     def _init_group(self, workdir, name):
         import ddp_impl
@@ -161,19 +152,15 @@ class CpuRuntime(Runtime):
     resettable = True
 
     def reset_host(self, replicas, generation, workdir):
-        """Destroy every process group of this host, cut its TCP connections, then
-        rendezvous anew. A cut connection makes a peer still blocked in a collective raise
-        gloo's "Connection closed by peer" at once, so it
-        returns to its task loop and resets too; the new group starts with no message of the
-        failed task in flight (a root's broadcast may complete before its receiver raised).
-        Destroying alone does not cut them while anything still holds the group
-        (``torch.distributed.nn.functional``, imported after init, keeps ``group.WORLD`` as
-        its functions' default argument). A kit-spawned world has no other TCP sockets (its
-        rendezvous is a file, its pipes are Unix sockets). Why and how fast:
-        docs/robustness.md "A raise keeps the world"."""
-        import torch.distributed as dist
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Destroy every process group of this host, cut its TCP connections, then rendezvous
+        anew. A cut connection makes a peer still blocked in a collective raise gloo's
+        "Connection closed by peer" at once, so it returns to its task loop and resets too; the
+        new group starts with no message of the failed task in flight. Destroying alone does not
+        cut them while anything still holds the group (``torch.distributed.nn.functional``,
+        imported after init, keeps ``group.WORLD`` as its functions' default argument). A
+        kit-spawned world has no other TCP sockets (its rendezvous is a file, its pipes are Unix
+        sockets). Why and how fast: docs/robustness.md "A raise keeps the world"."""
+        self.teardown_host(replicas)
         _cut_tcp_connections()
         self._init_group(workdir, f"rendezvous.{generation}")
 

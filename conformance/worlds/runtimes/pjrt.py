@@ -1,45 +1,36 @@
 """PJRT runtime (torch_xla) on the CPU device: one host process x W replica threads.
 
-This is the TPU v2/v3 shape: one process drives W devices, one Python thread
-each (as ``torch_xla._internal.pjrt.run_multiprocess`` /
-``_run_thread_per_device`` do). The World starts one host process with
-``PJRT_DEVICE=CPU CPU_NUM_DEVICES=W`` and a large ``XLA_THREAD_POOL_SIZE``
-(:func:`ddp_impl.runtime.xla.cpu_env`); :meth:`PjrtRuntime.setup_host` sets replication
-over the W devices in the host's main thread (as torch_xla's
-``initialize_multiprocess``), then starts W *persistent* replica threads. Thread
-``i`` makes ``xla:i`` its default device (``_xla_set_default_device`` is
-thread-local, so torch_xla's ordinal queries answer ``i`` in it), pins its
-:class:`ddp_impl.runtime.ranks.RankBindings` with ``bind_thread`` and keeps its
-:class:`ddp_impl.runtime.xla.XlaCollectives`. Every task runs in those same threads, so
-a replica always sees the same device, bindings and compile cache. Each thread also binds
-its emulated host (:mod:`conformance.worlds.runtimes.pjrt_hosts`, ``Settings.pjrt_hosts``):
-torch_xla's per-host queries answer for it, so W=2 runs as 2 hosts x 1.
+This is the TPU v2/v3 shape: one process drives W devices, one Python thread each (as
+``torch_xla._internal.pjrt.run_multiprocess`` / ``_run_thread_per_device`` do). The World starts
+one host process with ``PJRT_DEVICE=CPU CPU_NUM_DEVICES=W`` and a large ``XLA_THREAD_POOL_SIZE``
+(:func:`ddp_impl.runtime.xla.cpu_env`); :meth:`PjrtRuntime.setup_host` sets replication over the
+W devices in the host's main thread (as torch_xla's ``initialize_multiprocess``), then starts W
+*persistent* replica threads. Thread ``i`` makes ``xla:i`` its default device
+(``_xla_set_default_device`` is thread-local, so torch_xla's ordinal queries answer ``i`` in it),
+pins its :class:`ddp_impl.runtime.ranks.RankBindings` with ``bind_thread``, keeps its
+:class:`ddp_impl.runtime.xla.XlaCollectives` and binds its emulated host
+(:mod:`conformance.worlds.runtimes.pjrt_hosts`, ``Settings.pjrt_hosts``). Every task runs in
+those same threads, so a replica always sees the same device, bindings and compile cache.
 
-``ctx.mark_step`` is :func:`ddp_impl.runtime.xla.mark_step` - the deadlock-free step
-sync of docs/runtimes/pjrt.md (the PJRT CPU causes). Tasks must call it after each
-optimizer step and before reading back (``.cpu()``) anything computed from a
-collective; the adapter calls it once more after every successful task so no
-pending graph leaks into the next task.
+``ctx.mark_step`` is :func:`ddp_impl.runtime.xla.mark_step` - the deadlock-free step sync of
+docs/runtimes/pjrt.md (the PJRT CPU causes). Tasks must call it after each optimizer step and
+before reading back (``.cpu()``) anything computed from a collective; the adapter calls it once
+more after every successful task so no pending graph leaks into the next task.
 
-Failures. A replica that raises is reported to the World at once
-(:func:`conformance.worlds.runtimes.base.run_task`'s ``on_raise``), while the other
-replica threads may still be blocked in a collective it left; the World then
-kills the host. A replica that never reaches a collective (hung, or skipped it)
-is the harder case: XLA:CPU aborts the whole process when a collective's
-rendezvous is not complete within its *termination timeout* (``Termination
-timeout for `all-reduce` of 10 seconds exceeded ... only 1 of them arrived``,
+Failures. A replica that raises is reported to the World at once, while the other replica
+threads may still be blocked in a collective it left; the World then kills the host. A replica
+that never reaches a collective (hung, or skipped it) is the harder case: XLA:CPU aborts the
+whole process when a collective's rendezvous is not complete within its *termination timeout*
+(``Termination timeout for `all-reduce` of 10 seconds exceeded ... only 1 of them arrived``,
 then SIGABRT). In torch_xla 2.9's XLA that timeout is fixed at about 10 s: the
-``xla_cpu_collective_call_terminate_timeout_seconds`` flag of later XLA releases
-is absent from its ``_XLAC`` library (checked with ``strings``), so it cannot be
-raised. The kit's bound is therefore the shorter one:
-:attr:`PjrtRuntime.collective_bound` (``Settings.pjrt_collective_bound``, 6 s) is
-measured from the moment a replica enters ``ctx.mark_step`` (where XLA's lazy
-collectives run), which is no later than its arrival at XLA's rendezvous; so
-when a replica has waited that long while a peer is elsewhere, the World dumps
-every thread's stack, names the peer as hung and kills the host before XLA's
-abort. If XLA aborts anyway (all replicas inside mismatched collectives),
-``faulthandler`` (enabled in every host) writes every replica thread's stack and
-the World reports ``ReplicaDied`` with them and the log tail.
+``xla_cpu_collective_call_terminate_timeout_seconds`` flag of later XLA releases is absent from
+its ``_XLAC`` library (checked with ``strings``). The kit's bound is therefore the shorter
+:attr:`PjrtRuntime.collective_bound` (``Settings.pjrt_collective_bound``, 6 s), measured from a
+replica's entry into ``ctx.mark_step`` (where XLA's lazy collectives run: no later than its
+arrival at XLA's rendezvous); past it the World dumps every thread's stack, names the peer as
+hung and kills the host before XLA's abort. If XLA aborts anyway (all replicas inside
+mismatched collectives), the World reports ``ReplicaDied`` with every replica thread's stack
+(``faulthandler``) and the log tail.
 """
 from __future__ import annotations
 
@@ -55,11 +46,6 @@ from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes import pjrt_graphs, pjrt_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime, RuntimeUnavailable, run_task
 
-# XLA:CPU's collective termination timeout in torch_xla 2.9 (fixed, see the module
-# docstring): the host aborts when a rendezvous waits this long.
-XLA_CPU_COLLECTIVE_ABORT_S = 10.0
-# The World's collective bound on this runtime: shorter than XLA's abort, with
-# room for the stack dump and the kill (module docstring).
 # Bound on the start-up self-test collective (includes one compilation).
 STARTUP_TIMEOUT_S = 120.0
 
@@ -80,11 +66,8 @@ class _ReplicaThread:
     """A persistent thread bound to one XLA device that runs tasks on request."""
 
     def __init__(self, device: str, world_size: int, hosts: int = 1):
-        self.device = device
-        self.world_size = world_size
-        self.hosts = hosts
-        self.inbox: queue.Queue = queue.Queue()
-        self.outbox: queue.Queue = queue.Queue()
+        self.device, self.world_size, self.hosts = device, world_size, hosts
+        self.inbox, self.outbox = queue.Queue(), queue.Queue()
         self.ctx: ReplicaContext | None = None
         self.thread = threading.Thread(target=self._main, daemon=True, name=f"replica-{device}")
         self.thread.start()
@@ -128,7 +111,6 @@ class _ReplicaThread:
             if item is _STOP:
                 return
             fn, payload, reply, on_raise, task = item
-
             rank, ok, value = run_task(self.ctx, flushed(fn), payload, on_raise, task)
             if not ok:  # also in the host log at once
                 print(f"--- replica {rank} ({self.device}) raised:\n{value['traceback']}",
@@ -173,9 +155,8 @@ class PjrtRuntime(Runtime):
     topologies = {"spmd": "conformance.worlds.runtimes.pjrt_spmd:PjrtSpmdRuntime"}
     make_process_group = staticmethod(xla_process_group)
     collectives_judged = True  # torch_xla's collectives, op by op (conformance.cases.collective.xla)
-    # torch_xla 2.9 updates BatchNorm's running_var with the *biased* batch
-    # variance (CPU PyTorch: unbiased); pinned by
-    # test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.
+    # torch_xla 2.9 updates BatchNorm's running_var with the *biased* batch variance (CPU PyTorch:
+    # unbiased); pinned by test_pjrt_runtime.py::test_xla_batchnorm_running_var_is_biased.
     reference_quirks = frozenset({"bn_running_var_biased"})
     uniform_graphs = True
     compiled_graphs = True
@@ -199,9 +180,8 @@ class PjrtRuntime(Runtime):
         env = cpu_env(world_size)
         # Compile time, not run time, dominates the kit's small graphs (fast_compile_flags).
         env["XLA_FLAGS"] = fast_compile_flags(os.environ.get("XLA_FLAGS", ""))
-        # The replica threads' own CPU torch ops (data, sharding) run one
-        # intra-op thread each, so W threads do not oversubscribe a small
-        # machine; XLA:CPU uses its own pools.
+        # The replica threads' own CPU torch ops (data, sharding) run one intra-op thread each, so
+        # W threads do not oversubscribe a small machine; XLA:CPU uses its own pools.
         env.setdefault("OMP_NUM_THREADS", "1")
         return [env]
 
@@ -211,8 +191,8 @@ class PjrtRuntime(Runtime):
         from ddp_impl.runtime import xla
         torch_xla = xla.require_torch_xla()
         import torch_xla.core.xla_model as xm
-        # Initialises the XLA runtime before any task runs: a CPU autograd
-        # backward before that breaks later XLA backwards (docs/runtimes/pjrt.md).
+        # Initialises the XLA runtime before any task runs: a CPU autograd backward before that
+        # breaks later XLA backwards (docs/runtimes/pjrt.md).
         devices = xm.get_xla_supported_devices()
         if len(devices) != world_size:
             raise RuntimeError(f"PJRT CPU exposes {len(devices)} device(s) "
@@ -224,8 +204,7 @@ class PjrtRuntime(Runtime):
         pjrt_hosts.install()
         pjrt_graphs.install()
         hosts = emulated_hosts(self.settings, world_size, self.name)
-        threads = [_ReplicaThread(d, world_size, hosts) for d in devices]
-        self._threads = threads
+        self._threads = threads = [_ReplicaThread(d, world_size, hosts) for d in devices]
         errors = []
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         for t in threads:
@@ -246,10 +225,9 @@ class PjrtRuntime(Runtime):
         return replicas
 
     def execute(self, replicas, fn, payload, on_raise=None, task=None, timeout=None):
-        """Run the task on every replica thread; ``on_raise`` is called from the
-        raising thread at once. Without ``timeout`` the wait is bounded by the
-        World, which kills this host; with it (start-up), unfinished replicas
-        raise ``TimeoutError``."""
+        """Run the task on every replica thread; ``on_raise`` is called from the raising thread at
+        once. Without ``timeout`` the wait is bounded by the World, which kills this host; with it
+        (start-up), unfinished replicas raise ``TimeoutError``."""
         by_rank = {t.ctx.rank: t for t in self._threads}
         reply: queue.Queue = queue.Queue()  # fresh per task: no stale answers
         for c in replicas:

@@ -5,15 +5,14 @@ under a lock, so their collectives meet (docs/runtimes/pjrt.md, cause 1). A DDP 
 ``torch_xla.sync()`` / ``xm.mark_step()`` itself - e.g. inside backward - makes each replica cut
 and compile its graph on its own: each gets its own executable, XLA:CPU keys a collective's
 rendezvous by the executable's module, and the replicas wait for each other until XLA aborts the
-host ("Termination timeout ... only 1 of them arrived"). The World then reports "replicas died";
-this module leaves the cause in each replica's progress slot (shared memory, so it survives the
-abort): :func:`install` wraps ``torch_xla._XLAC._xla_step_marker`` (the call every torch_xla step
-sync ends in, torch_xla 2.9) and, for a call that is not the kit's, notes ``own_graphs`` = how
-many and the first: where it was called (the first frame outside torch_xla), the replica's step
-and phase, and the first collective of the pending graph (from ``_xla_tensors_report``; a few
-ms, only on such a call). :mod:`conformance.worlds.spawned` words it as "replicas compiled
-different graphs: ...". Keyed by the device the call names (autograd's threads run hooks:
-:mod:`conformance.worlds.runtimes.pjrt_hosts`).
+host ("Termination timeout ... only 1 of them arrived"). This module leaves the cause in each
+replica's progress slot (shared memory, so it survives the abort): :func:`install` wraps
+``torch_xla._XLAC._xla_step_marker`` (the call every torch_xla step sync ends in, torch_xla 2.9)
+and, for a call that is not the kit's, notes ``own_graphs``: how many, where the first was called
+(the first frame outside torch_xla), the replica's step and phase, and the first collective of
+the pending graph (from ``_xla_tensors_report``; a few ms, only on such a call). :func:`describe`
+words it for the death's report. Keyed by the device the call names (autograd's threads run
+hooks: :mod:`conformance.worlds.runtimes.pjrt_hosts`).
 """
 from __future__ import annotations
 

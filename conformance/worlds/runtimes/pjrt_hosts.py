@@ -1,48 +1,26 @@
 """Emulated hosts on the PJRT runtime: W replica threads of one process shown as H hosts.
 
-On one host every local query of torch_xla equals its global one (all W replica threads
-are addressable devices of one process), so a DDP that divides by
-``xr.addressable_device_count()`` or shards by ``xm.get_local_ordinal()`` is exact there
-and wrong on a pod (pytorch/xla PR #4965 fixed one such divisor). XLA:CPU has no
-cross-process collectives (pytorch/xla#9089), so the host boundary is emulated in the
-queries: each replica's device carries a :class:`HostLayout`, and torch_xla 2.9's public
-per-host queries (:data:`QUERIES`) answer from the layout of the device the calling thread
-works on, as a pod of H hosts x W/H devices, one process per host, would:
+On one host every local query of torch_xla equals its global one (all W replica threads are
+addressable devices of one process), so a DDP that divides by ``xr.addressable_device_count()``
+or shards by ``xm.get_local_ordinal()`` is exact there and wrong on a pod (pytorch/xla PR #4965
+fixed one such divisor). XLA:CPU has no cross-process collectives (pytorch/xla#9089), so the host
+boundary is emulated in the queries: each replica's device carries a :class:`HostLayout`, and
+torch_xla 2.9's public per-host queries (:data:`QUERIES`: the layout field each answers) answer
+from the layout of the device the calling thread works on, as a pod of H hosts x W/H devices,
+one process per host, would (so ``xm.is_master_ordinal()`` and ``xm.master_print`` act once per
+host). Global queries (``xr.world_size``, ``xr.global_ordinal``, ``xr.global_device_count``) and
+the collectives are real and stay global, and so are the answers torch_xla's own callers that
+need the one real process get (:data:`CALLERS` says which and why). Not emulated
+(docs/multi-host.md says why): torch.distributed's ``xla`` group, environment variables, device
+identity, the host's main thread (it works for no replica), and names bound with ``from
+torch_xla.runtime import ...`` before :func:`install` (it replaces module attributes).
 
-* ``xr.process_index()`` / ``xr.host_index()`` = host h; ``xr.process_count()`` = H;
-* ``xr.addressable_device_count()``, ``xr.local_device_count()``,
-  ``torch_xla.device_count()`` = W/H;
-* ``xr.local_ordinal()``, ``xm.get_local_ordinal()`` = ordinal within the host (so
-  ``xm.is_master_ordinal()`` and ``xm.master_print`` act once per host).
-
-Global queries (``xr.world_size``, ``xr.global_ordinal``, ``xr.global_device_count``)
-and the collectives are real and stay global. Not emulated (docs/multi-host.md says why):
-
-* torch_xla's own callers that need the one real process (:data:`CALLERS` says which and
-  why): the ``xla://`` store, the process-wide world-size/ordinal cache of
-  ``_init_world_size_ordinal``, the checkpoint manager's coordinator, the metrics file name;
-  torch.distributed's ``xla`` group is the real process's (rank 0 of 1);
-* environment variables (``PJRT_LOCAL_PROCESS_RANK`` = 0, ``PJRT_LOCAL_PROCESS_COUNT`` =
-  1 are already what one process per host gives; torchrun's ``LOCAL_WORLD_SIZE`` is not
-  set on this runtime): ``os.environ`` is one per process and XLA's C++ reads the C
-  environment, so per-thread values would disagree with it;
-* device identity: thread i's device is ``xla:i`` (on a pod it is the process's
-  ``xla:l``), and ``torch_xla.devices()`` / ``xm.get_xla_supported_devices()`` list all
-  W devices - the devices are real and the collectives need them;
-* the host's main thread (it drives the replicas and works for none of them);
-* names bound with ``from torch_xla.runtime import ...`` in a module imported into the
-  host before :func:`install` keep the original function (the patch replaces module
-  attributes); a user's module is first imported there by a task, after it.
-
-Keyed by device, not by thread (:func:`register`): a replica's work also runs on threads it
-does not own. In torch_xla 2.9 a backward on ``xla:i`` runs its tensor hooks,
-post-accumulate-grad hooks and ``Variable._execution_engine.queue_callback`` callbacks on
-the autograd engine's device thread for ``xla:i`` (a ``Dummy-N`` thread, not the replica's;
-torch/csrc/autograd/engine.cpp, one worker per non-CPU device), whose current device the
-device guard has set to ``xla:i``. With the layout bound to the replica's thread those
-callbacks got the real one-process answers (``addressable_device_count()`` 2 on the 2 x 1
-world). A thread that never chose a device works on torch_xla's default ``xla:0`` and
-answers as that replica's host.
+Keyed by device, not by thread (:func:`register`): in torch_xla 2.9 a backward on ``xla:i`` runs
+its tensor hooks, post-accumulate-grad hooks and ``Variable._execution_engine.queue_callback``
+callbacks on the autograd engine's device thread for ``xla:i`` (a ``Dummy-N`` thread;
+torch/csrc/autograd/engine.cpp, one worker per non-CPU device), whose current device the device
+guard has set to ``xla:i``. A thread that never chose a device works on torch_xla's default
+``xla:0`` and answers as that replica's host.
 """
 from __future__ import annotations
 
@@ -130,19 +108,15 @@ CALLERS = {
 TRUE_CALLERS = frozenset(site for site, (answer, _) in CALLERS.items() if answer == "real")
 
 
-def bind(layout: HostLayout | None) -> None:
-    """Pin ``layout`` for the calling replica thread (``None``: unpinned, so it answers as the
-    device it works on, see :func:`register`)."""
+def bind(layout: HostLayout) -> None:
+    """Pin ``layout`` for the calling replica thread."""
     _thread.layout = layout
 
 
-def register(device_ordinal: int, layout: HostLayout | None) -> None:
+def register(device_ordinal: int, layout: HostLayout) -> None:
     """Make ``layout`` the answer of every thread working on XLA device ``device_ordinal``
-    (autograd's device threads included; ``None`` forgets it)."""
-    if layout is None:
-        _BY_DEVICE.pop(device_ordinal, None)
-    else:
-        _BY_DEVICE[device_ordinal] = layout
+    (autograd's device threads included)."""
+    _BY_DEVICE[device_ordinal] = layout
 
 
 def clear() -> None:
@@ -150,28 +124,21 @@ def clear() -> None:
     _BY_DEVICE.clear()
 
 
-def _device_layout() -> HostLayout | None:
-    """The layout of the device the calling thread works on, or ``None`` (the host's main
-    thread, or no world registered)."""
-    if not _BY_DEVICE or threading.current_thread() is threading.main_thread():
-        return None
+def current_layout() -> HostLayout | None:
+    """The layout the calling thread answers with: its pinned one, else that of the device it
+    works on, else ``None`` (the host's main thread, or no world registered)."""
+    layout = getattr(_thread, "layout", None)
+    if layout is not None or not _BY_DEVICE or threading.current_thread() is threading.main_thread():
+        return layout
     import torch_xla
     # Private, torch_xla 2.9 (pinned): the thread's current device, which autograd's device
     # guard sets on its worker threads.
     return _BY_DEVICE.get(torch_xla._XLAC._xla_get_default_device_ordinal())
 
 
-def current_layout() -> HostLayout | None:
-    """The layout the calling thread answers with: its pinned one, else its device's."""
-    layout = getattr(_thread, "layout", None)
-    return layout if layout is not None else _device_layout()
-
-
 def _query(original, field):
     def emulated(*args, **kwargs):
-        if getattr(_thread, "real", False):
-            return original(*args, **kwargs)
-        layout = current_layout()
+        layout = None if getattr(_thread, "real", False) else current_layout()
         if layout is None:
             return original(*args, **kwargs)
         caller = sys._getframe(1)  # not kept: a live frame would keep lazy tensors alive
@@ -201,6 +168,5 @@ def install() -> None:
             if key in _ORIGINALS:
                 continue
             module = importlib.import_module(key[0])
-            original = getattr(module, key[1])
-            _ORIGINALS[key] = original
+            original = _ORIGINALS[key] = getattr(module, key[1])
             setattr(module, key[1], _query(original, field))

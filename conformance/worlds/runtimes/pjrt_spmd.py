@@ -1,18 +1,16 @@
 """PJRT SPMD topology (torch_xla): one host process, one program over a W-device mesh.
 
-Under ``torch_xla.runtime.use_spmd()`` one Python program drives every device:
-tensors are global and XLA's partitioner splits the work along a device mesh
-(torch_xla's SPMD user guide). There are no replicas in the DDP sense - no
-per-replica Python, gradients or parameter copies - so this topology hosts one
-context: ``rank`` 0 of ``world_size`` 1, trained on the *whole* global batch,
-with the mesh size in ``ctx.extra["mesh_devices"]``. ``use_spmd()`` is
-process-global, which is why this is its own host process next to the thread
-topology of :mod:`conformance.worlds.runtimes.pjrt` (the team's PJRT CPU notes, "SPMD on
-the CPU device").
+Under ``torch_xla.runtime.use_spmd()`` one Python program drives every device: tensors are
+global and XLA's partitioner splits the work along a device mesh (torch_xla's SPMD user guide).
+There are no replicas in the DDP sense - no per-replica Python, gradients or parameter copies -
+so this topology hosts one context: ``rank`` 0 of ``world_size`` 1, trained on the *whole*
+global batch, with the mesh size in ``ctx.extra["mesh_devices"]``. ``use_spmd()`` is
+process-global, which is why this is its own host process next to the thread topology of
+:mod:`conformance.worlds.runtimes.pjrt` (the team's PJRT CPU notes, "SPMD on the CPU device").
 
-Not selectable with ``--runtime``: an implementation row maps the ``pjrt``
-runtime to it (``Strategy.topology``), and :func:`conformance.worlds.runtimes.get_runtime`
-builds it from the name ``pjrt_spmd:<mesh devices>``.
+Not selectable with ``--runtime``: an implementation row maps the ``pjrt`` runtime to it
+(``Strategy.topology``), and :func:`conformance.worlds.runtimes.get_runtime` builds it from the
+name ``pjrt_spmd:<mesh devices>``.
 """
 from __future__ import annotations
 
@@ -82,6 +80,3 @@ class PjrtSpmdRuntime(PjrtRuntime):
 
     def execute(self, replicas, fn, payload, on_raise=None, task=None, timeout=None):
         return [run_task(ctx, flushed(fn), payload, on_raise, task) for ctx in replicas]
-
-    def teardown_host(self, replicas):
-        pass

@@ -1,21 +1,20 @@
 """XRT runtime (legacy torch_xla <= 2.0): one process per TPU core of a v2-8/v3-8 host.
 
-XRT ran every distributed workload as one process per device: on a v2-8 or
-v3-8 host ``xmp.spawn`` started 8 processes, each owning one TPU core
-(``XRT_MULTI_PROCESSING_DEVICE=TPU:<i>``) and told its ordinals through the
-``XRT_SHARD_*`` variables; the processes met at a mesh service whose address is
-``XRT_MESH_SERVICE_ADDRESS``. :meth:`XrtRuntime.host_envs` writes exactly the
-per-process environments ``xmp.spawn`` wrote for one host (see
-:mod:`ddp_impl.runtime.xrt` for the upstream code mirrored), so a :class:`World` of
-``xrt`` replicas is 8 host processes x 1 replica (or 1 x 1).
+XRT ran every distributed workload as one process per device: on a v2-8 or v3-8 host
+``xmp.spawn`` started 8 processes, each owning one TPU core (``XRT_MULTI_PROCESSING_DEVICE=TPU:<i>``)
+and told its ordinals through the ``XRT_SHARD_*`` variables; the processes met at a mesh service
+whose address is ``XRT_MESH_SERVICE_ADDRESS``. :meth:`XrtRuntime.host_envs` writes exactly the
+per-process environments ``xmp.spawn`` wrote for one host (see :mod:`ddp_impl.runtime.xrt` for
+the upstream code mirrored), so a :class:`World` of ``xrt`` replicas is 8 host processes x 1
+replica (or 1 x 1).
 
-Can it run here? Only with an XRT-capable torch_xla (<= 2.0, next to the torch
-of the same release) and a TPU (``XRT_TPU_CONFIG`` set, or a Cloud TPU VM's
-``/dev/accel0``). No such wheel exists for this machine's Python, so
-:meth:`XrtRuntime.check` raises :class:`RuntimeUnavailable` with the reason
-from :func:`ddp_impl.runtime.xrt.xrt_detect`; :meth:`setup_host`, :meth:`teardown_host`
-and :class:`XrtCollectives` have never been executed on XRT by this kit. The
-environment layout (:meth:`host_envs`) is unit-tested against recorded tables.
+Can it run here? Only with an XRT-capable torch_xla (<= 2.0, next to the torch of the same
+release) and a TPU (``XRT_TPU_CONFIG`` set, or a Cloud TPU VM's ``/dev/accel0``). No such wheel
+exists for this machine's Python, so :meth:`XrtRuntime.check` raises :class:`RuntimeUnavailable`
+with the reason from :func:`ddp_impl.runtime.xrt.xrt_detect`; :meth:`setup_host`,
+:meth:`teardown_host` and :class:`XrtCollectives` are written against the torch_xla 2.0 API and
+have never been executed on XRT by this kit. The environment layout (:meth:`host_envs`) is
+unit-tested against recorded tables.
 """
 from __future__ import annotations
 
@@ -37,25 +36,22 @@ def _free_port() -> int:
 def host_envs_for(world_size: int, environ) -> list[dict]:
     """Per-process environments of one v2-8/v3-8 host running ``world_size`` XRT replicas.
 
-    Mirrors ``xmp.spawn(fn, nprocs=world_size)`` on one host (torch_xla <= 2.0,
-    ``_pre_fork_setup`` + ``_prepare_env_for_index`` + ``_setup_tpu_worker``):
-    ``XRT_SHARD_WORLD_SIZE=W``, ``XRT_HOST_WORLD_SIZE=1``,
-    ``XRT_SHARD_ORDINAL=XRT_SHARD_LOCAL_ORDINAL=i``,
-    ``XRT_MULTI_PROCESSING_DEVICE=TPU:i``, ``XRT_LOCAL_WORKER`` from the single
-    ``XRT_TPU_CONFIG`` worker, a mesh service address when ``W > 1``; only
-    process 0 keeps ``XRT_TPU_CONFIG`` (and ``TPU_NUM_DEVICES`` when given), the
-    others are mesh clients.
+    Mirrors ``xmp.spawn(fn, nprocs=world_size)`` on one host (torch_xla <= 2.0, ``_pre_fork_setup``
+    + ``_prepare_env_for_index`` + ``_setup_tpu_worker``): ``XRT_SHARD_WORLD_SIZE=W``,
+    ``XRT_HOST_WORLD_SIZE=1``, ``XRT_SHARD_ORDINAL=XRT_SHARD_LOCAL_ORDINAL=i``,
+    ``XRT_MULTI_PROCESSING_DEVICE=TPU:i``, ``XRT_LOCAL_WORKER`` from the single ``XRT_TPU_CONFIG``
+    worker, a mesh service address when ``W > 1``; only process 0 keeps ``XRT_TPU_CONFIG`` (and
+    ``TPU_NUM_DEVICES`` when given), the others are mesh clients.
 
     Args:
         world_size: 1 or the host's device count (``TPU_NUM_DEVICES``, default 8).
-        environ: the launcher's environment (``XRT_TPU_CONFIG``,
-            ``TPU_NUM_DEVICES``, ``XRT_MESH_SERVICE_ADDRESS`` are read; a Cloud
-            TPU VM's ``localservice;0;localhost:51011`` when ``XRT_TPU_CONFIG``
-            is unset).
+        environ: the launcher's environment (``XRT_TPU_CONFIG``, ``TPU_NUM_DEVICES``,
+            ``XRT_MESH_SERVICE_ADDRESS`` are read; a Cloud TPU VM's
+            ``localservice;0;localhost:51011`` when ``XRT_TPU_CONFIG`` is unset).
 
     Raises:
-        RuntimeUnavailable: the configuration is not one host, or
-            ``world_size`` is neither 1 nor the device count.
+        RuntimeUnavailable: the configuration is not one host, or ``world_size`` is neither 1
+            nor the device count.
     """
     from ddp_impl.runtime import xrt as _x  # ddp_impl loads torch: the runtime's facts do not need it
     config = environ.get(_x.TPU_CONFIG) or _x.TPU_VM_CONFIG
@@ -79,9 +75,7 @@ def host_envs_for(world_size: int, environ) -> list[dict]:
         common[_x.MESH_SERVICE] = environ.get(_x.MESH_SERVICE) or f"localhost:{_free_port()}"
     envs = []
     for i in range(world_size):
-        env = dict(common)
-        env.update({_x.SHARD_ORDINAL: str(i), _x.SHARD_LOCAL_ORDINAL: str(i),
-                    _x.MP_DEVICE: f"TPU:{i}"})
+        env = common | {_x.SHARD_ORDINAL: str(i), _x.SHARD_LOCAL_ORDINAL: str(i), _x.MP_DEVICE: f"TPU:{i}"}
         if i == 0:  # the mesh master keeps the TPU configuration
             env[_x.TPU_CONFIG] = config
             if environ.get(_x.TPU_NUM_DEVICES):
@@ -93,18 +87,14 @@ def host_envs_for(world_size: int, environ) -> list[dict]:
 class XrtCollectives:
     """:class:`ddp_impl.runtime.collectives.Collectives` over ``torch_xla.core.xla_model`` (XRT).
 
-    ``all_reduce_`` is ``xm.all_reduce(REDUCE_SUM, [t], scale=...)`` (in place for
-    a list); ``broadcast_`` zeroes every replica but ``src`` and sums (torch_xla
-    2.0 has no broadcast collective); ``all_gather`` stacks with
-    ``xm.all_gather``; ``barrier`` is ``xm.rendezvous``. Never run by this kit
-    (see the module docstring).
+    ``all_reduce_`` is ``xm.all_reduce(REDUCE_SUM, [t], scale=...)`` (in place for a list);
+    ``broadcast_`` zeroes every replica but ``src`` and sums (torch_xla 2.0 has no broadcast
+    collective); ``all_gather`` stacks with ``xm.all_gather``; ``barrier`` is ``xm.rendezvous``.
     """
 
     def __init__(self, rank: int, world_size: int):
         import torch_xla.core.xla_model as xm
-        self._xm = xm
-        self.rank = rank
-        self.world_size = world_size
+        self._xm, self.rank, self.world_size = xm, rank, world_size
 
     def all_reduce_(self, tensor, *, scale=1.0):
         if self.world_size > 1:
@@ -132,14 +122,8 @@ class XrtCollectives:
 
 
 class XrtRuntime(Runtime):
-    """Adapter for XRT on one TPU v2-8/v3-8 host: W in {1, 8} processes x 1 TPU core.
-
-    Runs only where :func:`ddp_impl.runtime.xrt.xrt_detect` finds an XRT-capable
-    torch_xla and a TPU is configured; elsewhere (this development machine
-    included) :meth:`check` raises :class:`RuntimeUnavailable` with the precise
-    reason. ``setup_host``/``teardown_host`` are written against the torch_xla
-    2.0 API but are untested here.
-    """
+    """Adapter for XRT on one TPU v2-8/v3-8 host: W in {1, 8} processes x 1 TPU core (where it
+    runs, and what of it was never run: the module docstring)."""
 
     name = "xrt"
     # ddp_impl.runtime.xrt.DEFAULT_TPU_DEVICES (tests/test_cli.py compares), written out so that
