@@ -2,9 +2,12 @@
 table and writes JSON."""
 import json
 import os
+import pathlib
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -353,13 +356,14 @@ def test_second_run_on_the_same_report_is_refused_while_the_first_runs(tmp_path)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
+def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, request, sig):
     """Ctrl-C / SIGTERM once a case has finished (seen in the JSON's progress writes): exit
     128 + signal with one stderr line, a partial JSON marked interrupted with the finished
     verdicts (and the failures file of the failing mutant), no world work directory left in
     the run's temp dir, no host process left."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # A short temp dir: the fork server's AF_UNIX socket lives in it (a path of at most 107 bytes).
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="sig"))
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     report = tmp_path / "r.json"
     child = subprocess.Popen([sys.executable, "-m", "conformance", "run", "--ddp", "mutant:sum_not_mean,ref",
                               "--world-size", "2", "--only", "parity.linear,parity.mlp,parity.batchnorm",
@@ -396,7 +400,7 @@ def test_signal_writes_a_partial_report_and_cleans_up(tmp_path, sig):
     assert (tmp_path / "r.failures.txt").read_text().startswith("=== parity.linear:")
     assert [d for d in os.listdir(tmp) if d.startswith("ddpconf-")] == []
     assert gone(hosts, within=30), [h for h in hosts if alive(h)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.failures.txt", "r.json", "tmp"]  # no lock, no .tmp
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.failures.txt", "r.json"]  # no lock, no .tmp
 
 
 def test_a_run_leaves_only_its_report_in_the_folder_it_starts_in(tmp_path):
