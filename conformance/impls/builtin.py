@@ -45,6 +45,13 @@ ROWS = {
     "xla_spmd": "conformance.impls.xla_paths:spmd_row",
     "xla_fsdpv2": "conformance.impls.xla_paths:fsdpv2_row",
     "xla_fsdp": "conformance.impls.xla_paths:xla_fsdp_row",
+    "fairscale": "conformance.impls.engines.fairscale:row",
+    "accelerate": "conformance.impls.engines.accelerate:row",
+    "lightning_fabric": "conformance.impls.engines.lightning:row",
+    "deepspeed_zero0": "conformance.impls.engines.deepspeed:zero0_row",
+    "deepspeed_zero1": "conformance.impls.engines.deepspeed:zero1_row",
+    "deepspeed_zero2": "conformance.impls.engines.deepspeed:zero2_row",
+    "deepspeed_zero3": "conformance.impls.engines.deepspeed:zero3_row",
 }
 
 # Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
@@ -219,6 +226,8 @@ def strategy_problem(row: Strategy) -> tuple[str, str] | None:
         return "not_transparent", f"must be a dict {{observable: reason}}, got {type(row.not_transparent).__name__}"
     if not isinstance(row.holds_copies, bool):
         return "holds_copies", f"must be a bool, got {type(row.holds_copies).__name__}"
+    if not isinstance(row.unavailable, str) or "\n" in row.unavailable:
+        return "unavailable", f"must be a one-line str, got {row.unavailable!r:.60}"
     problem = _reason_problem(row.no_copies_reason)
     if problem:
         return "no_copies_reason", problem

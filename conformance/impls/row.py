@@ -183,6 +183,9 @@ class Strategy:
             Loss unscaling and clipping between backward and step edit ``.grad``: a scenario
             drawing them is ``unsupported`` for a strategy with another ``grad_attribute`` or
             a ``gather_grads``.
+        unavailable: why the implementation cannot run on this machine at all (its package is
+            not installed, it needs a device this machine lacks): one line; every case is
+            ``skip`` with it. ``""``: it can run.
         not_transparent: ``{observable: reason}``, observables of
             :data:`conformance.cases.shared.transparency.OBSERVABLES` the strategy is documented to
             change (FSDP replaces parameters with sharded ones): the ``transparency`` check
@@ -221,6 +224,7 @@ class Strategy:
     after_step: Callable | None = None
     grad_attribute: str = "grad"
     gather_grads: Callable | None = None
+    unavailable: str = ""
 
 #: The step protocol's fields (docs/strategies.md, "The step protocol"): a plain class given as
 #: ``--ddp mod:Class`` may declare them, and the declarative fields, as class attributes.
