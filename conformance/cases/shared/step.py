@@ -117,11 +117,13 @@ class Engine:
         """Gradients are every parameter's ``.grad`` (no other attribute, no gather)."""
         return self.row.grad_attribute == "grad" and self.row.gather_grads is None
 
-    def grads(self, module) -> list:
-        """The synchronised gradient of every parameter of ``module`` (``parameters()`` order):
-        a tensor shaped like the parameter, or ``None``. Read through the strategy's
-        ``gather_grads`` (a collective: every replica calls it) or its ``grad_attribute``."""
-        if self.row.gather_grads is not None:
+    def grads(self, module, synced: bool = True) -> list:
+        """The gradient of every parameter of ``module`` (``parameters()`` order): a tensor shaped
+        like the parameter, or ``None``. Synchronised: read through the strategy's
+        ``gather_grads`` (a collective: every replica calls it) or its ``grad_attribute``;
+        ``synced=False`` (after a backward under ``no_sync()``): the replica's local
+        ``grad_attribute``."""
+        if synced and self.row.gather_grads is not None:
             got = list(self.row.gather_grads(module, self.model, self.opt, self.ctx))
             n = sum(1 for _ in module.parameters())
             if len(got) != n:

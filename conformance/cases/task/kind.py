@@ -67,11 +67,12 @@ def replica_batch(model, step, world_size, rank):
     return shard(x, rank, world_size), shard(y, rank, world_size), x, y
 
 
-def _grads(module, engine=None):
-    """Gradients as one float64 vector (where ``engine``'s strategy keeps them, else ``.grad``);
-    a ``None`` gradient reads as NaN."""
+def _grads(module, engine=None, synced=True):
+    """Gradients as one float64 vector (where ``engine``'s strategy keeps them, else ``.grad``;
+    ``synced``: see :meth:`~conformance.cases.shared.step.Engine.grads`); a ``None`` gradient
+    reads as NaN."""
     import torch
-    grads = engine.grads(module) if engine is not None else [p.grad for p in module.parameters()]
+    grads = engine.grads(module, synced) if engine is not None else [p.grad for p in module.parameters()]
     return torch.cat([(g if g is not None else torch.full_like(p, float("nan")))
                       .detach().double().cpu().reshape(-1) for p, g in zip(module.parameters(), grads)]).numpy()
 
@@ -174,7 +175,7 @@ def task_no_sync(ctx, impl):
     engine.before_forward()
     with engine.model.no_sync():
         _step(engine, xa, ya, ctx, sync=False)
-    inside = _grads(m, engine)
+    inside = _grads(m, engine, synced=False)
     _step(engine, xb, yb, ctx)
     return {"inside": inside, "after": _grads(m, engine), "layout": param_layout(m)}
 

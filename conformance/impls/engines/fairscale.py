@@ -5,6 +5,8 @@ around the module and it; every gradient is reduced to the rank owning its optim
 """
 from __future__ import annotations
 
+import inspect
+
 from conformance.impls.engines import NOT_ON_PJRT, missing
 from conformance.impls.row import Strategy, refuse_keywords, torch_sync_bn
 
@@ -17,8 +19,9 @@ def _wrap(module, ctx, kwargs, optimizer):
     from fairscale.nn.data_parallel import ShardedDataParallel
     from fairscale.optim.oss import OSS
     refuse_keywords("fairscale ShardedDataParallel", kwargs, ACCEPTED)
+    takes = inspect.signature(type(optimizer)).parameters  # defaults hold keys __init__ does not take
     oss = OSS([p for g in optimizer.param_groups for p in g["params"]], optim=type(optimizer),
-              group=kwargs.get("process_group"), **optimizer.defaults)
+              group=kwargs.get("process_group"), **{k: v for k, v in optimizer.defaults.items() if k in takes})
     return ShardedDataParallel(module, oss, **kwargs), oss
 
 
