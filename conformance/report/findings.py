@@ -48,6 +48,8 @@ FILES = (
     FindingsFile("cpu-torch-2.13.txt", "torch", "2.13"),
     FindingsFile("cpu-torch-2.13-shipped-paths.txt", "torch", "2.13"),
     FindingsFile("pjrt-torch_xla-2.9.txt", "torch_xla", "2.9"),
+    FindingsFile("cpu-fairscale-0.4.13.txt", "fairscale", "0.4.13"),
+    FindingsFile("cpu-accelerate-1.16.txt", "accelerate", "1.16"),
 )
 
 
