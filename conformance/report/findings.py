@@ -50,6 +50,7 @@ FILES = (
     FindingsFile("pjrt-torch_xla-2.9.txt", "torch_xla", "2.9"),
     FindingsFile("cpu-fairscale-0.4.13.txt", "fairscale", "0.4.13"),
     FindingsFile("cpu-accelerate-1.16.txt", "accelerate", "1.16"),
+    FindingsFile("cpu-deepspeed-0.19.8.txt", "deepspeed", "0.19.8"),
 )
 
 

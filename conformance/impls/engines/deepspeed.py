@@ -43,15 +43,21 @@ def _gather_grads(module, model, optimizer, ctx):
     return [safe_get_full_grad(p) for p in module.parameters()]
 
 
+#: Why ZeRO-3 is not read: its parameters are partitioned in place.
+ZERO3 = ("ZeRO-3 partitions every parameter in place (outside deepspeed.zero.GatheredParameters a parameter "
+         "reads as an empty tensor); the kit reads full parameters from the module after every step")
+
+
 def row(stage: int) -> Strategy:
     """The ``deepspeed_zero<stage>`` row."""
+    unsupported = dict(NOT_ON_PJRT, **({"cpu": ZERO3} if stage == 3 else {}))
     return Strategy(
         f"deepspeed_zero{stage}", f"DeepSpeed {VERSION} ZeRO-{stage} on its CPU accelerator: deepspeed.initialize, "
         "engine.backward(loss), engine.step()", _wrap(stage), optimizer_first=True,
         backward=lambda model, loss, optimizer, ctx: model.backward(loss),
         optimizer_step=lambda model, optimizer, ctx: model.step(),
         zero_grad=lambda model, optimizer, ctx: model.zero_grad(),
-        gather_grads=_gather_grads, ignores=frozenset(ACCEPTED), unsupported=dict(NOT_ON_PJRT),
+        gather_grads=_gather_grads, ignores=frozenset(ACCEPTED), unsupported=unsupported,
         unavailable=missing("deepspeed", VERSION, "deepspeed"))
 
 
