@@ -108,4 +108,4 @@ def test_a_declared_field_of_the_wrong_type_is_one_line(attr, value, needle):
 
 
 def test_a_missing_engine_is_a_skip_reason_naming_its_extra():
-    assert "pip install 'ddp-conformance[nosuch]'" in missing("nosuch-engine-dist", "1.0", "nosuch")
+    assert "pip install -e '.[nosuch]'" in missing("nosuch-engine-dist", "1.0", "nosuch")

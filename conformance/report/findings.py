@@ -51,6 +51,7 @@ FILES = (
     FindingsFile("cpu-fairscale-0.4.13.txt", "fairscale", "0.4.13"),
     FindingsFile("cpu-accelerate-1.16.txt", "accelerate", "1.16"),
     FindingsFile("cpu-deepspeed-0.19.8.txt", "deepspeed", "0.19.8"),
+    FindingsFile("cpu-lightning-fabric-2.6.txt", "lightning-fabric", "2.6"),
 )
 
 

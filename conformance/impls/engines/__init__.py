@@ -2,7 +2,7 @@
 wired as its public documentation wires it, through the step protocol
 (``conformance.cases.shared.step``; docs/engines.md).
 
-Each engine is a pinned extra of the project (``pip install 'ddp-conformance[engines]'`` or
+Each engine is a pinned extra of the project (``pip install -e '.[engines]'`` or
 ``[fairscale]``, ``[deepspeed]``, ...): a row whose package is missing, or which cannot run on
 this machine (no CUDA), is built with :attr:`~conformance.impls.row.Strategy.unavailable` set,
 and its every case is ``skip`` with the reason.
@@ -22,8 +22,8 @@ def missing(distribution: str, pinned: str, extra: str) -> str:
     try:
         have = importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
-        return f"{distribution} {pinned} is not installed: pip install 'ddp-conformance[{extra}]'"
+        return f"{distribution} {pinned} is not installed: pip install -e '.[{extra}]'"
     if have != pinned:
         return (f"{distribution} {have} is installed, the row is pinned to {pinned}: "
-                f"pip install 'ddp-conformance[{extra}]'")
+                f"pip install -e '.[{extra}]'")
     return ""
