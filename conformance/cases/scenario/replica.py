@@ -18,6 +18,7 @@ from conformance.cases.shared.setups import register_hook
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.step import construct
 from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
+                                               optimizer_state_dict,
                                                optimizer_state_layout, param_layout, saved_checkpoint,
                                                state_digest, to_device)
 from conformance.cases.shared.transparency import merged, observed_wrap
@@ -141,14 +142,14 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
         loop.optimizer_step(s)
         params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
-        digests.append(state_digest(flat_optimizer_state(loop.opt)))
+        digests.append(state_digest(flat_optimizer_state(loop.opt, loop.full_state())))
         if sc.checkpoint_at == s:
             loop.reload()
-    model, opt = loop.model, loop.opt
+    model, opt, final = loop.model, loop.opt, loop.full_state()
     layout = {"params": param_layout(model), "buffers": buffer_layout(model),
-              "optim": optimizer_state_layout(opt, None, model)}
+              "optim": optimizer_state_layout(opt, final, model)}
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
-            "optim": flat_optimizer_state(opt), "layout": layout, "transparency": merged(loop.observers)}
+            "optim": flat_optimizer_state(opt, final), "layout": layout, "transparency": merged(loop.observers)}
 
 
 class _ReplicaLoop:
@@ -177,6 +178,10 @@ class _ReplicaLoop:
         self.ddp, self.opt = self.engine.model, self.engine.opt
         if self.scale != 1.0 or self.sc.loop["clip"] == "norm":
             self.engine.require_grads_in_place("loss unscaling" if self.scale != 1.0 else "gradient clipping")
+
+    def full_state(self):
+        """The strategy's full optimizer state dict where it declares one (a collective), else None."""
+        return optimizer_state_dict(self.row, self.opt, self.ctx) if self.row.optimizer_state_dict else None
 
     def set_mode(self, train):  # as a user does: on the wrapper (which sets the module's mode)
         (self.ddp if callable(getattr(self.ddp, "train", None)) else self.model).train(train)
@@ -235,7 +240,7 @@ class _ReplicaLoop:
 
     def reload(self):
         """The checkpoint: save DDP + optimizer state, build a new DDP (observed) and load it."""
-        model_state, optim_state = saved_checkpoint(self.ddp.state_dict(), self.opt.state_dict())
+        model_state, optim_state = saved_checkpoint(self.ddp.state_dict(), self.full_state() or self.opt.state_dict())
         self.obs.close()
         self._adopt(self.build(salt=1))
         self.observers.append(self.obs)
