@@ -30,6 +30,7 @@ from conformance.cases.scenario.format import Scenario, buffer_sync
 from conformance.cases.scenario.explicit import loop_builders
 from conformance.cases.scenario.oracle import judge_scenario, loop_reference
 from conformance.cases.scenario.replica import run_loop
+from conformance.cases.scenario.statements import before_wrap
 from conformance.cases.shared.loop import build_optimizer, rank_buffer_offset, rank_seed, wrap
 from conformance.cases.shared.transparency import observed_wrap
 from conformance.cases.shared.measured import measured_tolerance, stated, user_run
@@ -128,6 +129,7 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
 
     def build(salt=0):
         m = to_device(_build(model, sc.seed, ctx.rank, salt), ctx.device)
+        before_wrap(sc.loop, m)
         ddp, obs = observed_wrap(row, m, ctx, lambda: wrap(row, m, ctx, kwargs, tuple(requires)))
         ctx.mark_step()
         return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr), obs
@@ -154,6 +156,7 @@ def user_loop_reference(spec: str, sc: Scenario, float64: bool = False) -> dict:
         return (wide(x),), {k: wide(v) for k, v in kwargs.items()}, wide(y)
 
     net = build(0)
+    before_wrap(sc.loop, net)
     init_synced = buffer_sync(sc.ddp)[0]  # rank 0's buffers at construction
     persistent = set(net.state_dict())
     names = [n for n, _ in net.named_buffers()]
