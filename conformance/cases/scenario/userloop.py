@@ -76,6 +76,11 @@ def user_loop_programs(world_size: int, seed: int, lr: float) -> list[Scenario]:
         # backward instead would leave the window on each replica's buffers)
         sc([{"micro": [micro(), micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
            optimizer="adam", checkpoint_at=0, find_unused=True),
+        # fine-tuning: the first layer frozen before wrapping (broadcast at construction, never reduced,
+        # skipped by momentum); a grad-enabled forward with every parameter frozen (a GAN's generator
+        # step) before a no_sync window still arms the next forward's buffer broadcast
+        sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
+           optimizer="sgd_momentum", find_unused=False, freeze="stem", toggle="frozen"),
     ]
     for e in out:
         e.validate()
