@@ -189,7 +189,8 @@ SCENARIOS = (
               "inference_mode / grad enabled / raising and skipped, eval / train mode) before, inside and "
               "after accumulation windows, several forwards before one backward, several synced backwards "
               "per step, a frozen teacher DDP, zero_grad(set_to_none=False), SGD with weight decay, "
-              "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
+              "backward in eval mode, gradient clipping, a learning-rate drop, the surveyed statements (a stem frozen "
+              "before wrapping, a forward with every parameter frozen); every step equals DDP's "
               "semantics on one device; the module drawn too (dict / dataclass / namedtuple output, forward "
               "keywords, a non-persistent and an int64 buffer, a buffer feeding the output, a forward "
               "pre-hook, parametrizations, ParameterList / ParameterDict parameters, a gradient hook the "
@@ -199,7 +200,8 @@ SCENARIOS = (
                "eval_forward_skips_buffer_sync", "buffer_sync_ignores_grad_mode", "buffer_sync_once_per_iteration",
                "forward_sync_flag_shared", "forward_sync_flag_cleared_first", "synced_forward_zeroes_grads",
                "unused_by_this_backward_dropped", "mean_at_optimizer_step", "output_walk_bare_tensor",
-               "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped", "float_buffers_only"),
+               "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped", "float_buffers_only",
+               "frozen_not_broadcast", "forward_sync_needs_trainable"),
               tags=("loop", "module")),
     _scenario("buckets", "the same with gradient buckets at the model's boundaries (caps below, at and above "
               "its gradients' sizes, buckets exactly full) and gradient_as_bucket_view",

@@ -264,7 +264,7 @@ CATALOG = [
     # users' loops" (tests/outside/loop_buffer_timing.py, kept unchanged): its correct DDP passes; of
     # its three faults the main command caught none (2026-12-03) until scenario.loop drew a second
     # DDP in the loop (25.10) and a raising forward the loop skips (25.12); freezing after wrapping
-    # (25.11) is not drawn.
+    # (25.11) since the loop draws a forward with every parameter frozen (loop.toggle).
     Entry("buffer_timing_correct", "loop_buffer_timing:CorrectDDP", "", "", "every check: must pass",
           "https://pytorch.org/docs/stable/notes/ddp.html", None),
     Entry("shared_forward_flag", "loop_buffer_timing:SharedStateDDP", "25.10",
@@ -276,7 +276,7 @@ CATALOG = [
           "a grad-enabled forward arms the next buffer broadcast only if some parameter requires grad: "
           "a model frozen after wrapping (a GAN's D during the G step) does not",
           "module: trainability changed after wrapping (requires_grad_(False) on a wrapped model)",
-          "https://github.com/pytorch/pytorch/issues/175024", False),
+          "https://github.com/pytorch/pytorch/issues/175024", True),
     Entry("consume_flag", "loop_buffer_timing:ConsumeFlagDDP", "25.12",
           "the forward-sync flag is cleared before the module runs and set after it returns: a forward "
           "that raises (skipped bad batch, OOM recovery) leaves the next forward without its broadcast",
@@ -511,6 +511,23 @@ CATALOG = [
           "a no_grad forward switches off the pending backward's gradient sync",
           "program: a no_grad forward between a training forward and its backward (pseudo-labels)",
           "https://github.com/constantinpape/torch-em/pull/116", False),
+    # Surveyed programs and launchers (docs/programs.md, docs/worlds.md): written from scratch on the
+    # outside CorrectDDP; each passed the default command before the statement or launcher was drawn.
+    Entry("frozen_trainable_broadcast", "frozen_params:TrainableBroadcastDDP", "48.s1",
+          "the construction broadcast sends only the parameters that require grad: a backbone frozen "
+          "before wrapping keeps each replica's own initialisation",
+          "loop: freeze stem (fine-tuning with a frozen backbone)",
+          "https://docs.pytorch.org/tutorials/beginner/transfer_learning_tutorial.html", True),
+    Entry("frozen_flat_grad", "frozen_params:FlatGradFrozenDDP", "48.s2",
+          "a contiguous gradient buffer for every parameter: a frozen parameter gets a zero gradient, "
+          "not None (momentum and weight decay move it, the optimizer keeps state for it)",
+          "loop: freeze stem under momentum / weight decay",
+          "https://github.com/NVIDIA/Megatron-LM/issues/1008", True),
+    Entry("env_world_size", "launcher_env:EnvWorldSizeDDP", "48.w1",
+          "the gradient mean's divisor read from the launcher's WORLD_SIZE (default 1): a sum under "
+          "mp.spawn, which sets no launcher variables",
+          "worlds: a launcher other than torchrun (mp.spawn at W=3)",
+          "https://docs.pytorch.org/tutorials/intermediate/ddp_tutorial.html", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -600,4 +617,8 @@ CAUGHT_BY = {
     "structure_root_params_children_only": "parity.linear@2",
     # a second construction in one process: caught after parity.linear built the first
     "program_second_wrap": "parity.linear+parity.mlp@2",
+    "frozen_no_arm": "scenario.loop@2",
+    "frozen_trainable_broadcast": "scenario.loop@2",
+    "frozen_flat_grad": "scenario.loop@2",
+    "env_world_size": "parity.linear@3",
 }

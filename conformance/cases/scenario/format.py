@@ -13,6 +13,7 @@ from conformance.cases.scenario.dimensions import (BRANCHES, EVAL_GRAD, EVAL_MOD
                                                    MAX_FORWARDS, MODULE_PHRASES, MODULES, PLAIN_LOOP, PLAIN_MODULE,
                                                    PLAIN_WORKLOAD, SPARSE_OPTIMIZERS, WORKLOAD_PHRASES, WORKLOADS,
                                                    workload_corners)
+from conformance.cases.scenario.statements import problems as statement_problems
 from conformance.cases.shared.loop import ALL_OPTIMIZERS
 
 SCENARIO_KEYS = {"seed", "lr", "optimizer", "ddp", "rebind_buffers", "loss_scale_log2", "checkpoint_at",
@@ -215,6 +216,9 @@ class Scenario:
                                 f"{workload_corners(self.workload)}: a parametrized weight that is shared "
                                 "or a transposed view is not drawn (the parametrization would rebuild it)")
         _values("loop", self.loop, PLAIN_LOOP, LOOPS)
+        refused = statement_problems(self)
+        if refused:
+            raise ScenarioError(refused[0])
         drop = self.loop["lr_drop_at"]
         if drop is not None and not (isinstance(drop, int) and 0 < drop < len(self.steps)):
             raise ScenarioError(f"loop lr_drop_at {drop!r}: null or a step after the first (0-based)")

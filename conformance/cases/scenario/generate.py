@@ -11,6 +11,7 @@ from conformance.cases.scenario.dimensions import (BRANCHES, EVAL_GRAD, EVAL_MOD
 from conformance.cases.scenario.format import Scenario
 from conformance.cases.scenario.buckets import CAP_CLASSES, cap_mb, grad_bytes
 from conformance.cases.scenario.model import build_scenario_model
+from conformance.cases.scenario.statements import plain_where_refused
 from conformance.cases.shared.loop import ALL_OPTIMIZERS, OPTIMIZERS
 from conformance.tolerances import lookup
 
@@ -233,6 +234,7 @@ def _draw_module_and_loop(draw, sc: Scenario, n: int) -> None:
         sc.module["parametrize"] = "none"
     sc.loop = dict({k: draw(st.sampled_from(v)) for k, v in LOOPS.items()},
                    lr_drop_at=draw(st.one_of(st.none(), st.integers(1, n - 1))) if n > 1 else None)
+    plain_where_refused(sc)  # a statement that cannot go with the rest (validate says why)
     if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
         for step in sc.steps:
             for f in step.get("eval", ()):

@@ -30,6 +30,7 @@ from conformance.cases.scenario.format import Scenario, buffer_sync
 from conformance.cases.scenario.explicit import loop_builders
 from conformance.cases.scenario.oracle import judge_scenario, loop_reference
 from conformance.cases.scenario.replica import run_loop
+from conformance.cases.scenario.statements import before_wrap
 from conformance.cases.shared.loop import build_optimizer, rank_buffer_offset, rank_seed
 from conformance.cases.shared.step import construct
 from conformance.cases.shared.transparency import observed_wrap
@@ -76,6 +77,11 @@ def user_loop_programs(world_size: int, seed: int, lr: float) -> list[Scenario]:
         # backward instead would leave the window on each replica's buffers)
         sc([{"micro": [micro(), micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
            optimizer="adam", checkpoint_at=0, find_unused=True),
+        # fine-tuning: the first layer frozen before wrapping (broadcast at construction, never reduced,
+        # skipped by momentum); a grad-enabled forward with every parameter frozen (a GAN's generator
+        # step) before a no_sync window still arms the next forward's buffer broadcast
+        sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
+           optimizer="sgd_momentum", find_unused=False, freeze="stem", toggle="frozen"),
     ]
     for e in out:
         e.validate()
@@ -129,6 +135,7 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
 
     def build(salt=0):
         m = to_device(_build(model, sc.seed, ctx.rank, salt), ctx.device)
+        before_wrap(sc.loop, m)
         engine, obs = observed_wrap(row, m, ctx, lambda: construct(
             row, m, ctx, kwargs, lambda params: build_optimizer(sc.optimizer, params, sc.lr), tuple(requires)))
         ctx.mark_step()
@@ -156,6 +163,7 @@ def user_loop_reference(spec: str, sc: Scenario, float64: bool = False) -> dict:
         return (wide(x),), {k: wide(v) for k, v in kwargs.items()}, wide(y)
 
     net = build(0)
+    before_wrap(sc.loop, net)
     init_synced = buffer_sync(sc.ddp)[0]  # rank 0's buffers at construction
     persistent = set(net.state_dict())
     names = [n for n, _ in net.named_buffers()]

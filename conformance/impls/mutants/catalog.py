@@ -95,7 +95,8 @@ MUTANTS = {m.name: m for m in [
     # The loop around the DDP (docs/scenarios.md, "The loop programs").
     *_ref(R, "reduce_only_in_training", "eval_forward_skips_buffer_sync", "buffer_sync_ignores_grad_mode",
           "buffer_sync_once_per_iteration", "forward_sync_flag_shared", "forward_sync_flag_cleared_first",
-          "synced_forward_zeroes_grads", "unused_by_this_backward_dropped", "mean_at_optimizer_step"),
+          "synced_forward_zeroes_grads", "unused_by_this_backward_dropped", "mean_at_optimizer_step",
+          "frozen_not_broadcast", "forward_sync_needs_trainable"),
     *_ref(R, "no_sync_ignored", "no_sync_sticky", "dropped_bucket", "exact_full_bucket_dropped",
           "static_graph_stale", "unfreezes_params", "unties_shared_weights", "state_dict_drops_buffers",
           "load_assigns", "reduce_at_first_firing", "finalize_at_first_firing"),
