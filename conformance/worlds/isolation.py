@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
+import sys
 import threading
+import types
 from typing import Any, Callable
 
 #: Namespaces whose functions a DDP may replace at run time (``dist.all_reduce = wrapped``):
@@ -141,6 +144,10 @@ def _restore_backends(saved) -> None:
 
 # --- environment, working directory -----------------------------------------------------------
 
+def _environment() -> dict:
+    return dict(os.environ)
+
+
 def _environment_differences(saved, now) -> list:
     out = []
     for k in sorted(saved.keys() | now.keys()):
@@ -165,7 +172,6 @@ def _restore_environment(saved) -> None:
 
 def _namespace(path: str):
     """The loaded module ``path``, or the class ``path`` names in a loaded module; ``None`` otherwise."""
-    import sys
     if path in sys.modules:
         return sys.modules[path]
     head, _, attr = path.rpartition(".")
@@ -177,7 +183,6 @@ class _Functions:
     identity (one dictionary lookup per function)."""
 
     def __init__(self):
-        import types
         self.tables = []
         for path in FUNCTION_NAMESPACES:
             ns = _namespace(path)
@@ -199,7 +204,6 @@ class _Functions:
 
 
 def _hooks():
-    import sys
     return {f"{m}.{a}": dict(getattr(sys.modules[m], a)) for m, a in GLOBAL_HOOKS
             if m in sys.modules and hasattr(sys.modules[m], a)}
 
@@ -217,7 +221,6 @@ def _hook_differences(saved, now) -> list:
 
 
 def _restore_hooks(saved) -> None:
-    import sys
     for name, hooks in saved.items():
         m, _, a = name.rpartition(".")
         live = getattr(sys.modules[m], a)
@@ -229,7 +232,6 @@ def _restore_hooks(saved) -> None:
 # --- torch_xla --------------------------------------------------------------------------------
 
 def _spmd():
-    import sys
     if "torch_xla" not in sys.modules:
         return None
     import torch_xla.runtime as xr
@@ -241,7 +243,6 @@ def _spmd_differences(saved, now) -> list:
 
 
 def _xla_device():
-    import sys
     if "torch_xla" not in sys.modules:
         return None
     return str(sys.modules["torch_xla"]._XLAC._xla_get_default_device())
@@ -294,16 +295,12 @@ def _restore_modes(saved) -> None:
 # --- generators -------------------------------------------------------------------------------
 
 def _generators():
-    import random
-
     import numpy
     import torch
     return _Opaque((torch.get_rng_state(), random.getstate(), numpy.random.get_state()))
 
 
 def _restore_generators(saved) -> None:
-    import random
-
     import numpy
     import torch
     cpu, py, np_state = saved.value
@@ -313,7 +310,6 @@ def _restore_generators(saved) -> None:
 
 
 def _xla_generator():
-    import sys
     if "torch_xla" not in sys.modules:
         return None
     import torch_xla.core.xla_model as xm
@@ -344,7 +340,7 @@ INVENTORY = (
          "a default group destroyed or replaced: the world's peers rendezvous anew only in a new world"),
     Item("torch.distributed backends", "process", _backends, _backend_differences, _restore_backends,
          "a backend of the snapshot removed from the registry"),
-    Item("environment variables", "process", lambda: dict(os.environ), _environment_differences,
+    Item("environment variables", "process", _environment, _environment_differences,
          _restore_environment),
     Item("working directory", "process", os.getcwd,
          lambda s, n: [] if s == n else [f"working directory is {n} (was {s})"], os.chdir),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import weakref
 
 import torch
@@ -334,7 +335,6 @@ class AllReduceWrapped(ScratchDDP):
     profiling) and never puts it back: every later user of the process calls the wrapper."""
 
     def __init__(self, module, **kw):
-        import torch.distributed as dist
         original = dist.all_reduce
 
         def counted(*args, **kwargs):
@@ -348,7 +348,6 @@ class LauncherEnvSet(ScratchDDP):
     ``WORLD_SIZE``) into the process's environment at wrap time and leaves them there."""
 
     def __init__(self, module, **kw):
-        import os
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", RANK="0", WORLD_SIZE="1")
         super().__init__(module, **kw)
 
