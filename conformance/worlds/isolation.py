@@ -259,7 +259,7 @@ def _modes():
     import torch
     out = {"autocast cache": torch.is_autocast_cache_enabled(), "inference mode": torch.is_inference_mode_enabled(),
            "torch function modes": torch._C._len_torch_function_stack(),
-           "dispatch modes": torch._C._len_torch_dispatch_stack(), "default device": str(torch.get_default_device())}
+           "dispatch modes": torch._C._len_torch_dispatch_stack(), "default device": _default_device()}
     for dev in AUTOCAST_DEVICES:
         try:
             out[f"autocast on {dev}"] = (f"on ({str(torch.get_autocast_dtype(dev)).removeprefix('torch.')})"
@@ -273,23 +273,35 @@ def _mode_differences(saved, now) -> list:
     return [f"{k} is {now.get(k)} (was {v})" for k, v in saved.items() if now.get(k) != v]
 
 
+def _default_device() -> str:
+    import torch
+    try:
+        return str(torch.get_default_device())
+    except AttributeError:  # torch 2.9 after set_default_device(None): no device context left
+        return "cpu"
+
+
 def _restore_modes(saved) -> None:
+    """Only what differs: ``set_default_device`` pushes a mode of its own."""
     import torch
     from torch.utils._python_dispatch import _pop_mode
+    now = _modes()
+    if now["inference mode"] != saved["inference mode"]:
+        raise NeedsFreshWorld("inference mode left entered in a replica's thread cannot be left from outside it")
+    if now["default device"] != saved["default device"]:
+        torch.set_default_device(None if saved["default device"] == "cpu" else saved["default device"])
     while torch._C._len_torch_function_stack() > saved["torch function modes"]:
         torch._C._pop_torch_function_stack()
     while torch._C._len_torch_dispatch_stack() > saved["dispatch modes"]:
         _pop_mode()
-    if torch.is_inference_mode_enabled() != saved["inference mode"]:
-        raise NeedsFreshWorld("inference mode left entered in a replica's thread cannot be left from outside it")
-    torch.set_default_device(None if saved["default device"] == "cpu" else saved["default device"])
-    torch.set_autocast_cache_enabled(saved["autocast cache"])
+    if now["autocast cache"] != saved["autocast cache"]:
+        torch.set_autocast_cache_enabled(saved["autocast cache"])
     for dev in AUTOCAST_DEVICES:
-        if saved.get(f"autocast on {dev}", "off") == "off":
-            torch.set_autocast_enabled(dev, False)
-        elif f"autocast on {dev}" in saved:
-            torch.set_autocast_enabled(dev, True)
-            torch.set_autocast_dtype(dev, getattr(torch, saved[f"autocast on {dev}"][4:-1]))
+        key = f"autocast on {dev}"
+        if key in saved and now.get(key) != saved[key]:
+            torch.set_autocast_enabled(dev, saved[key] != "off")
+            if saved[key] != "off":
+                torch.set_autocast_dtype(dev, getattr(torch, saved[key][4:-1]))
 
 
 # --- generators -------------------------------------------------------------------------------
