@@ -91,7 +91,8 @@ COLLECTIVE_TIMEOUT_S = 60.0
 PARITY = (
     _parity("linear", CORE_FAULTS + SHIPPED_PATH_FAULTS),
     _parity("mlp", CORE_FAULTS + ("clip_local_grad",) + SHIPPED_PATH_FAULTS
-            + ("param_swap", "rng_sync", "rng_consume", "train_mode_at_wrap", "state_dict_unprefixed")),
+            + ("param_swap", "rng_sync", "rng_consume", "train_mode_at_wrap", "state_dict_unprefixed",
+               "all_reduce_wrapped", "launcher_env_set", "global_hook_left")),
     _parity("batchnorm", CORE_FAULTS + ("buffers_not_broadcast", "clip_local_grad")),
     _parity("dropout", ("no_grad_sync", "sum_not_mean", "rng_sync", "rng_consume"),
             "dropout between the layers, each replica's generator seeded per rank before wrapping (as a "

@@ -235,8 +235,11 @@ class _Run:
             self.bar.update(1)
 
     def world_restarts(self) -> list[str]:
-        """Each world start a host's crash undid and the pool made again (``WorldPool.restarts``)."""
-        return [line for session in self.sessions for line in session.pool.restarts]
+        """Each world start a host's crash undid and the pool made again (``WorldPool.restarts``),
+        and each world started anew because an implementation left what cannot be put back
+        (``Session.fresh_worlds``)."""
+        return ([line for session in self.sessions for line in session.pool.restarts]
+                + [line for session in self.sessions for line in session.fresh_worlds])
 
     def extra(self, complete: bool) -> dict:
         """The JSON report's run keys (docs/report-format.md)."""

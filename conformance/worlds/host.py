@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 
-from conformance.worlds import blame as blame_mod, diagnosis as dg
+from conformance.worlds import blame as blame_mod, diagnosis as dg, isolation
 from conformance.worlds.launchers import launcher_variables
 from conformance.worlds.registry import register
 from conformance.worlds.runtimes import get_runtime
@@ -153,6 +153,7 @@ def host_main(world, host, conn, workdir, env, parent_pid, settings, parent_env=
             register(*registered)
         runtime = get_runtime(world, settings)
         replicas = runtime.setup_host(host, world.replicas, workdir)
+        isolation.take_snapshot()  # what every implementation's first task finds (World.enter)
         board = dg.ProgressBoard(os.path.join(workdir, "progress"))
         for ctx in replicas:
             instrument(ctx, board, host, runtime)

@@ -528,6 +528,27 @@ CATALOG = [
           "mp.spawn, which sets no launcher variables",
           "worlds: a launcher other than torchrun (mp.spawn at W=3)",
           "https://docs.pytorch.org/tutorials/intermediate/ddp_tutorial.html", True),
+    # Process-wide state left for the next implementation in the world (leaks.py; the PJRT-only
+    # InitsProcessGroup, 50.1, is run by tests/test_isolation.py); measured 2026-12-07 with a correct
+    # DDP after them in one command: each fails parity.linear's transparency verdict naming its change.
+    Entry("leak_launcher_env", "leaks:SetsLauncherEnv", "50.2",
+          "MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE written into the process's environment at wrap time, left there",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/Lightning-AI/pytorch-lightning/issues/14916", True),
+    Entry("leak_all_reduce_wrapped", "leaks:WrapsAllReduce", "50.3",
+          "torch.distributed.all_reduce replaced with a counting wrapper, never put back",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/pytorch/pytorch/issues/82299", True),
+    Entry("leak_linear_patched", "leaks:PatchesLinear", "50.4",
+          "torch.nn.functional.linear replaced with an upcasting wrapper, never put back",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/microsoft/DeepSpeed/issues/2733", True),
+    Entry("leak_global_forward_hook", "leaks:GlobalForwardHook", "50.5",
+          "a global module forward hook (register_module_forward_hook) never removed",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/pytorch/pytorch/issues/78643", True),
+    Entry("leak_autocast_on", "leaks:LeavesAutocast", "50.6",
+          "autocast switched on for the forward and never off",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/pytorch/pytorch/issues/100245", True),
+    Entry("leak_backend_registered", "leaks:RegistersBackend", "50.7",
+          "a torch.distributed backend of its own registered at construction",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/pytorch/pytorch/issues/115331", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -621,4 +642,10 @@ CAUGHT_BY = {
     "frozen_trainable_broadcast": "scenario.loop@2",
     "frozen_flat_grad": "scenario.loop@2",
     "env_world_size": "parity.linear@3",
+    "leak_launcher_env": "parity.linear@2",
+    "leak_all_reduce_wrapped": "parity.linear@2",
+    "leak_linear_patched": "parity.linear@2",
+    "leak_global_forward_hook": "parity.linear@2",
+    "leak_autocast_on": "parity.linear@2",
+    "leak_backend_registered": "parity.linear@2",
 }

@@ -124,6 +124,8 @@ MUTANTS = {m.name: m for m in [
     *_scratch("param_swap", "rng_sync", "rng_consume", "train_mode_at_wrap", "unfreeze_at_wrap",
               "state_dict_unprefixed", "output_flattened", "user_hook_bypassed", "params_relaid",
               "default_dtype_leak"),
+    # Process-wide state left for the next implementation (conformance/worlds/isolation.py).
+    *_scratch("all_reduce_wrapped", "launcher_env_set", "global_hook_left"),
     # PyTorch's shipped paths (conformance/impls/torch_paths.py), one fault each.
     _shipped("fsdp2_no_divide", "fully_shard with set_gradient_divide_factor(1.0): the gradient reduce-scatter "
              "sums instead of averaging (W x the gradient; a divide factor set for a pre-scaled loss or another "
