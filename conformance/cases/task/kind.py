@@ -57,13 +57,20 @@ def _grads(module):
                       .detach().double().cpu().reshape(-1) for p in module.parameters()]).numpy()
 
 
+def _grads_none(module):
+    """``[N]`` bool: True on the values of a parameter whose gradient is ``None`` (not a NaN one)."""
+    return np.concatenate([np.full(p.numel(), p.grad is None) for p in module.parameters()])
+
+
 def _judge(name, results, expected, impl, runtime, model, tol, movement, per_rank=False):
     """Verdict for ``results[r][name]`` (``[N]`` per replica) vs ``expected``; the
     tensors are named by ``results[0]["layout"]`` (one observation: no step)."""
     check = Check(name, name, lambda reps, ref: (np.stack([r[name][None] for r in reps]),
                                                  expected[:, None] if per_rank else expected[None]),
                   lambda t: (t.atol, t.rtol), movement=lambda ref: movement,
-                  layout=lambda reps: reps[0].get("layout"), when="once", nan_is_absent=True)
+                  layout=lambda reps: reps[0].get("layout"), when="once", nan_is_absent=True,
+                  absent=lambda reps: np.stack([r[name + "_none"][None] for r in reps])
+                  if name + "_none" in reps[0] else None)
     return judge(check, results, {}, tol, case="", impl=impl, runtime=runtime, model=model)
 
 
@@ -119,7 +126,7 @@ def task_unused(ctx, impl):
     x, y, _, _ = replica_batch("unused", 0, ctx.world_size, ctx.rank)
     F.mse_loss(ddp(x.to(ctx.device), use_branch=ctx.rank == 0), y.to(ctx.device)).backward()
     ctx.mark_step()
-    return {"grads": _grads(m), "layout": param_layout(m)}
+    return {"grads": _grads(m), "grads_none": _grads_none(m), "layout": param_layout(m)}
 
 
 def _unused_reference(world_size):
@@ -153,10 +160,11 @@ def task_no_sync(ctx, impl):
     with ddp.no_sync():
         F.mse_loss(ddp(xa.to(ctx.device)), ya.to(ctx.device)).backward()
     ctx.mark_step()
-    inside = _grads(m)
+    inside, inside_none = _grads(m), _grads_none(m)
     F.mse_loss(ddp(xb.to(ctx.device)), yb.to(ctx.device)).backward()
     ctx.mark_step()
-    return {"inside": inside, "after": _grads(m), "layout": param_layout(m)}
+    return {"inside": inside, "inside_none": inside_none, "after": _grads(m), "after_none": _grads_none(m),
+            "layout": param_layout(m)}
 
 
 def _local_grads(model, step, world_size):
