@@ -21,14 +21,21 @@ from conformance.cases.scenario.generate import KEYWORD_VALUES
 STATEMENT_TABLES = {"loop": LOOPS, "module": MODULES, "workload": WORKLOADS, "ddp": KEYWORD_VALUES}
 #: The most statements excluded from one case (each costs a new search).
 MAX_EXCLUDED = 3
-#: The most scenarios one culprit search runs (each flips one statement of the crashing scenario).
-MAX_CULPRIT_RUNS = 24
+#: The most scenarios one culprit search runs (each changes one statement of the crashing scenario).
+MAX_CULPRIT_RUNS = 16
 
 
-def statements(sc) -> list[tuple]:
-    """``[(field, key, value)]`` of scenario ``sc``'s drawn dimensions, non-plain values first
-    (a crash more often needs what the plain program does not do)."""
-    out = [(f, k, getattr(sc, f)[k]) for f, table in STATEMENT_TABLES.items() for k in table
+def drawn(space) -> tuple:
+    """The scenario fields whose statements ``space`` draws (a case drawing the plain loop cannot
+    leave a loop statement out)."""
+    return tuple(f for f, on in (("loop", space.loop), ("module", space.loop), ("workload", space.workload),
+                                 ("ddp", "keywords" in space.ddp_extra)) if on)
+
+
+def statements(sc, fields=tuple(STATEMENT_TABLES)) -> list[tuple]:
+    """``[(field, key, value)]`` of scenario ``sc``'s dimensions of ``fields``, non-plain values
+    first (a crash more often needs what the plain program does not do)."""
+    out = [(f, k, getattr(sc, f)[k]) for f in fields for k in STATEMENT_TABLES[f]
            if k in (getattr(sc, f) or {})]
     return sorted(out, key=lambda s: STATEMENT_TABLES[s[0]][s[1]][0] == s[2])
 
@@ -62,18 +69,20 @@ def variants(sc, statement):
         yield alt
 
 
-def culprit(sc, crashes, max_runs: int = MAX_CULPRIT_RUNS):
-    """The first statement of ``sc`` (:func:`statements` order) that some valid change of its
-    value makes ``crashes(scenario) -> bool`` false for, or None (the crash needs no statement
-    of the tables: the plain program crashes too, or the bound ``max_runs`` was reached)."""
+def culprit(sc, crashes, fields=tuple(STATEMENT_TABLES), max_runs: int = MAX_CULPRIT_RUNS):
+    """The first statement of ``sc``'s ``fields`` (:func:`statements` order) whose change to the
+    first other valid value makes ``crashes(scenario) -> bool`` false, or None (no statement the
+    case draws is needed: the plain program crashes too, or ``max_runs`` scenarios were tried)."""
     runs = 0
-    for st in statements(sc):
-        for alt in variants(sc, st):
-            if runs >= max_runs:
-                return None
-            runs += 1
-            if not crashes(alt):
-                return st
+    for st in statements(sc, fields):
+        alt = next(variants(sc, st), None)
+        if alt is None:
+            continue
+        if runs >= max_runs:
+            return None
+        runs += 1
+        if not crashes(alt):
+            return st
     return None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 import json
 
-from conformance.cases.scenario.crashes import MAX_EXCLUDED, culprit, excluded, phrase
+from conformance.cases.scenario.crashes import MAX_EXCLUDED, culprit, drawn, excluded, phrase
 from conformance.cases.scenario.explicit import explicit_scenarios
 from conformance.cases.scenario.format import Scenario
 from conformance.cases.scenario.generate import Space, judged_on, scenario_tolerance, scenarios, space_problem
@@ -52,7 +52,7 @@ def run_scenario_case(space: Space, runner, tol, agreement_atol: float, max_exam
         sc, err = state["crash"]
         statement = None
         if shrink and len(crashes) < MAX_EXCLUDED:
-            statement = culprit(sc, lambda alt: _raises(runner, alt))
+            statement = culprit(sc, lambda alt: _raises(runner, alt), drawn(space))
         crashes.append((sc, err, statement))
         if statement is None:
             return _with_crashes(None, crashes, runner)
