@@ -88,3 +88,9 @@ def test_a_crash_under_one_zero_grad_mode_does_not_hide_doubling_under_the_other
     shrunk = others[0].example
     assert len(shrunk["steps"]) <= 2 and shrunk.get("module") is None, shrunk  # the plain module: shrunk
     assert "minimal crashing scenario" in others[0].diagnosis
+
+
+def test_a_broken_world_ends_the_culprit_search():
+    sc = _plain_loop_program()
+    runs = []
+    assert culprit(sc, lambda alt: runs.append(alt), drawn(LOOP)) is None and len(runs) == 1

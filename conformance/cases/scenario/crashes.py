@@ -71,8 +71,9 @@ def variants(sc, statement):
 
 def culprit(sc, crashes, fields=tuple(STATEMENT_TABLES), max_runs: int = MAX_CULPRIT_RUNS):
     """The first statement of ``sc``'s ``fields`` (:func:`statements` order) whose change to the
-    first other valid value makes ``crashes(scenario) -> bool`` false, or None (no statement the
-    case draws is needed: the plain program crashes too, or ``max_runs`` scenarios were tried)."""
+    first other valid value makes ``crashes(scenario) -> bool | None`` false, or None (no statement
+    the case draws is needed: the plain program crashes too; ``max_runs`` scenarios were tried; or
+    ``crashes`` answered None, the world broke)."""
     runs = 0
     for st in statements(sc, fields):
         alt = next(variants(sc, st), None)
@@ -81,7 +82,10 @@ def culprit(sc, crashes, fields=tuple(STATEMENT_TABLES), max_runs: int = MAX_CUL
         if runs >= max_runs:
             return None
         runs += 1
-        if not crashes(alt):
+        crashed = crashes(alt)
+        if crashed is None:  # the world broke: no answer
+            return None
+        if not crashed:
             return st
     return None
 

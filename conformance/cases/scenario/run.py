@@ -88,9 +88,10 @@ class ScenarioCrash(Exception):
     Hypothesis shrinks like any other, apart from the failing judgements."""
 
 
-def _raises(runner, sc) -> bool:
+def _raises(runner, sc) -> bool | None:
     """Whether a replica raises on scenario ``sc`` (another outcome - a pass, a failing judgement,
-    an unsupported corner - is not the crash)."""
+    an unsupported corner - is not the crash); None when the world broke (a bound passed, a host
+    died): nothing more can be learnt on it."""
     try:
         runner.run(scenario_task, scenario=sc.to_json())
     except ReplicaFailed:
@@ -98,6 +99,8 @@ def _raises(runner, sc) -> bool:
         return True
     except Unsupported:
         runner.error = None
+    except Exception:
+        return None
     return False
 
 
