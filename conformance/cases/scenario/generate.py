@@ -37,6 +37,7 @@ class Space:
     loop: bool = False           # draw the loop program (LOOPS, forwards without backward, synced
     #                              backwards), and the default optimizers include sgd_wd (ALL_OPTIMIZERS)
     max_pattern: int = 4         # the most distinct steps a run repeats (a loop case: the profile's loop_depth)
+    exclude: tuple = ()          # (field, key, value) statements not drawn: a replica crashed on them (.crashes)
 
 
 #: Local batch sizes of generated scenarios where each distinct graph is compiled (XLA):
@@ -60,6 +61,13 @@ KEYWORD_VALUES = {"init_sync": (True, False), "broadcast_buffers": (True, None, 
 #: ``bucket_cap_mb_list``: up to this many per-bucket caps, each a class of CAP_CLASSES (the first
 #: is the first bucket's size).
 MAX_CAP_LIST = 3
+
+
+def allowed(space: Space, field: str, key: str, values) -> list:
+    """``values`` of dimension ``field.key`` without those ``space.exclude`` names (all of them if
+    it names every one: the scenario is then left out when it runs, :func:`.crashes.excluded`)."""
+    left = [v for v in values if (field, key, v) not in space.exclude]
+    return left or list(values)
 
 
 def space_problem(space: dict) -> str | None:
@@ -126,7 +134,7 @@ def scenarios(world_size: int, space: Space):
         if find_unused:  # UPSTREAM_DEFECTS ("enabled_forward", "no_sync"): not drawn
             _no_enabled_forward_before_no_sync(sc)
         if space.loop:
-            _draw_module_and_loop(draw, sc, n)
+            _draw_module_and_loop(draw, sc, n, space)
         if "buckets" in space.ddp_extra or keys["caps"]:
             _bucket_caps(sc, space, keys["cap"], keys["caps"])
         return sc
@@ -165,7 +173,7 @@ def _draw_ddp(draw, space: Space, workload: dict, find_unused: bool) -> tuple:
         ddp["static_graph"] = static
     skip_unused, caps = False, None
     if "keywords" in space.ddp_extra:
-        ddp.update({k: draw(st.sampled_from(v)) for k, v in KEYWORD_VALUES.items()})
+        ddp.update({k: draw(st.sampled_from(allowed(space, "ddp", k, v))) for k, v in KEYWORD_VALUES.items()})
         if draw(st.booleans()):
             caps = draw(st.lists(st.tuples(st.sampled_from(CAP_CLASSES), st.integers(2, 6)),
                                  min_size=1, max_size=MAX_CAP_LIST))
@@ -224,15 +232,15 @@ def _eval_forwards(world_size: int, space: Space, k: int):
                                   "mode": st.sampled_from(EVAL_MODE), "batch": batch})
 
 
-def _draw_module_and_loop(draw, sc: Scenario, n: int) -> None:
+def _draw_module_and_loop(draw, sc: Scenario, n: int, space: Space) -> None:
     """A loop program's module (:data:`MODULES`) and loop (:data:`LOOPS`) dimensions into ``sc``
     (``n`` steps), where :meth:`Scenario.validate` would refuse the combination the next value."""
     from hypothesis import strategies as st
     workload = sc.workload
-    sc.module = {k: draw(st.sampled_from(v)) for k, v in MODULES.items()}
+    sc.module = {k: draw(st.sampled_from(allowed(space, "module", k, v))) for k, v in MODULES.items()}
     if workload["graph"] == "shared" or workload["layout"] == "transposed":  # validate says why
         sc.module["parametrize"] = "none"
-    sc.loop = dict({k: draw(st.sampled_from(v)) for k, v in LOOPS.items()},
+    sc.loop = dict({k: draw(st.sampled_from(allowed(space, "loop", k, v))) for k, v in LOOPS.items()},
                    lr_drop_at=draw(st.one_of(st.none(), st.integers(1, n - 1))) if n > 1 else None)
     plain_where_refused(sc)  # a statement that cannot go with the rest (validate says why)
     if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
@@ -273,12 +281,13 @@ def workloads(space: Space):
     extra no reentrant checkpoint (upstream needs ``static_graph`` for it)."""
     from hypothesis import strategies as st
 
-    def allowed(k):
-        vals = [v for v in WORKLOADS[k] if not (space.xla_corners and (k, v) in XLA_UNSUPPORTED)]
+    def dimension(k):
+        vals = [v for v in allowed(space, "workload", k, WORKLOADS[k])
+                if not (space.xla_corners and (k, v) in XLA_UNSUPPORTED)]
         if "static_graph" not in space.ddp_extra:
             vals = [v for v in vals if v != "checkpoint_reentrant"]
         return st.sampled_from(vals)
-    return st.fixed_dictionaries({k: allowed(k) for k in WORKLOADS})
+    return st.fixed_dictionaries({k: dimension(k) for k in WORKLOADS})
 
 
 def scenario_tolerance(runtime: str, sc: Scenario):

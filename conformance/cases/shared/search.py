@@ -74,7 +74,8 @@ class SearchRunner:
     """Runs a search's examples on one (runtime, world size, implementation): ``run(task,
     **payload)`` ships one example to the session's world (``runs`` counts them). The first
     replica failure or ``Unsupported`` (``error``) is raised again at once for every later example,
-    so Hypothesis shrinks a deterministic crash without touching the world again."""
+    so a search does not touch a broken world again; a caller that knows the world is kept (a
+    replica raised: the scenario runner) clears ``error`` and shrinks the crash on the world."""
 
     def __init__(self, run_task, runtime: str, world_size: int, impl: str):
         self._run_task, self.runtime, self.world_size, self.impl = run_task, runtime, world_size, impl
