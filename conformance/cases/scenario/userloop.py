@@ -54,13 +54,14 @@ SPARSE_STANDIN = {"sgd_wd": "sgd", "adam": "sgd_momentum", "adamw": "sgd_momentu
 def user_loop_programs(world_size: int, seed: int, lr: float, sparse: bool = False) -> list[Scenario]:
     """The explicit loop programs run on a user's model (module docstring): SGD-family optimizers at
     the model's ``lr``, Adam / AdamW at the scenario case's (their step does not scale with the
-    gradient). ``sparse``: the model has sparse gradients, which torch's Adam / AdamW and SGD's
-    weight decay refuse on one device too: those programs run :data:`SPARSE_STANDIN`'s optimizer."""
+    gradient). ``sparse``: the model has sparse gradients, which torch's Adam / AdamW, SGD's
+    weight decay and ``clip_grad_norm_`` refuse on one device too: those programs run
+    :data:`SPARSE_STANDIN`'s optimizer, without clipping."""
     sc, micro, ev = loop_builders(world_size, seed, False, lr)
     if sparse:
         any_grad = sc
 
-        def sc(steps, optimizer="sgd", **kw):
+        def sc(steps, optimizer="sgd", clip=None, **kw):  # clip_grad_norm_ has no sparse norm either
             return any_grad(steps, optimizer=SPARSE_STANDIN.get(optimizer, optimizer), **kw)
     out = [
         # zero gradients kept (set_to_none=False) under weight decay, an eval-mode validation forward
