@@ -28,6 +28,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ddp", default="torch,ref")
     p.add_argument("--models", default="", help="comma list of zoo names (default: every one)")
+    p.add_argument("--world-size", default="", help="comma list (default: the run's own, 2,3 on CPU)")
     p.add_argument("--timeout", type=float, default=1800, help="bound on each run, s")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "zoo-verdicts.json"))
     args = p.parse_args(argv)
@@ -37,14 +38,15 @@ def main(argv=None) -> int:
         print(f"error: --models: no zoo model {unknown[0]!r}; known: {', '.join(zoo())}", file=sys.stderr)
         return 2
     doc = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(), "ddp": args.ddp,
-           "models": {}}
+           "world_size": args.world_size or "default", "models": {}}
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             out = os.path.join(tmp, f"{name}.json")
             start = time.monotonic()
             got = subprocess.run([sys.executable, "-m", "conformance", "run", "--ddp", args.ddp, "--model",
-                                  PREFIX + name, "--quiet", "--json", out], cwd=tmp, capture_output=True, text=True,
+                                  PREFIX + name, "--quiet", "--json", out,
+                                  *(["--world-size", args.world_size] if args.world_size else [])], cwd=tmp, capture_output=True, text=True,
                                  timeout=args.timeout)
             row = {"exit": got.returncode, "wall_s": round(time.monotonic() - start, 1)}
             if os.path.exists(out):

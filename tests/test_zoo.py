@@ -107,3 +107,24 @@ def test_scenario_zoo_runs_the_drawn_model_and_fails_a_ddp_that_skips_sync(tmp_p
     assert params["ref"]["status"] == "pass" and params["mutant:no_grad_sync"]["status"] == "fail"
     from conformance.cases.scenario.zoo import drawn_models
     assert all(drawn_models("dev")[0] in v["reason"] for v in params.values()), [v["reason"] for v in params.values()]
+
+
+def test_a_model_with_sparse_gradients_runs_programs_one_device_can_run():
+    import torch
+    from conformance.cases.scenario.dimensions import SPARSE_OPTIMIZERS
+    from conformance.cases.scenario.userloop import has_sparse_grads, user_loop_programs
+    from fixtures import build_model, global_batch
+    from fixtures.models import training_loss
+    spec = PREFIX + "embedding_bag"
+    assert has_sparse_grads(spec) and not has_sparse_grads(PREFIX + "lstm")
+    dense, sparse = user_loop_programs(2, 1, 0.1), user_loop_programs(2, 1, 0.1, sparse=True)
+    assert {p.optimizer for p in dense} - set(SPARSE_OPTIMIZERS) and any(p.loop["clip"] != "none" for p in dense)
+    assert all(p.optimizer in SPARSE_OPTIMIZERS and p.loop["clip"] == "none" for p in sparse)
+    # why: on one device, without any DDP, weight decay and clipping refuse the sparse gradient
+    m = build_model(spec, 0)
+    x, y = global_batch(spec, 0, 0, 24)
+    training_loss(spec, m(x), y).backward()
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.optim.SGD(m.parameters(), lr=0.1, weight_decay=0.01).step()
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
