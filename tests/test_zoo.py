@@ -53,6 +53,13 @@ def test_every_zoo_model_is_documented_with_its_corners():
         row = next((line for line in doc.splitlines() if line.startswith(f"| `{name}` ")), None)
         assert row is not None, f"docs/zoo.md has no row for {name}"
         assert all(c in row for c in m.corners), (name, m.corners, row)
+    by_corner = {}
+    for name, m in zoo().items():
+        for c in m.corners:
+            by_corner.setdefault(c, []).append(f"`{name}`")
+    for c, names in by_corner.items():  # the per-corner list says the same
+        line = next((x for x in doc.splitlines() if x.startswith(f"* corner `{c}`: ")), "")
+        assert sorted(line.split(": ", 1)[-1].split(", ")) == sorted(names), (c, line)
 
 
 def test_the_draw_is_fixed_by_its_seed_and_cost_class():
