@@ -223,9 +223,9 @@ def program_tolerance(tol, amplified, why: str, k: int):
                                           f"{MIN_SIDE_FACTOR:g} x that"))
 
 
-def evaluate_user_loop(case, impl, runtime, w, session, overrides):
+def evaluate_user_loop(case, impl, runtime, w, session, overrides, pick=None):
     """Verdicts of ``scenario.user_loop`` on user model ``case.model``: every program of
-    :func:`user_loop_programs` (or ``overrides["scenario"]``), each judged against
+    :func:`user_loop_programs` (those at the indices ``pick``, or ``overrides["scenario"]``), each judged against
     :func:`user_loop_reference` with the bound the kit measures on the model; per check the worst
     deviation over the programs, or the first failing program's verdict with its JSON."""
     user = MODELS[case.model].user
@@ -235,6 +235,7 @@ def evaluate_user_loop(case, impl, runtime, w, session, overrides):
     agree = lookup(runtime, "scenario", "agreement").atol
     programs = ([overrides["scenario"]] if "scenario" in overrides
                 else user_loop_programs(w, user.seed, user.lr, has_sparse_grads(case.model)))
+    programs = programs if pick is None or "scenario" in overrides else [programs[i] for i in pick]
     worst: dict = {}
     vacuous: dict = {}  # check -> programs whose reference moved too little to judge it (discarded)
     for k, sc in enumerate(programs):

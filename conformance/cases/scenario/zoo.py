@@ -2,7 +2,8 @@
 kit's zoo (:mod:`fixtures.zoo`, docs/zoo.md).
 
 Each run draws the profile's number of zoo models of its cost class
-(:attr:`~conformance.cases.shared.search.Budget.zoo`, ``zoo_cost``) from a fixed seed, so a
+(:attr:`~conformance.cases.shared.search.Budget.zoo`, ``zoo_cost``; the programs: ``zoo_programs``)
+from a fixed seed, so a
 profile always draws the same models whatever is installed; each is judged as ``--model
 zoo:NAME`` judges it (its bound measured on the model, :func:`.userloop.evaluate_user_loop`). A
 drawn model whose library is not installed is skipped with the reason. Per check: the first
@@ -32,6 +33,7 @@ def evaluate_zoo(case, impl, runtime, w, session, overrides):
     """Verdicts of ``scenario.zoo`` (module docstring); ``None`` on a non-root process of a
     launcher-built world."""
     specs = drawn_models(session.profile)
+    pick = profile_budget(session.profile).zoo_programs
     runs, skipped = {}, []
     for spec in specs:
         missing = unavailable(spec)
@@ -39,7 +41,7 @@ def evaluate_zoo(case, impl, runtime, w, session, overrides):
             skipped.append(missing)
             continue
         vs = evaluate_user_loop(replace(case, model=spec, name="scenario.user_loop"), impl, runtime, w, session,
-                                overrides)
+                                overrides, pick)
         if vs is None:
             return None
         runs[spec] = {v.check: v for v in vs}
