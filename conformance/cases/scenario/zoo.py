@@ -6,8 +6,8 @@ Each run draws the profile's number of zoo models of its cost class
 from a fixed seed, so a
 profile always draws the same models whatever is installed; each is judged as ``--model
 zoo:NAME`` judges it (its bound measured on the model, :func:`.userloop.evaluate_user_loop`). A
-drawn model whose library is not installed is skipped with the reason. Per check: the first
-failing model's verdict (its reason and reproduce command name the model), else the first
+drawn model whose library is not installed is skipped with the reason; the models after a
+failing one are not run. Per check: the first failing model's verdict (its reason and reproduce command name the model), else the first
 model's, its reason naming every model run.
 """
 from __future__ import annotations
@@ -45,6 +45,8 @@ def evaluate_zoo(case, impl, runtime, w, session, overrides):
         if vs is None:
             return None
         runs[spec] = {v.check: v for v in vs}
+        if any(v.status not in ("pass", "vacuous") for v in vs):
+            break  # the first failing model is the verdict: the rest would cost without changing it
     if not runs:
         why = "; ".join(skipped) or "the profile draws no zoo model"
         return [Verdict(case.name, c, impl, runtime, "-", w, "skip", reason=why) for c in case.checks]
