@@ -9,8 +9,8 @@ verdicts - one per check the row declares, whatever happens:
   property) -> ``unsupported`` with the reason (the one place it is caught);
 * a replica that raised, hung or died -> ``fail`` with the replica's summary in ``reason`` and
   the full text (tracebacks, stacks, log tails) in ``diagnosis``;
-* a runtime that cannot run here, or an implementation that cannot (``Strategy.unavailable``) ->
-  ``skip`` with the reason.
+* a runtime that cannot run here, an implementation that cannot (``Strategy.unavailable``), or a
+  zoo model whose library is not installed -> ``skip`` with the reason.
 
 :func:`kill_rows` runs the kill matrix (every catalog mutant through every case that must kill
 it) through the same entry point.
@@ -33,6 +33,7 @@ from conformance.settings import Settings
 from conformance.worlds import isolation
 from conformance.worlds.failure import ReplicaError
 from conformance.worlds.runtimes import RuntimeUnavailable, WorldKey, check_world, get_runtime, world_key
+from fixtures.zoo import unavailable
 
 _UNSUPPORTED = "__unsupported__"
 
@@ -236,6 +237,9 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         check_world(WorldKey(runtime, world_size))
     except RuntimeUnavailable as exc:
         return each("skip", f"runtime {runtime}: {exc}")
+    missing = unavailable(model)  # a zoo model whose library is not installed
+    if missing:
+        return each("skip", missing)
     try:
         if row.unsupported.get(runtime) and kind.needs_impl:
             raise Unsupported(row.unsupported[runtime])

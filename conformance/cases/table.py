@@ -230,6 +230,14 @@ SCENARIOS = (
               {"workload": True, "ddp_extra": ("buckets", "static_graph")},
               ("no_grad_sync", "sparse_grad_unsynced", "strided_unpack", "complex_real_bucket",
                "fp32_fusion_buffer", "reduce_at_first_firing"), tags=("workload",)),
+    # Real models (docs/zoo.md): the loop programs on models drawn from the zoo (fixtures/zoo),
+    # W=2 only on CPU (the draw, not the world size, is this case's axis).
+    Case("scenario.zoo", "scenario", "the loop programs of scenario.user_loop on real models drawn from the zoo "
+         "(torch.nn transformer, attention, recurrent, convolution and embedding layers; transformers' BERT and "
+         "GPT-2 in tiny configurations), with each model's batches and loss, within the bound measured on the "
+         "model; the profile sets how many and how costly", "scenario", args={"zoo": True},
+         checks=tuple(SCENARIO_CHECKS), tags=("zoo", "loop"), must_kill=("no_grad_sync", "sum_not_mean"),
+         world_sizes={"cpu": (2,)}),
 )
 
 

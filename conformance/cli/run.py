@@ -294,7 +294,8 @@ class _Run:
         return max(exit_code(self.verdicts, self.kills, self.judge_backend), 1 if unmet else 0)
 
     def model_bounds(self) -> list[str]:
-        """``--model``: the bound taken from the model at each world, said once under the table."""
-        measured = self.session.measured_tolerances  # --model: each bound, said once
-        return [f"{self.o.user_model} on {rt_} W={w_}: {note}"
-                for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items())]
+        """``--model`` and ``scenario.zoo``: the bound taken from each model at each world, said once
+        under the table."""
+        measured = self.session.measured_tolerances
+        return [f"{m} on {rt_} W={w_}: {note}"
+                for m, rt_, w_, note in dict.fromkeys((k[2].model, k[0], k[1], t.note) for k, t in measured.items())]
