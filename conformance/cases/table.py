@@ -227,6 +227,16 @@ SCENARIOS = (
               {"workload": True, "ddp_extra": ("buckets", "static_graph")},
               ("no_grad_sync", "sparse_grad_unsynced", "strided_unpack", "complex_real_bucket",
                "fp32_fusion_buffer", "reduce_at_first_firing"), tags=("workload",)),
+    # Generated module graphs (docs/topologies.md): torch.nn layers, composite ones included, wired
+    # as random graphs with every workload corner at any node, the same scenarios around them.
+    _scenario("topology", "the same on a generated module graph: Linear / Conv / BatchNorm / LayerNorm / "
+              "MultiheadAttention / TransformerEncoderLayer / LSTM / GRU / Embedding(Bag) nodes in branches and "
+              "merges, one or two inputs, several outputs, each node's corners drawn (float64 / bfloat16 / "
+              "complex64, transposed and channels_last weights, sparse gradients, applied twice, (non-)reentrant "
+              "checkpointing, a module reused at two places, tied and frozen weights, gated by the replica's plan)",
+              {"topology": True, "ddp_extra": ("buckets", "static_graph")},
+              ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced", "strided_unpack", "complex_real_bucket"),
+              tags=("topology", "workload")),
 )
 
 

@@ -38,10 +38,10 @@ import torch
 
 from conformance.cases.shared.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, TRANSPARENCY, judge, judge_agreement
 from conformance.cases.shared.transparency import judge_transparency
-from conformance.cases.scenario.dimensions import (CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
+from conformance.cases.scenario.dimensions import (BadBatch, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
                                                    grad_mode, prediction_of)
 from conformance.cases.scenario.format import Scenario, buffer_sync
-from conformance.cases.scenario.model import (BadBatch, build_scenario_model, scenario_inputs, seen_start,
+from conformance.cases.scenario.model import (build_scenario_model, scenario_inputs, seen_start,
                                               user_grad_hook)
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.readback import flat_optimizer_state, flat_params
@@ -52,13 +52,15 @@ def scenario_reference(sc: Scenario) -> dict:
     """DDP's semantics for ``sc`` on one CPU device (the module docstring), on rank 0's scenario
     model. Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica must
     hold after each step), ``optim`` (final optimizer state)."""
-    net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
+    net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module,
+                               topology=sc.topology)
     user_grad_hook(net, sc.module)
     start_buffers, reload_buffers = _scenario_buffers(sc, net)
     teacher = None
     if sc.loop["teacher"] != "none":  # rank 0's (the DDP broadcasts its parameters), in eval mode
         teacher = build_scenario_model(rank_seed(sc.seed, 0, TEACHER_SALT), sc.rebind_buffers,
-                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module).eval()
+                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module,
+                                       sc.topology).eval()
     return loop_reference(sc, net, lambda s, j, r, sizes, plan: scenario_inputs(sc, s, j, r, sizes, plan),
                           lambda out, y: mse(prediction_of(out), y), start_buffers, reload_buffers, teacher=teacher,
                           blend=distilled_target)
@@ -142,8 +144,9 @@ class _LoopOracle:
         self.rank_bufs = [start_buffers(r) for r in range(w)]
         self.grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
         reached = self.reached = [False] * len(params)  # some replica's backward reached it since the last synced one
-        for i, q in enumerate(params):
-            q.register_post_accumulate_grad_hook(lambda _, i=i: reached.__setitem__(i, True))
+        for i, q in enumerate(params):  # a frozen parameter (requires_grad=False) is not the DDP's
+            if q.requires_grad:
+                q.register_post_accumulate_grad_hook(lambda _, i=i: reached.__setitem__(i, True))
         self.sync_next = True  # require_forward_param_sync: construction counts as a synced forward
 
     def set_bufs(self, vals):
@@ -230,8 +233,8 @@ class _LoopOracle:
         no replica reached, with ``find_unused_parameters``)."""
         params, grads, w = self.params, self.grads, self.w
         for i in range(len(params)):
-            if self.find_unused and not self.reached[i]:
-                continue  # no replica reached it since the last synced backward: untouched
+            if not params[i].requires_grad or (self.find_unused and not self.reached[i]):
+                continue  # frozen, or no replica reached it since the last synced backward: untouched
             total = None
             for r in range(w):  # the replicas' gradients, zeros where None, in rank order
                 g = grads[r][i] if grads[r][i] is not None else torch.zeros_like(params[i])

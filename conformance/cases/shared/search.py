@@ -20,7 +20,8 @@ class Budget:
     explicit scenarios, which cover every corner); ``workloads_compiled`` / ``loops_compiled``:
     generated workloads / loop programs on a runtime where every distinct graph is compiled (XLA;
     0: the explicit ones only); ``loop_depth``: the most distinct steps a generated loop program
-    repeats."""
+    repeats; ``topologies``: generated module graphs of ``scenario.topology`` (CPU: drawn graphs are
+    never compiled)."""
 
     properties: int
     scenarios: int
@@ -28,16 +29,17 @@ class Budget:
     workloads_compiled: int
     loop_depth: int = 4
     loops_compiled: int = 0
+    topologies: int = 4
 
 
 #: The example budgets, by profile name. The default (dev) workload draw is small: the default
 #: run's time is the budget (benchmarks/README.md); ``thorough`` goes ~100x deeper.
 PROFILES = {
-    "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0),
-    "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0),
-    "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0),
+    "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0, topologies=4),
+    "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0, topologies=40),
+    "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0, topologies=0),
     "thorough": Budget(properties=2000, scenarios=500, workloads=300, workloads_compiled=25, loop_depth=8,
-                       loops_compiled=25),
+                       loops_compiled=25, topologies=1000),
 }
 
 
