@@ -171,8 +171,10 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
         if rt.compiled_graphs:
             return [Verdict("", c, "", "", "scenario", w, "skip", reason=f"runtime {runtime} compiles every "
                             "distinct graph: generated topologies are drawn on CPU") for c in SCENARIO_CHECKS]
+        st = session.settings
+        space = replace(space, max_nodes=min(space.max_nodes, st.topology_nodes))
         return run_scenario_case(space, runner, lambda sc: scenario_tolerance(runtime, sc), agree,
-                                 b.topologies, overrides.get("shrink", True))
+                                 st.topologies or b.topologies, overrides.get("shrink", True))
     # Where each distinct graph is compiled: few shapes, XLA's corners (docs/runtimes/pjrt.md).
     space = replace(space, rank_uniform=space.rank_uniform or rt.uniform_graphs,
                     few_shapes=space.few_shapes or rt.compiled_graphs,
