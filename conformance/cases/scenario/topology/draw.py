@@ -4,23 +4,24 @@ input, a stem, one Linear, one output)."""
 from __future__ import annotations
 
 from conformance.cases.scenario.dimensions import BRANCHES
-from conformance.cases.scenario.topology.spec import (BASE_DTYPES, DTYPE_OPS, HIDDEN_OPS, LAYOUT_OPS, SPARSE_OPS,
+from conformance.cases.scenario.topology.spec import (BASE_DTYPES, BUFFER_OPS, DTYPE_OPS, HIDDEN_OPS, LAYOUT_OPS, SPARSE_OPS,
                                                       TIE_OPS, node)
 
 #: Corner odds of one node, as ``(value, weight)`` in shrink order (the first is the plain one):
 #: weights of integers drawn 0..sum-1, so each corner shows in a fair share of nodes.
-DTYPE_ODDS = (("base", 6), ("float64", 2), ("bfloat16", 1), ("complex64", 1))
+DTYPE_ODDS = (("base", 6), ("float64", 2), ("bfloat16", 1), ("complex64", 2))
 APPLY_ODDS = (("once", 6), ("twice", 1), ("checkpoint_nonreentrant", 1), ("checkpoint_reentrant", 1))
 GATE_ODDS = ((None, 3),) + tuple((b, 1) for b in BRANCHES)
 
 
 def _weighted(draw, odds, allowed=lambda v: True):
-    """One value of ``odds`` (the plain one when the drawn value is not ``allowed``)."""
+    """One value of ``odds`` among the ``allowed`` ones (the plain one is always allowed)."""
     from hypothesis import strategies as st
+    odds = [(v, w) for v, w in odds if v == odds[0][0] or allowed(v)]
     k = draw(st.integers(0, sum(w for _, w in odds) - 1))
     for v, w in odds:
         if k < w:
-            return v if allowed(v) else odds[0][0]
+            return v
         k -= w
     return odds[0][0]
 
@@ -45,28 +46,29 @@ def topologies(max_hidden: int = 6, reentrant: bool = True, gates: bool = True):
             layouts = [lay for lay, ops in LAYOUT_OPS.items() if op in ops]
             layout = layouts[0] if layouts and draw(st.integers(0, 2)) == 2 else "contiguous"
             gate = _weighted(draw, GATE_ODDS) if gates else None
-            return {"dtype": dtype, "layout": layout, "gate": gate, "frozen": draw(st.integers(0, 7)) == 7}
+            return {"dtype": dtype, "layout": layout, "gate": gate, "frozen": draw(st.integers(0, 11)) == 11}
 
         def shared(op, nd):  # reuse an earlier module or tie its weight
             mates = [j for j, o in enumerate(nodes) if o["op"] == op and o["reuse"] is None]
-            how = draw(st.integers(0, 5))
-            if not mates or how < 4 or (how == 5 and op not in TIE_OPS):
+            how = draw(st.integers(0, 3))
+            if not mates or how < 2 or (how == 3 and op not in TIE_OPS):
                 return nd
             j = draw(st.sampled_from(mates))
             same = {k: nodes[j][k] for k in ("dtype", "layout", "sparse", "frozen")}
-            return dict(nd, **same, **({"reuse": j} if how == 4 else {"tie": j}))
+            return dict(nd, **same, **({"tie": j} if how == 3 else {"reuse": j}))
 
         for k in range(inputs):
             op = draw(st.sampled_from(("stem", "conv_stem")))
             nodes.append(shared(op, node(op, [f"x{k}"], **corners(op))))
-        if draw(st.integers(0, 2)) == 2:  # the indices: an embedding, sparse or dense
+        for _ in range((0, 0, 1, 1, 2)[draw(st.integers(0, 4))]):  # the indices: embeddings, sparse or dense
             op = draw(st.sampled_from(SPARSE_OPS))
-            nodes.append(shared(op, node(op, ["idx"], sparse=draw(st.booleans()), **corners(op))))
+            nodes.append(shared(op, node(op, ["idx"], sparse=draw(st.integers(0, 2)) > 0, **corners(op))))
         for _ in range(draw(st.integers(1, max_hidden))):
             op = draw(st.sampled_from(HIDDEN_OPS))
             n_src = draw(st.integers(1, min(2, len(nodes))))
             src = draw(st.lists(st.integers(0, len(nodes) - 1), min_size=n_src, max_size=n_src, unique=True))
-            apply = _weighted(draw, APPLY_ODDS, lambda v: reentrant or v != "checkpoint_reentrant")
+            apply = _weighted(draw, APPLY_ODDS, lambda v: (reentrant or v != "checkpoint_reentrant")
+                              and not (v.startswith("checkpoint") and op in BUFFER_OPS))
             nodes.append(shared(op, node(op, sorted(src), merge=draw(st.sampled_from(("mean", "mul"))),
                                          apply=apply, **corners(op))))
         read = {s for nd in nodes for s in nd["src"] if isinstance(s, int)}

@@ -40,8 +40,8 @@ def _transposed(lin: nn.Linear) -> nn.Linear:
 def _layer(nd: dict, dtype) -> nn.Module:
     """The layer of node ``nd`` in ``dtype`` (its layout and sparsity applied)."""
     op, kw = nd["op"], {"dtype": dtype}
-    if op == "linear" and dtype == torch.complex64:
-        return ComplexLinear(HIDDEN, HIDDEN)
+    if dtype == torch.complex64:  # stem or linear
+        return ComplexLinear(IN_FEATURES if op == "stem" else HIDDEN, HIDDEN)
     if op in ("stem", "linear"):
         lin = nn.Linear(IN_FEATURES if op == "stem" else HIDDEN, HIDDEN, **kw)
         return _transposed(lin) if nd["layout"] == "transposed" else lin

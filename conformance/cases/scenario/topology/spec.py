@@ -37,7 +37,7 @@ MERGES = ("mean", "mul")
 BASE_DTYPES = ("float32", "float64")
 NODE_DTYPES = ("base", "float64", "bfloat16", "complex64")
 #: The layers each non-base dtype is drawn for (complex: a complex Linear with a real output).
-DTYPE_OPS = {"float64": OPS, "bfloat16": ("stem", "linear", "conv1d", "conv2d"), "complex64": ("linear",)}
+DTYPE_OPS = {"float64": OPS, "bfloat16": ("stem", "linear", "conv1d", "conv2d"), "complex64": ("stem", "linear")}
 #: Layouts of a node's weight and the layers that have it: a transposed (strided) Linear weight, a
 #: channels_last 4-d conv weight.
 LAYOUTS = ("contiguous", "transposed", "channels_last")
@@ -46,6 +46,8 @@ SPARSE_OPS = ("embedding", "embedding_bag")
 #: How a node applies its layer: once; twice in a row (each adding half); twice, each under
 #: activation checkpointing (``torch.utils.checkpoint``, non-reentrant or reentrant).
 APPLY = ("once", "twice", "checkpoint_nonreentrant", "checkpoint_reentrant")
+#: Layers whose forward updates buffers (never under activation checkpointing).
+BUFFER_OPS = ("batchnorm",)
 #: Layers whose weight a later node of the same layer may tie (same shape).
 TIE_OPS = ("linear", "embedding", "embedding_bag")
 NODE_KEYS = {"op", "src", "merge", "gate", "dtype", "layout", "sparse", "apply", "reuse", "tie", "frozen"}
@@ -121,6 +123,9 @@ def _validate_node(i: int, nd, nodes: list, refs: set) -> None:
         raise TopologyError(f"{where}: sparse: true only for {SPARSE_OPS}")
     if nd["apply"] not in APPLY or (nd["apply"] != "once" and op in INPUT_OPS):
         raise TopologyError(f"{where}: apply {nd['apply']!r}: one of {APPLY} ('once' for an input layer)")
+    if nd["apply"].startswith("checkpoint") and op in BUFFER_OPS:
+        raise TopologyError(f"{where}: a {op} is not checkpointed (its recomputation in backward would move its "
+                            "buffers again, after the forward the DDP's buffer rule sees)")
     if not isinstance(nd["frozen"], bool):
         raise TopologyError(f"{where}: frozen: true or false")
     for key in ("reuse", "tie"):
