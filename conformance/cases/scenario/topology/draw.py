@@ -62,7 +62,8 @@ def topologies(max_hidden: int = 6, reentrant: bool = True, gates: bool = True):
             nodes.append(shared(op, node(op, [f"x{k}"], **corners(op))))
         for _ in range((0, 0, 1, 1, 2)[draw(st.integers(0, 4))]):  # the indices: embeddings, sparse or dense
             op = draw(st.sampled_from(SPARSE_OPS))
-            nodes.append(shared(op, node(op, ["idx"], sparse=draw(st.integers(0, 2)) > 0, **corners(op))))
+            nd = shared(op, node(op, ["idx"], sparse=draw(st.integers(0, 2)) > 0, **corners(op)))
+            nodes.append(dict(nd, gate=None) if nd["sparse"] else nd)  # always used (spec: why)
         for _ in range(draw(st.integers(1, max_hidden))):
             op = draw(st.sampled_from(HIDDEN_OPS))
             n_src = draw(st.integers(1, min(2, len(nodes))))
@@ -72,7 +73,7 @@ def topologies(max_hidden: int = 6, reentrant: bool = True, gates: bool = True):
             nodes.append(shared(op, node(op, sorted(src), merge=draw(st.sampled_from(("mean", "mul"))),
                                          apply=apply, **corners(op))))
         read = {s for nd in nodes for s in nd["src"] if isinstance(s, int)}
-        outputs = [i for i in range(len(nodes)) if i not in read]
+        outputs = [i for i in range(len(nodes)) if i not in read or nodes[i]["sparse"]]
         extra = draw(st.integers(0, len(nodes) + 2))
         if extra < len(nodes) and extra not in outputs:
             outputs.append(extra)

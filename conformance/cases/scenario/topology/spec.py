@@ -85,6 +85,11 @@ def validate_topology(t) -> None:
     if (not isinstance(outs, list) or not outs or len(set(outs)) != len(outs)
             or any(not isinstance(o, int) or isinstance(o, bool) or not 0 <= o < len(nodes) for o in outs)):
         raise TopologyError(f"topology outputs {outs!r}: distinct node indices, at least one")
+    for i, nd in enumerate(nodes):
+        if nd["sparse"] and (nd["gate"] is not None or i not in outs):
+            raise TopologyError(f"topology node {i}: a sparse node is ungated and an output (torch's DDP raises "
+                                "'Expected sparse gradient to be defined' when a backward leaves a sparse "
+                                "parameter unused)")
     consumed = {s for nd in nodes for s in nd["src"] if isinstance(s, int)} | set(outs)
     dead = [i for i in range(len(nodes)) if i not in consumed]
     if dead:  # a node no output reads trains nothing on any replica (not a plan's choice)
