@@ -47,10 +47,14 @@ def test_every_faulty_entry_has_its_catching_case():
 def test_faulty_ddp_fails_its_catching_case(entry, conformance_session):
     if entry.main_caught is False:
         pytest.skip(f"the kit does not catch {entry.kind} (catalog main_caught False)")
-    case, w = CAUGHT_BY[entry.name].split("@")
+    cases, w = CAUGHT_BY[entry.name].split("@")
+    *before, case = cases.split("+")  # cases run first in the same world, as the default run does
     default = {c.name for c in select([], [])}
-    assert case in default and int(w) in case_world_sizes(CASES[case], "cpu"), (
-        f"{case} at W={w} is not part of the default run")
+    for name in cases.split("+"):
+        assert name in default and int(w) in case_world_sizes(CASES[name], "cpu"), (
+            f"{name} at W={w} is not part of the default run")
+    for name in before:
+        evaluate(CASES[name], entry.ddp, "cpu", int(w), conformance_session, shrink=False)
     verdicts = evaluate(CASES[case], entry.ddp, "cpu", int(w), conformance_session, shrink=False)
     bad = [v for v in verdicts if v.status in BAD]
     assert bad, (f"{entry.name} ({entry.kind}) passes {case} at W={w}: "

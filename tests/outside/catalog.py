@@ -434,6 +434,83 @@ CATALOG = [
     Entry("keywords_skip_unused_any_in_bucket", "keywords_2_13:SkipUnusedAnyInBucket", "37.20",
           "skip_all_reduce_unused_params=True skips a bucket when any (not all) of its parameters is unused",
           "keywords: skip_all_reduce_unused_params (scenario.keywords)", "torch 2.13 DistributedDataParallel docstring: skip_all_reduce_unused_params", True),
+    # model structure: a helper's DDPs from outside, given the README only (structure_demo.py
+    # shows each against torch's DDP)
+    Entry("structure_control", "structure_control:DDP", "", "",
+          "every check: must pass (a from-scratch DDP: flat all-reduce at the end of backward)",
+          "https://pytorch.org/docs/stable/notes/ddp.html", None),
+    Entry("structure_unrun_submodule", "structure_faults:UnrunSubmoduleDDP", "47.1",
+          "a parameter is reduced only if its owning submodule was called as a module: "
+          "MultiheadAttention's out_proj (used functionally) keeps its local gradient",
+          "model structure: a submodule's weights read by its parent (attention)",
+          "https://github.com/pytorch/pytorch/issues/78109", False),
+    Entry("structure_root_params", "structure_faults:RootParamsDDP", "47.2",
+          "parameters registered on a root that also has children are never broadcast or reduced",
+          "model structure: a parameter on the root beside submodules (cls_token, logit_scale)",
+          "https://github.com/openai/CLIP/issues/111", True),
+    Entry("structure_root_params_children_only", "structure_faults:RootParamsChildrenOnlyDDP",
+          "47.3", "only children's parameters are broadcast and reduced (a bare layer loses its own)",
+          "model structure: parameters on the wrapped module itself",
+          "https://github.com/openai/CLIP/issues/111", True),
+    Entry("structure_none_positional", "structure_faults:NonePositionalDDP", "47.4",
+          "positional None inputs dropped: later positional inputs shift into the wrong arguments",
+          "model structure: a multi-input forward called with a positional None",
+          "https://github.com/pytorch/pytorch/issues/33185", False),
+    Entry("structure_storage_dedup", "structure_faults:StorageDedupDDP", "47.5",
+          "tied weights detected by storage: distinct parameters viewing one storage synced once",
+          "model structure: parameters that are views of one storage (a fused qkv split)",
+          "https://github.com/safetensors/safetensors/pull/379", False),
+    Entry("structure_big_param", "structure_faults:BigParamDDP", "47.6",
+          "a gradient larger than the 25 MiB fusion buffer is averaged only for its first 25 MiB",
+          "model structure: one parameter larger than the bucket (vocabulary embedding)",
+          "https://github.com/deepspeedai/DeepSpeed/pull/3832", False),
+    Entry("structure_lazy_params", "structure_faults:LazyParamsDDP", "47.7",
+          "uninitialised lazy parameters skipped instead of refused: replicas diverge",
+          "model structure: lazy modules (LazyLinear) wrapped before a dry run",
+          "https://github.com/pyg-team/pytorch_geometric/issues/9692", False),
+    Entry("structure_none_slot", "structure_faults:NoneSlotDDP", "47.8",
+          "the per-module parameter walk stops at a None slot: MultiheadAttention's in_proj_bias "
+          "is never synced",
+          "model structure: a module registering a None parameter before real ones",
+          "https://github.com/pytorch/pytorch/issues/26698", False),
+    Entry("structure_nested_buffers", "structure_faults:NestedBuffersDDP", "47.9",
+          "only the root's and direct children's buffers broadcast: nested BatchNorm stats differ",
+          "model structure: buffers two levels deep",
+          "https://github.com/facebookresearch/moco/issues/41", False),
+    # training programs and worlds: a helper's DDPs from outside, given the README only
+    # (program_demo.py shows each against torch's DDP)
+    Entry("program_control", "program_control:ControlDDP", "", "",
+          "every check: must pass (a from-scratch DDP: a flat buffer per dtype after backward)",
+          "https://pytorch.org/docs/stable/notes/ddp.html", None),
+    Entry("program_env_world_size", "program_faults:EnvWorldSizeDDP", "48.1",
+          "gradients divided by os.environ['WORLD_SIZE'], not by the process group's size",
+          "world: a launcher environment that disagrees with the process group",
+          "https://github.com/kubeflow/trainer/issues/1790", False),
+    Entry("program_env_rank", "program_faults:EnvRankDDP", "48.2",
+          "the construction sync's source chosen by os.environ['RANK']",
+          "world: RANK holding a node index (a launcher's environment)",
+          "https://github.com/Lightning-AI/pytorch-lightning/issues/13374", False),
+    Entry("program_cached_world", "program_faults:CachedWorldDDP", "48.3",
+          "world size cached at class level on the first construction",
+          "world: the default group destroyed and rebuilt with another size in one process",
+          "https://github.com/pytorch/pytorch/issues/55967", False),
+    Entry("program_state_dict_collective", "program_faults:StateDictCollectiveDDP", "48.4",
+          "state_dict() runs a collective: rank-0-only checkpointing desynchronises the replicas",
+          "program: `if rank == 0: torch.save(model.state_dict())`",
+          "https://github.com/Lightning-AI/pytorch-lightning/issues/19045", False),
+    Entry("program_rewrap", "program_faults:RewrapDDP", "48.5",
+          "hooks registered once per module: a new wrapper reuses the old parameter list",
+          "program: unfreeze, then wrap model.module again",
+          "https://discuss.pytorch.org/t/how-does-distributeddataparallel-handle-parameters-"
+          "whose-requires-grad-flag-is-false/90736", False),
+    Entry("program_second_wrap", "program_faults:SecondWrapDDP", "48.6",
+          "the construction broadcast runs once per process: a second model is never synced",
+          "program: a second model or trial in the same world",
+          "https://github.com/huggingface/transformers/issues/18609", True),
+    Entry("program_no_grad_mid_step", "program_faults:NoGradMidStepDDP", "48.7",
+          "a no_grad forward switches off the pending backward's gradient sync",
+          "program: a no_grad forward between a training forward and its backward (pseudo-labels)",
+          "https://github.com/constantinpape/torch-em/pull/116", False),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -442,7 +519,8 @@ BY_NAME = {e.name: e for e in CATALOG}
 # world sizes 2 then 3), as ``case@W``: measured 2026-12-01 with ``catch_rate.py --together``
 # (``run --ddp <every entry> --exitfirst-each``, JSON ``stopped_at_each``). tests/test_outside.py
 # reruns exactly that case: a default run includes it, so its failure is the main command's
-# exit 1. Rerun the sweep and update the row when the kit's table changes.
+# exit 1 (``a+b@W``: case a runs first in the same world). Rerun the sweep and update the row
+# when the kit's table changes.
 CAUGHT_BY = {
     "accum_wrong_average": "feature.no_sync@2",
     "comm_hook_double_divide": "feature.comm_hook@2",
@@ -517,4 +595,9 @@ CAUGHT_BY = {
     "keywords_bucket_list_last_dropped": "scenario.keywords@2",
     "keywords_batched_copy_no_average": "scenario.keywords@2",
     "keywords_skip_unused_any_in_bucket": "scenario.keywords@2",
+    # measured 2026-12-07, the main command per entry, before the zoo, topologies and surveys
+    "structure_root_params": "parity.channels_last@2",
+    "structure_root_params_children_only": "parity.linear@2",
+    # a second construction in one process: caught after parity.linear built the first
+    "program_second_wrap": "parity.linear+parity.mlp@2",
 }
