@@ -235,8 +235,7 @@ SCENARIOS = (
               "complex64, transposed and channels_last weights, sparse gradients, applied twice, (non-)reentrant "
               "checkpointing, a module reused at two places, tied and frozen weights, gated by the replica's plan)",
               {"topology": True, "ddp_extra": ("buckets", "static_graph")},
-              ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced", "strided_unpack", "complex_real_bucket"),
-              tags=("topology", "workload"),
+              ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced"), tags=("topology", "workload"),
               # the corners' faults are in what is reduced, not the divisor: the odd world (W=3) of
               # the CPU default adds cost, not power (scenario.core and scenario.workload run it)
               world_sizes={"cpu": (2,)}),
