@@ -9,7 +9,8 @@ verdicts - one per check the row declares, whatever happens:
   property) -> ``unsupported`` with the reason (the one place it is caught);
 * a replica that raised, hung or died -> ``fail`` with the replica's summary in ``reason`` and
   the full text (tracebacks, stacks, log tails) in ``diagnosis``;
-* a runtime that cannot run here -> ``skip`` with the runtime's reason.
+* a runtime that cannot run here, or an implementation that cannot (``Strategy.unavailable``) ->
+  ``skip`` with the reason.
 
 :func:`kill_rows` runs the kill matrix (every catalog mutant through every case that must kill
 it) through the same entry point.
@@ -198,6 +199,8 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
     if kind.searches and not session.pool.sees_every_result:
         return each("skip", f"{case.family} cases need a world the kit spawns: Hypothesis draws each example "
                     "from the result of the last one, which only the root process of a launcher-built world sees")
+    if row.unavailable and kind.needs_impl:
+        return each("skip", row.unavailable)
     try:
         check_world(WorldKey(runtime, world_size))
     except RuntimeUnavailable as exc:

@@ -25,7 +25,7 @@ import torch
 
 import conformance
 from conformance.cases.kinds import KINDS
-from conformance.cases.shared.loop import DDP_METHODS
+from conformance.cases.shared.step import DDP_METHODS
 from conformance.impls import builtin
 from conformance.impls.builtin import IMPLS, ImplSpecError, resolve_impl, strategy_problem
 from conformance.impls.row import (DDP_KEYWORDS, DDP_METHOD_NAMES, INTERNAL_FIELDS, STRATEGY_KINDS,

@@ -303,7 +303,9 @@ DEFERS_ALL = {"conformance.plugin": "it loads into every pytest session of the e
                                     "it imports the kit only when the kit's options or fixtures are used"}
 HEAVY_LIBRARIES = ("torch", "numpy", "torch_xla", "hypothesis", "matplotlib")
 # Libraries imported where used even in heavy modules: optional, slow, or global-state ones.
-DEFERRED_LIBRARIES = ("torch_xla", "hypothesis", "matplotlib", "absl", "jinja2", "tqdm", "torch", "numpy")
+DEFERRED_LIBRARIES = ("torch_xla", "hypothesis", "matplotlib", "absl", "jinja2", "tqdm", "torch", "numpy",
+                      # the engines' optional extras (conformance/impls/engines/): absent where not installed
+                      "fairscale", "accelerate", "lightning_fabric", "deepspeed")
 
 
 def test_light_modules_import_no_heavy_library():

@@ -23,7 +23,7 @@ from dataclasses import fields, replace
 
 from conformance.cases.row import resolve
 from conformance.errors import split_list
-from conformance.impls.row import (DDP_KEYWORDS, DDP_METHOD_NAMES, INTERNAL_FIELDS, STRATEGY_KINDS, ImplSpecError,
+from conformance.impls.row import (CLASS_FIELDS, DDP_KEYWORDS, DDP_METHOD_NAMES, INTERNAL_FIELDS, STRATEGY_KINDS, ImplSpecError,
                                    Strategy, refuse_keywords, torch_sync_bn, wrap_torch_ddp)
 from conformance.worlds.runtimes import RUNTIMES, topologies
 from conformance.impls.mutants.catalog import MUTANTS, unknown_mutant
@@ -45,6 +45,15 @@ ROWS = {
     "xla_spmd": "conformance.impls.xla_paths:spmd_row",
     "xla_fsdpv2": "conformance.impls.xla_paths:fsdpv2_row",
     "xla_fsdp": "conformance.impls.xla_paths:xla_fsdp_row",
+    "fairscale": "conformance.impls.engines.fairscale:row",
+    "accelerate": "conformance.impls.engines.accelerate:row",
+    "lightning_fabric": "conformance.impls.engines.lightning:row",
+    "deepspeed_zero0": "conformance.impls.engines.deepspeed:zero0_row",
+    "deepspeed_zero1": "conformance.impls.engines.deepspeed:zero1_row",
+    "deepspeed_zero2": "conformance.impls.engines.deepspeed:zero2_row",
+    "deepspeed_zero3": "conformance.impls.engines.deepspeed:zero3_row",
+    "megatron_core": "conformance.impls.engines.unbuildable:megatron_row",
+    "horovod": "conformance.impls.engines.unbuildable:horovod_row",
 }
 
 # Upstream torch.nn.parallel.DistributedDataParallel over the ``xla`` process
@@ -162,7 +171,8 @@ def xla_recipe_row() -> Strategy:
 # --- the public contract, checked -------------------------------------------
 
 _CALLABLES = ("after_backward", "optimizer_step", "make_optimizer", "optimizer_state_dict",
-              "forward_backward", "sync_batchnorm")
+              "forward_backward", "sync_batchnorm", "backward", "zero_grad", "before_forward", "after_step",
+              "gather_grads")
 
 
 def _reason_problem(value) -> str | None:
@@ -209,8 +219,17 @@ def strategy_problem(row: Strategy) -> tuple[str, str] | None:
         problem = _mapping_problem(getattr(row, name), keys, what)
         if problem:
             return name, problem
+    for name in ("holds_copies", "optimizer_first"):
+        if not isinstance(getattr(row, name), bool):
+            return name, f"must be a bool, got {type(getattr(row, name)).__name__}"
+    if not isinstance(row.grad_attribute, str) or not row.grad_attribute.isidentifier():
+        return "grad_attribute", f"must be an attribute name (str), got {row.grad_attribute!r:.60}"
+    if not isinstance(row.not_transparent, dict):
+        return "not_transparent", f"must be a dict {{observable: reason}}, got {type(row.not_transparent).__name__}"
     if not isinstance(row.holds_copies, bool):
         return "holds_copies", f"must be a bool, got {type(row.holds_copies).__name__}"
+    if not isinstance(row.unavailable, str) or "\n" in row.unavailable:
+        return "unavailable", f"must be a one-line str, got {row.unavailable!r:.60}"
     problem = _reason_problem(row.no_copies_reason)
     if problem:
         return "no_copies_reason", problem
@@ -303,7 +322,33 @@ def _user_row(spec: str, attr: str, obj) -> Strategy:
     if not callable(obj):
         raise ImplSpecError(f"{where}: {attr!r} is a {type(obj).__name__}, neither a DDP-like class "
                             "nor a conformance.Strategy (or a zero-argument factory of one)")
-    return Strategy(spec, f"user implementation {spec}", lambda module, ctx, kwargs: obj(module, **kwargs))
+    return validate_strategy(_class_row(spec, obj), where)
+
+
+def _class_row(spec: str, obj) -> Strategy:
+    """The row of a DDP-like class (or callable): ``obj(module, **ddp_kwargs)`` (``obj(module,
+    optimizer, **ddp_kwargs)`` where it declares ``optimizer_first``), with the fields of
+    :data:`~conformance.impls.row.CLASS_FIELDS` it declares as class attributes: values, and
+    callables as ``staticmethod`` (a plain method is the wrapper's own, e.g. ``zero_grad``)."""
+    declared = {}
+    for klass in reversed(getattr(obj, "__mro__", ())):  # a subclass's declaration wins
+        if klass.__module__.split(".")[0] in ("torch", "builtins"):  # nn.Module.zero_grad is no declaration
+            continue
+        for f in CLASS_FIELDS:
+            value = vars(klass).get(f)
+            if isinstance(value, staticmethod):
+                declared[f] = value.__func__
+            elif value is not None and not callable(value):
+                declared[f] = value
+    if isinstance(declared.get("ignores"), (set, list, tuple)):
+        declared["ignores"] = frozenset(declared["ignores"])
+    if declared.get("optimizer_first") is True:
+        def wrap(module, ctx, kwargs, optimizer):
+            return obj(module, optimizer, **kwargs)
+    else:
+        def wrap(module, ctx, kwargs):
+            return obj(module, **kwargs)
+    return Strategy(spec, f"user implementation {spec}", wrap, **declared)
 
 
 def resolve_impl(spec: str) -> Strategy:

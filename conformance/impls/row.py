@@ -29,7 +29,7 @@ DDP_KEYWORDS = ("device_ids", "output_device", "dim", "broadcast_buffers", "init
                 "static_graph", "delay_all_reduce_named_params", "param_to_hook_all_reduce",
                 "mixed_precision", "device_mesh", "skip_all_reduce_unused_params", "bucket_cap_mb_list",
                 "batched_grad_copy", "forward_sync_buffers")
-#: DDP methods a case may require (``conformance.cases.shared.loop.DDP_METHODS``).
+#: DDP methods a case may require (``conformance.cases.shared.step.DDP_METHODS``).
 DDP_METHOD_NAMES = ("join", "no_sync", "register_comm_hook")
 #: Case kinds a strategy serves: the registry's kinds whose rows build a model through it
 #: (``needs_impl``; not ``invariant``, which checks rank bindings, nor ``collective``, which
@@ -45,9 +45,11 @@ class Strategy:
     """How one data-parallel implementation trains: the public contract of ``--ddp mod:obj``.
 
     The kit builds the model on every replica, calls :attr:`wrap`, builds the optimizer
-    (:attr:`make_optimizer`), and for every step runs forward on the replica's shard of the
-    global batch, ``mse_loss``, backward, :attr:`after_backward`, then :attr:`optimizer_step`
-    (default ``optimizer.step()``) and ``ctx.mark_step()``. After construction and after
+    (:attr:`make_optimizer`; before :attr:`wrap` with :attr:`optimizer_first`), and for every
+    step runs :attr:`zero_grad`, :attr:`before_forward`, forward on the replica's shard of the
+    global batch, ``mse_loss``, :attr:`backward`, :attr:`after_backward`, then
+    :attr:`optimizer_step` (default ``optimizer.step()``), :attr:`after_step` and
+    ``ctx.mark_step()`` - in every case kind (``conformance.cases.shared.step``). After construction and after
     every step it reads parameters, buffers and the optimizer state (:attr:`optimizer_state_dict`)
     back and compares them with the same steps on one CPU device with
     ``torch.nn.parallel.DistributedDataParallel``'s semantics (gradients averaged over
@@ -155,6 +157,35 @@ class Strategy:
             training on the whole global batch; :attr:`wrap` must shard it (and should fail
             a step whose input stayed replicated, see ``conformance/impls/xla_paths.py``).
 
+        optimizer_first: the optimizer is built before the wrapper, as fairscale's
+            ``ShardedDataParallel(module, OSS(...))``, DeepSpeed's ``initialize`` and accelerate's
+            ``prepare`` take it: the kit builds the case's optimizer over ``module.parameters()``
+            and calls ``wrap(module, ctx, ddp_kwargs, optimizer)``, which returns the model or
+            ``(model, optimizer)`` (the engine's optimizer, e.g. OSS built from the kit's, which
+            the steps then use: it must update as the kit's would).
+        backward: ``f(model, loss, optimizer, ctx) -> None`` or ``None`` (``loss.backward()``):
+            the engine's backward (``engine.backward(loss)``, ``accelerator.backward(loss)``).
+        zero_grad: ``f(model, optimizer, ctx) -> None`` or ``None``
+            (``optimizer.zero_grad(set_to_none)``): clear the gradients before a step's first
+            forward (``engine.zero_grad()``).
+        before_forward: ``f(model, optimizer, ctx) -> None`` or ``None``: run once per
+            optimizer step before its first forward (e.g. sync or reset the engine's buffers).
+        after_step: ``f(model, optimizer, ctx) -> None`` or ``None``: run after every
+            optimizer step (:attr:`optimizer_step` or ``optimizer.step()``), before anything is
+            read back (reset grad buffers, zero the engine's own state).
+        grad_attribute: where a parameter keeps its synchronised gradient once
+            :attr:`after_backward` returned (``"grad"``; ``"main_grad"`` for Megatron-style
+            engines). Read by the gradient properties and the feature tasks.
+        gather_grads: ``f(module, model, optimizer, ctx) -> list[Tensor | None]`` or ``None``:
+            the synchronised gradients of ``module.parameters()`` (in that order, full shape,
+            equal on every replica) where the engine shards them to owner ranks: a collective
+            every replica calls (e.g. a broadcast from each gradient's owner).
+            Loss unscaling and clipping between backward and step edit ``.grad``: a scenario
+            drawing them is ``unsupported`` for a strategy with another ``grad_attribute`` or
+            a ``gather_grads``.
+        unavailable: why the implementation cannot run on this machine at all (its package is
+            not installed, it needs a device this machine lacks): one line; every case is
+            ``skip`` with it. ``""``: it can run.
         not_transparent: ``{observable: reason}``, observables of
             :data:`conformance.cases.shared.transparency.OBSERVABLES` the strategy is documented to
             change (FSDP replaces parameters with sharded ones): the ``transparency`` check
@@ -186,12 +217,29 @@ class Strategy:
     topology: dict = field(default_factory=dict)
     unsupported_kinds: dict = field(default_factory=dict)
     not_transparent: dict = field(default_factory=dict)
+    optimizer_first: bool = False
+    backward: Callable | None = None
+    zero_grad: Callable | None = None
+    before_forward: Callable | None = None
+    after_step: Callable | None = None
+    grad_attribute: str = "grad"
+    gather_grads: Callable | None = None
+    unavailable: str = ""
 
+#: The step protocol's fields (docs/strategies.md, "The step protocol"): a plain class given as
+#: ``--ddp mod:Class`` may declare them, and the declarative fields, as class attributes.
+PROTOCOL_FIELDS = ("optimizer_first", "backward", "zero_grad", "before_forward", "after_step",
+                   "grad_attribute", "gather_grads")
+#: Fields a plain class may declare as class attributes (:data:`PROTOCOL_FIELDS` and these); a
+#: callable one is called as the Strategy's field is (a ``staticmethod`` on the class).
+CLASS_FIELDS = ("ignores", "sync_batchnorm", "not_transparent", "unsupported", "unsupported_kinds",
+                "unsupported_features", "after_backward", "optimizer_step", "make_optimizer",
+                "optimizer_state_dict") + PROTOCOL_FIELDS
 
 
 def refuse_keywords(row: str, kwargs: dict, accepted) -> None:
     """The constructor contract for rows without DDP's full signature: a keyword
-    outside ``accepted`` raises ``TypeError`` (``conformance.cases.shared.loop.wrap`` reports the case unsupported)."""
+    outside ``accepted`` raises ``TypeError`` (``conformance.cases.shared.step.wrap`` reports the case unsupported)."""
     other = sorted(k for k in kwargs if k not in accepted)
     if other:
         raise TypeError(f"{row} has no counterpart for keyword(s) {', '.join(other)}")

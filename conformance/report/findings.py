@@ -48,6 +48,10 @@ FILES = (
     FindingsFile("cpu-torch-2.13.txt", "torch", "2.13"),
     FindingsFile("cpu-torch-2.13-shipped-paths.txt", "torch", "2.13"),
     FindingsFile("pjrt-torch_xla-2.9.txt", "torch_xla", "2.9"),
+    FindingsFile("cpu-fairscale-0.4.13.txt", "fairscale", "0.4.13"),
+    FindingsFile("cpu-accelerate-1.16.txt", "accelerate", "1.16"),
+    FindingsFile("cpu-deepspeed-0.19.8.txt", "deepspeed", "0.19.8"),
+    FindingsFile("cpu-lightning-fabric-2.6.txt", "lightning-fabric", "2.6"),
 )
 
 

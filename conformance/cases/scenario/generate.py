@@ -57,7 +57,7 @@ DDP_EXTRAS = {"buckets": ("bucket_cap_mb", "gradient_as_bucket_view"), "comm_hoo
               "static_graph": ("static_graph",), "keywords": ()}
 #: ``keywords``: the DDP keywords of torch 2.13 drawn at each value class, the default first (the
 #: shrink target). Each scenario requires the ones it passes (``init_sync``, ``forward_sync_buffers``;
-#: the performance switches are dropped where refused, see ``train.loop.PERFORMANCE_HINTS``).
+#: the performance switches are dropped where refused, see ``conformance.cases.shared.step.PERFORMANCE_HINTS``).
 KEYWORD_VALUES = {"init_sync": (True, False), "broadcast_buffers": (True, None, False),
                   "forward_sync_buffers": (None, True, False), "batched_grad_copy": (False, True)}
 #: ``bucket_cap_mb_list``: up to this many per-bucket caps, each a class of CAP_CLASSES (the first

@@ -15,8 +15,10 @@ from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
 from conformance.cases.scenario.model import build_scenario_model, scenario_inputs, user_grad_hook
 from conformance.cases.scenario.oracle import distilled_target
 from conformance.cases.shared.setups import register_hook
-from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, wrap
+from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
+from conformance.cases.shared.step import construct
 from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
+                                               optimizer_state_dict,
                                                optimizer_state_layout, param_layout, saved_checkpoint,
                                                state_digest, to_device)
 from conformance.cases.shared.transparency import merged, observed_wrap
@@ -93,8 +95,9 @@ def _refuse_on_xla(ctx, sc: Scenario) -> None:
 
 
 def _builder(ctx, row, sc: Scenario, kwargs: dict, requires: list, optional: tuple):
-    """``build(salt=0)`` -> ``(module, ddp, optimizer, observer)``: this replica's scenario model,
-    wrapped (observed) by ``row`` with ``kwargs``, its gradient hook and comm hook, its optimizer."""
+    """``build(salt=0)`` -> ``(module, engine, observer)``: this replica's scenario model built
+    (observed) through ``row``'s step protocol with ``kwargs`` and the scenario's optimizer
+    (:class:`~conformance.cases.shared.step.Engine`), its gradient hook and comm hook."""
     r = ctx.rank
     # init_sync=False: the user builds equal parameters (rank 0's seed); buffers stay each replica's
     owner = r if sc.ddp.get("init_sync", True) else 0
@@ -103,20 +106,21 @@ def _builder(ctx, row, sc: Scenario, kwargs: dict, requires: list, optional: tup
         m = to_device(build_scenario_model(rank_seed(sc.seed, owner, salt), sc.rebind_buffers,
                                            rank_buffer_offset(r, salt), sc.workload, sc.module, sc.topology),
                        ctx.device)
-        ddp, obs = observed_wrap(row, m, ctx, lambda: wrap(row, m, ctx, kwargs, tuple(requires), optional))
+        engine, obs = observed_wrap(row, m, ctx, lambda: construct(
+            row, m, ctx, kwargs, lambda params: build_optimizer(sc.optimizer, params, sc.lr), tuple(requires), optional))
         user_grad_hook(m, sc.module)
         if sc.ddp.get("comm_hook"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-            register_hook(ddp, row.name, default_hooks.allreduce_hook)
+            register_hook(engine.model, row.name, default_hooks.allreduce_hook)
         ctx.mark_step()
-        return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr), obs
+        return m, engine, obs
     return build
 
 
 def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> dict:
     """The model-agnostic replica side of loop program ``sc`` (what :func:`scenario_task` returns),
     with the callables of :func:`.oracle.loop_reference` as this replica sees them: ``built`` the
-    ``(module, ddp, optimizer, observer)`` constructed, ``build(salt)`` a new one (the checkpoint
+    ``(module, engine, observer)`` constructed, ``build(salt)`` a new one (the checkpoint
     reload; ``TEACHER_SALT``: the teacher), ``inputs(s, j, sizes, plan)`` on the device.
 
     Raises:
@@ -127,10 +131,11 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
         loop.set_mode(False)
     params, buffers, digests = [flat_params(loop.model)], [flat_buffers(loop.model)], []
     for s, step in enumerate(sc.steps):
-        loop.opt.zero_grad(set_to_none=sc.loop["zero_grad"] == "set_to_none")
+        loop.engine.zero_grad(set_to_none=sc.loop["zero_grad"] == "set_to_none")
         for group in loop.opt.param_groups:
             group["lr"] = sc.lr_at(s)
         micro = step["micro"]
+        loop.engine.before_forward()
         for j, m in enumerate(micro):
             loop.evaluate(s, j)
             loop.micro_step(s, j, m)
@@ -140,34 +145,46 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
         loop.optimizer_step(s)
         params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
-        digests.append(state_digest(flat_optimizer_state(loop.opt)))
+        digests.append(state_digest(flat_optimizer_state(loop.opt, loop.full_state())))
         if sc.checkpoint_at == s:
             loop.reload()
-    model, opt = loop.model, loop.opt
+    model, opt, final = loop.model, loop.opt, loop.full_state()
     layout = {"params": param_layout(model), "buffers": buffer_layout(model),
-              "optim": optimizer_state_layout(opt, None, model)}
+              "optim": optimizer_state_layout(opt, final, model)}
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
-            "optim": flat_optimizer_state(opt), "layout": layout, "transparency": merged(loop.observers)}
+            "optim": flat_optimizer_state(opt, final), "layout": layout, "transparency": merged(loop.observers)}
 
 
 class _ReplicaLoop:
-    """The state of one :func:`run_loop`: the trained ``(model, ddp, opt, obs)`` (rebuilt at the
-    checkpoint reload), every wrap's observer, the frozen teacher DDP if the program has one."""
+    """The state of one :func:`run_loop`: the trained ``(model, engine, obs)`` (rebuilt at the
+    checkpoint reload; ``ddp`` and ``opt`` the engine's), every wrap's observer, the frozen teacher
+    DDP if the program has one."""
 
     def __init__(self, ctx, row, sc: Scenario, built, build, inputs, loss, blend):
         self.ctx, self.row, self.sc, self.build, self.inputs, self.loss, self.blend = (
             ctx, row, sc, build, inputs, loss, blend)
-        self.model, self.ddp, self.opt, self.obs = built
-        self.observers = [self.obs]
         self.scale = 2.0 ** sc.loss_scale_log2
+        self._adopt(built)
+        self.observers = [self.obs]
         self.training = sc.loop["module_mode"] == "train"
         self.teacher = None
         if sc.loop["teacher"] != "none":  # a second DDP in the loop: built after the trained one, never trained
             if blend is None:
                 raise ValueError("a loop program with a teacher needs the target's blend")
-            t_model, self.teacher, _, t_obs = build(TEACHER_SALT)
+            t_model, t_engine, t_obs = build(TEACHER_SALT)
+            self.teacher = t_engine.model
             t_obs.close()  # never trained: its own wrap was observed, its forwards are not
             (self.teacher if callable(getattr(self.teacher, "train", None)) else t_model).train(False)
+
+    def _adopt(self, built) -> None:
+        self.model, self.engine, self.obs = built
+        self.ddp, self.opt = self.engine.model, self.engine.opt
+        if self.scale != 1.0 or self.sc.loop["clip"] == "norm":
+            self.engine.require_grads_in_place("loss unscaling" if self.scale != 1.0 else "gradient clipping")
+
+    def full_state(self):
+        """The strategy's full optimizer state dict where it declares one (a collective), else None."""
+        return optimizer_state_dict(self.row, self.opt, self.ctx) if self.row.optimizer_state_dict else None
 
     def set_mode(self, train):  # as a user does: on the wrapper (which sets the module's mode)
         (self.ddp if callable(getattr(self.ddp, "train", None)) else self.model).train(train)
@@ -205,14 +222,13 @@ class _ReplicaLoop:
                         y = self.blend(self.teacher(*targs, **tkwargs), y)
                 total = total + self.loss(obs.call(ddp, *args, **kwargs), y)
             with obs.unchanged_by("backward"):
-                (total * self.scale).backward()
+                self.engine.backward(total * self.scale)
 
     def optimizer_step(self, s: int):
         """Step ``s``'s optimizer step: the strategy's after-backward, the gradients unscaled (and
         clipped), the step (the strategy's, or ``optimizer.step()``), observed."""
-        row, ddp, opt, obs, ctx, model = self.row, self.ddp, self.opt, self.obs, self.ctx, self.model
-        if row.after_backward is not None:
-            row.after_backward(ddp, opt, ctx)
+        obs, ctx, model = self.obs, self.ctx, self.model
+        self.engine.sync()
         if self.scale != 1.0:
             with torch.no_grad():
                 for q in model.parameters():
@@ -221,18 +237,15 @@ class _ReplicaLoop:
         if self.sc.loop["clip"] == "norm":
             torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
         with obs.unchanged_by("the optimizer step"):
-            if row.optimizer_step is not None:  # the strategy's step replaces optimizer.step()
-                row.optimizer_step(ddp, opt, ctx)
-            else:
-                opt.step()
+            self.engine.step()
         ctx.mark_step()
         obs.after_step(s + 1, modes=False)  # the loop sets modes itself (eval forwards)
 
     def reload(self):
         """The checkpoint: save DDP + optimizer state, build a new DDP (observed) and load it."""
-        model_state, optim_state = saved_checkpoint(self.ddp.state_dict(), self.opt.state_dict())
+        model_state, optim_state = saved_checkpoint(self.ddp.state_dict(), self.full_state() or self.opt.state_dict())
         self.obs.close()
-        self.model, self.ddp, self.opt, self.obs = self.build(salt=1)
+        self._adopt(self.build(salt=1))
         self.observers.append(self.obs)
         self.model.load_state_dict(model_state)
         self.opt.load_state_dict(optim_state)

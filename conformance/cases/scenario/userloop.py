@@ -30,7 +30,8 @@ from conformance.cases.scenario.format import Scenario, buffer_sync
 from conformance.cases.scenario.explicit import loop_builders
 from conformance.cases.scenario.oracle import judge_scenario, loop_reference
 from conformance.cases.scenario.replica import run_loop
-from conformance.cases.shared.loop import build_optimizer, rank_buffer_offset, rank_seed, wrap
+from conformance.cases.shared.loop import build_optimizer, rank_buffer_offset, rank_seed
+from conformance.cases.shared.step import construct
 from conformance.cases.shared.transparency import observed_wrap
 from conformance.cases.shared.measured import measured_tolerance, stated, user_run
 from conformance.cases.shared.readback import to_device
@@ -128,9 +129,10 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
 
     def build(salt=0):
         m = to_device(_build(model, sc.seed, ctx.rank, salt), ctx.device)
-        ddp, obs = observed_wrap(row, m, ctx, lambda: wrap(row, m, ctx, kwargs, tuple(requires)))
+        engine, obs = observed_wrap(row, m, ctx, lambda: construct(
+            row, m, ctx, kwargs, lambda params: build_optimizer(sc.optimizer, params, sc.lr), tuple(requires)))
         ctx.mark_step()
-        return m, ddp, build_optimizer(sc.optimizer, ddp.parameters(), sc.lr), obs
+        return m, engine, obs
 
     return run_loop(ctx, row, sc, build(), build,
                     lambda s, j, sizes, plan: user_inputs(model, sc, s, j, which, sizes, ctx.device),

@@ -12,6 +12,7 @@ from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat
 from conformance.tolerances import lookup
 from conformance.cases.shared.setups import SETUPS, replica_groups
 from conformance.cases.shared.transparency import merged, observed_wrap, probe_modes
+from conformance.cases.shared.step import construct
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
 from fixtures import build_model, global_batch, shard
@@ -64,57 +65,6 @@ class RunSpec:
         return asdict(self)
 
 
-#: DDP methods a case may require (an implementation without one is unsupported).
-DDP_METHODS = ("join", "register_comm_hook", "no_sync")
-#: Performance-only keywords (torch's DDP: they change bucketing, not the result). A case that
-#: passes one without requiring it (``parity.mlp``'s ``bucket_cap_mb``) runs without it when the
-#: DDP refuses it with ``TypeError``; a case that requires one (the bucket cases) is unsupported.
-PERFORMANCE_HINTS = ("bucket_cap_mb", "gradient_as_bucket_view")
-
-
-def require(ddp, impl, requires) -> None:
-    """Raise :class:`~conformance.errors.Unsupported` if ``ddp`` (built by the
-    :class:`~conformance.impls.row.Strategy` ``impl``) cannot serve ``requires``: a need the row
-    declares unsupported, a keyword it ``ignores`` (the reference DDP accepts some torch keywords
-    and ignores them, with a warning; another DDP raises ``TypeError``, :func:`wrap`), a missing
-    method of :data:`DDP_METHODS`."""
-    for need in requires:
-        if need in impl.unsupported_features:
-            raise Unsupported(f"{impl.name}: {impl.unsupported_features[need]}")
-        if need in impl.ignores:
-            raise Unsupported(f"{impl.name} ignores constructor argument {need}")
-        if need in DDP_METHODS and not callable(getattr(ddp, need, None)):
-            raise Unsupported(f"{impl.name} has no {need}()")
-
-
-def wrap(impl, module, ctx, kwargs: dict, requires=(), optional=()):
-    """``impl.wrap(module, ctx, kwargs)``, then :func:`require`. A refused :data:`PERFORMANCE_HINTS`
-    keyword, or one of ``optional`` (keywords this run's semantics do not depend on), not in
-    ``requires`` is dropped and the construction retried without it.
-
-    Raises:
-        Unsupported: a required keyword is refused with ``TypeError`` (the
-            constructor contract: refuse what you do not implement) or ignored,
-            or a required method is missing.
-    """
-    kwargs = dict(kwargs)
-    while True:
-        try:
-            ddp = impl.wrap(module, ctx, dict(kwargs))
-            break
-        except TypeError as exc:
-            refused = [k for k in kwargs if k in str(exc)]
-            if not refused:
-                raise
-            hints = [k for k in refused if (k in PERFORMANCE_HINTS or k in optional) and k not in requires]
-            if not hints:
-                raise Unsupported(f"{impl.name} refuses keyword {refused[0]}: {exc}") from None
-            for k in hints:
-                del kwargs[k]
-    require(ddp, impl, requires)
-    return ddp
-
-
 def mse(out, y):
     """The training loss: ``mse_loss`` in float32, or float64 for a float64 output (a float64
     model's gradients would otherwise carry float32 rounding; ``y`` is cast to match)."""
@@ -160,8 +110,10 @@ def build_optimizer(name: str, params, lr: float, momentum: float = 0.0):
     return getattr(torch.optim, cls)(params, lr=lr, **(kwargs or {"momentum": momentum}))
 
 
-def make_optimizer(params, run: RunSpec):
-    """A training run's optimizer (a ``Strategy.make_optimizer`` replaces it): SGD with the run's momentum."""
+def make_optimizer(params, run: RunSpec, impl=None):
+    """A training run's optimizer: ``impl.make_optimizer`` (a Strategy's), else SGD with the run's momentum."""
+    if impl is not None and impl.make_optimizer is not None:
+        return impl.make_optimizer(params, run)
     return build_optimizer("sgd", params, run.lr, run.momentum)
 
 
@@ -169,12 +121,13 @@ class Loop:
     """The state of one replica's training loop, handed to setups' hooks.
 
     Attributes: ``ctx``, ``run``, ``impl`` (the Strategy row), ``model`` (the inner
-    module), ``ddp`` (the wrapped model), ``opt``, ``setups``.
+    module), ``engine`` (:class:`~conformance.cases.shared.step.Engine`), ``ddp`` (the wrapped
+    model), ``opt`` (the engine's optimizer), ``setups``.
     """
 
     def __init__(self, ctx, run: RunSpec, impl, setups):
         self.ctx, self.run, self.impl, self.setups = ctx, run, impl, setups
-        self.model = self.ddp = self.opt = None
+        self.model = self.ddp = self.opt = self.engine = None
         self.observers = []  # one per wrap (a checkpoint reload wraps again)
 
     def fresh_model(self, salt: int = 0):
@@ -204,8 +157,9 @@ class Loop:
         with contextlib.ExitStack() as stack:
             for s in self.setups:
                 stack.enter_context(s.construction_context(self))
-            self.ddp, obs = observed_wrap(self.impl, self.model, self.ctx,
-                                          lambda: wrap(self.impl, self.model, self.ctx, kwargs, requires))
+            self.engine, obs = observed_wrap(self.impl, self.model, self.ctx, lambda: construct(
+                self.impl, self.model, self.ctx, kwargs, lambda params: make_optimizer(params, self.run, self.impl), requires))
+        self.ddp, self.opt = self.engine.model, self.engine.opt
         for old in self.observers:
             old.close()
         self.observers.append(obs)
@@ -215,7 +169,6 @@ class Loop:
         # read (.cpu()) of a pending collective would compile it outside the step
         # lock, per replica, and the replicas' collectives would never meet.
         self.ctx.mark_step()
-        self.opt = (self.impl.make_optimizer or make_optimizer)(self.ddp.parameters(), self.run)
 
 
 def train_replica(ctx, spec: dict) -> dict:
@@ -227,7 +180,7 @@ def train_replica(ctx, spec: dict) -> dict:
     flat vector, so verdicts can name them) and ``transparency`` (the observers' result).
 
     Raises:
-        Unsupported: the implementation cannot serve the run (see :func:`wrap`).
+        Unsupported: the implementation cannot serve the run (see :func:`conformance.cases.shared.step.wrap`).
     """
     run = RunSpec(**spec)
     loop = Loop(ctx, run, resolve_impl(run.impl), [SETUPS[n] for n in run.setups])
@@ -270,9 +223,10 @@ def train_replica(ctx, spec: dict) -> dict:
 def _train_step(loop: Loop, step: int, xs, ys):
     """One optimizer step (0-based ``step``) of :func:`train_replica` on this replica's shard
     ``xs``, ``ys`` (on the device), observed; returns the local loss."""
-    ctx, run = loop.ctx, loop.run
-    loop.opt.zero_grad(set_to_none=True)
+    ctx, run, engine = loop.ctx, loop.run, loop.engine
+    engine.zero_grad()
     ctx.note(step=step + 1, phase="forward")  # 1-based, as verdicts count
+    engine.before_forward()
     with contextlib.ExitStack() as stack:
         for s in loop.setups:
             stack.enter_context(s.forward_context(loop, step))
@@ -286,15 +240,11 @@ def _train_step(loop: Loop, step: int, xs, ys):
         loss = training_loss(run.model, out, ys)
         ctx.note(phase="backward")  # DDP's gradient all-reduces run here
         with obs.unchanged_by("backward"):
-            loss.backward()
-    if loop.impl.after_backward is not None:
-        loop.impl.after_backward(loop.ddp, loop.opt, ctx)
+            engine.backward(loss)
+    engine.sync()
     ctx.note(phase="optimizer step")
     with obs.unchanged_by("the optimizer step"):
-        if loop.impl.optimizer_step is not None:  # e.g. xm.optimizer_step(optimizer)
-            loop.impl.optimizer_step(loop.ddp, loop.opt, ctx)
-        else:
-            loop.opt.step()
+        engine.step()
     ctx.mark_step()
     obs.after_step(step + 1)
     return loss

@@ -47,7 +47,7 @@ class Setup:
         return model
 
     def after_wrap(self, loop) -> None:
-        """Called once the DDP is built (``loop.ddp``), before the optimizer."""
+        """Called once the DDP and its optimizer are built (``loop.ddp``, ``loop.opt``)."""
 
     def construction_context(self, loop):
         """Context manager around the DDP's construction."""

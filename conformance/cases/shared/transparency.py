@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 
 from conformance.cases.shared.checks import TRANSPARENCY
+from conformance.cases.shared.step import Engine
 from conformance.worlds.runtimes.base import torch_settings
 from conformance.verdict import Verdict
 
@@ -65,7 +66,8 @@ RNG_SEED, RNG_SEED_STRIDE = 20_261, 7_919
 
 
 def observed_wrap(row, module, ctx, wrap):
-    """``(ddp, observer)``: the replica's default generator seeded per rank (:data:`RNG_SEED`;
+    """``(built, observer)`` (``built`` what ``wrap()`` returned: a DDP or an
+    :class:`~conformance.cases.shared.step.Engine`): the replica's default generator seeded per rank (:data:`RNG_SEED`;
     not where replicas share it), then ``wrap()`` (which builds the DDP around ``module``)
     between an :class:`Observer`'s first snapshot and :meth:`Observer.wrapped`. The observer of
     strategy ``row`` leaves out its documented changes (``Strategy.not_transparent``) and the RNG
@@ -77,9 +79,9 @@ def observed_wrap(row, module, ctx, wrap):
         import torch
         torch.manual_seed(RNG_SEED + RNG_SEED_STRIDE * ctx.rank)
     obs = Observer(module, ctx.rank, skip)
-    ddp = wrap()
-    obs.wrapped(ddp)
-    return ddp, obs
+    built = wrap()
+    obs.wrapped(built.model if isinstance(built, Engine) else built)
+    return built, obs
 
 
 def rng_digest() -> str:

@@ -21,7 +21,7 @@ import threading
 import time
 
 from conformance.cases.task.kind import replica_batch, replica_model
-from conformance.cases.shared.loop import wrap
+from conformance.cases.shared.step import construct
 from conformance.impls.builtin import resolve_impl
 from conformance.verdict import Verdict
 
@@ -128,18 +128,19 @@ def task_graph_agreement(ctx, impl, model: str = GRAPH_MODEL, steps: int = GRAPH
     try:
         rec = GraphRecorder(ctx, run)
         m = replica_model(ctx, model)
-        ddp = wrap(resolve_impl(impl), m, ctx, {})
+        engine = construct(resolve_impl(impl), m, ctx, {}, lambda params: torch.optim.SGD(params, lr=lr))
         diff = rec.step(0, list(m.parameters()) + list(m.buffers()))
-        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
         for step in range(1, steps + 1):
             if diff is not None:
                 break
             x, y, _, _ = replica_batch(model, step, ctx.world_size, ctx.rank)
-            opt.zero_grad(set_to_none=True)
-            loss = F.mse_loss(ddp(x.to(ctx.device)), y.to(ctx.device))
-            loss.backward()
-            opt.step()
-            grads = [p.grad for p in m.parameters() if p.grad is not None]
+            engine.zero_grad()
+            engine.before_forward()
+            loss = F.mse_loss(engine.model(x.to(ctx.device)), y.to(ctx.device))
+            engine.backward(loss)
+            engine.sync()
+            engine.step()
+            grads = [g for g in engine.grads(m) if g is not None]
             diff = rec.step(step, list(m.parameters()) + grads + list(m.buffers()) + [loss])
         return {"hashes": rec.hashes, "difference": diff, "cost_s": rec.cost_s}
     finally:

@@ -14,7 +14,8 @@ import numpy as np
 from conformance.cases.shared.checks import Check, judge
 from conformance.cases.kinds import Kind
 from conformance.cases.row import resolve
-from conformance.cases.shared.loop import rank_buffer_offset, rank_seed, wrap
+from conformance.cases.shared.loop import rank_buffer_offset, rank_seed
+from conformance.cases.shared.step import construct
 from conformance.cases.shared.readback import buffer_layout, flat_buffers, flat_params, param_layout, to_device
 from conformance.cases.shared.setups import register_hook
 from conformance.tolerances import lookup
@@ -37,11 +38,27 @@ def replica_model(ctx, model, rank_seeded=True):
                      ctx.device)
 
 
-def _wrap(ctx, impl, module, requires=(), **kwargs):
-    """Wrap with the implementation ``impl``; raises Unsupported (see conformance.cases.shared.loop.wrap)."""
-    ddp = wrap(resolve_impl(impl), module, ctx, kwargs, requires)
+def _wrap(ctx, impl, module, requires=(), lr=0.0, **kwargs):
+    """``module`` built through the step protocol of implementation ``impl`` with ``kwargs`` and
+    an ``SGD(lr)``: an :class:`~conformance.cases.shared.step.Engine`; raises Unsupported (see
+    :func:`conformance.cases.shared.step.wrap`)."""
+    import torch
+    engine = construct(resolve_impl(impl), module, ctx, kwargs, lambda params: torch.optim.SGD(params, lr=lr),
+                       requires)
     ctx.mark_step()  # XLA: run the construction's collectives before any read-back
-    return ddp
+    return engine
+
+
+def _step(engine, x, y, ctx, sync=True):
+    """One forward, MSE loss and backward of ``engine`` on ``x``, ``y`` (the step sync unless
+    ``sync`` is False: under ``no_sync()``); returns the loss."""
+    import torch.nn.functional as F
+    loss = F.mse_loss(engine.model(x.to(ctx.device)), y.to(ctx.device))
+    engine.backward(loss)
+    if sync:
+        engine.sync()
+    ctx.mark_step()
+    return loss
 
 
 def replica_batch(model, step, world_size, rank):
@@ -50,11 +67,14 @@ def replica_batch(model, step, world_size, rank):
     return shard(x, rank, world_size), shard(y, rank, world_size), x, y
 
 
-def _grads(module):
-    """Gradients as one float64 vector; a ``None`` gradient reads as NaN."""
+def _grads(module, engine=None, synced=True):
+    """Gradients as one float64 vector (where ``engine``'s strategy keeps them, else ``.grad``;
+    ``synced``: see :meth:`~conformance.cases.shared.step.Engine.grads`); a ``None`` gradient
+    reads as NaN."""
     import torch
-    return torch.cat([(p.grad if p.grad is not None else torch.full_like(p, float("nan")))
-                      .detach().double().cpu().reshape(-1) for p in module.parameters()]).numpy()
+    grads = engine.grads(module, synced) if engine is not None else [p.grad for p in module.parameters()]
+    return torch.cat([(g if g is not None else torch.full_like(p, float("nan")))
+                      .detach().double().cpu().reshape(-1) for p, g in zip(module.parameters(), grads)]).numpy()
 
 
 def _judge(name, results, expected, impl, runtime, model, tol, movement, per_rank=False):
@@ -89,7 +109,7 @@ def judge_state_sync(results, impl, runtime):
 def task_buffers_on(ctx, impl):
     import torch
     m = replica_model(ctx, "batchnorm", rank_seeded=False)
-    ddp = _wrap(ctx, impl, m, broadcast_buffers=True)
+    engine = _wrap(ctx, impl, m, broadcast_buffers=True)
     bn = m[1]
     bn.momentum = 0.0  # forward then leaves running stats as they were broadcast
     with torch.no_grad():
@@ -98,7 +118,8 @@ def task_buffers_on(ctx, impl):
             bn.running_var.mul_(2.0)
     ctx.mark_step()  # XLA: the rank-0-only edit must not be in the forward's (collective) graph
     x, _, _, _ = replica_batch("batchnorm", 0, ctx.world_size, ctx.rank)
-    ddp(x.to(ctx.device))
+    engine.before_forward()
+    engine.model(x.to(ctx.device))
     ctx.mark_step()
     return {"buffers": torch.cat([bn.running_mean, bn.running_var]).double().cpu().numpy(),
             "layout": [(f"1.{n}", tuple(getattr(bn, n).shape)) for n in ("running_mean", "running_var")]}
@@ -115,11 +136,13 @@ def judge_buffers_on(results, impl, runtime):
 def task_unused(ctx, impl):
     import torch.nn.functional as F
     m = replica_model(ctx, "unused")
-    ddp = _wrap(ctx, impl, m, requires=("find_unused_parameters",), find_unused_parameters=True)
+    engine = _wrap(ctx, impl, m, requires=("find_unused_parameters",), find_unused_parameters=True)
     x, y, _, _ = replica_batch("unused", 0, ctx.world_size, ctx.rank)
-    F.mse_loss(ddp(x.to(ctx.device), use_branch=ctx.rank == 0), y.to(ctx.device)).backward()
+    engine.before_forward()
+    engine.backward(F.mse_loss(engine.model(x.to(ctx.device), use_branch=ctx.rank == 0), y.to(ctx.device)))
+    engine.sync()
     ctx.mark_step()
-    return {"grads": _grads(m), "layout": param_layout(m)}
+    return {"grads": _grads(m, engine), "layout": param_layout(m)}
 
 
 def _unused_reference(world_size):
@@ -145,18 +168,16 @@ def judge_unused(results, impl, runtime):
 # --- no_sync -----------------------------------------------------------------
 
 def task_no_sync(ctx, impl):
-    import torch.nn.functional as F
     m = replica_model(ctx, "linear")
-    ddp = _wrap(ctx, impl, m, requires=("no_sync",))
+    engine = _wrap(ctx, impl, m, requires=("no_sync",))
     xa, ya, _, _ = replica_batch("linear", 0, ctx.world_size, ctx.rank)
     xb, yb, _, _ = replica_batch("linear", 1, ctx.world_size, ctx.rank)
-    with ddp.no_sync():
-        F.mse_loss(ddp(xa.to(ctx.device)), ya.to(ctx.device)).backward()
-    ctx.mark_step()
-    inside = _grads(m)
-    F.mse_loss(ddp(xb.to(ctx.device)), yb.to(ctx.device)).backward()
-    ctx.mark_step()
-    return {"inside": inside, "after": _grads(m), "layout": param_layout(m)}
+    engine.before_forward()
+    with engine.model.no_sync():
+        _step(engine, xa, ya, ctx, sync=False)
+    inside = _grads(m, engine, synced=False)
+    _step(engine, xb, yb, ctx)
+    return {"inside": inside, "after": _grads(m, engine), "layout": param_layout(m)}
 
 
 def _local_grads(model, step, world_size):
@@ -186,17 +207,15 @@ def judge_no_sync(results, impl, runtime):
 # --- uneven inputs with join() -----------------------------------------------
 
 def task_join(ctx, impl, lr=0.1):
-    import torch
-    import torch.nn.functional as F
     m = replica_model(ctx, "linear")
-    ddp = _wrap(ctx, impl, m, requires=("join",))
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
-    with ddp.join():
+    engine = _wrap(ctx, impl, m, requires=("join",), lr=lr)
+    with engine.model.join():
         for step in range(UNEVEN_BASE_STEPS + ctx.rank):
             x, y, _, _ = replica_batch("linear", step, ctx.world_size, ctx.rank)
-            opt.zero_grad(set_to_none=True)
-            F.mse_loss(ddp(x.to(ctx.device)), y.to(ctx.device)).backward()
-            opt.step()
+            engine.zero_grad()
+            engine.before_forward()
+            _step(engine, x, y, ctx)
+            engine.step()
             ctx.mark_step()
     return {"params": flat_params(m).astype(np.float64), "layout": param_layout(m)}
 
@@ -245,19 +264,18 @@ def task_powersgd(ctx, impl, lr=0.1):
     import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
     m = replica_model(ctx, "linear")
-    ddp = _wrap(ctx, impl, m, requires=("register_comm_hook",))
+    engine = _wrap(ctx, impl, m, requires=("register_comm_hook",), lr=lr)
     state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                    start_powerSGD_iter=POWERSGD_START_ITER)
-    register_hook(ddp, impl, powersgd.powerSGD_hook, state)
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    register_hook(engine.model, impl, powersgd.powerSGD_hook, state)
     x, y, _, _ = replica_batch("linear", 0, ctx.world_size, ctx.rank)
     x, y = x.to(ctx.device), y.to(ctx.device)
     losses, params = [], []
     for _ in range(POWERSGD_STEPS):
-        opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
+        engine.zero_grad()
+        engine.before_forward()
+        loss = _step(engine, x, y, ctx)
+        engine.step()
         ctx.mark_step()
         losses.append(float(loss.detach().cpu()))
         params.append(flat_params(m).astype(np.float64))

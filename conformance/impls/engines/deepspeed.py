@@ -1,0 +1,77 @@
+"""DeepSpeed 0.19.8, ZeRO stages 0-3: ``deepspeed.initialize(model=, optimizer=, config=)``,
+``engine.backward(loss)`` and ``engine.step()``, as its getting-started guide wires them, on its
+CPU accelerator (``DS_ACCELERATOR=cpu``; without oneCCL it falls back to gloo). The config keeps
+the comparison with DDP exact: float32, no gradient clipping (``gradient_clipping: 0.0``), one
+micro-step per step, the kit's optimizer as DeepSpeed's client optimizer.
+"""
+from __future__ import annotations
+
+import os
+
+from conformance.impls.engines import NOT_ON_PJRT, missing
+from conformance.impls.engines._env import export_launcher_env
+from conformance.impls.row import Strategy, refuse_keywords
+
+VERSION = "0.19.8"
+#: DDP keywords the engine takes: it broadcasts rank 0's module states at construction, never
+#: buffers before a forward, so ``broadcast_buffers`` is accepted and ignored.
+ACCEPTED = ("broadcast_buffers",)
+
+
+def config(stage: int) -> dict:
+    """The DeepSpeed config of ZeRO stage ``stage``."""
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+            "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
+            "steps_per_print": 2 ** 31 - 1, "wall_clock_breakdown": False}
+
+
+def _wrap(stage):
+    def wrap(module, ctx, kwargs, optimizer):
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        export_launcher_env(ctx)
+        import deepspeed
+        refuse_keywords(f"DeepSpeed ZeRO-{stage}", kwargs, ACCEPTED)
+        engine, opt, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config(stage))
+        return engine, opt
+    return wrap
+
+
+def _gather_grads(module, model, optimizer, ctx):
+    """The full gradient of every parameter through ``deepspeed.utils.safe_get_full_grad`` (a
+    collective under ZeRO >= 1)."""
+    from deepspeed.utils import safe_get_full_grad
+    return [safe_get_full_grad(p) for p in module.parameters()]
+
+
+#: Why ZeRO-3 is not read: its parameters are partitioned in place.
+ZERO3 = ("ZeRO-3 partitions every parameter in place (outside deepspeed.zero.GatheredParameters a parameter "
+         "reads as an empty tensor); the kit reads full parameters from the module after every step")
+
+
+def row(stage: int) -> Strategy:
+    """The ``deepspeed_zero<stage>`` row."""
+    unsupported = dict(NOT_ON_PJRT, **({"cpu": ZERO3} if stage == 3 else {}))
+    return Strategy(
+        f"deepspeed_zero{stage}", f"DeepSpeed {VERSION} ZeRO-{stage} on its CPU accelerator: deepspeed.initialize, "
+        "engine.backward(loss), engine.step()", _wrap(stage), optimizer_first=True,
+        backward=lambda model, loss, optimizer, ctx: model.backward(loss),
+        optimizer_step=lambda model, optimizer, ctx: model.step(),
+        zero_grad=lambda model, optimizer, ctx: model.zero_grad(),
+        gather_grads=_gather_grads, ignores=frozenset(ACCEPTED), unsupported=unsupported,
+        unavailable=missing("deepspeed", VERSION, "deepspeed"))
+
+
+def zero0_row() -> Strategy:
+    return row(0)
+
+
+def zero1_row() -> Strategy:
+    return row(1)
+
+
+def zero2_row() -> Strategy:
+    return row(2)
+
+
+def zero3_row() -> Strategy:
+    return row(3)
