@@ -238,6 +238,18 @@ SCENARIOS = (
          "model; the profile sets how many and how costly", "scenario", args={"zoo": True},
          checks=tuple(SCENARIO_CHECKS), tags=("zoo", "loop"), must_kill=("no_grad_sync", "sum_not_mean"),
          world_sizes={"cpu": (2,)}),
+    # Generated module graphs (docs/topologies.md): torch.nn layers, composite ones included, wired
+    # as random graphs with every workload corner at any node, the same scenarios around them.
+    _scenario("topology", "the same on a generated module graph: Linear / Conv / BatchNorm / LayerNorm / "
+              "MultiheadAttention / TransformerEncoderLayer / LSTM / GRU / Embedding(Bag) nodes in branches and "
+              "merges, one or two inputs, several outputs, each node's corners drawn (float64 / bfloat16 / "
+              "complex64, transposed and channels_last weights, sparse gradients, applied twice, (non-)reentrant "
+              "checkpointing, a module reused at two places, tied and frozen weights, gated by the replica's plan)",
+              {"topology": True, "ddp_extra": ("buckets", "static_graph")},
+              ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced"), tags=("topology", "workload"),
+              # the corners' faults are in what is reduced, not the divisor: the odd world (W=3) of
+              # the CPU default adds cost, not power (scenario.core and scenario.workload run it)
+              world_sizes={"cpu": (2,)}),
 )
 
 

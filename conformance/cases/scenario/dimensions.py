@@ -81,6 +81,11 @@ MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
                                 f"'{GRAD_HOOK_PARAM}' after wrapping"}
 
 
+class BadBatch(RuntimeError):
+    """Raised by the scenario model's forward with ``bad=True``, after its buffers moved: the
+    loop programs' skipped batch (:data:`EVAL_GRAD` ``raising``)."""
+
+
 @dataclass
 class ScenarioOutput:
     """The scenario model's output with ``module["output"] == "dataclass"``: ``pred`` ``[n,
@@ -96,7 +101,10 @@ ScenarioPair = namedtuple("ScenarioPair", ["pred", "hidden", "tag"])
 
 
 def prediction_of(out):
-    """The tensor the loss reads from a scenario model's output (:data:`MODULES` ``output``)."""
+    """The tensor the loss reads from a scenario model's output (:data:`MODULES` ``output``; a
+    topology's several outputs, a tuple: their sum)."""
+    if isinstance(out, tuple) and not isinstance(out, ScenarioPair):
+        return sum(out[1:], out[0])
     if isinstance(out, (ScenarioOutput, ScenarioPair)):
         return out.pred
     return out["pred"] if isinstance(out, dict) else out

@@ -17,7 +17,9 @@ def uneven_batches(world_size: int) -> list:
 
 
 def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
-    """Scenarios every run of a case includes (module docstring)."""
+    """Scenarios every run of a case includes (module docstring); a topology case draws its graphs only."""
+    if space.topology:
+        return []
     if space.workload:
         return explicit_workload_scenarios(world_size, space)
     if "keywords" in space.ddp_extra:

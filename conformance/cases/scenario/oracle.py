@@ -40,7 +40,7 @@ import torch
 
 from conformance.cases.shared.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, TRANSPARENCY, judge, judge_agreement
 from conformance.cases.shared.transparency import judge_transparency
-from conformance.cases.scenario.dimensions import (CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
+from conformance.cases.scenario.dimensions import (BadBatch, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
                                                    grad_mode, prediction_of)
 from conformance.cases.scenario.format import Scenario, buffer_sync
 from conformance.cases.scenario.statements import around_forward, before_wrap
@@ -55,14 +55,16 @@ def scenario_reference(sc: Scenario) -> dict:
     """DDP's semantics for ``sc`` on one CPU device (the module docstring), on rank 0's scenario
     model. Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica must
     hold after each step), ``optim`` (final optimizer state)."""
-    net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
+    net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module,
+                               topology=sc.topology)
     before_wrap(sc.loop, net)
     user_grad_hook(net, sc.module)
     start_buffers, reload_buffers = _scenario_buffers(sc, net)
     teacher = None
     if sc.loop["teacher"] != "none":  # rank 0's (the DDP broadcasts its parameters), in eval mode
         teacher = build_scenario_model(rank_seed(sc.seed, 0, TEACHER_SALT), sc.rebind_buffers,
-                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module).eval()
+                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module,
+                                       sc.topology).eval()
     return loop_reference(sc, net, lambda s, j, r, sizes, plan: scenario_inputs(sc, s, j, r, sizes, plan),
                           lambda out, y: mse(prediction_of(out), y), start_buffers, reload_buffers, teacher=teacher,
                           blend=distilled_target)

@@ -8,11 +8,11 @@ import contextlib
 import numpy as np
 import torch
 
-from conformance.cases.scenario.dimensions import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
+from conformance.cases.scenario.dimensions import (BadBatch, BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
                                                    XLA_UNSUPPORTED_LOOP, grad_mode, prediction_of, workload_corners,
                                                    xla_unsupported)
 from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
-from conformance.cases.scenario.model import BadBatch, build_scenario_model, scenario_inputs, user_grad_hook
+from conformance.cases.scenario.model import build_scenario_model, scenario_inputs, user_grad_hook
 from conformance.cases.scenario.oracle import distilled_target
 from conformance.cases.scenario.statements import around_forward, before_wrap, refusal
 from conformance.cases.shared.setups import register_hook
@@ -87,6 +87,8 @@ def _ddp_keywords(sc: Scenario) -> tuple:
 def _refuse_on_xla(ctx, sc: Scenario) -> None:
     """Raise :class:`~conformance.errors.Unsupported` for a corner an XLA device cannot train."""
     why = xla_unsupported(sc.workload) if str(ctx.device).startswith("xla") else None
+    if sc.topology is not None and str(ctx.device).startswith("xla"):
+        why = "generated topologies are drawn on CPU only (each drawn graph would be a new compilation)"
     if why:
         raise Unsupported(f"workload {workload_corners(sc.workload)}: {why}")
     if str(ctx.device).startswith("xla") and any(f["grad"] == "inference_mode" for st in sc.steps
@@ -104,7 +106,8 @@ def _builder(ctx, row, sc: Scenario, kwargs: dict, requires: list, optional: tup
 
     def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
         m = to_device(build_scenario_model(rank_seed(sc.seed, owner, salt), sc.rebind_buffers,
-                                           rank_buffer_offset(r, salt), sc.workload, sc.module), ctx.device)
+                                           rank_buffer_offset(r, salt), sc.workload, sc.module, sc.topology),
+                       ctx.device)
         before_wrap(sc.loop, m)
         engine, obs = observed_wrap(row, m, ctx, lambda: construct(
             row, m, ctx, kwargs, lambda params: build_optimizer(sc.optimizer, params, sc.lr), tuple(requires), optional))

@@ -272,13 +272,21 @@ def evaluate_scenario(case, impl, runtime, w, session, overrides):
     runner = SearchRunner(lambda fn, **p: session.run(runtime, w, fn, timeout=case.timeout, **p), runtime, w, impl)
     space = Space(**case.args.get("space", {}))
     rt = get_runtime(runtime)
+    b = profile_budget(session.profile)
+    if space.topology:  # drawn graphs: on a runtime that compiles each, every example a new compilation
+        if rt.compiled_graphs:
+            return [Verdict("", c, "", "", "scenario", w, "skip", reason=f"runtime {runtime} compiles every "
+                            "distinct graph: generated topologies are drawn on CPU") for c in SCENARIO_CHECKS]
+        st = session.settings
+        space = replace(space, max_nodes=min(space.max_nodes, st.topology_nodes))
+        return run_scenario_case(space, runner, lambda sc: scenario_tolerance(runtime, sc), agree,
+                                 st.topologies or b.topologies, overrides.get("shrink", True))
     # Where each distinct graph is compiled: few shapes, XLA's corners (docs/runtimes/pjrt.md).
     space = replace(space, rank_uniform=space.rank_uniform or rt.uniform_graphs,
                     few_shapes=space.few_shapes or rt.compiled_graphs,
                     xla_corners=space.xla_corners or rt.compiled_graphs)
     # The workload draw and, where each distinct graph is compiled, the loop programs have their own
     # budget columns (there every drawn one is new graphs: explicit scenarios only by default).
-    b = profile_budget(session.profile)
     if space.loop:  # deeper programs under a larger profile
         space = replace(space, max_pattern=b.loop_depth)
     examples = ((b.workloads_compiled if rt.compiled_graphs else b.workloads) if space.workload

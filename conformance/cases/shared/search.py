@@ -22,7 +22,8 @@ class Budget:
     0: the explicit ones only); ``loop_depth``: the most distinct steps a generated loop program
     repeats; ``zoo`` / ``zoo_cost``: how many zoo models ``scenario.zoo`` draws, of which cost class
     (``fixtures.zoo.COSTS``); ``zoo_programs``: the loop programs it runs on each (indices into
-    ``userloop.user_loop_programs``; ``None``: all)."""
+    ``userloop.user_loop_programs``; ``None``: all); ``topologies``: generated module graphs of
+    ``scenario.topology`` (CPU: drawn graphs are never compiled)."""
 
     properties: int
     scenarios: int
@@ -33,17 +34,18 @@ class Budget:
     zoo: int = 1
     zoo_cost: int = 1
     zoo_programs: tuple | None = None
+    topologies: int = 4
 
 
 #: The example budgets, by profile name. The default (dev) workload draw is small: the default
 #: run's time is the budget (benchmarks/README.md); ``thorough`` goes ~100x deeper.
 PROFILES = {
     # dev: on the drawn zoo model, the programs with a no_sync window, eval forwards and a reload
-    "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0, zoo_programs=(0, 2)),
-    "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0, zoo=3, zoo_cost=2),
-    "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0, zoo=0),
+    "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0, zoo_programs=(0, 2), topologies=4),
+    "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0, zoo=3, zoo_cost=2, topologies=40),
+    "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0, zoo=0, topologies=0),
     "thorough": Budget(properties=2000, scenarios=500, workloads=300, workloads_compiled=25, loop_depth=8,
-                       loops_compiled=25, zoo=100, zoo_cost=3),
+                       loops_compiled=25, zoo=100, zoo_cost=3, topologies=1000),
 }
 
 
