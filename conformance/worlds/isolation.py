@@ -148,9 +148,16 @@ def _environment() -> dict:
     return dict(os.environ)
 
 
+#: Variables torch's compiler writes for its own workers when a graph is compiled
+#: (torch/_inductor: runtime/cache_dir_utils.py, async_compile.py, codecache.py, cpp_builder.py):
+#: put back like any variable, but torch's doing, not the implementation's.
+COMPILER_VARIABLES = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK",
+                                "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"})
+
+
 def _environment_differences(saved, now) -> list:
     out = []
-    for k in sorted(saved.keys() | now.keys()):
+    for k in sorted((saved.keys() | now.keys()) - COMPILER_VARIABLES):
         if k not in now:
             out.append(f"environment variable {k} removed (was {saved[k]!r})")
         elif k not in saved:
