@@ -52,6 +52,7 @@ ROWS = {
     "deepspeed_zero1": "conformance.impls.engines.deepspeed:zero1_row",
     "deepspeed_zero2": "conformance.impls.engines.deepspeed:zero2_row",
     "deepspeed_zero3": "conformance.impls.engines.deepspeed:zero3_row",
+    "torchft": "conformance.impls.engines.torchft:row",
     "megatron_core": "conformance.impls.engines.unbuildable:megatron_row",
     "horovod": "conformance.impls.engines.unbuildable:horovod_row",
 }

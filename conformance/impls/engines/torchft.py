@@ -1,0 +1,83 @@
+"""torchft 0.2.0: its ``DistributedDataParallel`` and optimizer wrapper over a ``Manager``, as its
+``train_ddp.py`` example wires them, each kit replica one torchft replica group of one process.
+The lighthouse its wheel ships (``torchft._torchft.LighthouseServer``) runs in replica 0's
+process and forms the quorum of the W replica groups; each group's manager needs its own
+``TCPStore``. Gradients are averaged over the quorum with ``ProcessGroupGloo``; the manager
+heals a replica from the quorum's first at step 0 (``init_sync``) from the module's and the
+optimizer's state dicts: rank 0's initial state reaches every replica without DDP's broadcast.
+``zero_grad()`` of the wrapper starts the step's quorum, its ``step()`` commits it.
+
+Two settings keep a fault-free run equal to DDP's: the quorum is synchronous
+(``use_async_quorum=False``: with torchft's default asynchronous quorum a healing replica runs
+its first forward on its own initial state and contributes a zeroed gradient to that step), and
+the first quorum is formed inside the wrapper (so replicas agree after construction, as DDP's
+broadcast makes them).
+"""
+from __future__ import annotations
+
+import atexit
+from datetime import timedelta
+
+from conformance.impls.engines import NOT_ON_PJRT, missing
+from conformance.impls.row import Strategy, refuse_keywords, torch_sync_bn
+
+VERSION = "0.2.0"
+#: DDP keywords torchft's DistributedDataParallel passes on to torch's (it sets
+#: ``process_group`` and ``find_unused_parameters`` itself).
+ACCEPTED = ("broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+#: Bound of every manager operation (quorum, collectives, commit, healing).
+TIMEOUT = timedelta(seconds=60)
+_LIVE: list = []  # this process's lighthouse and manager of the last construction
+
+
+def _shutdown() -> None:
+    while _LIVE:
+        _LIVE.pop().shutdown()
+
+
+atexit.register(_shutdown)
+
+
+def _wrap(module, ctx, kwargs, optimizer):
+    import torch.distributed as dist
+    from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+    from torchft._torchft import LighthouseServer
+    from torchft.optim import OptimizerWrapper
+    refuse_keywords("torchft DistributedDataParallel", kwargs, ACCEPTED)
+    _shutdown()  # the previous construction's quorum
+    address = [None]
+    if ctx.rank == 0:
+        lighthouse = LighthouseServer(bind="[::]:0", min_replicas=ctx.world_size,
+                                      join_timeout_ms=int(TIMEOUT.total_seconds() * 1000))
+        _LIVE.append(lighthouse)
+        address = [lighthouse.address()]
+    dist.broadcast_object_list(address, src=0)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+    def state_dict():
+        return {"model": module.state_dict(), "optim": optimizer.state_dict()}
+
+    def load_state_dict(sd):
+        module.load_state_dict(sd["model"])
+        optimizer.load_state_dict(sd["optim"])
+
+    manager = Manager(pg=ProcessGroupGloo(timeout=TIMEOUT), min_replica_size=ctx.world_size,
+                      load_state_dict=load_state_dict, state_dict=state_dict,
+                      replica_id=f"replica_{ctx.rank}", lighthouse_addr=address[0], store_addr="127.0.0.1",
+                      store_port=store.port, rank=0, world_size=1, timeout=TIMEOUT, quorum_timeout=TIMEOUT,
+                      connect_timeout=TIMEOUT, use_async_quorum=False)
+    manager._kit_store = store  # the group's store lives as long as its manager
+    _LIVE.append(manager)  # shut down before the lighthouse
+    model = DistributedDataParallel(manager, module, **kwargs)
+    manager.start_quorum()  # heals every replica from the first before the first forward
+    return model, OptimizerWrapper(manager, optimizer)
+
+
+def row() -> Strategy:
+    """The ``torchft`` row."""
+    return Strategy(
+        "torchft", f"torchft {VERSION}: Manager (lighthouse quorum, ProcessGroupGloo), its DistributedDataParallel "
+        "and OptimizerWrapper", _wrap, optimizer_first=True,
+        zero_grad=lambda model, optimizer, ctx: optimizer.zero_grad(set_to_none=True),
+        sync_batchnorm=torch_sync_bn, unsupported=dict(NOT_ON_PJRT),
+        unavailable=missing("torchft", VERSION, "torchft"))
