@@ -173,7 +173,7 @@ def xla_recipe_row() -> Strategy:
 
 _CALLABLES = ("after_backward", "optimizer_step", "make_optimizer", "optimizer_state_dict",
               "forward_backward", "sync_batchnorm", "backward", "zero_grad", "before_forward", "after_step",
-              "gather_grads")
+              "gather_grads", "gather_params")
 
 
 def _reason_problem(value) -> str | None:

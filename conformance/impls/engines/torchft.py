@@ -10,12 +10,17 @@ optimizer's state dicts: rank 0's initial state reaches every replica without DD
 Two settings keep a fault-free run equal to DDP's: the quorum is synchronous
 (``use_async_quorum=False``: with torchft's default asynchronous quorum a healing replica runs
 its first forward on its own initial state and contributes a zeroed gradient to that step), and
-the first quorum is formed inside the wrapper (so replicas agree after construction, as DDP's
-broadcast makes them).
+the first step's quorum is formed inside the wrapper, every replica healed before any returns
+(so replicas agree after construction, as DDP's broadcast makes them); the first ``zero_grad``
+then starts no second quorum.
+
+torchft's ``DistributedDataParallel`` registers its own comm hook (the manager's all-reduce) over
+a one-rank dummy process group: it takes no other hook and has no ``join()``.
 """
 from __future__ import annotations
 
 import atexit
+import weakref
 from datetime import timedelta
 
 from conformance.impls.engines import NOT_ON_PJRT, missing
@@ -28,6 +33,7 @@ ACCEPTED = ("broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view", "st
 #: Bound of every manager operation (quorum, collectives, commit, healing).
 TIMEOUT = timedelta(seconds=60)
 _LIVE: list = []  # this process's lighthouse and manager of the last construction
+_FIRST_QUORUM_FORMED = weakref.WeakSet()  # wrapped optimizers whose first step's quorum is formed
 
 
 def _shutdown() -> None:
@@ -69,8 +75,21 @@ def _wrap(module, ctx, kwargs, optimizer):
     manager._kit_store = store  # the group's store lives as long as its manager
     _LIVE.append(manager)  # shut down before the lighthouse
     model = DistributedDataParallel(manager, module, **kwargs)
-    manager.start_quorum()  # heals every replica from the first before the first forward
-    return model, OptimizerWrapper(manager, optimizer)
+    manager.start_quorum()  # the first step's: heals every replica from the first
+    dist.barrier()  # every replica healed before the source runs a forward (or shuts down)
+    wrapped = OptimizerWrapper(manager, optimizer)
+    _FIRST_QUORUM_FORMED.add(wrapped)
+    return model, wrapped
+
+
+def _zero_grad(model, optimizer, ctx):
+    """The wrapper's ``zero_grad()`` (starts the step's quorum), but the first step's inner
+    ``zero_grad`` only: its quorum was formed at construction."""
+    if optimizer in _FIRST_QUORUM_FORMED:
+        _FIRST_QUORUM_FORMED.discard(optimizer)
+        optimizer.optim.zero_grad(set_to_none=True)
+    else:
+        optimizer.zero_grad(set_to_none=True)
 
 
 def row() -> Strategy:
@@ -78,6 +97,9 @@ def row() -> Strategy:
     return Strategy(
         "torchft", f"torchft {VERSION}: Manager (lighthouse quorum, ProcessGroupGloo), its DistributedDataParallel "
         "and OptimizerWrapper", _wrap, optimizer_first=True,
-        zero_grad=lambda model, optimizer, ctx: optimizer.zero_grad(set_to_none=True),
-        sync_batchnorm=torch_sync_bn, unsupported=dict(NOT_ON_PJRT),
+        zero_grad=_zero_grad, sync_batchnorm=torch_sync_bn, unsupported=dict(NOT_ON_PJRT),
+        unsupported_features={"register_comm_hook": "torchft's DistributedDataParallel registers its own comm hook "
+                                                    "(the manager's all-reduce); a second one raises",
+                              "join": "torchft's DistributedDataParallel runs over a one-rank dummy process group "
+                                      "(collectives go through its comm hook): join()'s all-reduces have no group"},
         unavailable=missing("torchft", VERSION, "torchft"))
