@@ -4,7 +4,7 @@
 
 For each implementation, one CPU world of ``--world-size`` replicas runs
 :func:`conformance.cases.shared.loop.train_replica` ``--runs`` times (the tolerance table's
-run of ``--model``, seed + k), as ``run --repeat`` does. After the first run and
+run of ``--model``, seed + k; a zoo or user model: its own run), as ``run --repeat`` does. After the first run and
 every ``--every`` runs, each host reports, after ``gc.collect()``: VmRSS, glibc's
 heap (``mallinfo2``: bytes in use, free, arena), the number of gc-tracked objects
 and the types whose count changed since the previous probe. Python objects that
@@ -27,6 +27,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from conformance.cases.shared.loop import RunSpec, train_replica  # noqa: E402
+from conformance.cases.shared.measured import user_run  # noqa: E402
+from fixtures.models import MODELS  # noqa: E402
 from conformance.worlds.procmem import rss_mib  # noqa: E402
 from conformance.worlds.spawned import World  # noqa: E402
 
@@ -63,14 +65,22 @@ def probe(ctx, trim=False) -> dict:
     return out
 
 
+def _spec(impl, model, **overrides) -> RunSpec:
+    """The run of ``model``: the tolerance table's for a kit model, the model's own for a user or
+    zoo model (``package.module:factory``, ``zoo:NAME``)."""
+    if MODELS[model].user is not None:
+        return user_run(impl, model, **overrides)
+    return RunSpec.from_table("cpu", impl, model, **overrides)
+
+
 def sweep(impl, args) -> list[dict]:
     rows = []
     world = World("cpu", args.world_size)
     try:
         rows.append({"runs": 0, "hosts": world.run(probe)})
-        seed = RunSpec.from_table("cpu", impl, args.model).seed
+        seed = _spec(impl, args.model).seed
         for k in range(args.runs):
-            spec = RunSpec.from_table("cpu", impl, args.model, seed=seed + k)
+            spec = _spec(impl, args.model, seed=seed + k)
             world.run(train_replica, spec=spec.as_dict())
             if k == 0 or (k + 1) % args.every == 0:
                 rows.append({"runs": k + 1, "hosts": world.run(probe, trim=args.trim)})

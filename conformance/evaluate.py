@@ -9,8 +9,8 @@ verdicts - one per check the row declares, whatever happens:
   property) -> ``unsupported`` with the reason (the one place it is caught);
 * a replica that raised, hung or died -> ``fail`` with the replica's summary in ``reason`` and
   the full text (tracebacks, stacks, log tails) in ``diagnosis``;
-* a runtime that cannot run here, or an implementation that cannot (``Strategy.unavailable``) ->
-  ``skip`` with the reason.
+* a runtime that cannot run here, an implementation that cannot (``Strategy.unavailable``), or a
+  zoo model whose library is not installed -> ``skip`` with the reason.
 
 :func:`kill_rows` runs the kill matrix (every catalog mutant through every case that must kill
 it) through the same entry point.
@@ -30,8 +30,10 @@ from conformance.cases.shared.loop import train_replica
 from conformance.impls.builtin import resolve_impl
 from conformance.impls.mutants.catalog import MUTANTS
 from conformance.settings import Settings
+from conformance.worlds import isolation
 from conformance.worlds.failure import ReplicaError
 from conformance.worlds.runtimes import RuntimeUnavailable, WorldKey, check_world, get_runtime, world_key
+from fixtures.zoo import unavailable
 
 _UNSUPPORTED = "__unsupported__"
 
@@ -73,6 +75,10 @@ class Session:
         measured_tolerances: ``{(runtime, W, run): Tolerance}``, the bounds measured on a user's
             model (:func:`conformance.cases.shared.measured.measured_tolerance` keeps them here; a
             run prints each once); shared with the session's lanes (:meth:`lane`).
+        subject: the implementation whose case runs now (set by :func:`evaluate`); a world that
+            ran another one's cases is put back to its snapshot first (:meth:`run`).
+        fresh_worlds: one line per world started anew because what an implementation left in
+            it could not be put back (:mod:`conformance.worlds.isolation`).
     """
 
     def __init__(self, pool=None, profile: str | None = None, settings=None):
@@ -85,6 +91,8 @@ class Session:
         self.pool, self.settings, self.profile = pool, settings, settings.profile
         self._memo: dict = {}
         self.measured_tolerances: dict = {}
+        self.subject: str | None = None
+        self.fresh_worlds: list[str] = []
 
     def lane(self, pool) -> "Session":
         """Another session of this run on ``pool`` (a lane, :mod:`conformance.cli.lanes`, with
@@ -116,7 +124,8 @@ class Session:
             Unsupported: a replica raised it.
             ReplicaError: a replica raised anything else, hung or died.
         """
-        world = self.pool.get(WorldKey.of(runtime, world_size))
+        key = WorldKey.of(runtime, world_size)
+        world = self._entered(self.pool.get(key), key)
         out = world.run(guarded, timeout=timeout, task_fn_=fn, **payload)
         if out is None:
             return None
@@ -124,6 +133,28 @@ class Session:
             if isinstance(r, dict) and _UNSUPPORTED in r:
                 raise Unsupported(r[_UNSUPPORTED])
         return out
+
+    def _entered(self, world, key):
+        """``world``, ready for :attr:`subject`'s tasks: when another implementation's cases ran in
+        it, every replica puts the world's snapshot back first (once per implementation per world:
+        :func:`conformance.worlds.isolation.restore_task`); a change that cannot be put back
+        retires the world and the pool starts a fresh one."""
+        if self.subject is None or getattr(world, "subject", self.subject) == self.subject:
+            return world
+        if world.subject is not None:
+            try:
+                got = world.run(isolation.restore_task)
+            except ReplicaError as exc:  # the world is broken or reset: a fresh one if broken
+                got = [{"fresh": [f"putting the snapshot back failed: {exc.summary()}"]}]
+            # every process of a launcher-built world decides alike (rank 0 alone sees the results)
+            fresh = self.pool.broadcast(sorted({f for r in got or [] for f in r["fresh"]}))
+            if fresh or world.broken:
+                world.retire()
+                self.fresh_worlds.append(f"{world.describe()} started anew for {self.subject}: {world.subject} "
+                                         f"left {'; '.join(fresh)}")
+                world = self.pool.get(key)
+        world.subject = self.subject
+        return world
 
     def trajectories(self, runtime: str | WorldKey, world_size: int | None, spec) -> list | None:
         """Every replica's :func:`~conformance.cases.shared.loop.train_replica` result (cached per
@@ -183,6 +214,7 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         ImplSpecError: ``impl`` names nothing usable (callers validate first).
     """
     session = session or default_session()
+    session.subject = impl
     kind = KINDS[case.kind]
     if kind.searches:  # the searches' evaluators read it from overrides
         overrides["shrink"] = shrink
@@ -205,6 +237,9 @@ def evaluate(case: Case, impl: str, runtime: str, world_size: int, session: Sess
         check_world(WorldKey(runtime, world_size))
     except RuntimeUnavailable as exc:
         return each("skip", f"runtime {runtime}: {exc}")
+    missing = unavailable(model)  # a zoo model whose library is not installed
+    if missing:
+        return each("skip", missing)
     try:
         if row.unsupported.get(runtime) and kind.needs_impl:
             raise Unsupported(row.unsupported[runtime])

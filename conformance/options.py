@@ -8,6 +8,7 @@ import importlib.util
 import os
 import sys
 
+from conformance.cases.usermodel import ZOO_PREFIX
 from conformance.errors import UsageError, split_list
 from conformance.settings import default_impls, default_world_sizes, max_world_size
 from conformance.tolerances import MIN_WORLD_SIZE, lookup
@@ -197,7 +198,9 @@ def check_model_spec(spec: str, flag: str = "--model") -> None:
     mod_name, colon, attr = spec.partition(":")
     if not (colon and mod_name and attr):
         raise UsageError(f"{flag} {spec!r}: give package.module:factory (a conformance.UserModel or a "
-                         "zero-argument factory of one)")
+                         "zero-argument factory of one) or zoo:NAME")
+    if spec.startswith(ZOO_PREFIX):  # the kit's zoo: the name is checked when the zoo loads
+        return
     top = mod_name.split(".")[0]
     if importlib.util.find_spec(top) is None:
         raise UsageError(f"{flag} {spec!r}: cannot import {mod_name!r}: ModuleNotFoundError: No module named {top!r}")
@@ -214,7 +217,11 @@ def parse_model(spec: str, world_sizes, flag: str = "--model") -> tuple[list, li
     """
     check_model_spec(spec, flag)
     from conformance.cases.train.usercases import check_model, model_cases  # imports torch
+    from fixtures.zoo import unavailable
     try:
+        missing = unavailable(spec)
+        if missing:  # its cases are skipped with the reason (conformance.evaluate)
+            return model_cases(spec), [missing]
         notes = check_model(spec, list(world_sizes))
     except UsageError as exc:
         raise UsageError(str(exc).replace("--model ", f"{flag} ", 1)) from None

@@ -16,6 +16,8 @@ field                                  environment variable        default
 ``backend`` (torch.distributed, CPU)   ``CONFORMANCE_BACKEND``            gloo
 ``host_start`` (forkserver, spawn)     ``CONFORMANCE_HOST_START``         forkserver
 ``lanes`` (cases run side by side)     ``CONFORMANCE_LANES``              2
+``topology_nodes`` (most hidden nodes) ``CONFORMANCE_TOPOLOGY_NODES``     6
+``topologies`` (examples; 0: profile)  ``CONFORMANCE_TOPOLOGIES``         0
 =====================================  ==========================  ========
 
 The default world sizes and implementations per runtime are facts of the runtime adapters
@@ -55,9 +57,15 @@ ENVIRONMENT = {
     "backend": ("CONFORMANCE_BACKEND", "gloo"),
     "host_start": ("CONFORMANCE_HOST_START", "forkserver"),
     "lanes": ("CONFORMANCE_LANES", 2),
+    "topology_nodes": ("CONFORMANCE_TOPOLOGY_NODES", 6),
+    "topologies": ("CONFORMANCE_TOPOLOGIES", 0),
 }
 # Most lanes of one run: each holds its own worlds (a W=3 world is 3 processes).
 MAX_LANES = 8
+# The most hidden nodes of a generated topology (conformance.cases.scenario.topology), and the most
+# topologies one case run may draw.
+MAX_TOPOLOGY_NODES = 9
+MAX_TOPOLOGIES = 100_000
 # How a world's host processes start (conformance.worlds.hoststart).
 HOST_STARTS = ("forkserver", "spawn")
 
@@ -92,6 +100,10 @@ class Settings:
         progress_every: most seconds between two progress lines when stderr is not a terminal (a
             CI log: one line per finished case run, and one at least this often while a case
             runs); ``0 < progress_every <= 15``.
+        topology_nodes: the most hidden nodes of a topology ``scenario.topology`` draws
+            (``1 <= topology_nodes <= 9``).
+        topologies: the topologies ``scenario.topology`` draws per world size (0: the profile's;
+            ``0 <= topologies <= 100000``).
     """
 
     replica_timeout: float = ENVIRONMENT["replica_timeout"][1]
@@ -105,6 +117,8 @@ class Settings:
     backend: str = "gloo"
     host_start: str = "forkserver"
     lanes: int = ENVIRONMENT["lanes"][1]
+    topology_nodes: int = ENVIRONMENT["topology_nodes"][1]
+    topologies: int = ENVIRONMENT["topologies"][1]
 
     def __post_init__(self):
         if not isinstance(self.progress_every, (int, float)) or not 0 < self.progress_every <= 15:
@@ -119,6 +133,10 @@ class Settings:
             raise UsageError(f"{_option('host_start')}: need one of {', '.join(HOST_STARTS)}, got {self.host_start!r}")
         if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or not 1 <= self.lanes <= MAX_LANES:
             raise UsageError(f"{_option('lanes')}: need a whole number of lanes from 1 to {MAX_LANES}, got {self.lanes!r}")
+        for name, low, high in (("topology_nodes", 1, MAX_TOPOLOGY_NODES), ("topologies", 0, MAX_TOPOLOGIES)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise UsageError(f"{_option(name)}: need a whole number from {low} to {high}, got {value!r}")
         if self.profile not in PROFILES:
             raise UsageError(f"{_option('profile')}: unknown profile {self.profile!r}; known: {', '.join(PROFILES)}")
 

@@ -42,6 +42,9 @@ class Verdict:
             exit code, log tail: ``conformance.worlds.spawned.ReplicaError.diagnosis``).
         subject: ``"ddp"`` (the implementation under test, ``impl``) or ``"backend"``
             (the collectives beneath it; ``impl`` then names the backend, e.g. ``gloo``).
+        programs: of a generated-scenario case, ``{"run": n, "left_out": {cause: count}}``: the
+            scenarios judged and those not run (refused by the DDP, or holding a statement a
+            replica crashed on); empty for the other cases. The coverage line counts them.
     """
 
     case: str
@@ -64,6 +67,7 @@ class Verdict:
     example: dict | None = None
     replicas: list = field(default_factory=list)
     subject: str = "ddp"
+    programs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.status not in STATUSES:

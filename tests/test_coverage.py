@@ -1,6 +1,8 @@
 """Coverage said out loud (issue 29 item 1): performance-only keywords a DDP refuses cost only
 the cases about them, and the summary, JSON and HTML say what share was certified and what the
 unsupported verdicts cost, grouped by cause."""
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -79,6 +81,15 @@ def test_scenarios_that_use_every_parameter_run_for_a_ddp_refusing_find_unused(c
     got = evaluate(CASES["scenario.core"], IMPL, "cpu", 2, conformance_session, shrink=False)
     assert got and {v.status for v in got} == {"pass"}, [(v.check, v.status, v.reason[:200]) for v in got]
     assert "unsupported corner(s) skipped" in got[0].reason and "find_unused_parameters" in got[0].reason
+    # the scenarios the refusal left out are counted: the coverage is not 100 %
+    from conformance.report.coverage import coverage
+    left = sum(got[0].programs["left_out"].values())
+    assert left and got[0].programs["run"], got[0].programs
+    cov = coverage([dataclasses.replace(v, case="scenario.core") for v in got])[0]
+    assert (cov.tested, cov.verdicts) == (len(got), len(got)) and cov.share < 1.0, cov.text()
+    run = got[0].programs["run"]
+    assert f"{run} of {run + left} generated programs run" in cov.text(), cov.text()
+    assert "programs left out: unsupported: " in cov.text() and "find_unused_parameters" in cov.text(), cov.text()
     got = evaluate(CASES["scenario.core"], f"{__name__}:HookOrderDDP", "cpu", 2, conformance_session, shrink=False)
     assert "fail" in {v.status for v in got}, [(v.check, v.status, v.reason[:200]) for v in got]
 
@@ -104,6 +115,21 @@ def test_coverage_groups_untested_verdicts_by_cause_largest_first():
     assert d.causes[0].families == ["feature", "scenario"] and len(d.causes[0].cases) == 4
     assert "2 of 8 verdicts tested (25.0 %)" in d.text() and "refuses keyword find_unused_parameters: 4" in d.text()
     assert (e.tested, e.verdicts, e.causes) == (1, 1, [])
+
+
+def test_coverage_weighs_a_scenario_case_by_the_programs_it_ran():
+    """A generated-scenario case that ran 2 of 14 scenarios (the DDP refused the drawn corners of
+    the rest) counts 2/14 of its verdicts, and the line says how many programs were left out."""
+    from conformance.report.coverage import coverage
+    left = {"unsupported: d refuses keyword find_unused_parameters: TypeError x": 12}
+    vs = [_v("d", "parity.a", "pass"),
+          *[dataclasses.replace(_v("d", "scenario.w", "pass", check=c), programs={"run": 2, "left_out": left})
+            for c in ("params", "buffers")]]
+    (d,) = coverage(vs)
+    assert d.tested == 3 and abs(d.share - (1 + 2 * 2 / 14) / 3) < 1e-12, d.share
+    assert (d.programs_run, d.programs_left) == (2, {"unsupported: refuses keyword find_unused_parameters": 12})
+    assert "3 of 3 verdicts tested, 2 of 14 generated programs run (42.9 %)" in d.text(), d.text()
+    assert d.to_json()["programs"] == {"run": 2, "left_out": d.programs_left}
 
 
 def test_require_supported_selects_unsupported_verdicts_by_cause():

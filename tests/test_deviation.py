@@ -210,3 +210,42 @@ def test_first_sentence_never_cuts_a_word():
         assert len(out) <= max(width, len(text.split()[0])) + len(" ..."), (width, out)
     table = text_table([{"check": "param_parity", "reason": text}])
     assert table.splitlines()[1].endswith("(bound there 1.02e-05). ..."), table
+
+
+def _grad_check(reps_absent):
+    from conformance.cases.shared.checks import Check
+    return Check("grads", "grads", lambda reps, ref: (np.stack([r["grads"][None] for r in reps]), ref[None]),
+                 lambda t: (t.atol, t.rtol), layout=lambda reps: reps[0]["layout"], when="once",
+                 movement=lambda ref: 1.0, nan_is_absent=True, absent=reps_absent)
+
+
+def test_a_none_gradient_is_said_missing_not_nan():
+    """A ``None`` gradient reads as NaN for the comparison; the reason says it is missing (a DDP
+    that left ``.grad`` None), and a real NaN gradient is still said as NaN."""
+    layout = [("branch.weight", (2, 2)), ("head.bias", (2,))]
+    ref = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    none = np.array([np.nan] * 4 + [0.5, 0.6])
+    reps = [{"grads": ref.copy(), "layout": layout, "grads_none": np.zeros(6, bool)},
+            {"grads": none, "layout": layout, "grads_none": np.array([True] * 4 + [False] * 2)}]
+    absent = _grad_check(lambda rs: np.stack([r["grads_none"][None] for r in rs]))
+    v = judge(absent, reps, ref, lookup("cpu", "linear"), case="c", impl="i", runtime="cpu", model="m")
+    assert v.status == "fail" and v.replica == 1, v
+    assert v.reason.startswith("replica 1's 'branch.weight' [2, 2] at flat index 0 is missing (None: no "
+                               "gradient) where the reference has 0.1."), v.reason
+    assert "NaN" not in v.reason and "(4 of them None)" in v.reason, v.reason
+    assert "'branch.weight' [2, 2]: 4 of 4 values, missing (None)" in v.diagnosis, v.diagnosis
+    reps[1]["grads_none"][:] = False  # the same values from a DDP that wrote NaN
+    v = judge(absent, reps, ref, lookup("cpu", "linear"), case="c", impl="i", runtime="cpu", model="m")
+    assert v.reason.startswith("replica 1 has NaN in 'branch.weight' [2, 2] at flat index 0"), v.reason
+
+
+def test_a_ddp_leaving_an_unused_gradient_none_is_told_missing(conformance_session):
+    """From outside: a DDP that writes the reduced gradient only where the replica already held
+    one leaves the branch replica 1 skipped at ``None``; feature.unused_parameters says so."""
+    from conformance.cases.table import CASES
+    from conformance.evaluate import evaluate
+    got = evaluate(CASES["feature.unused_parameters"], "tests.outside.grad_left_none:GradLeftNoneDDP", "cpu", 2,
+                   conformance_session, shrink=False)
+    bad = [v for v in got if v.status == "fail"]
+    assert bad, [(v.check, v.status) for v in got]
+    assert "is missing (None: no gradient)" in bad[0].reason and "NaN" not in bad[0].reason, bad[0].reason

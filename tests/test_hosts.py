@@ -24,20 +24,36 @@ from conformance.worlds.spawned import World
 from .procs import REPO, run_cli
 
 
-def _layout(settings, w):
-    envs = get_runtime("cpu", settings).host_envs(w)
+def _layout(envs):
     return [(e["RANK"], e["GROUP_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) for e in envs]
 
 
 @pytest.mark.cpu
 def test_torchrun_layout_of_emulated_hosts():
-    assert _layout(Settings(), 2) == [("0", "0", "0", "1", "2"), ("1", "1", "0", "1", "2")]  # 2 hosts x 1
-    assert _layout(Settings(), 3) == [(str(r), "0", str(r), "3", "1") for r in range(3)]    # 1 host x 3
-    two_by_two = Settings(cpu_hosts=((4, 2),))
-    assert _layout(two_by_two, 4) == [("0", "0", "0", "2", "2"), ("1", "0", "1", "2", "2"),
-                                      ("2", "1", "0", "2", "2"), ("3", "1", "1", "2", "2")]
+    from conformance.worlds.launchers import LAUNCHERS
+    torchrun = LAUNCHERS["torchrun"].env
+    assert _layout(get_runtime("cpu", Settings()).host_envs(2)) == [("0", "0", "0", "1", "2"),
+                                                                   ("1", "1", "0", "1", "2")]  # 2 hosts x 1
+    assert _layout([torchrun(r, 3, 1) for r in range(3)]) == [(str(r), "0", str(r), "3", "1") for r in range(3)]
+    assert _layout([torchrun(r, 4, 2) for r in range(4)]) == [("0", "0", "0", "2", "2"), ("1", "0", "1", "2", "2"),
+                                                              ("2", "1", "0", "2", "2"), ("3", "1", "1", "2", "2")]
     with pytest.raises(UsageError, match="cannot hold 3 replicas"):
         emulated_hosts(Settings(cpu_hosts=((3, 2),)), 3)
+
+
+@pytest.mark.cpu
+def test_each_default_world_is_started_as_its_launcher_would():
+    """W=2 gets torchrun's variables, W=3 mp.spawn's (none: rank and world size are arguments),
+    W=4 srun's, each as the launcher sets them (docs/worlds.md)."""
+    from conformance.worlds.host import SCRUBBED_LAUNCHER_VARS
+    from conformance.worlds.launchers import coverage_line
+    cpu = get_runtime("cpu", Settings())
+    three = cpu.host_envs(3)
+    assert all("RANK" not in e and "WORLD_SIZE" not in e and "LOCAL_RANK" not in e for e in three), three
+    slurm = cpu.host_envs(4)
+    assert [e["SLURM_PROCID"] for e in slurm] == ["0", "1", "2", "3"] and all("RANK" not in e for e in slurm)
+    assert {k for e in three + slurm for k in e} - {"OMP_NUM_THREADS"} <= set(SCRUBBED_LAUNCHER_VARS)
+    assert coverage_line({2, 3}).startswith("coverage worlds: launchers torchrun (W=2), mp_spawn (W=3); not drawn: slurm")
 
 
 @pytest.mark.cpu

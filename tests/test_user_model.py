@@ -182,7 +182,7 @@ def test_torch_and_ref_pass_on_the_users_model_through_the_cli(tmp_path):
     assert len(vs) == 52 and {v["status"] for v in vs} == {"pass"}, [v["id"] for v in vs if v["status"] != "pass"]
     assert {v["world_size"] for v in vs} == {2, 3} and {v["model"] for v in vs} == {SPEC}
     loop = [v for v in vs if v["case"] == "scenario.user_loop"]
-    assert len(loop) == 20 and all(v["reason"].startswith("5 loop program(s)") for v in loop
+    assert len(loop) == 20 and all(v["reason"].startswith("6 loop program(s)") for v in loop
                                    if v["check"] in ("params", "optimizer_state")), [v["reason"] for v in loop]
     # the block's one buffer never changes but at the checkpoint reload (non-persistent: rebuilt)
     assert all("too little to judge this check (discarded)" in v["reason"] for v in loop if v["check"] == "buffers")

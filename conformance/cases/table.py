@@ -91,7 +91,8 @@ COLLECTIVE_TIMEOUT_S = 60.0
 PARITY = (
     _parity("linear", CORE_FAULTS + SHIPPED_PATH_FAULTS),
     _parity("mlp", CORE_FAULTS + ("clip_local_grad",) + SHIPPED_PATH_FAULTS
-            + ("param_swap", "rng_sync", "rng_consume", "train_mode_at_wrap", "state_dict_unprefixed")),
+            + ("param_swap", "rng_sync", "rng_consume", "train_mode_at_wrap", "state_dict_unprefixed",
+               "all_reduce_wrapped", "launcher_env_set", "global_hook_left")),
     _parity("batchnorm", CORE_FAULTS + ("buffers_not_broadcast", "clip_local_grad")),
     _parity("dropout", ("no_grad_sync", "sum_not_mean", "rng_sync", "rng_consume"),
             "dropout between the layers, each replica's generator seeded per rank before wrapping (as a "
@@ -189,7 +190,8 @@ SCENARIOS = (
               "inference_mode / grad enabled / raising and skipped, eval / train mode) before, inside and "
               "after accumulation windows, several forwards before one backward, several synced backwards "
               "per step, a frozen teacher DDP, zero_grad(set_to_none=False), SGD with weight decay, "
-              "backward in eval mode, gradient clipping, a learning-rate drop; every step equals DDP's "
+              "backward in eval mode, gradient clipping, a learning-rate drop, the surveyed statements (a stem frozen "
+              "before wrapping, a forward with every parameter frozen); every step equals DDP's "
               "semantics on one device; the module drawn too (dict / dataclass / namedtuple output, forward "
               "keywords, a non-persistent and an int64 buffer, a buffer feeding the output, a forward "
               "pre-hook, parametrizations, ParameterList / ParameterDict parameters, a gradient hook the "
@@ -199,7 +201,8 @@ SCENARIOS = (
                "eval_forward_skips_buffer_sync", "buffer_sync_ignores_grad_mode", "buffer_sync_once_per_iteration",
                "forward_sync_flag_shared", "forward_sync_flag_cleared_first", "synced_forward_zeroes_grads",
                "unused_by_this_backward_dropped", "mean_at_optimizer_step", "output_walk_bare_tensor",
-               "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped", "float_buffers_only"),
+               "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped", "float_buffers_only",
+               "frozen_not_broadcast", "forward_sync_needs_trainable"),
               tags=("loop", "module")),
     _scenario("buckets", "the same with gradient buckets at the model's boundaries (caps below, at and above "
               "its gradients' sizes, buckets exactly full) and gradient_as_bucket_view",
@@ -227,6 +230,26 @@ SCENARIOS = (
               {"workload": True, "ddp_extra": ("buckets", "static_graph")},
               ("no_grad_sync", "sparse_grad_unsynced", "strided_unpack", "complex_real_bucket",
                "fp32_fusion_buffer", "reduce_at_first_firing"), tags=("workload",)),
+    # Real models (docs/zoo.md): the loop programs on models drawn from the zoo (fixtures/zoo),
+    # W=2 only on CPU (the draw, not the world size, is this case's axis).
+    Case("scenario.zoo", "scenario", "the loop programs of scenario.user_loop on real models drawn from the zoo "
+         "(torch.nn transformer, attention, recurrent, convolution and embedding layers; transformers' BERT and "
+         "GPT-2 in tiny configurations), with each model's batches and loss, within the bound measured on the "
+         "model; the profile sets how many and how costly", "scenario", args={"zoo": True},
+         checks=tuple(SCENARIO_CHECKS), tags=("zoo", "loop"), must_kill=("no_grad_sync", "sum_not_mean"),
+         world_sizes={"cpu": (2,)}),
+    # Generated module graphs (docs/topologies.md): torch.nn layers, composite ones included, wired
+    # as random graphs with every workload corner at any node, the same scenarios around them.
+    _scenario("topology", "the same on a generated module graph: Linear / Conv / BatchNorm / LayerNorm / "
+              "MultiheadAttention / TransformerEncoderLayer / LSTM / GRU / Embedding(Bag) nodes in branches and "
+              "merges, one or two inputs, several outputs, each node's corners drawn (float64 / bfloat16 / "
+              "complex64, transposed and channels_last weights, sparse gradients, applied twice, (non-)reentrant "
+              "checkpointing, a module reused at two places, tied and frozen weights, gated by the replica's plan)",
+              {"topology": True, "ddp_extra": ("buckets", "static_graph")},
+              ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced"), tags=("topology", "workload"),
+              # the corners' faults are in what is reduced, not the divisor: the odd world (W=3) of
+              # the CPU default adds cost, not power (scenario.core and scenario.workload run it)
+              world_sizes={"cpu": (2,)}),
 )
 
 

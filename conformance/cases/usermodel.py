@@ -80,8 +80,14 @@ class UserModel:
                                  f"{self.steps!r}, global_batch={self.global_batch!r}, lr={self.lr!r}")
 
 
+#: The prefix of the kit's zoo of real models (``--model zoo:NAME``, :mod:`fixtures.zoo`): a
+#: reserved top-level name, never imported as the user's package.
+ZOO_PREFIX = "zoo:"
+
+
 def is_model_spec(name: str) -> bool:
-    """Whether ``name`` is a ``package.module:factory`` spec (the kit's models have no colon)."""
+    """Whether ``name`` is a ``package.module:factory`` or ``zoo:NAME`` spec (the kit's models
+    have no colon)."""
     return isinstance(name, str) and ":" in name
 
 

@@ -37,7 +37,7 @@ from conformance.worlds.hoststart import start_server, stop_server
 WORLD_COMMANDS = ("run", "ranks", "replay", "repeat", "calibrate")
 
 # Options that shape the Settings rather than one command.
-SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend", "lanes")
+SETTINGS_OPTIONS = ("replica_timeout", "profile", "backend", "lanes", "topology_nodes", "topologies")
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,10 @@ def _add_run_execution(run) -> None:
     run.add_argument("--lanes", type=int, metavar="N", help="case runs evaluated side by side, each lane with "
                      f"its own worlds ({default_help('lanes')}); 1 runs the table in order, as -x and "
                      "--exitfirst-each do")
+    run.add_argument("--topology-nodes", type=int, metavar="N", help="the most hidden nodes of a module graph "
+                     f"scenario.topology draws, 1 to 9 ({default_help('topology_nodes')})")
+    run.add_argument("--topologies", type=int, metavar="N", help="module graphs scenario.topology draws per "
+                     f"world size (0: the profile's; {default_help('topologies')}; docs/topologies.md)")
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     run.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first fail or vacuous verdict "
                      "not listed in --expected-failures (exit 1; later cases are not run)")

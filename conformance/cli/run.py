@@ -235,8 +235,11 @@ class _Run:
             self.bar.update(1)
 
     def world_restarts(self) -> list[str]:
-        """Each world start a host's crash undid and the pool made again (``WorldPool.restarts``)."""
-        return [line for session in self.sessions for line in session.pool.restarts]
+        """Each world start a host's crash undid and the pool made again (``WorldPool.restarts``),
+        and each world started anew because an implementation left what cannot be put back
+        (``Session.fresh_worlds``)."""
+        return ([line for session in self.sessions for line in session.pool.restarts]
+                + [line for session in self.sessions for line in session.fresh_worlds])
 
     def extra(self, complete: bool) -> dict:
         """The JSON report's run keys (docs/report-format.md)."""
@@ -291,7 +294,8 @@ class _Run:
         return max(exit_code(self.verdicts, self.kills, self.judge_backend), 1 if unmet else 0)
 
     def model_bounds(self) -> list[str]:
-        """``--model``: the bound taken from the model at each world, said once under the table."""
-        measured = self.session.measured_tolerances  # --model: each bound, said once
-        return [f"{self.o.user_model} on {rt_} W={w_}: {note}"
-                for rt_, w_, note in dict.fromkeys((k[0], k[1], t.note) for k, t in measured.items())]
+        """``--model`` and ``scenario.zoo``: the bound taken from each model at each world, said once
+        under the table."""
+        measured = self.session.measured_tolerances
+        return [f"{m} on {rt_} W={w_}: {note}"
+                for m, rt_, w_, note in dict.fromkeys((k[2].model, k[0], k[1], t.note) for k, t in measured.items())]

@@ -6,6 +6,10 @@ here) was not. The untested verdicts are grouped by cause, largest first, so a u
 one missing feature cost the most (``refuses keyword find_unused_parameters: 62 verdicts in 3
 families``). Pure functions over verdicts: the summary line, the JSON report's ``coverage``
 key and the HTML report take their figures from :func:`coverage`.
+
+A generated-scenario case judges the scenarios its DDP ran: those it refused (a corner, a keyword)
+or crashed on (the statement excluded) are counted apart (``Verdict.programs``), and its verdicts
+count as tested in the share of scenarios run - a case that ran 2 of 14 scenarios is not 100 %.
 """
 from __future__ import annotations
 
@@ -67,16 +71,28 @@ class Coverage:
     tested: int
     causes: list
     subject: str = "ddp"
+    weight: float | None = None  # tested verdicts weighted by their share of generated programs run
+    programs_run: int = 0
+    programs_left: dict = field(default_factory=dict)  # cause -> generated programs left out
 
     @property
     def share(self) -> float:
-        """Tested share in [0, 1] (1.0 for no verdict: nothing was left out)."""
-        return self.tested / self.verdicts if self.verdicts else 1.0
+        """Tested share in [0, 1] (1.0 for no verdict: nothing was left out); a generated-scenario
+        verdict counts in the share of its scenarios that ran."""
+        tested = self.tested if self.weight is None else self.weight
+        return tested / self.verdicts if self.verdicts else 1.0
 
     def text(self, top: int = 3) -> str:
         """One line: ``coverage ref: 452 of 468 verdicts tested (96.6 %); not tested: ...``."""
         who = self.impl if self.subject == "ddp" else f"{self.subject} {self.impl}"
-        s = f"coverage {who}: {self.tested} of {self.verdicts} verdicts tested ({100 * self.share:.1f} %)"
+        s = f"coverage {who}: {self.tested} of {self.verdicts} verdicts tested"
+        left = sum(self.programs_left.values())
+        if left:
+            s += f", {self.programs_run} of {self.programs_run + left} generated programs run"
+        s += f" ({100 * self.share:.1f} %)"
+        if left:
+            causes = sorted(self.programs_left.items(), key=lambda kv: -kv[1])
+            s += "; programs left out: " + "; ".join(f"{c}: {n}" for c, n in causes[:top])
         if self.causes:
             s += "; not tested: " + "; ".join(c.text() for c in self.causes[:top])
             if len(self.causes) > top:
@@ -85,17 +101,21 @@ class Coverage:
 
     def to_json(self) -> dict:
         return {"impl": self.impl, "subject": self.subject, "verdicts": self.verdicts, "tested": self.tested,
-                "share": round(self.share, 6), "causes": [c.__dict__ for c in self.causes]}
+                "share": round(self.share, 6), "causes": [c.__dict__ for c in self.causes],
+                "programs": {"run": self.programs_run, "left_out": dict(self.programs_left)}}
 
 
 def coverage(verdicts: list[Verdict]) -> list[Coverage]:
     """Per implementation, in order of first appearance."""
     out: dict[str, dict] = {}
     for v in verdicts:
-        d = out.setdefault((v.subject, v.impl), {"n": 0, "tested": 0, "causes": {}})
+        d = out.setdefault((v.subject, v.impl), {"n": 0, "tested": 0, "weight": 0.0, "causes": {}, "runs": {}})
         d["n"] += 1
         if v.status in TESTED:
             d["tested"] += 1
+            d["weight"] += _program_share(v)
+            if v.programs:  # once per case run: its checks share the scenarios
+                d["runs"][(v.case, v.runtime, v.world_size)] = v.programs
         elif v.status in UNTESTED:
             c = d["causes"].setdefault((v.status, cause_of(v)), {"n": 0, "cases": set(), "families": set()})
             c["n"] += 1
@@ -106,8 +126,28 @@ def coverage(verdicts: list[Verdict]) -> list[Coverage]:
         causes = [Cause(st, cause, c["n"], sorted(c["cases"]), sorted(c["families"]))
                   for (st, cause), c in d["causes"].items()]
         causes.sort(key=lambda c: (-c.verdicts, c.status, c.cause))
-        result.append(Coverage(impl, d["n"], d["tested"], causes, subject))
+        left: dict = {}
+        for p in d["runs"].values():
+            for cause, n in p.get("left_out", {}).items():
+                left[cause_words(cause)] = left.get(cause_words(cause), 0) + n
+        result.append(Coverage(impl, d["n"], d["tested"], causes, subject, d["weight"],
+                               sum(p.get("run", 0) for p in d["runs"].values()), left))
     return result
+
+
+def _program_share(v: Verdict) -> float:
+    """1 for a tested verdict, or the share of its generated programs that ran."""
+    run, left = v.programs.get("run", 0), sum(v.programs.get("left_out", {}).values())
+    return run / (run + left) if run + left else 1.0
+
+
+def cause_words(text: str) -> str:
+    """A program-left-out cause cut like an untested verdict's (:func:`cause_of`)."""
+    for head in _CAUSE_HEADS:
+        m = re.search(head, text)
+        if m:
+            return text[:text.index(":") + 1] + " " + m.group(0) if ":" in text[:m.start()] else m.group(0)
+    return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 3] + "..."
 
 
 def unmet_requirements(verdicts: list[Verdict], required: list[str]) -> list[Verdict]:

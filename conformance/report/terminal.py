@@ -81,6 +81,10 @@ def summary_lines(out) -> list[str]:
     if tested:
         from conformance.cases.surface import summary as surface_summary  # the scenario format: torch
         lines.append(surface_summary(tested))
+    cpu_worlds = {v.world_size for v in mine if v.runtime == "cpu" and v.status in TESTED and v.world_size}
+    if cpu_worlds:
+        from conformance.worlds.launchers import coverage_line
+        lines.append(coverage_line(cpu_worlds))
     required = out.extra.get("require_supported") or []
     unmet = unmet_requirements(verdicts, required)
     if unmet:

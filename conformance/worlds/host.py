@@ -14,7 +14,8 @@ import threading
 import time
 import traceback
 
-from conformance.worlds import blame as blame_mod, diagnosis as dg
+from conformance.worlds import blame as blame_mod, diagnosis as dg, isolation
+from conformance.worlds.launchers import launcher_variables
 from conformance.worlds.registry import register
 from conformance.worlds.runtimes import get_runtime
 
@@ -24,13 +25,11 @@ POLL_S = 0.5
 # is reported once every peer is seen waiting in a collective, which takes one sample. A sample
 # walks the host's threads in microseconds (sample_stacks).
 WATCH_S = 0.1
-# Variables of an env:// launcher (torchrun) that a kit-spawned host must not
+# Variables of a launcher (torchrun, srun, mpirun, ...) that a kit-spawned host must not
 # inherit from its parent: they would override the host's own rank layout
 # (e.g. GROUP_RANK=1 labels every replica "host 1").
-SCRUBBED_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                 "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+SCRUBBED_LAUNCHER_VARS = tuple(sorted(set(launcher_variables()) | {
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}))
 
 
 def die_with_parent(parent_pid):
@@ -154,6 +153,7 @@ def host_main(world, host, conn, workdir, env, parent_pid, settings, parent_env=
             register(*registered)
         runtime = get_runtime(world, settings)
         replicas = runtime.setup_host(host, world.replicas, workdir)
+        isolation.take_snapshot()  # what every implementation's first task finds (World.enter)
         board = dg.ProgressBoard(os.path.join(workdir, "progress"))
         for ctx in replicas:
             instrument(ctx, board, host, runtime)

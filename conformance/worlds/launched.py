@@ -29,6 +29,7 @@ from conformance.settings import Settings
 from conformance.worlds.blame import collective_in
 from conformance.worlds.diagnosis import blank as blank_diagnosis, details as diagnosis_details
 from conformance.worlds.failure import ReplicaDied, ReplicaError, ReplicaFailed, ReplicaTimeout, first_line
+from conformance.worlds import isolation
 from conformance.worlds.host import die_with_parent
 from conformance.worlds.pool import Pool
 from conformance.worlds.runtimes import (RUNTIMES, RuntimeUnavailable, WorldKey, check_world, get_runtime,
@@ -166,6 +167,13 @@ class ExternalWorld:
               "hostname": socket.gethostname(), "pid": os.getpid()}
         self.members = [None] * self.world_size
         dist.all_gather_object(self.members, me, group=self._control(self.timeout))
+        self.subject = None  # as World.subject
+        isolation.take_snapshot()
+
+    def retire(self) -> None:
+        """As :meth:`conformance.worlds.spawned.World.retire`; a launched world cannot be started
+        anew, so its next task raises (relaunch it)."""
+        self.broken = True
 
     # --- running tasks ---------------------------------------------------
     @property

@@ -76,6 +76,9 @@ class World:
 
     Attributes:
         key: the world's key; ``runtime`` its name (for display); ``world_size`` its replicas.
+        subject: the implementation whose cases the world runs now (``None`` before the first);
+            set by :meth:`conformance.evaluate.Session.run`, which puts the world's snapshot back
+            when it changes (:mod:`conformance.worlds.isolation`).
 
     Raises:
         ReplicaError: the hosts cannot start within ``settings.start_timeout`` (with ``wait=False``:
@@ -94,6 +97,7 @@ class World:
         self.key, self.runtime, self.world_size = key, key.world, key.replicas
         self.timeout = settings.replica_timeout
         self.broken = False
+        self.subject = None
         self.hosts = []
         self._close_lock = threading.Lock()  # close() from two threads (lanes)
         adapter = check_world(key, settings)
@@ -412,6 +416,11 @@ class World:
     def _break(self):
         self.broken = True
         self.close(graceful=False)
+
+    def retire(self) -> None:
+        """Close the world for good and mark it broken, so that its pool starts a fresh one: a
+        change in its processes cannot be put back (:mod:`conformance.worlds.isolation`)."""
+        self._break()
 
     def request_stop(self) -> None:
         """Ask every started host to stop, without waiting (:meth:`close` waits): closing

@@ -264,7 +264,7 @@ CATALOG = [
     # users' loops" (tests/outside/loop_buffer_timing.py, kept unchanged): its correct DDP passes; of
     # its three faults the main command caught none (2026-12-03) until scenario.loop drew a second
     # DDP in the loop (25.10) and a raising forward the loop skips (25.12); freezing after wrapping
-    # (25.11) is not drawn.
+    # (25.11) since the loop draws a forward with every parameter frozen (loop.toggle).
     Entry("buffer_timing_correct", "loop_buffer_timing:CorrectDDP", "", "", "every check: must pass",
           "https://pytorch.org/docs/stable/notes/ddp.html", None),
     Entry("shared_forward_flag", "loop_buffer_timing:SharedStateDDP", "25.10",
@@ -276,7 +276,7 @@ CATALOG = [
           "a grad-enabled forward arms the next buffer broadcast only if some parameter requires grad: "
           "a model frozen after wrapping (a GAN's D during the G step) does not",
           "module: trainability changed after wrapping (requires_grad_(False) on a wrapped model)",
-          "https://github.com/pytorch/pytorch/issues/175024", False),
+          "https://github.com/pytorch/pytorch/issues/175024", True),
     Entry("consume_flag", "loop_buffer_timing:ConsumeFlagDDP", "25.12",
           "the forward-sync flag is cleared before the module runs and set after it returns: a forward "
           "that raises (skipped bad batch, OOM recovery) leaves the next forward without its broadcast",
@@ -511,6 +511,44 @@ CATALOG = [
           "a no_grad forward switches off the pending backward's gradient sync",
           "program: a no_grad forward between a training forward and its backward (pseudo-labels)",
           "https://github.com/constantinpape/torch-em/pull/116", False),
+    # Surveyed programs and launchers (docs/programs.md, docs/worlds.md): written from scratch on the
+    # outside CorrectDDP; each passed the default command before the statement or launcher was drawn.
+    Entry("frozen_trainable_broadcast", "frozen_params:TrainableBroadcastDDP", "48.s1",
+          "the construction broadcast sends only the parameters that require grad: a backbone frozen "
+          "before wrapping keeps each replica's own initialisation",
+          "loop: freeze stem (fine-tuning with a frozen backbone)",
+          "https://docs.pytorch.org/tutorials/beginner/transfer_learning_tutorial.html", True),
+    Entry("frozen_flat_grad", "frozen_params:FlatGradFrozenDDP", "48.s2",
+          "a contiguous gradient buffer for every parameter: a frozen parameter gets a zero gradient, "
+          "not None (momentum and weight decay move it, the optimizer keeps state for it)",
+          "loop: freeze stem under momentum / weight decay",
+          "https://github.com/NVIDIA/Megatron-LM/issues/1008", True),
+    Entry("env_world_size", "launcher_env:EnvWorldSizeDDP", "48.w1",
+          "the gradient mean's divisor read from the launcher's WORLD_SIZE (default 1): a sum under "
+          "mp.spawn, which sets no launcher variables",
+          "worlds: a launcher other than torchrun (mp.spawn at W=3)",
+          "https://docs.pytorch.org/tutorials/intermediate/ddp_tutorial.html", True),
+    # Process-wide state left for the next implementation in the world (leaks.py; the PJRT-only
+    # InitsProcessGroup, 50.1, is run by tests/test_isolation.py); measured 2026-12-07 with a correct
+    # DDP after them in one command: each fails parity.linear's transparency verdict naming its change.
+    Entry("leak_launcher_env", "leaks:SetsLauncherEnv", "50.2",
+          "MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE written into the process's environment at wrap time, left there",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/Lightning-AI/pytorch-lightning/issues/14916", True),
+    Entry("leak_all_reduce_wrapped", "leaks:WrapsAllReduce", "50.3",
+          "torch.distributed.all_reduce replaced with a counting wrapper, never put back",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/pytorch/pytorch/issues/82299", True),
+    Entry("leak_linear_patched", "leaks:PatchesLinear", "50.4",
+          "torch.nn.functional.linear replaced with an upcasting wrapper, never put back",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/microsoft/DeepSpeed/issues/2733", True),
+    Entry("leak_global_forward_hook", "leaks:GlobalForwardHook", "50.5",
+          "a global module forward hook (register_module_forward_hook) never removed",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/pytorch/pytorch/issues/78643", True),
+    Entry("leak_autocast_on", "leaks:LeavesAutocast", "50.6",
+          "autocast switched on for the forward and never off",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/pytorch/pytorch/issues/100245", True),
+    Entry("leak_backend_registered", "leaks:RegistersBackend", "50.7",
+          "a torch.distributed backend of its own registered at construction",
+          "transparency: process-wide state (docs/isolation.md)", "https://github.com/pytorch/pytorch/issues/115331", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -600,4 +638,14 @@ CAUGHT_BY = {
     "structure_root_params_children_only": "parity.linear@2",
     # a second construction in one process: caught after parity.linear built the first
     "program_second_wrap": "parity.linear+parity.mlp@2",
+    "frozen_no_arm": "scenario.loop@2",
+    "frozen_trainable_broadcast": "scenario.loop@2",
+    "frozen_flat_grad": "scenario.loop@2",
+    "env_world_size": "parity.linear@3",
+    "leak_launcher_env": "parity.linear@2",
+    "leak_all_reduce_wrapped": "parity.linear@2",
+    "leak_linear_patched": "parity.linear@2",
+    "leak_global_forward_hook": "parity.linear@2",
+    "leak_autocast_on": "parity.linear@2",
+    "leak_backend_registered": "parity.linear@2",
 }

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import namedtuple
 from dataclasses import dataclass
 
+from conformance.cases.scenario.statements import statement_phrases, statement_values
+
 #: Branches of the scenario model; a plan uses a subset, in an order.
 BRANCHES = ("a", "b", "c")
 #: Fault kinds each optimizer can reveal (docs and report): Adam's update is
@@ -31,10 +33,11 @@ FORWARD_DATA = 2000
 
 #: The loop dimension: what a user's training loop does around the DDP besides forward, backward
 #: and ``optimizer.step()`` (each value in words: :data:`LOOP_PHRASES`; its torch semantics and the
-#: fault it reveals: docs/scenarios.md, "The loop programs"), plus ``lr_drop_at``: ``None`` or the
+#: fault it reveals: docs/scenarios.md, "The loop programs"; the statements surveyed from the
+#: ecosystem's programs: :mod:`.statements`), plus ``lr_drop_at``: ``None`` or the
 #: 0-based step from which the learning rate is ``lr * LR_DROP``. First values: the plain loop.
 LOOPS = {"zero_grad": ("set_to_none", "zeros"), "module_mode": ("train", "eval"), "clip": ("none", "norm"),
-         "teacher": ("none", "frozen")}
+         "teacher": ("none", "frozen"), **statement_values()}
 #: The build salt of the teacher model (:data:`LOOPS` ``teacher``; a checkpoint reload's is 1).
 TEACHER_SALT = 2
 PLAIN_LOOP = dict({k: v[0] for k, v in LOOPS.items()}, lr_drop_at=None)
@@ -44,7 +47,8 @@ LOOP_PHRASES = {("zero_grad", "zeros"): "zero_grad(set_to_none=False): zero grad
                 ("module_mode", "eval"): "training forwards and backwards in eval mode",
                 ("clip", "norm"): f"clip_grad_norm_(max_norm={CLIP_NORM}) on the synced gradients",
                 ("teacher", "frozen"): "a second DDP (a frozen teacher, eval mode) runs under no_grad before each "
-                                       "training forward; the target blends in its prediction"}
+                                       "training forward; the target blends in its prediction",
+                **statement_phrases()}
 #: The module dimension drawn with the loop programs: what the user's module looks like to the DDP
 #: (each value in words: :data:`MODULE_PHRASES`; its torch semantics: docs/scenarios.md, "The module
 #: axis"). First values: the plain module. Float buffers rebound in forward are the scenario's
@@ -77,6 +81,11 @@ MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
                                 f"'{GRAD_HOOK_PARAM}' after wrapping"}
 
 
+class BadBatch(RuntimeError):
+    """Raised by the scenario model's forward with ``bad=True``, after its buffers moved: the
+    loop programs' skipped batch (:data:`EVAL_GRAD` ``raising``)."""
+
+
 @dataclass
 class ScenarioOutput:
     """The scenario model's output with ``module["output"] == "dataclass"``: ``pred`` ``[n,
@@ -92,7 +101,10 @@ ScenarioPair = namedtuple("ScenarioPair", ["pred", "hidden", "tag"])
 
 
 def prediction_of(out):
-    """The tensor the loss reads from a scenario model's output (:data:`MODULES` ``output``)."""
+    """The tensor the loss reads from a scenario model's output (:data:`MODULES` ``output``; a
+    topology's several outputs, a tuple: their sum)."""
+    if isinstance(out, tuple) and not isinstance(out, ScenarioPair):
+        return sum(out[1:], out[0])
     if isinstance(out, (ScenarioOutput, ScenarioPair)):
         return out.pred
     return out["pred"] if isinstance(out, dict) else out

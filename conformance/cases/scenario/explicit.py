@@ -17,7 +17,9 @@ def uneven_batches(world_size: int) -> list:
 
 
 def explicit_scenarios(world_size: int, space: Space) -> list[Scenario]:
-    """Scenarios every run of a case includes (module docstring)."""
+    """Scenarios every run of a case includes (module docstring); a topology case draws its graphs only."""
+    if space.topology:
+        return []
     if space.workload:
         return explicit_workload_scenarios(world_size, space)
     if "keywords" in space.ddp_extra:
@@ -276,4 +278,11 @@ def _forward_programs(sc, micro, ev) -> list[Scenario]:
         sc([{"micro": [micro(forwards=2), micro(forwards=2)],
              "eval": [ev(0, "enabled", "train"), ev(0, "raising", "train")]}
             for _ in range(3)], module={"buffer_use": "centre"}, teacher="frozen"),
+        # fine-tuning with the stem frozen before wrapping (statements.py): the DDP broadcasts it at
+        # construction and never reduces it, the optimizer skips its None gradients (momentum and
+        # decay would move a zero one); a GAN's generator step: a grad-enabled forward with every
+        # parameter frozen, before the window, still arms the next forward's buffer broadcast
+        sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
+           optimizer="sgd_momentum", find_unused=False, module={"buffer_use": "centre"}, freeze="stem",
+           toggle="frozen"),
     ]

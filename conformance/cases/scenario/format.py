@@ -13,12 +13,15 @@ from conformance.cases.scenario.dimensions import (BRANCHES, EVAL_GRAD, EVAL_MOD
                                                    MAX_FORWARDS, MODULE_PHRASES, MODULES, PLAIN_LOOP, PLAIN_MODULE,
                                                    PLAIN_WORKLOAD, SPARSE_OPTIMIZERS, WORKLOAD_PHRASES, WORKLOADS,
                                                    workload_corners)
+from conformance.cases.scenario.statements import problems as statement_problems
+from conformance.cases.scenario.topology import TopologyError, describe, needs, validate_topology
 from conformance.cases.shared.loop import ALL_OPTIMIZERS
 
 SCENARIO_KEYS = {"seed", "lr", "optimizer", "ddp", "rebind_buffers", "loss_scale_log2", "checkpoint_at",
-                 "steps", "workload", "loop", "module"}
-#: Scenario keys a JSON file may leave out (older files: the plain workload, loop and module).
-OPTIONAL_KEYS = {"workload", "loop", "module"}
+                 "steps", "workload", "loop", "module", "topology"}
+#: Scenario keys a JSON file may leave out (older files: the plain workload, loop and module; the
+#: scenario model rather than a generated topology).
+OPTIONAL_KEYS = {"workload", "loop", "module", "topology"}
 #: torch's default of each DDP keyword a scenario may hold: a scenario passes the others to the DDP.
 DDP_DEFAULTS = {"find_unused_parameters": False, "broadcast_buffers": None, "bucket_cap_mb": None,
                 "gradient_as_bucket_view": False, "static_graph": False, "init_sync": True,
@@ -81,6 +84,9 @@ class Scenario:
         loop: ``{dimension: value}`` of :data:`~.dimensions.LOOPS` plus ``lr_drop_at`` (a file
             without it: :data:`~.dimensions.PLAIN_LOOP`). A step may hold ``"eval"`` (:data:`EVAL_KEYS`)
             and a micro-step ``"sync"`` and ``"forwards"`` (:data:`MICRO_OPTIONAL`).
+        module: ``{dimension: value}`` of :data:`~.dimensions.MODULES` (a file without it: plain).
+        topology: a generated module graph (:mod:`.topology`) trained instead of the scenario
+            model (None: the scenario model); its workload and module are the plain ones.
     """
 
     seed: int
@@ -94,6 +100,7 @@ class Scenario:
     workload: dict = field(default_factory=lambda: dict(PLAIN_WORKLOAD))
     loop: dict = field(default_factory=lambda: dict(PLAIN_LOOP))
     module: dict = field(default_factory=lambda: dict(PLAIN_MODULE))
+    topology: dict | None = None
 
     @property
     def world_size(self) -> int:
@@ -106,6 +113,8 @@ class Scenario:
             del d["loop"]
         if self.module == PLAIN_MODULE:
             del d["module"]
+        if self.topology is None:
+            del d["topology"]
         return d
 
     def synced(self, s: int, j: int) -> bool:
@@ -202,8 +211,21 @@ class Scenario:
                                             f"distinct branches of {BRANCHES}")
         if self.checkpoint_at is not None and not 0 <= self.checkpoint_at < len(self.steps) - 1:
             raise ScenarioError(f"checkpoint_at {self.checkpoint_at}: a step before the last")
+        self._validate_topology()
         self._validate_workload()
         self._validate_loop(w)
+
+    def _validate_topology(self) -> None:
+        """A topology's graph, and the plain workload and module beside it (its corners are its nodes')."""
+        if self.topology is None:
+            return
+        try:
+            validate_topology(self.topology)
+        except TopologyError as exc:
+            raise ScenarioError(str(exc)) from None
+        if self.workload != PLAIN_WORKLOAD or self.module != PLAIN_MODULE:
+            raise ScenarioError("a topology scenario has the plain workload and module (its corners are its "
+                                "nodes')")
 
     def _validate_loop(self, w: int) -> None:
         """The loop's values and every step's forwards without backward."""
@@ -215,6 +237,9 @@ class Scenario:
                                 f"{workload_corners(self.workload)}: a parametrized weight that is shared "
                                 "or a transposed view is not drawn (the parametrization would rebuild it)")
         _values("loop", self.loop, PLAIN_LOOP, LOOPS)
+        refused = statement_problems(self)
+        if refused:
+            raise ScenarioError(refused[0])
         drop = self.loop["lr_drop_at"]
         if drop is not None and not (isinstance(drop, int) and 0 < drop < len(self.steps)):
             raise ScenarioError(f"loop lr_drop_at {drop!r}: null or a step after the first (0-based)")
@@ -241,12 +266,13 @@ class Scenario:
         """The workload's values, and the combinations upstream DDP forbids or that mean nothing."""
         wl = self.workload
         _values("workload", wl, WORKLOADS, WORKLOADS, order=wl)
-        if wl["grad"] != "dense" and self.optimizer not in SPARSE_OPTIMIZERS:
-            raise ScenarioError(f"workload grad {wl['grad']!r} with optimizer {self.optimizer!r}: sparse "
+        topo = needs(self.topology) if self.topology is not None else {"sparse": False, "reentrant": False}
+        if (wl["grad"] != "dense" or topo["sparse"]) and self.optimizer not in SPARSE_OPTIMIZERS:
+            raise ScenarioError(f"a sparse gradient with optimizer {self.optimizer!r}: sparse "
                                 f"gradients need one of {SPARSE_OPTIMIZERS} (torch's Adam/AdamW refuse them)")
         static = bool(self.ddp.get("static_graph"))
-        if wl["graph"] == "checkpoint_reentrant" and not static:
-            raise ScenarioError("workload graph 'checkpoint_reentrant' needs DDP static_graph=True (upstream "
+        if (wl["graph"] == "checkpoint_reentrant" or topo["reentrant"]) and not static:
+            raise ScenarioError("a reentrant activation checkpoint needs DDP static_graph=True (upstream "
                                 "raises 'Expected to mark a variable ready only once' without it)")
         if static:  # one graph for the whole run: the same plan everywhere
             plans = {tuple(p) for st in self.steps for m in st["micro"] for p in m["plan"]}
@@ -324,7 +350,9 @@ class Scenario:
         return parts
 
     def describe_workload(self) -> str:
-        """``workload: <corner>, <corner>`` (``""`` for the plain workload)."""
+        """``workload: <corner>, <corner>`` (``""`` for the plain workload), or the topology's description."""
+        if self.topology is not None:
+            return describe(self.topology)
         corners = workload_corners(self.workload)
         return "workload: " + ", ".join(WORKLOAD_PHRASES[c] for c in corners) if corners else ""
 

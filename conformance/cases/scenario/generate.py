@@ -6,11 +6,14 @@ from dataclasses import dataclass, fields
 import copy
 
 from conformance.cases.scenario.dimensions import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOPS, MAX_FORWARDS, MODULES,
+                                                   PLAIN_MODULE,
                                                    PLAIN_WORKLOAD, SHORT_RUN_DTYPES, SPARSE_OPTIMIZERS, WORKLOADS,
                                                    XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP)
 from conformance.cases.scenario.format import Scenario
 from conformance.cases.scenario.buckets import CAP_CLASSES, cap_mb, grad_bytes
 from conformance.cases.scenario.model import build_scenario_model
+from conformance.cases.scenario.statements import plain_where_refused
+from conformance.cases.scenario.topology import MAX_NODES, needs, topologies
 from conformance.cases.shared.loop import ALL_OPTIMIZERS, OPTIMIZERS
 from conformance.tolerances import lookup
 
@@ -36,6 +39,9 @@ class Space:
     loop: bool = False           # draw the loop program (LOOPS, forwards without backward, synced
     #                              backwards), and the default optimizers include sgd_wd (ALL_OPTIMIZERS)
     max_pattern: int = 4         # the most distinct steps a run repeats (a loop case: the profile's loop_depth)
+    exclude: tuple = ()          # (field, key, value) statements not drawn: a replica crashed on them (.crashes)
+    topology: bool = False       # train a generated module graph (conformance.cases.scenario.topology)
+    max_nodes: int = 6           # the most hidden nodes of a drawn topology (1..MAX_NODES - 3)
 
 
 #: Local batch sizes of generated scenarios where each distinct graph is compiled (XLA):
@@ -61,6 +67,13 @@ KEYWORD_VALUES = {"init_sync": (True, False), "broadcast_buffers": (True, None, 
 MAX_CAP_LIST = 3
 
 
+def allowed(space: Space, field: str, key: str, values) -> list:
+    """``values`` of dimension ``field.key`` without those ``space.exclude`` names (all of them if
+    it names every one: the scenario is then left out when it runs, :func:`.crashes.excluded`)."""
+    left = [v for v in values if (field, key, v) not in space.exclude]
+    return left or list(values)
+
+
 def space_problem(space: dict) -> str | None:
     """Why ``space`` (a scenario row's ``args["space"]``) is not a :class:`Space` the
     scenarios can be drawn from, or None."""
@@ -79,6 +92,10 @@ def space_problem(space: dict) -> str | None:
         return f"max_steps {sp.max_steps}: at least 41 (long runs are drawn from 41..max_steps)"
     if not sp.budget > 0:
         return f"budget {sp.budget}: a positive fraction of the profile's example budget"
+    if not (isinstance(sp.max_nodes, int) and 1 <= sp.max_nodes <= MAX_NODES - 3):
+        return f"max_nodes {sp.max_nodes}: 1..{MAX_NODES - 3} hidden nodes of a topology"
+    if sp.topology and sp.workload:
+        return "topology and workload: a topology places the workload's corners at its own nodes"
     return None
 
 
@@ -98,12 +115,15 @@ def scenarios(world_size: int, space: Space):
     @st.composite
     def build(draw):
         workload = draw(workloads(space)) if space.workload else dict(PLAIN_WORKLOAD)
-        sparse = workload["grad"] != "dense"
+        topo = draw(topologies(space.max_nodes, reentrant="static_graph" in space.ddp_extra)) \
+            if space.topology else None
+        need = needs(topo) if topo else {"sparse": False, "reentrant": False, "bf16": False}
+        sparse = workload["grad"] != "dense" or need["sparse"]
         optimizers = ALL_OPTIMIZERS if space.loop and space.optimizers == OPTIMIZERS else space.optimizers
         optimizer = draw(st.sampled_from([o for o in optimizers if not sparse or o in SPARSE_OPTIMIZERS]
                                          or list(optimizers)))
         find_unused = draw(st.booleans())
-        ddp, keys = _draw_ddp(draw, space, workload, find_unused)
+        ddp, keys = _draw_ddp(draw, space, workload, find_unused, need["reentrant"])
         static, skip_unused = keys["static"], keys["skip_unused"]
         # static_graph: one graph for the run, so one plan everywhere (all branches unless
         # find_unused_parameters); skip_all_reduce_unused_params too
@@ -114,18 +134,19 @@ def scenarios(world_size: int, space: Space):
         # One run in ten is long (faults that start late); the explicit scenarios hold one too.
         # (not with a bfloat16 part: its 1-ulp rounding flips compound over long runs, above any
         # bound a short run's movement clears)
-        long_run = draw(st.integers(0, 9)) == 9 and workload["dtype"] not in SHORT_RUN_DTYPES
+        long_run = (draw(st.integers(0, 9)) == 9 and workload["dtype"] not in SHORT_RUN_DTYPES
+                    and not need["bf16"])
         n = draw(st.integers(41, space.max_steps) if long_run else st.integers(1, 8))
         steps = [copy.deepcopy(pattern[i % len(pattern)]) for i in range(n)]
         ckpt = draw(st.one_of(st.none(), st.integers(0, max(0, n - 2)))) if n > 1 else None
         sc = Scenario(seed=draw(st.integers(0, 2 ** 20)), lr=draw(st.sampled_from(LRS[optimizer])),
                       optimizer=optimizer, ddp=ddp, rebind_buffers=draw(st.booleans()),
                       loss_scale_log2=draw(st.sampled_from([0, 8, 20])), checkpoint_at=ckpt, steps=steps,
-                      workload=workload)
+                      workload=workload, topology=topo)
         if find_unused:  # UPSTREAM_DEFECTS ("enabled_forward", "no_sync"): not drawn
             _no_enabled_forward_before_no_sync(sc)
         if space.loop:
-            _draw_module_and_loop(draw, sc, n)
+            _draw_module_and_loop(draw, sc, n, space)
         if "buckets" in space.ddp_extra or keys["caps"]:
             _bucket_caps(sc, space, keys["cap"], keys["caps"])
         return sc
@@ -144,10 +165,11 @@ def _plans(space: Space, find_unused: bool):
     return st.tuples(perm, st.integers(0, len(BRANCHES))).map(lambda t: list(t[0][:t[1]]))
 
 
-def _draw_ddp(draw, space: Space, workload: dict, find_unused: bool) -> tuple:
+def _draw_ddp(draw, space: Space, workload: dict, find_unused: bool, reentrant: bool = False) -> tuple:
     """``(ddp keywords, keys)``: the DDP keywords of :data:`DDP_EXTRAS` ``space.ddp_extra`` asks
     for; ``keys``: ``static`` (static_graph), ``skip_unused``, ``cap`` (the bucket cap class drawn,
-    set once the model is known) and ``caps`` (the per-bucket cap classes, or None)."""
+    set once the model is known) and ``caps`` (the per-bucket cap classes, or None); ``reentrant``:
+    the drawn topology holds a reentrant checkpoint."""
     from hypothesis import strategies as st
     ddp = {"find_unused_parameters": find_unused, "broadcast_buffers": not draw(st.booleans())}
     cap = None
@@ -160,11 +182,11 @@ def _draw_ddp(draw, space: Space, workload: dict, find_unused: bool) -> tuple:
         ddp["comm_hook"] = "allreduce"
     static = False
     if "static_graph" in space.ddp_extra:  # upstream needs it for a reentrant checkpoint
-        static = workload["graph"] == "checkpoint_reentrant" or draw(st.booleans())
+        static = workload["graph"] == "checkpoint_reentrant" or reentrant or draw(st.booleans())
         ddp["static_graph"] = static
     skip_unused, caps = False, None
     if "keywords" in space.ddp_extra:
-        ddp.update({k: draw(st.sampled_from(v)) for k, v in KEYWORD_VALUES.items()})
+        ddp.update({k: draw(st.sampled_from(allowed(space, "ddp", k, v))) for k, v in KEYWORD_VALUES.items()})
         if draw(st.booleans()):
             caps = draw(st.lists(st.tuples(st.sampled_from(CAP_CLASSES), st.integers(2, 6)),
                                  min_size=1, max_size=MAX_CAP_LIST))
@@ -223,16 +245,18 @@ def _eval_forwards(world_size: int, space: Space, k: int):
                                   "mode": st.sampled_from(EVAL_MODE), "batch": batch})
 
 
-def _draw_module_and_loop(draw, sc: Scenario, n: int) -> None:
+def _draw_module_and_loop(draw, sc: Scenario, n: int, space: Space) -> None:
     """A loop program's module (:data:`MODULES`) and loop (:data:`LOOPS`) dimensions into ``sc``
     (``n`` steps), where :meth:`Scenario.validate` would refuse the combination the next value."""
     from hypothesis import strategies as st
     workload = sc.workload
-    sc.module = {k: draw(st.sampled_from(v)) for k, v in MODULES.items()}
+    sc.module = {k: draw(st.sampled_from(allowed(space, "module", k, v))) for k, v in MODULES.items()} \
+        if sc.topology is None else dict(PLAIN_MODULE)
     if workload["graph"] == "shared" or workload["layout"] == "transposed":  # validate says why
         sc.module["parametrize"] = "none"
-    sc.loop = dict({k: draw(st.sampled_from(v)) for k, v in LOOPS.items()},
+    sc.loop = dict({k: draw(st.sampled_from(allowed(space, "loop", k, v))) for k, v in LOOPS.items()},
                    lr_drop_at=draw(st.one_of(st.none(), st.integers(1, n - 1))) if n > 1 else None)
+    plain_where_refused(sc)  # a statement that cannot go with the rest (validate says why)
     if sc.rebind_buffers:  # rebound buffers cannot be made under inference_mode (validate says why)
         for step in sc.steps:
             for f in step.get("eval", ()):
@@ -242,7 +266,7 @@ def _draw_module_and_loop(draw, sc: Scenario, n: int) -> None:
 
 def _bucket_caps(sc: Scenario, space: Space, cap, caps) -> None:
     """The drawn bucket cap classes made caps of ``sc``'s own model's gradient sizes."""
-    sizes = grad_bytes(build_scenario_model(sc.seed, sc.rebind_buffers, 0.0, sc.workload, sc.module))
+    sizes = grad_bytes(build_scenario_model(sc.seed, sc.rebind_buffers, 0.0, sc.workload, sc.module, sc.topology))
     if "buckets" in space.ddp_extra:
         sc.ddp["bucket_cap_mb"] = cap_mb(sizes, *cap)
     if caps:
@@ -271,17 +295,20 @@ def workloads(space: Space):
     extra no reentrant checkpoint (upstream needs ``static_graph`` for it)."""
     from hypothesis import strategies as st
 
-    def allowed(k):
-        vals = [v for v in WORKLOADS[k] if not (space.xla_corners and (k, v) in XLA_UNSUPPORTED)]
+    def dimension(k):
+        vals = [v for v in allowed(space, "workload", k, WORKLOADS[k])
+                if not (space.xla_corners and (k, v) in XLA_UNSUPPORTED)]
         if "static_graph" not in space.ddp_extra:
             vals = [v for v in vals if v != "checkpoint_reentrant"]
         return st.sampled_from(vals)
-    return st.fixed_dictionaries({k: allowed(k) for k in WORKLOADS})
+    return st.fixed_dictionaries({k: dimension(k) for k in WORKLOADS})
 
 
 def scenario_tolerance(runtime: str, sc: Scenario):
     """The tolerance row of ``sc``'s workload dtype (``conformance.tolerances``: model
     ``scenario``; complex64 is float32 precision)."""
+    if sc.topology is not None:
+        return lookup(runtime, "scenario", needs(sc.topology)["tolerance"])
     return lookup(runtime, "scenario", WORKLOAD_TOLERANCE.get(sc.workload["dtype"], "float32"))
 
 

@@ -1,6 +1,7 @@
 """The ``scenario`` kind: generated training scenarios on the kit's own model and, with
 ``--model``, the loop programs on the user's model (:mod:`.userloop`, rows with
-``args["user_loop"]``); one evaluator above both.
+``args["user_loop"]``) and on models drawn from the zoo (:mod:`.zoo`, ``args["zoo"]``); one
+evaluator above them.
 
 A **scenario** is JSON-serialisable data (:class:`.format.Scenario`): a sequence of optimizer
 steps, each an accumulation window of ``k`` micro-steps (the first ``k - 1`` under ``no_sync()``,
@@ -27,12 +28,15 @@ from conformance.cases.kinds import Kind
 from conformance.cases.scenario.generate import space_requires
 from conformance.cases.scenario.run import evaluate_scenario, scenario_problem
 from conformance.cases.scenario.userloop import evaluate_user_loop
+from conformance.cases.scenario.zoo import evaluate_zoo
 
 
 def evaluate(case, impl, runtime, w, session, overrides):
     """Verdicts of a ``scenario`` row (:class:`conformance.cases.kinds.Kind` ``evaluate``)."""
     if case.args.get("user_loop"):  # --model: the loop programs on the user's model
         return evaluate_user_loop(case, impl, runtime, w, session, overrides)
+    if case.args.get("zoo"):  # the loop programs on models drawn from the zoo
+        return evaluate_zoo(case, impl, runtime, w, session, overrides)
     return evaluate_scenario(case, impl, runtime, w, session, overrides)
 
 

@@ -10,14 +10,11 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 from torch.utils.checkpoint import checkpoint
 
-from conformance.cases.scenario.dimensions import (BRANCHES, GRAD_HOOK_PARAM, GRAD_HOOK_SCALE, HIDDEN,
+from conformance.cases.scenario.topology import build_topology, needs
+
+from conformance.cases.scenario.dimensions import (BRANCHES, BadBatch, GRAD_HOOK_PARAM, GRAD_HOOK_SCALE, HIDDEN,
                                                    INDICES_PER_SAMPLE, IN_FEATURES, KW_SCALE, OUT_FEATURES,
                                                    PLAIN_MODULE, PLAIN_WORKLOAD, ScenarioOutput, ScenarioPair, VOCAB)
-
-
-class BadBatch(RuntimeError):
-    """Raised by the scenario model's forward with ``bad=True``, after its buffers moved: the
-    loop programs' skipped batch (:data:`~.dimensions.EVAL_GRAD` ``raising``)."""
 
 
 def user_grad_hook(net, module: dict | None) -> None:
@@ -187,7 +184,7 @@ class ScenarioNet(nn.Module):
 
 
 def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, workload: dict | None = None,
-                         module: dict | None = None):
+                         module: dict | None = None, topology: dict | None = None):
     """``stem -> h; h + sum over the plan's branches (in plan order) of tanh(branch(h)) -> head``.
 
     Parameters U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from ``seed`` (fan_in of a conv or
@@ -200,8 +197,11 @@ def build_scenario_model(seed: int, rebind: bool, buffer_offset: float = 0.0, wo
     else float32) in ``module``'s structure; ``bad=True`` raises :class:`BadBatch` after the
     buffers' update. ``workload`` (:data:`~.dimensions.WORKLOADS`) and ``module``
     (:data:`~.dimensions.MODULES`; a parametrization registered after initialisation, container
-    parameters drawn from ``seed``) default to the plain ones.
+    parameters drawn from ``seed``) default to the plain ones. A ``topology`` (:mod:`.topology`)
+    builds its module graph instead (:func:`~.topology.build_topology`).
     """
+    if topology is not None:
+        return build_topology(topology, seed, rebind, buffer_offset)
     wl = dict(PLAIN_WORKLOAD, **(workload or {}))
     md = dict(PLAIN_MODULE, **(module or {}))
     net = ScenarioNet(wl, md, rebind, buffer_offset)
@@ -272,14 +272,22 @@ def scenario_inputs(sc, s: int, j: int, r: int, sizes, plan, device=None) -> tup
     on the module's default plan), the tensors on ``device`` when given."""
     n = sizes[r]
     x, y = scenario_batch(sc.seed, s, j, r, n)
+    xs = (x,)
     kwargs = {} if plan is None else {"plan": plan}
-    if sc.workload["grad"] != "dense":
+    topo = needs(sc.topology) if sc.topology is not None else {"idx": False}
+    if sc.workload["grad"] != "dense" or topo["idx"]:
         kwargs["idx"] = scenario_indices(sc.seed, s, j, r, n)
+    if sc.topology is not None and sc.topology["inputs"] == 2:  # a second input, drawn apart
+        xs += (scenario_batch(sc.seed + TOPOLOGY_SECOND_INPUT, s, j, r, n)[0],)
     kwargs.update(forward_kwargs(sc.module, sc.seed, s, j, r, n))  # MODULES "kwargs"
     if device is not None:
-        x, y = x.to(device), y.to(device)
+        xs, y = tuple(t.to(device) for t in xs), y.to(device)
         kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    return (x,), kwargs, y
+    return xs, kwargs, y
+
+
+#: A topology's second dense input: the data of seed ``seed + TOPOLOGY_SECOND_INPUT``.
+TOPOLOGY_SECOND_INPUT = 7919
 
 
 def scenario_batch(seed: int, step: int, micro: int, rank: int, n: int):

@@ -9,7 +9,9 @@ update as upstream's sparse all-reduce):
   with ``"sync": true``) replaces every replica's gradient by the replicas' mean (zeros where a
   replica holds ``None``), except a parameter no replica's backward reached since the last synced
   one with ``find_unused_parameters``: torch's reducer leaves its gradient as it is (``None``, a
-  zero tensor after ``zero_grad(set_to_none=False)``, or an earlier synced backward's mean).
+  zero tensor after ``zero_grad(set_to_none=False)``, or an earlier synced backward's mean); a
+  parameter frozen before wrapping is never reduced (torch's reducer holds only the parameters
+  that required grad at construction).
 * **Buffers** (``broadcast_buffers``, ``forward_sync_buffers`` and ``init_sync`` as
   :func:`~.format.buffer_sync` reads them): a forward through the DDP starts from rank 0's buffers
   when the forward sync is on and the previous forward was a synced one with grad enabled, or
@@ -38,9 +40,10 @@ import torch
 
 from conformance.cases.shared.checks import AGREEMENT, CHECKS, SCENARIO_CHECKS, TRANSPARENCY, judge, judge_agreement
 from conformance.cases.shared.transparency import judge_transparency
-from conformance.cases.scenario.dimensions import (CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
+from conformance.cases.scenario.dimensions import (BadBatch, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
                                                    grad_mode, prediction_of)
 from conformance.cases.scenario.format import Scenario, buffer_sync
+from conformance.cases.scenario.statements import around_forward, before_wrap
 from conformance.cases.scenario.model import (BadBatch, build_scenario_model, scenario_inputs, seen_start,
                                               user_grad_hook)
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
@@ -52,13 +55,16 @@ def scenario_reference(sc: Scenario) -> dict:
     """DDP's semantics for ``sc`` on one CPU device (the module docstring), on rank 0's scenario
     model. Returns ``params`` ``[S+1, P]``, ``buffers`` ``[S+1, W, B]`` (what each replica must
     hold after each step), ``optim`` (final optimizer state)."""
-    net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module)
+    net = build_scenario_model(sc.seed, sc.rebind_buffers, workload=sc.workload, module=sc.module,
+                               topology=sc.topology)
+    before_wrap(sc.loop, net)
     user_grad_hook(net, sc.module)
     start_buffers, reload_buffers = _scenario_buffers(sc, net)
     teacher = None
     if sc.loop["teacher"] != "none":  # rank 0's (the DDP broadcasts its parameters), in eval mode
         teacher = build_scenario_model(rank_seed(sc.seed, 0, TEACHER_SALT), sc.rebind_buffers,
-                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module).eval()
+                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module,
+                                       sc.topology).eval()
     return loop_reference(sc, net, lambda s, j, r, sizes, plan: scenario_inputs(sc, s, j, r, sizes, plan),
                           lambda out, y: mse(prediction_of(out), y), start_buffers, reload_buffers, teacher=teacher,
                           blend=distilled_target)
@@ -142,8 +148,9 @@ class _LoopOracle:
         self.rank_bufs = [start_buffers(r) for r in range(w)]
         self.grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
         reached = self.reached = [False] * len(params)  # some replica's backward reached it since the last synced one
-        for i, q in enumerate(params):
-            q.register_post_accumulate_grad_hook(lambda _, i=i: reached.__setitem__(i, True))
+        for i, q in enumerate(params):  # a parameter frozen before wrapping is not the reducer's
+            if q.requires_grad:
+                q.register_post_accumulate_grad_hook(lambda _, i=i: reached.__setitem__(i, True))
         self.sync_next = True  # require_forward_param_sync: construction counts as a synced forward
 
     def set_bufs(self, vals):
@@ -191,7 +198,7 @@ class _LoopOracle:
         for e, f in self.sc.evals(s, at):
             self.begin_forwards()
             for r in range(self.w):
-                with grad_mode(f["grad"]):
+                with grad_mode(f["grad"]), around_forward(self.sc.loop, self.net, f):
                     self.forward(r, s, EVAL_DATA + e, f["batch"], None, f["mode"] == "train",
                                  raising=f["grad"] == "raising")
             if f["grad"] != "raising":  # a raising forward never reaches _post_forward: flag kept
@@ -230,8 +237,8 @@ class _LoopOracle:
         no replica reached, with ``find_unused_parameters``)."""
         params, grads, w = self.params, self.grads, self.w
         for i in range(len(params)):
-            if self.find_unused and not self.reached[i]:
-                continue  # no replica reached it since the last synced backward: untouched
+            if not params[i].requires_grad or (self.find_unused and not self.reached[i]):
+                continue  # frozen at wrap (not the reducer's), or no replica reached it since the last synced one
             total = None
             for r in range(w):  # the replicas' gradients, zeros where None, in rank order
                 g = grads[r][i] if grads[r][i] is not None else torch.zeros_like(params[i])

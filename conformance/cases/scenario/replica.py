@@ -8,12 +8,13 @@ import contextlib
 import numpy as np
 import torch
 
-from conformance.cases.scenario.dimensions import (BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
+from conformance.cases.scenario.dimensions import (BadBatch, BRANCHES, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
                                                    XLA_UNSUPPORTED_LOOP, grad_mode, prediction_of, workload_corners,
                                                    xla_unsupported)
 from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
-from conformance.cases.scenario.model import BadBatch, build_scenario_model, scenario_inputs, user_grad_hook
+from conformance.cases.scenario.model import build_scenario_model, scenario_inputs, user_grad_hook
 from conformance.cases.scenario.oracle import distilled_target
+from conformance.cases.scenario.statements import around_forward, before_wrap, refusal
 from conformance.cases.shared.setups import register_hook
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.step import construct
@@ -48,10 +49,11 @@ def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
     try:
         built = build()
     except NotImplementedError as exc:  # a library's refusal of a corner at construction (same on every replica)
-        if not workload_corners(sc.workload):
+        what = "; ".join(filter(None, [f"workload {workload_corners(sc.workload)}" if workload_corners(sc.workload)
+                                       else "", refusal(sc.loop)]))
+        if not what:
             raise
-        raise Unsupported(f"{impl} refuses workload {workload_corners(sc.workload)}: "
-                          f"NotImplementedError: {exc}") from None
+        raise Unsupported(f"{impl} refuses {what}: NotImplementedError: {exc}") from None
     which = row.shard_rank(ctx)
     return run_loop(ctx, row, sc, built, build,
                     lambda s, j, sizes, plan: scenario_inputs(sc, s, j, which, sizes, plan, ctx.device),
@@ -85,6 +87,8 @@ def _ddp_keywords(sc: Scenario) -> tuple:
 def _refuse_on_xla(ctx, sc: Scenario) -> None:
     """Raise :class:`~conformance.errors.Unsupported` for a corner an XLA device cannot train."""
     why = xla_unsupported(sc.workload) if str(ctx.device).startswith("xla") else None
+    if sc.topology is not None and str(ctx.device).startswith("xla"):
+        why = "generated topologies are drawn on CPU only (each drawn graph would be a new compilation)"
     if why:
         raise Unsupported(f"workload {workload_corners(sc.workload)}: {why}")
     if str(ctx.device).startswith("xla") and any(f["grad"] == "inference_mode" for st in sc.steps
@@ -102,7 +106,9 @@ def _builder(ctx, row, sc: Scenario, kwargs: dict, requires: list, optional: tup
 
     def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
         m = to_device(build_scenario_model(rank_seed(sc.seed, owner, salt), sc.rebind_buffers,
-                                           rank_buffer_offset(r, salt), sc.workload, sc.module), ctx.device)
+                                           rank_buffer_offset(r, salt), sc.workload, sc.module, sc.topology),
+                       ctx.device)
+        before_wrap(sc.loop, m)
         engine, obs = observed_wrap(row, m, ctx, lambda: construct(
             row, m, ctx, kwargs, lambda params: build_optimizer(sc.optimizer, params, sc.lr), tuple(requires), optional))
         user_grad_hook(m, sc.module)
@@ -196,7 +202,7 @@ class _ReplicaLoop:
         for e, f in self.sc.evals(s, at):
             args, kwargs, _ = self.inputs(s, EVAL_DATA + e, f["batch"], None)
             self.set_mode(f["mode"] == "train")
-            with grad_mode(f["grad"]):
+            with grad_mode(f["grad"]), around_forward(self.sc.loop, ddp, f):
                 if f["grad"] != "raising":
                     obs.call(ddp, *args, **kwargs)
                 else:  # a bad batch the loop skips: the module raises after its buffers moved

@@ -30,6 +30,7 @@ from conformance.cases.scenario.format import Scenario, buffer_sync
 from conformance.cases.scenario.explicit import loop_builders
 from conformance.cases.scenario.oracle import judge_scenario, loop_reference
 from conformance.cases.scenario.replica import run_loop
+from conformance.cases.scenario.statements import before_wrap
 from conformance.cases.shared.loop import build_optimizer, rank_buffer_offset, rank_seed
 from conformance.cases.shared.step import construct
 from conformance.cases.shared.transparency import observed_wrap
@@ -47,13 +48,23 @@ DATA_STRIDE = 10_000
 #: What only the scenario model can run: a teacher is a second scenario model whose prediction the
 #: target blends in; a raising forward needs the scenario model's bad batch (``bad=True``).
 SCENARIO_MODEL_ONLY = {"loop": {"teacher": ("frozen",)}, "eval_grad": ("raising",)}
+#: The optimizer a program runs instead on a model with sparse gradients (one of
+#: ``SPARSE_OPTIMIZERS``: torch.optim raises on a sparse gradient for the others).
+SPARSE_STANDIN = {"sgd_wd": "sgd", "adam": "sgd_momentum", "adamw": "sgd_momentum"}
 
 
-def user_loop_programs(world_size: int, seed: int, lr: float) -> list[Scenario]:
+def user_loop_programs(world_size: int, seed: int, lr: float, sparse: bool = False) -> list[Scenario]:
     """The explicit loop programs run on a user's model (module docstring): SGD-family optimizers at
     the model's ``lr``, Adam / AdamW at the scenario case's (their step does not scale with the
-    gradient)."""
+    gradient). ``sparse``: the model has sparse gradients, which torch's Adam / AdamW, SGD's
+    weight decay and ``clip_grad_norm_`` refuse on one device too: those programs run
+    :data:`SPARSE_STANDIN`'s optimizer, without clipping."""
     sc, micro, ev = loop_builders(world_size, seed, False, lr)
+    if sparse:
+        any_grad = sc
+
+        def sc(steps, optimizer="sgd", clip=None, **kw):  # clip_grad_norm_ has no sparse norm either
+            return any_grad(steps, optimizer=SPARSE_STANDIN.get(optimizer, optimizer), **kw)
     out = [
         # zero gradients kept (set_to_none=False) under weight decay, an eval-mode validation forward
         # before each step, a learning-rate drop, a checkpoint reload (non-persistent buffers: the
@@ -76,10 +87,25 @@ def user_loop_programs(world_size: int, seed: int, lr: float) -> list[Scenario]:
         # backward instead would leave the window on each replica's buffers)
         sc([{"micro": [micro(), micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
            optimizer="adam", checkpoint_at=0, find_unused=True),
+        # fine-tuning: the first layer frozen before wrapping (broadcast at construction, never reduced,
+        # skipped by momentum); a grad-enabled forward with every parameter frozen (a GAN's generator
+        # step) before a no_sync window still arms the next forward's buffer broadcast
+        sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
+           optimizer="sgd_momentum", find_unused=False, freeze="stem", toggle="frozen"),
     ]
     for e in out:
         e.validate()
     return out
+
+
+def has_sparse_grads(spec: str) -> bool:
+    """Whether a training step of user model ``spec`` on one CPU device gives a parameter a sparse
+    gradient (``Embedding`` / ``EmbeddingBag`` with ``sparse=True``)."""
+    user = MODELS[spec].user
+    m = build_model(spec, user.seed)
+    x, y = global_batch(spec, user.seed, 0, user.global_batch)
+    training_loss(spec, m(x, **MODELS[spec].forward_kwargs), y).backward()
+    return any(p.grad is not None and p.grad.is_sparse for p in m.parameters())
 
 
 def user_inputs(spec: str, sc: Scenario, s: int, j: int, r: int, sizes, device=None):
@@ -129,6 +155,7 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
 
     def build(salt=0):
         m = to_device(_build(model, sc.seed, ctx.rank, salt), ctx.device)
+        before_wrap(sc.loop, m)
         engine, obs = observed_wrap(row, m, ctx, lambda: construct(
             row, m, ctx, kwargs, lambda params: build_optimizer(sc.optimizer, params, sc.lr), tuple(requires)))
         ctx.mark_step()
@@ -156,6 +183,7 @@ def user_loop_reference(spec: str, sc: Scenario, float64: bool = False) -> dict:
         return (wide(x),), {k: wide(v) for k, v in kwargs.items()}, wide(y)
 
     net = build(0)
+    before_wrap(sc.loop, net)
     init_synced = buffer_sync(sc.ddp)[0]  # rank 0's buffers at construction
     persistent = set(net.state_dict())
     names = [n for n, _ in net.named_buffers()]
@@ -205,9 +233,9 @@ def program_tolerance(tol, amplified, why: str, k: int):
                                           f"{MIN_SIDE_FACTOR:g} x that"))
 
 
-def evaluate_user_loop(case, impl, runtime, w, session, overrides):
+def evaluate_user_loop(case, impl, runtime, w, session, overrides, pick=None):
     """Verdicts of ``scenario.user_loop`` on user model ``case.model``: every program of
-    :func:`user_loop_programs` (or ``overrides["scenario"]``), each judged against
+    :func:`user_loop_programs` (those at the indices ``pick``, or ``overrides["scenario"]``), each judged against
     :func:`user_loop_reference` with the bound the kit measures on the model; per check the worst
     deviation over the programs, or the first failing program's verdict with its JSON."""
     user = MODELS[case.model].user
@@ -216,7 +244,8 @@ def evaluate_user_loop(case, impl, runtime, w, session, overrides):
         return None
     agree = lookup(runtime, "scenario", "agreement").atol
     programs = ([overrides["scenario"]] if "scenario" in overrides
-                else user_loop_programs(w, user.seed, user.lr))
+                else user_loop_programs(w, user.seed, user.lr, has_sparse_grads(case.model)))
+    programs = programs if pick is None or "scenario" in overrides else [programs[i] for i in pick]
     worst: dict = {}
     vacuous: dict = {}  # check -> programs whose reference moved too little to judge it (discarded)
     for k, sc in enumerate(programs):
@@ -227,9 +256,13 @@ def evaluate_user_loop(case, impl, runtime, w, session, overrides):
         ref = user_loop_reference(case.model, sc)
         ptol = program_tolerance(tol, *rounding_of(case.model, sc, ref), k + 1)
         vs = judge_scenario(sc, results, ptol, agreement_atol=agree, ref=ref, model=case.model)
+        bufs = ref["buffers"]
         for v in vs:
-            if v.check == "buffers" and v.status == "vacuous" and not ref["buffers"].size:
+            if v.check == "buffers" and v.status == "vacuous" and not bufs.size:
                 v.status, v.reason = "pass", "the model has no buffers: nothing to compare"
+            elif v.check == "buffers" and v.status == "vacuous" and (bufs == bufs[:1, :1]).all():
+                # constants (position ids, a mask): nothing moves them, and they are still compared
+                v.status, v.reason = "pass", "the model's buffers are constants (equal on every replica and step)"
         if any(v.status not in ("pass", "vacuous") for v in vs):
             for v in vs:
                 v.example = sc.to_json()

@@ -27,7 +27,10 @@ class Check:
     the series axis ``S`` is - ``steps`` (entry ``i`` is after step ``i + 1``),
     ``final`` (the state after the last step) or ``once`` (one observation, no
     step); ``nan_is_absent``: NaN on both sides means "absent" (a ``None``
-    gradient) and compares equal - elsewhere a NaN is always a failure.
+    gradient) and compares equal - elsewhere a NaN is always a failure;
+    ``absent(replicas) -> bool [R, S, N] or None``: where the replicas' values are
+    absent (a ``None`` gradient read as NaN), so a failure says "has no gradient"
+    there, not "has NaN" (with ``nan_is_absent`` a reference NaN is absent too).
     """
 
     name: str
@@ -39,6 +42,7 @@ class Check:
     layout: Callable = None
     when: str = "steps"
     nan_is_absent: bool = False
+    absent: Callable = None
 
 
 def named(key: str) -> Callable:
@@ -155,7 +159,12 @@ def _when(check: Check, ref: dict):
     return (lambda i: i + 1), (lambda i: f"from step {i + 1}"), (lambda i: f"At step {i + 1}")
 
 
-def _deviation(names, actual, expected, diff, bound, bad, step_of, step_at, heading, multi):
+def _missing(x: float, absent: bool) -> str:
+    return "none (None)" if absent else nonfinite(x)
+
+
+def _deviation(names, actual, expected, diff, bound, bad, step_of, step_at, heading, multi,
+               absent=None, ref_absent=False):
     """``(reason, diagnosis)`` of a failed comparison with the reference: the first
     bad step's first deviating replica, its worst value named, how much is out of
     bound, where NaN/Inf start; the diagnosis lists every out-of-bound tensor."""
@@ -168,25 +177,32 @@ def _deviation(names, actual, expected, diff, bound, bad, step_of, step_at, head
     a, e = actual[r, s, worst], expected[r, s, worst]
     where = (" " + step_at(s)) if step_at(s) else ""
     entry = names.entry(worst)
-    if not np.isfinite(a):
+    a_none = absent is not None and bool(absent[r, s, worst])
+    e_none = ref_absent and bool(np.isnan(e))
+    if a_none:
+        first = (f"replica {r}'s {entry}" if multi else entry) + f" is missing (None: no gradient){where}"
+        first += f" where the reference has {_missing(e, e_none) if not np.isfinite(e) else f'{e:.3g}'}"
+    elif not np.isfinite(a):
         first = (f"replica {r} has {nonfinite(a)} in {entry}" if multi else f"{entry} is {nonfinite(a)}") + where
         if not np.isfinite(e):
-            first += f" (the reference has {nonfinite(e)} there too)"
+            first += f" (the reference has {_missing(e, e_none)} there)"
     else:
         first = (f"replica {r}'s {entry}" if multi else entry)
-        first += (f" is {a:.3g}{where} where the reference has {nonfinite(e)}" if not np.isfinite(e) else
+        first += (f" is {a:.3g}{where} where the reference has {_missing(e, e_none)}" if not np.isfinite(e) else
                   f" deviates from the reference by {dev[worst]:.3g}{where} (bound there {bound[r, s, worst]:.3g})")
     census, ts = names.census(bad[r, s])
-    nan_here = int((~np.isfinite(actual[r, s]) & bad[r, s]).sum())
+    none_here = absent[r, s] & bad[r, s] if absent is not None else np.zeros_like(bad[r, s])
+    nan_here = int((~np.isfinite(actual[r, s]) & bad[r, s] & ~none_here).sum())
     parts = [first + "."]
     if bad.shape[2] > 1:  # one scalar (the loss) needs no census
         parts.append(f"{heading(s)}{f', replica {r}' if multi else ''}: {census} out of bound"
+                     + (f" ({int(none_here.sum())} of them None)" if none_here.any() else "")
                      + (f" ({nan_here} of them NaN/Inf)" if nan_here else "")
                      + (f": {names.listing(ts)}" if names.named else "") + ".")
     if len(reps) > 1:
         parts.append(f"Replicas {', '.join(map(str, reps))} are out of bound there.")
-    nan_bad = ~np.isfinite(actual) & bad
-    if nan_bad.any() and np.isfinite(a):  # NaN/Inf starting later: say so
+    nan_bad = ~np.isfinite(actual) & bad & (~absent if absent is not None else True)
+    if nan_bad.any() and np.isfinite(a) and not a_none:  # NaN/Inf starting later: say so
         sn = int(np.flatnonzero(nan_bad.any(axis=(0, 2)))[0])
         rn = int(np.flatnonzero(nan_bad[:, sn].any(axis=1))[0])
         en = int(np.flatnonzero(nan_bad[rn, sn])[0])
@@ -196,10 +212,10 @@ def _deviation(names, actual, expected, diff, bound, bad, step_of, step_at, head
     if bad.shape[1] > 1:
         parts.append(f"Over the run: {int(bad.sum())} value(s) out of bound in {len(bad_steps)} of "
                      f"{bad.shape[1]} step(s).")
-    return " ".join(parts), _tensor_table(names, diff, bad, step_of, step_at, multi)
+    return " ".join(parts), _tensor_table(names, diff, bad, step_of, step_at, multi, absent)
 
 
-def _tensor_table(names, diff, bad, step_of, step_at, multi, limit=40):
+def _tensor_table(names, diff, bad, step_of, step_at, multi, absent=None, limit=40):
     """Per replica, every tensor out of bound: from when, how many values there, worst deviation."""
     lines = ["out of bound, per replica and tensor (first bad step: values out of bound there; "
              "worst deviation over the run):"]
@@ -217,9 +233,11 @@ def _tensor_table(names, diff, bad, step_of, step_at, multi, limit=40):
             d = np.where(b, d, -1.0)
             k = int(np.argmax(d))
             when, at = step_at(s), step_of(k // b.shape[1])
+            none = absent is not None and bool(absent[r, :, sl].flat[k])
             rows.append((s, -d.flat[k], f"    {names.label(t)}: {when + ': ' if when else ''}"
-                         f"{int(b[s].sum())} of {b.shape[1]} values, worst {d.flat[k]:.3g}"
-                         + (f" at flat index {k % b.shape[1]}" if b.shape[1] > 1 else "")
+                         f"{int(b[s].sum())} of {b.shape[1]} values, "
+                         + ("missing (None)" if none else f"worst {d.flat[k]:.3g}"
+                            + (f" at flat index {k % b.shape[1]}" if b.shape[1] > 1 else ""))
                          + (f" (step {at})" if at is not None else "")))
         rows.sort(key=lambda x: x[:2])
         lines.append(f"  replica {r}:" if multi else "  the run:")
@@ -289,8 +307,10 @@ def judge(check: Check, replicas: list, ref: dict, tol: Tolerance, *, case: str,
         v.replica = int(np.flatnonzero(bad_elem[:, s].any(axis=1))[0]) if multi else None
         v.status = "fail"
         names = Names(check.layout(replicas) if check.layout else None, actual.shape[-1])
+        absent = check.absent(replicas) if check.absent else None
         v.reason, v.diagnosis = _deviation(names, actual, expected, diff, bound, bad_elem, step_of, step_at,
-                                           heading, multi)
+                                           heading, multi, None if absent is None else absent.astype(bool),
+                                           check.nan_is_absent)
     elif w < MIN_WORLD_SIZE:
         v.status, v.reason = "vacuous", f"world size {w} < {MIN_WORLD_SIZE}: nothing is synchronised"
     elif not (moved > 0 and moved >= VACUITY_FACTOR * atol):

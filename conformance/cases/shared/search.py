@@ -20,7 +20,10 @@ class Budget:
     explicit scenarios, which cover every corner); ``workloads_compiled`` / ``loops_compiled``:
     generated workloads / loop programs on a runtime where every distinct graph is compiled (XLA;
     0: the explicit ones only); ``loop_depth``: the most distinct steps a generated loop program
-    repeats."""
+    repeats; ``zoo`` / ``zoo_cost``: how many zoo models ``scenario.zoo`` draws, of which cost class
+    (``fixtures.zoo.COSTS``); ``zoo_programs``: the loop programs it runs on each (indices into
+    ``userloop.user_loop_programs``; ``None``: all); ``topologies``: generated module graphs of
+    ``scenario.topology`` (CPU: drawn graphs are never compiled)."""
 
     properties: int
     scenarios: int
@@ -28,16 +31,21 @@ class Budget:
     workloads_compiled: int
     loop_depth: int = 4
     loops_compiled: int = 0
+    zoo: int = 1
+    zoo_cost: int = 1
+    zoo_programs: tuple | None = None
+    topologies: int = 4
 
 
 #: The example budgets, by profile name. The default (dev) workload draw is small: the default
 #: run's time is the budget (benchmarks/README.md); ``thorough`` goes ~100x deeper.
 PROFILES = {
-    "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0),
-    "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0),
-    "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0),
+    # dev: on the drawn zoo model, the programs with a no_sync window, eval forwards and a reload
+    "dev": Budget(properties=25, scenarios=12, workloads=2, workloads_compiled=0, zoo_programs=(0, 2), topologies=4),
+    "ci": Budget(properties=200, scenarios=40, workloads=12, workloads_compiled=0, zoo=3, zoo_cost=2, topologies=40),
+    "ci-pjrt": Budget(properties=50, scenarios=8, workloads=3, workloads_compiled=0, zoo=0, topologies=0),
     "thorough": Budget(properties=2000, scenarios=500, workloads=300, workloads_compiled=25, loop_depth=8,
-                       loops_compiled=25),
+                       loops_compiled=25, zoo=100, zoo_cost=3, topologies=1000),
 }
 
 
@@ -74,7 +82,8 @@ class SearchRunner:
     """Runs a search's examples on one (runtime, world size, implementation): ``run(task,
     **payload)`` ships one example to the session's world (``runs`` counts them). The first
     replica failure or ``Unsupported`` (``error``) is raised again at once for every later example,
-    so Hypothesis shrinks a deterministic crash without touching the world again."""
+    so a search does not touch a broken world again; a caller that knows the world is kept (a
+    replica raised: the scenario runner) clears ``error`` and shrinks the crash on the world."""
 
     def __init__(self, run_task, runtime: str, world_size: int, impl: str):
         self._run_task, self.runtime, self.world_size, self.impl = run_task, runtime, world_size, impl

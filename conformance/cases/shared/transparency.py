@@ -23,6 +23,7 @@ import hashlib
 
 from conformance.cases.shared.checks import TRANSPARENCY
 from conformance.cases.shared.step import Engine
+from conformance.worlds import isolation
 from conformance.worlds.runtimes.base import torch_settings
 from conformance.verdict import Verdict
 
@@ -39,7 +40,11 @@ OBSERVABLES = {
     "state_dict": "the module's state_dict keys, and the wrapper's the same under 'module.'",
     "layout": "each parameter's dtype, shape, strides and device (a DDP may not re-lay a parameter out)",
     "process_state": "the process-wide torch settings user code reads: default dtype, grad mode, anomaly "
-                     "mode, deterministic algorithms, intra-op threads",
+                     "mode, deterministic algorithms, intra-op threads; and what a later implementation in "
+                     "the same process reads (conformance.worlds.isolation.INVENTORY: the torch.distributed "
+                     "default group and backends, environment variables, functions of torch, "
+                     "torch.distributed and torch_xla, global hooks, autocast and other thread modes, "
+                     "torch_xla's SPMD mode), against the world's snapshot",
     "output": "the DDP returns the module's output structure: containers, keys, non-tensor members, "
               "tensor shapes and dtypes (probed by hooks around the module's forward, which also "
               "separate the DDP's RNG use and tensor rebinding from the module's own; a strategy that "
@@ -48,6 +53,10 @@ OBSERVABLES = {
 #: Why the RNG is not observed where replicas are threads of one process (the PJRT thread
 #: topology): the default generator is the process's, drawn by every replica.
 SHARED_RNG = "the replicas are threads of one process and share its default generator"
+#: Where a change of the world's snapshot found before wrapping comes from: a world puts the
+#: snapshot back before each implementation's first case, and the kit changes none of it.
+FOUND_BEFORE = ("left by this implementation: its import, another replica thread's wrap or an earlier case "
+                "of it in this world")
 #: At most this many differences are kept per replica (the first ones: where it started).
 MAX_DIFFERENCES = 8
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
@@ -210,6 +219,11 @@ class Observer:
         self.before = _snapshot(module)
         self.keys = list(module.state_dict().keys())  # the wrapper's must be these under 'module.'
         self.rng = rng_digest()
+        # the world's snapshot differs already: not the kit's doing (a world puts it back between
+        # implementations), so this implementation's, through one of the paths FOUND_BEFORE names
+        self._isolation_seen = set(isolation.changes())
+        for change in sorted(self._isolation_seen):
+            self._diff("process_state", f"{change} before wrapping ({FOUND_BEFORE})")
 
     def _diff(self, observable: str, text: str) -> None:
         if observable in self.skip:
@@ -255,9 +269,18 @@ class Observer:
                 self._diff("module_hooks", f"{key} changed {when} ({len(b.hooks.get(key, ()))} hook(s) "
                                            f"before, {len(now.hooks.get(key, ()))} after)")
 
+    def _isolation(self, when: str) -> None:
+        """Name each change of the world's snapshot (:func:`conformance.worlds.isolation.changes`)
+        not named before."""
+        for change in isolation.changes():
+            if change not in self._isolation_seen:
+                self._isolation_seen.add(change)
+                self._diff("process_state", f"{change} {when}")
+
     def wrapped(self, ddp) -> None:
         """After the DDP was constructed around :attr:`module`: compare, then hook the module."""
         self._compare(_snapshot(self.module), "after wrapping")
+        self._isolation("after wrapping")
         self._see("rng", "state_dict")
         if rng_digest() != self.rng:
             self._diff("rng", "RNG state changed by the DDP's construction")
@@ -378,7 +401,9 @@ class Observer:
         self._handles = []
 
     def result(self) -> dict:
-        """``{"differences": [...], "checked": [...]}`` (picklable: a World task returns it)."""
+        """``{"differences": [...], "checked": [...]}`` (picklable: a World task returns it); what
+        the run left changed in the process is named here."""
+        self._isolation("after the run")
         return {"differences": list(self.differences), "checked": sorted(self.checked),
                 "unobserved": dict(self.unobserved)}
 

@@ -77,13 +77,22 @@ def _grads(module, engine=None, synced=True):
                       .detach().double().cpu().reshape(-1) for p, g in zip(module.parameters(), grads)]).numpy()
 
 
+def _grads_none(module, engine=None, synced=True):
+    """``[N]`` bool: True on the values of a parameter whose gradient (read as :func:`_grads`
+    reads it) is ``None``, not a NaN one."""
+    grads = engine.grads(module, synced) if engine is not None else [p.grad for p in module.parameters()]
+    return np.concatenate([np.full(p.numel(), g is None) for p, g in zip(module.parameters(), grads)])
+
+
 def _judge(name, results, expected, impl, runtime, model, tol, movement, per_rank=False):
     """Verdict for ``results[r][name]`` (``[N]`` per replica) vs ``expected``; the
     tensors are named by ``results[0]["layout"]`` (one observation: no step)."""
     check = Check(name, name, lambda reps, ref: (np.stack([r[name][None] for r in reps]),
                                                  expected[:, None] if per_rank else expected[None]),
                   lambda t: (t.atol, t.rtol), movement=lambda ref: movement,
-                  layout=lambda reps: reps[0].get("layout"), when="once", nan_is_absent=True)
+                  layout=lambda reps: reps[0].get("layout"), when="once", nan_is_absent=True,
+                  absent=lambda reps: np.stack([r[name + "_none"][None] for r in reps])
+                  if name + "_none" in reps[0] else None)
     return judge(check, results, {}, tol, case="", impl=impl, runtime=runtime, model=model)
 
 
@@ -143,7 +152,7 @@ def task_unused(ctx, impl):
     engine.backward(F.mse_loss(engine.model(x.to(ctx.device), use_branch=ctx.rank == 0), y.to(ctx.device)))
     engine.sync()
     ctx.mark_step()
-    return {"grads": _grads(m, engine), "layout": param_layout(m)}
+    return {"grads": _grads(m, engine), "grads_none": _grads_none(m, engine), "layout": param_layout(m)}
 
 
 def _unused_reference(world_size):
@@ -176,9 +185,10 @@ def task_no_sync(ctx, impl):
     engine.before_forward()
     with engine.model.no_sync():
         _step(engine, xa, ya, ctx, sync=False)
-    inside = _grads(m, engine, synced=False)
+    inside, inside_none = _grads(m, engine, synced=False), _grads_none(m, engine, synced=False)
     _step(engine, xb, yb, ctx)
-    return {"inside": inside, "after": _grads(m, engine), "layout": param_layout(m)}
+    return {"inside": inside, "inside_none": inside_none, "after": _grads(m, engine),
+            "after_none": _grads_none(m, engine), "layout": param_layout(m)}
 
 
 def _local_grads(model, step, world_size):

@@ -95,7 +95,8 @@ MUTANTS = {m.name: m for m in [
     # The loop around the DDP (docs/scenarios.md, "The loop programs").
     *_ref(R, "reduce_only_in_training", "eval_forward_skips_buffer_sync", "buffer_sync_ignores_grad_mode",
           "buffer_sync_once_per_iteration", "forward_sync_flag_shared", "forward_sync_flag_cleared_first",
-          "synced_forward_zeroes_grads", "unused_by_this_backward_dropped", "mean_at_optimizer_step"),
+          "synced_forward_zeroes_grads", "unused_by_this_backward_dropped", "mean_at_optimizer_step",
+          "frozen_not_broadcast", "forward_sync_needs_trainable"),
     *_ref(R, "no_sync_ignored", "no_sync_sticky", "dropped_bucket", "exact_full_bucket_dropped",
           "static_graph_stale", "unfreezes_params", "unties_shared_weights", "state_dict_drops_buffers",
           "load_assigns", "reduce_at_first_firing", "finalize_at_first_firing"),
@@ -123,6 +124,8 @@ MUTANTS = {m.name: m for m in [
     *_scratch("param_swap", "rng_sync", "rng_consume", "train_mode_at_wrap", "unfreeze_at_wrap",
               "state_dict_unprefixed", "output_flattened", "user_hook_bypassed", "params_relaid",
               "default_dtype_leak"),
+    # Process-wide state left for the next implementation (conformance/worlds/isolation.py).
+    *_scratch("all_reduce_wrapped", "launcher_env_set", "global_hook_left"),
     # PyTorch's shipped paths (conformance/impls/torch_paths.py), one fault each.
     _shipped("fsdp2_no_divide", "fully_shard with set_gradient_divide_factor(1.0): the gradient reduce-scatter "
              "sums instead of averaging (W x the gradient; a divide factor set for a pre-scaled loss or another "

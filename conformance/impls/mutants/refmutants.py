@@ -195,6 +195,32 @@ class ForwardSyncFlagClearedFirst(RefDDP):
             self.broadcast_buffers = keep
 
 
+class FrozenNotBroadcast(RefDDP):
+    """The construction broadcast sends the parameters that require grad only (the list the DDP
+    reduces): a parameter frozen before wrapping (a fine-tuned backbone) keeps each replica's own
+    value (torch broadcasts every parameter, ``_sync_module_states`` over ``named_parameters()``)."""
+
+    def _sync_module_states(self) -> None:
+        frozen = [p for p in self.module.parameters() if not p.requires_grad]
+        own = [p.detach().clone() for p in frozen]
+        super()._sync_module_states()
+        with torch.no_grad():
+            for p, o in zip(frozen, own):
+                p.copy_(o)
+
+
+class ForwardSyncNeedsTrainable(RefDDP):
+    """A grad-enabled forward arms the next buffer broadcast only if some parameter requires grad:
+    a model frozen for one forward (a GAN's discriminator during the generator step) does not
+    (torch reads grad mode and ``no_sync`` only)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if not any(p.requires_grad for p in self.module.parameters()):
+            self.require_forward_param_sync = False
+        return out
+
+
 class SyncedForwardZeroesGrads(RefDDP):
     """Assumes one synced backward per optimizer step: a forward that follows a synced one drops
     the gradients (``grad = None``), so of two synced backwards in one step only the second's

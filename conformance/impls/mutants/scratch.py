@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import weakref
 
 import torch
@@ -327,3 +328,38 @@ class DefaultDtypeLeak(ScratchDDP):
                      key=lambda d: torch.finfo(d).bits, default=torch.float32)
         torch.set_default_dtype(widest)
         super().__init__(module, **kw)
+
+
+class AllReduceWrapped(ScratchDDP):
+    """Replaces ``torch.distributed.all_reduce`` with a counting wrapper at wrap time (collective
+    profiling) and never puts it back: every later user of the process calls the wrapper."""
+
+    def __init__(self, module, **kw):
+        original = dist.all_reduce
+
+        def counted(*args, **kwargs):
+            return original(*args, **kwargs)
+        dist.all_reduce = counted
+        super().__init__(module, **kw)
+
+
+class LauncherEnvSet(ScratchDDP):
+    """Writes a launcher's rendezvous variables (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+    ``WORLD_SIZE``) into the process's environment at wrap time and leaves them there."""
+
+    def __init__(self, module, **kw):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", RANK="0", WORLD_SIZE="1")
+        super().__init__(module, **kw)
+
+
+class GlobalHookLeft(ScratchDDP):
+    """Counts forwards with a global module forward hook (``register_module_forward_hook``) it
+    never removes: every module of the process runs it, under every later DDP."""
+
+    def __init__(self, module, **kw):
+        self.forwards = 0
+        self._global = torch.nn.modules.module.register_module_forward_hook(self._count)
+        super().__init__(module, **kw)
+
+    def _count(self, module, args, output):
+        self.forwards += 1

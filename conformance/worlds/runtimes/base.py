@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from conformance.settings import Settings
+from conformance.worlds import isolation
 from conformance.worlds.diagnosis import failure_info, task_name
 
 
@@ -77,8 +78,11 @@ def run_task(ctx: ReplicaContext, fn, payload: dict, on_raise=None, task=None) -
     On an exception ``value`` is :func:`conformance.worlds.diagnosis.failure_info` (type, message,
     traceback, step/phase/last collective), and ``on_raise(rank, value)`` is called at once, before
     the other replicas finish (they may be blocked in a collective this one left). The
-    process-wide torch settings (:func:`torch_settings`) are put back after the task, whatever it left.
+    process-wide torch settings (:func:`torch_settings`) are put back after the task, whatever it left;
+    the replica thread's part of the world's snapshot (:mod:`conformance.worlds.isolation`) is
+    taken before its first task.
     """
+    isolation.thread_snapshot()
     p = ctx.progress
     if p is not None:
         p.begin(task, task_name(fn, payload))

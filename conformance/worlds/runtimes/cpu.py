@@ -14,6 +14,7 @@ import socket
 from conformance.errors import Unsupported, UsageError
 from conformance.settings import emulated_hosts
 from conformance.worlds.runtimes.base import ReplicaContext, Runtime
+from conformance.worlds.launchers import replica_envs
 
 # How far gloo's timeout stays above a World's task bound: the World's stack dump
 # (at most 3 s) and teardown happen before any replica's gloo timeout fires.
@@ -125,28 +126,28 @@ class CpuRuntime(Runtime):
 
     def host_envs(self, world_size):
         """One replica per process, grouped into :func:`conformance.settings.emulated_hosts`
-        hosts with the variables torchrun gives a multi-node job (node = ``GROUP_RANK``)."""
+        hosts, each with the variables the world size's launcher gives it
+        (:mod:`conformance.worlds.launchers`; torchrun: node = ``GROUP_RANK``)."""
         hosts = emulated_hosts(self.settings, world_size, self.name)
-        per_host = world_size // hosts
-        return [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r % per_host),
-                 "LOCAL_WORLD_SIZE": str(per_host), "GROUP_RANK": str(r // per_host),
-                 "GROUP_WORLD_SIZE": str(hosts), "ROLE_RANK": str(r), "ROLE_WORLD_SIZE": str(world_size),
-                 "ROLE_NAME": "default", "OMP_NUM_THREADS": "1"}
-                for r in range(world_size)]
+        return [dict(env, OMP_NUM_THREADS="1") for env in replica_envs(world_size, hosts)]
 
     def setup_host(self, host, world_size, workdir):
         import torch
         import ddp_impl
         torch.set_num_threads(1)
+        self._place = (host, world_size)  # one replica per host process: host index = rank
         self._init_group(workdir, "rendezvous")
         b = ddp_impl.runtime.ranks.bindings()
         return [ReplicaContext(runtime=self.name, rank=b.global_ordinal, world_size=b.world_size, bindings=b,
                                device=torch.device("cpu"), collectives=ddp_impl.TorchDistributedCollectives())]
 
     def _init_group(self, workdir, name):
-        import ddp_impl
-        ddp_impl.init_process_group(
+        # rank and world size passed as mp.spawn's scripts do: not every launcher sets RANK / WORLD_SIZE
+        import torch.distributed as dist
+        rank, world_size = self._place
+        dist.init_process_group(
             resolve_backend(self.settings.backend), init_method=f"file://{os.path.join(workdir, name)}",
+            rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=process_group_timeout_s(self.settings)))
 
     resettable = True

@@ -201,6 +201,9 @@ class PjrtRuntime(Runtime):
         # As torch_xla._internal.pjrt.initialize_multiprocess: replicate over all.
         xm.set_replication(torch_xla.device(), devices)
         xla.value_independent_graphs()  # rank-dependent values must not change graphs
+        # torch_xla registers its torch.distributed backend when this module is first imported: in
+        # the world's snapshot, so a DDP that imports it has registered nothing (worlds.isolation)
+        import torch_xla.distributed.xla_backend  # noqa: F401
         pjrt_hosts.install()
         pjrt_graphs.install()
         hosts = emulated_hosts(self.settings, world_size, self.name)

@@ -1,0 +1,148 @@
+"""The statement table of the loop programs: what a surveyed training program does around the DDP
+(docs/programs.md: the program, its source, which statement covers it), one row per statement.
+
+A statement is a loop dimension (the scenario JSON's ``loop`` object holds its value; the first
+value is the plain one Hypothesis shrinks towards) whose behaviour lives in its row's hooks, which
+the replica loop (:func:`.replica.run_loop`) and the single-device oracle (:func:`.oracle.loop_reference`)
+both call, so a new statement is a new row here and nothing else:
+
+* ``before_wrap(value, module)``: on every module built before it is wrapped (each replica's, the
+  checkpoint reload's, the oracle's rank 0 module); torch's DDP reads ``requires_grad`` there.
+* ``around_forward(value, module, forward)``: a context manager around a forward without backward
+  (``forward``: the step's ``eval`` entry); ``module``: the wrapper on a replica, the module in the
+  oracle.
+* ``problem(value, scenario)``: why ``value`` cannot go with the rest of the scenario (validation
+  refuses it; the draw leaves the statement plain there), or None.
+
+A DDP that refuses a statement at construction (``NotImplementedError``) makes the program
+``unsupported`` naming it (:func:`refusal`).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One row: ``key`` (the loop JSON key), ``values`` (the plain one first), ``phrases`` (how a
+    verdict names each non-plain value), ``programs`` (the docs/programs.md rows it covers) and
+    the hooks of the module docstring (None: the statement does nothing there)."""
+    key: str
+    values: tuple
+    phrases: dict
+    programs: tuple
+    before_wrap: Callable | None = None
+    around_forward: Callable | None = None
+    problem: Callable | None = field(default=None)
+
+
+def first_layer(module):
+    """The parameters of ``module``'s first child that holds any (its stem, a backbone's first
+    block), or of ``module`` itself when no child does."""
+    for child in module.children():
+        params = list(child.parameters())
+        if params:
+            return params
+    return list(module.parameters())
+
+
+def _freeze_before_wrap(value: str, module) -> None:
+    """``freeze`` ``stem``: the first layer's parameters ``requires_grad_(False)`` before wrapping
+    (fine-tuning with a frozen backbone): torch's DDP broadcasts them at construction like any
+    parameter (``_sync_module_states`` over ``named_parameters()``) and reduces only those that
+    require grad; the optimizer, over every parameter, skips their ``None`` gradients."""
+    if value == "stem":
+        for p in first_layer(module):
+            p.requires_grad_(False)
+
+
+def _freeze_problem(value: str, sc) -> str | None:
+    if value != "none" and sc.workload.get("graph") == "checkpoint_reentrant":
+        return ("a frozen stem feeds the reentrant checkpoint inputs that need no grad, which leaves its "
+                "branches without gradients (torch warns 'None of the inputs have requires_grad=True')")
+    return None
+
+
+@contextlib.contextmanager
+def _frozen_forward(value: str, module, forward: dict):
+    """``toggle`` ``frozen``: a grad-enabled forward without backward runs with every parameter
+    ``requires_grad_(False)`` (a GAN's discriminator during the generator step, Lightning's
+    ``toggle_optimizer``; restored after). torch's DDP arms the next forward's buffer broadcast
+    on grad mode and ``no_sync`` alone (``_post_forward``: ``torch.is_grad_enabled() and
+    require_backward_grad_sync``), never on ``requires_grad``."""
+    params = list(module.parameters()) if value == "frozen" and forward["grad"] == "enabled" else []
+    kept = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, k in zip(params, kept):
+            p.requires_grad_(k)
+
+
+#: The statements, in the loop JSON's order.
+STATEMENTS = (
+    Statement("freeze", ("none", "stem"),
+              {"stem": "the first layer frozen (requires_grad_(False)) before wrapping"},
+              ("torchvision finetuning", "HF Trainer", "Lightning BackboneFinetuning"),
+              before_wrap=_freeze_before_wrap, problem=_freeze_problem),
+    Statement("toggle", ("none", "frozen"),
+              {"frozen": "every parameter frozen (requires_grad_(False)) for each grad-enabled forward "
+                         "without backward, restored after (a GAN's D during the G step)"},
+              ("DCGAN / CycleGAN", "Lightning toggle_optimizer"),
+              around_forward=_frozen_forward),
+)
+BY_KEY = {s.key: s for s in STATEMENTS}
+
+
+def statement_values() -> dict:
+    """``{key: values}`` of every statement (merged into the loop dimensions)."""
+    return {s.key: s.values for s in STATEMENTS}
+
+
+def statement_phrases() -> dict:
+    """``{(key, value): phrase}`` of every non-plain value."""
+    return {(s.key, v): p for s in STATEMENTS for v, p in s.phrases.items()}
+
+
+def before_wrap(loop: dict, module) -> None:
+    """Every statement's ``before_wrap`` on ``module`` for the values in ``loop``."""
+    for s in STATEMENTS:
+        if s.before_wrap is not None:
+            s.before_wrap(loop.get(s.key, s.values[0]), module)
+
+
+def around_forward(loop: dict, module, forward: dict):
+    """One context manager holding every statement's ``around_forward`` for ``forward``."""
+    stack = contextlib.ExitStack()
+    for s in STATEMENTS:
+        if s.around_forward is not None:
+            stack.enter_context(s.around_forward(loop.get(s.key, s.values[0]), module, forward))
+    return stack
+
+
+def problems(sc) -> list[str]:
+    """``["loop <key> <value>: why", ...]``: the statements of ``sc`` that cannot go with the rest."""
+    out = []
+    for s in STATEMENTS:
+        v = sc.loop.get(s.key, s.values[0])
+        why = s.problem(v, sc) if s.problem is not None else None
+        if why:
+            out.append(f"loop {s.key} {v!r}: {why}")
+    return out
+
+
+def plain_where_refused(sc) -> None:
+    """Set to its plain value every statement of ``sc`` that :func:`problems` refuses (the draw)."""
+    for s in STATEMENTS:
+        if s.problem is not None and s.problem(sc.loop.get(s.key, s.values[0]), sc):
+            sc.loop[s.key] = s.values[0]
+
+
+def refusal(loop: dict) -> str:
+    """The non-plain statements of ``loop`` in words (what an implementation refusing them at
+    construction could not serve), or ``""``."""
+    return "; ".join(s.phrases[loop[s.key]] for s in STATEMENTS if loop.get(s.key, s.values[0]) != s.values[0])
