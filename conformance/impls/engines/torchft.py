@@ -19,7 +19,6 @@ a one-rank dummy process group: it takes no other hook and has no ``join()``.
 """
 from __future__ import annotations
 
-import atexit
 import weakref
 from datetime import timedelta
 
@@ -32,16 +31,17 @@ VERSION = "0.2.0"
 ACCEPTED = ("broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
 #: Bound of every manager operation (quorum, collectives, commit, healing).
 TIMEOUT = timedelta(seconds=60)
-_LIVE: list = []  # this process's lighthouse and manager of the last construction
 _FIRST_QUORUM_FORMED = weakref.WeakSet()  # wrapped optimizers whose first step's quorum is formed
 
 
-def _shutdown() -> None:
-    while _LIVE:
-        _LIVE.pop().shutdown()
-
-
-atexit.register(_shutdown)
+def _release_with(model, manager, lighthouse) -> None:
+    """Shut ``manager`` (then ``lighthouse``, replica 0's) down once ``model`` is collected, or at
+    exit: a case may hold several constructions at once (a teacher beside the student)."""
+    def release():
+        manager.shutdown(wait=False)
+        if lighthouse is not None:
+            lighthouse.shutdown()
+    weakref.finalize(model, release).atexit = True
 
 
 def _wrap(module, ctx, kwargs, optimizer):
@@ -50,12 +50,10 @@ def _wrap(module, ctx, kwargs, optimizer):
     from torchft._torchft import LighthouseServer
     from torchft.optim import OptimizerWrapper
     refuse_keywords("torchft DistributedDataParallel", kwargs, ACCEPTED)
-    _shutdown()  # the previous construction's quorum
-    address = [None]
+    lighthouse, address = None, [None]
     if ctx.rank == 0:
         lighthouse = LighthouseServer(bind="[::]:0", min_replicas=ctx.world_size,
                                       join_timeout_ms=int(TIMEOUT.total_seconds() * 1000))
-        _LIVE.append(lighthouse)
         address = [lighthouse.address()]
     dist.broadcast_object_list(address, src=0)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -73,10 +71,10 @@ def _wrap(module, ctx, kwargs, optimizer):
                       store_port=store.port, rank=0, world_size=1, timeout=TIMEOUT, quorum_timeout=TIMEOUT,
                       connect_timeout=TIMEOUT, use_async_quorum=False)
     manager._kit_store = store  # the group's store lives as long as its manager
-    _LIVE.append(manager)  # shut down before the lighthouse
     model = DistributedDataParallel(manager, module, **kwargs)
     manager.start_quorum()  # the first step's: heals every replica from the first
     dist.barrier()  # every replica healed before the source runs a forward (or shuts down)
+    _release_with(model, manager, lighthouse)
     wrapped = OptimizerWrapper(manager, optimizer)
     _FIRST_QUORUM_FORMED.add(wrapped)
     return model, wrapped
