@@ -62,6 +62,46 @@ def test_gradients_are_read_from_the_declared_attribute_or_gather():
     assert engine.grads(module) == [None, None]
 
 
+def _partitioning_row():
+    """A strategy that empties every parameter in place at construction (as DeepSpeed ZeRO-3
+    does) and restores the full values only inside its ``gather_params`` context."""
+    import contextlib
+    full = {}
+
+    def wrap(module, ctx, kwargs):
+        for p in module.parameters():
+            full[p] = p.data
+            p.data = torch.empty(0)
+        return module
+
+    @contextlib.contextmanager
+    def gather(module, model, optimizer, ctx):
+        for p in module.parameters():
+            p.data = full[p]
+        try:
+            yield
+        finally:
+            for p in module.parameters():
+                p.data = torch.empty(0)
+    return Strategy("part", "", wrap, gather_params=gather)
+
+
+def test_parameters_are_read_inside_the_declared_gather():
+    from conformance.cases.shared.readback import flat_params, param_layout
+    module = torch.nn.Linear(2, 1)
+    expected = flat_params(module)
+    engine = construct(_partitioning_row(), module, _Ctx(), {}, lambda params: torch.optim.SGD(params, lr=0.1))
+    assert flat_params(module).size == 0  # partitioned: nothing to read outside
+    with engine.full_params(module):
+        assert (flat_params(module) == expected).all()
+        assert [shape for _, shape in param_layout(module)] == [(1, 2), (1,)]
+    assert flat_params(module).size == 0  # released on exit
+    plain = construct(Strategy("p", "", lambda module, ctx, kwargs: module), torch.nn.Linear(2, 1), _Ctx(), {},
+                      lambda params: torch.optim.SGD(params, lr=0.1))
+    with plain.full_params(plain.model):  # no gather declared: nothing to do
+        assert flat_params(plain.model).size == 3
+
+
 def _module_with(name, **classes):
     mod = types.ModuleType(name)
     for k, v in classes.items():

@@ -305,7 +305,7 @@ HEAVY_LIBRARIES = ("torch", "numpy", "torch_xla", "hypothesis", "matplotlib")
 # Libraries imported where used even in heavy modules: optional, slow, or global-state ones.
 DEFERRED_LIBRARIES = ("torch_xla", "hypothesis", "matplotlib", "absl", "jinja2", "tqdm", "torch", "numpy",
                       # the engines' optional extras (conformance/impls/engines/): absent where not installed
-                      "fairscale", "accelerate", "lightning_fabric", "deepspeed",
+                      "fairscale", "accelerate", "lightning_fabric", "deepspeed", "torchft",
                       "transformers")
 
 

@@ -52,6 +52,7 @@ ROWS = {
     "deepspeed_zero1": "conformance.impls.engines.deepspeed:zero1_row",
     "deepspeed_zero2": "conformance.impls.engines.deepspeed:zero2_row",
     "deepspeed_zero3": "conformance.impls.engines.deepspeed:zero3_row",
+    "torchft": "conformance.impls.engines.torchft:row",
     "megatron_core": "conformance.impls.engines.unbuildable:megatron_row",
     "horovod": "conformance.impls.engines.unbuildable:horovod_row",
 }
@@ -172,7 +173,7 @@ def xla_recipe_row() -> Strategy:
 
 _CALLABLES = ("after_backward", "optimizer_step", "make_optimizer", "optimizer_state_dict",
               "forward_backward", "sync_batchnorm", "backward", "zero_grad", "before_forward", "after_step",
-              "gather_grads")
+              "gather_grads", "gather_params")
 
 
 def _reason_problem(value) -> str | None:

@@ -183,6 +183,11 @@ class Strategy:
             Loss unscaling and clipping between backward and step edit ``.grad``: a scenario
             drawing them is ``unsupported`` for a strategy with another ``grad_attribute`` or
             a ``gather_grads``.
+        gather_params: ``f(module, model, optimizer, ctx) -> context manager`` or ``None``:
+            where the engine partitions parameters in place (DeepSpeed ZeRO-3), a context inside
+            which every parameter of ``module`` holds its full value (shape, dtype, data; equal
+            on every replica), released on exit: entering and leaving are collectives every
+            replica runs. The kit reads parameters (their values and their layout) inside it.
         unavailable: why the implementation cannot run on this machine at all (its package is
             not installed, it needs a device this machine lacks): one line; every case is
             ``skip`` with it. ``""``: it can run.
@@ -224,12 +229,13 @@ class Strategy:
     after_step: Callable | None = None
     grad_attribute: str = "grad"
     gather_grads: Callable | None = None
+    gather_params: Callable | None = None
     unavailable: str = ""
 
 #: The step protocol's fields (docs/strategies.md, "The step protocol"): a plain class given as
 #: ``--ddp mod:Class`` may declare them, and the declarative fields, as class attributes.
 PROTOCOL_FIELDS = ("optimizer_first", "backward", "zero_grad", "before_forward", "after_step",
-                   "grad_attribute", "gather_grads")
+                   "grad_attribute", "gather_grads", "gather_params")
 #: Fields a plain class may declare as class attributes (:data:`PROTOCOL_FIELDS` and these); a
 #: callable one is called as the Strategy's field is (a ``staticmethod`` on the class).
 CLASS_FIELDS = ("ignores", "sync_batchnorm", "not_transparent", "unsupported", "unsupported_kinds",

@@ -52,6 +52,7 @@ FILES = (
     FindingsFile("cpu-accelerate-1.16.txt", "accelerate", "1.16"),
     FindingsFile("cpu-deepspeed-0.19.8.txt", "deepspeed", "0.19.8"),
     FindingsFile("cpu-lightning-fabric-2.6.txt", "lightning-fabric", "2.6"),
+    FindingsFile("cpu-torchft-0.2.0.txt", "torchft", "0.2.0"),
 )
 
 

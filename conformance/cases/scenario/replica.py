@@ -132,7 +132,8 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
     loop = _ReplicaLoop(ctx, row, sc, built, build, inputs, loss, blend)
     if not loop.training:
         loop.set_mode(False)
-    params, buffers, digests = [flat_params(loop.model)], [flat_buffers(loop.model)], []
+    with loop.engine.full_params(loop.model):
+        params, buffers, digests = [flat_params(loop.model)], [flat_buffers(loop.model)], []
     for s, step in enumerate(sc.steps):
         loop.engine.zero_grad(set_to_none=sc.loop["zero_grad"] == "set_to_none")
         for group in loop.opt.param_groups:
@@ -146,13 +147,16 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
                 ctx.mark_step()
         loop.evaluate(s, len(micro))
         loop.optimizer_step(s)
-        params.append(flat_params(loop.model))
+        with loop.engine.full_params(loop.model):
+            params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
         digests.append(state_digest(flat_optimizer_state(loop.opt, loop.full_state())))
         if sc.checkpoint_at == s:
             loop.reload()
     model, opt, final = loop.model, loop.opt, loop.full_state()
-    layout = {"params": param_layout(model), "buffers": buffer_layout(model),
+    with loop.engine.full_params(model):
+        shapes = param_layout(model)
+    layout = {"params": shapes, "buffers": buffer_layout(model),
               "optim": optimizer_state_layout(opt, final, model)}
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
             "optim": flat_optimizer_state(opt, final), "layout": layout, "transparency": merged(loop.observers)}

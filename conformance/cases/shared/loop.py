@@ -197,7 +197,8 @@ def train_replica(ctx, spec: dict) -> dict:
     group = next(g for g in replica_groups(loop.setups, ctx.world_size) if ctx.rank in g)
     data_seed = rank_seed(run.seed, group[0])
     index = group.index(which) if which in group else which % len(group)
-    params, losses, buffers = [flat_params(loop.model)], [], [flat_buffers(loop.model)]
+    with loop.engine.full_params(loop.model):
+        params, losses, buffers = [flat_params(loop.model)], [], [flat_buffers(loop.model)]
     digests = []
 
     def full_state():  # the optimizer's full state dict where sharded (a collective), else None: opt.state
@@ -207,13 +208,16 @@ def train_replica(ctx, spec: dict) -> dict:
         loss = _train_step(loop, step, shard(x, index, len(group)).to(ctx.device),
                            shard(y, index, len(group)).to(ctx.device))
         losses.append(float(loss.detach().cpu()))
-        params.append(flat_params(loop.model))
+        with loop.engine.full_params(loop.model):
+            params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
         digests.append(state_digest(flat_optimizer_state(loop.opt, full_state())))
         for s in loop.setups:
             s.after_step(loop, step)
     final = full_state()  # kept for the names too
-    layout = {"params": param_layout(loop.model), "buffers": buffer_layout(loop.model),
+    with loop.engine.full_params(loop.model):
+        shapes = param_layout(loop.model)
+    layout = {"params": shapes, "buffers": buffer_layout(loop.model),
               "optim": optimizer_state_layout(loop.opt, final, loop.model)}
     return {"params": np.stack(params), "losses": np.asarray(losses),
             "buffers": np.stack(buffers), "optim": flat_optimizer_state(loop.opt, final),

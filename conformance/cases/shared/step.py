@@ -6,6 +6,8 @@ so an engine that owns its backward, its step or its gradients is called the sam
 """
 from __future__ import annotations
 
+import contextlib
+
 from conformance.errors import Unsupported
 
 #: DDP methods a case may require (an implementation without one is unsupported).
@@ -111,6 +113,14 @@ class Engine:
         else:
             self.opt.step()
         self._hook("after_step")
+
+    def full_params(self, module):
+        """A context inside which every parameter of ``module`` holds its full value: the
+        strategy's ``gather_params`` (collectives on entry and exit: every replica enters),
+        else nothing to do."""
+        if self.row.gather_params is None:
+            return contextlib.nullcontext()
+        return self.row.gather_params(module, self.model, self.opt, self.ctx)
 
     @property
     def grads_in_place(self) -> bool:

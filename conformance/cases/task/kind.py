@@ -101,9 +101,10 @@ def _judge(name, results, expected, impl, runtime, model, tol, movement, per_ran
 def task_state_sync(ctx, impl):
     m = replica_model(ctx, "batchnorm")
     before = np.concatenate([flat_params(m), flat_buffers(m)])
-    _wrap(ctx, impl, m)
-    return {"before": before, "after": np.concatenate([flat_params(m), flat_buffers(m)]),
-            "layout": param_layout(m) + buffer_layout(m)}
+    engine = _wrap(ctx, impl, m)
+    with engine.full_params(m):
+        return {"before": before, "after": np.concatenate([flat_params(m), flat_buffers(m)]),
+                "layout": param_layout(m) + buffer_layout(m)}
 
 
 def judge_state_sync(results, impl, runtime):
@@ -227,7 +228,8 @@ def task_join(ctx, impl, lr=0.1):
             _step(engine, x, y, ctx)
             engine.step()
             ctx.mark_step()
-    return {"params": flat_params(m).astype(np.float64), "layout": param_layout(m)}
+    with engine.full_params(m):
+        return {"params": flat_params(m).astype(np.float64), "layout": param_layout(m)}
 
 
 def _join_reference(world_size, lr=0.1):
@@ -288,10 +290,13 @@ def task_powersgd(ctx, impl, lr=0.1):
         engine.step()
         ctx.mark_step()
         losses.append(float(loss.detach().cpu()))
-        params.append(flat_params(m).astype(np.float64))
+        with engine.full_params(m):
+            params.append(flat_params(m).astype(np.float64))
     with torch.no_grad():
         last = float(F.mse_loss(m(x), y).cpu())
-    return {"params": np.stack(params), "first": losses[0], "last": last, "layout": param_layout(m),
+    with engine.full_params(m):
+        shapes = param_layout(m)
+    return {"params": np.stack(params), "first": losses[0], "last": last, "layout": shapes,
             "compressed": state.iter > POWERSGD_START_ITER}
 
 

@@ -30,7 +30,11 @@ def _wrap(stage):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         export_launcher_env(ctx)
         import deepspeed
+        from deepspeed.utils import groups
         refuse_keywords(f"DeepSpeed ZeRO-{stage}", kwargs, ACCEPTED)
+        # DeepSpeed caches its process groups per process, from the first initialize: the kit's
+        # worlds are re-created between cases, so drop the cache (as its own destroy does).
+        groups._release_process_group_references()
         engine, opt, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config(stage))
         return engine, opt
     return wrap
@@ -43,21 +47,38 @@ def _gather_grads(module, model, optimizer, ctx):
     return [safe_get_full_grad(p) for p in module.parameters()]
 
 
-#: Why ZeRO-3 is not read: its parameters are partitioned in place.
-ZERO3 = ("ZeRO-3 partitions every parameter in place (outside deepspeed.zero.GatheredParameters a parameter "
-         "reads as an empty tensor); the kit reads full parameters from the module after every step")
+def _gather_params(module, model, optimizer, ctx):
+    """ZeRO-3: every parameter of ``module`` gathered to its full value for reading
+    (``deepspeed.zero.GatheredParameters``, no rank modifies it; partitioned again on exit)."""
+    import deepspeed
+    return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+
+
+#: The layout ZeRO-3 documentedly changes: it partitions every parameter in place.
+ZERO3_PARAMETERS = ("ZeRO-3 partitions every parameter in place: outside deepspeed.zero.GatheredParameters "
+                    "a parameter holds an empty tensor (its shard in ds_tensor); the kit reads them gathered")
+
+
+ZERO3_HOOKS = ("ZeRO-3 gathers a submodule's parameters before its forward and releases them after, through "
+               "forward and backward hooks it registers on every submodule")
+
+
+#: DeepSpeed's engine asserts in ``no_sync()`` under gradient partitioning (ZeRO-2, -3).
+NO_SYNC = "DeepSpeed's no_sync() asserts: it is incompatible with the gradient partitioning of ZeRO stage {stage}"
 
 
 def row(stage: int) -> Strategy:
-    """The ``deepspeed_zero<stage>`` row."""
-    unsupported = dict(NOT_ON_PJRT, **({"cpu": ZERO3} if stage == 3 else {}))
+    """The ``deepspeed_zero<stage>`` row (ZeRO-3: parameters read through ``gather_params``)."""
     return Strategy(
         f"deepspeed_zero{stage}", f"DeepSpeed {VERSION} ZeRO-{stage} on its CPU accelerator: deepspeed.initialize, "
         "engine.backward(loss), engine.step()", _wrap(stage), optimizer_first=True,
         backward=lambda model, loss, optimizer, ctx: model.backward(loss),
         optimizer_step=lambda model, optimizer, ctx: model.step(),
         zero_grad=lambda model, optimizer, ctx: model.zero_grad(),
-        gather_grads=_gather_grads, ignores=frozenset(ACCEPTED), unsupported=unsupported,
+        gather_grads=_gather_grads, gather_params=_gather_params if stage == 3 else None,
+        not_transparent={"layout": ZERO3_PARAMETERS, "module_hooks": ZERO3_HOOKS} if stage == 3 else {},
+        ignores=frozenset(ACCEPTED), unsupported=dict(NOT_ON_PJRT),
+        unsupported_features={"no_sync": NO_SYNC.format(stage=stage)} if stage >= 2 else {},
         unavailable=missing("deepspeed", VERSION, "deepspeed"))
 
 
