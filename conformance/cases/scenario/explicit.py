@@ -287,8 +287,10 @@ def _forward_programs(sc, micro, ev) -> list[Scenario]:
            toggle="frozen"),
         # pseudo-labelling: a no_grad forward of the trained model between each training forward and its
         # backward (the backward still reduces; the next forward, after one without grad, does not
-        # broadcast); rank 0 alone serializes state_dict() after each step and training goes on; an
-        # eval-mode no_grad validation forward after the window (its outputs judged)
-        sc([{"micro": [micro(), micro()], "eval": [ev(2, "no_grad", "eval")]} for _ in range(3)],
+        # broadcast); rank 0 alone serializes state_dict() after each step and training goes on; before
+        # each window a grad-enabled train-mode forward (each replica's buffers move), then an eval-mode
+        # no_grad validation forward, which starts from rank 0's broadcast buffers (its outputs judged)
+        sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train"), ev(0, "no_grad", "eval")]}
+            for _ in range(3)],
            optimizer="sgd_momentum", module={"buffer_use": "centre"}, peek="no_grad", save="rank0"),
     ]

@@ -222,12 +222,12 @@ class ForwardSyncNeedsTrainable(RefDDP):
 
 
 class EvalBuffersSyncedAfterForward(RefDDP):
-    """A forward without grad broadcasts rank 0's buffers after the module ran instead of before:
-    the buffers end as torch's wherever the forward leaves them alone (an eval-mode validation
-    forward), but each replica's output was computed from its own."""
+    """An eval-mode forward without grad (validation) broadcasts rank 0's buffers after the module
+    ran instead of before: the buffers end as torch's (eval mode leaves them alone), but each
+    replica's output was computed from its own running statistics."""
 
     def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or self.module.training:
             return super().forward(*args, **kwargs)
         sync = self.broadcast_buffers and self.require_forward_param_sync
         self.require_forward_param_sync = False
