@@ -92,7 +92,8 @@ CHECKS = {c.name: c for c in [
           # each replica's own length (uneven local batches): NaN-padded to the reference's, read as absent
           lambda reps, ref: (np.stack([_pad(r["evals"], ref["evals"].shape[-1])[None] for r in reps]),
                              ref["evals"][:len(reps), None]),
-          lambda t: (t.atol, t.rtol), layout=named("evals"), when="final", nan_is_absent=True),
+          lambda t: (t.atol, t.rtol), applies=lambda m, run: False,  # the loop programs' (SCENARIO_CHECKS):
+          layout=named("evals"), when="final", nan_is_absent=True),  # a training case has no such forward
 ]}
 
 #: Names of the replica-agreement check (:func:`judge_agreement`) and of the transparency check
