@@ -53,3 +53,41 @@ def test_a_statement_that_cannot_go_with_the_rest_is_refused_with_its_reason():
         st.pop("eval", None)
     with pytest.raises(ScenarioError, match="loop freeze 'stem'.*reentrant"):
         Scenario.from_json(d)
+
+
+def test_a_target_forward_is_judged_as_an_eval_output_and_moves_the_buffers():
+    """``peek``: one no_grad forward per training forward, its output kept with the evaluation
+    outputs; in train mode it updates ``ema``, which feeds the output, so the program differs."""
+    import numpy as np
+    a, b = scenario_reference(_program(peek="no_grad")), scenario_reference(_program())
+    assert a["evals"].shape[0] == b["evals"].shape[0] == 2
+    assert a["evals"].shape[1] > b["evals"].shape[1] > 0
+    assert not np.array_equal(a["buffers"], b["buffers"])
+
+
+def test_saving_on_rank_0_calls_state_dict_there_only_and_changes_nothing():
+    import numpy as np
+    from conformance.cases.scenario.statements import after_step
+    calls = []
+
+    class Spy:
+        def state_dict(self):
+            calls.append(1)
+            return {}
+    after_step({"save": "rank0"}, 1, Spy())
+    after_step({"save": "none"}, 0, Spy())
+    assert not calls
+    after_step({"save": "rank0"}, 0, Spy())
+    assert calls == [1]
+    a, b = scenario_reference(_program(save="rank0")), scenario_reference(_program())
+    assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in ("params", "buffers", "optim", "evals"))
+
+
+def test_eval_values_flatten_every_floating_tensor_of_an_output():
+    import numpy as np
+    import torch
+    from conformance.cases.scenario.oracle import eval_values, padded
+    out = {"pred": torch.ones(2, 3), "n": torch.tensor([4]), "tag": "x", "z": torch.tensor([1 + 2j])}
+    assert eval_values(out).tolist() == [1.0] * 6 + [1.0, 2.0]
+    p = padded([np.ones(2), np.ones(3)])
+    assert p.shape == (2, 3) and np.isnan(p[0, 2])

@@ -76,7 +76,7 @@ MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
                   "weight_norm": "head.weight parametrized (torch.nn.utils.parametrizations.weight_norm)",
                   "containers": "parameters held in an nn.ParameterList ('gains') and an nn.ParameterDict "
                                 "('offsets')",
-                  "centre": "buffer 'ema' feeds the output (a training forward subtracts it from the hidden layer)",
+                  "centre": "buffer 'ema' feeds the output (subtracted from the hidden layer: the updated one in training, the running one in eval mode)",
                   "after_wrap": f"a gradient hook (Tensor.register_hook, x{GRAD_HOOK_SCALE}) the user registers on "
                                 f"'{GRAD_HOOK_PARAM}' after wrapping"}
 

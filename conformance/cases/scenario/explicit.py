@@ -285,4 +285,12 @@ def _forward_programs(sc, micro, ev) -> list[Scenario]:
         sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
            optimizer="sgd_momentum", find_unused=False, module={"buffer_use": "centre"}, freeze="stem",
            toggle="frozen"),
+        # pseudo-labelling: a no_grad forward of the trained model between each training forward and its
+        # backward (the backward still reduces; the next forward, after one without grad, does not
+        # broadcast); rank 0 alone serializes state_dict() after each step and training goes on; before
+        # each window a grad-enabled train-mode forward (each replica's buffers move), then an eval-mode
+        # no_grad validation forward, which starts from rank 0's broadcast buffers (its outputs judged)
+        sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train"), ev(0, "no_grad", "eval")]}
+            for _ in range(3)],
+           optimizer="sgd_momentum", module={"buffer_use": "centre"}, peek="no_grad", save="rank0"),
     ]

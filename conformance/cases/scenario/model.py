@@ -171,6 +171,8 @@ class ScenarioNet(nn.Module):
             h = h * mask.to(h.dtype).unsqueeze(1)
         if self.training:
             h = self._update_buffers(h, x.shape[0])
+        elif md["buffer_use"] == "centre":  # eval mode reads the statistics (BatchNorm's running stats)
+            h = h - self.ema.to(h.dtype)
         if bad:  # a bad batch found mid-forward, after the statistics moved (the loop skips it)
             raise BadBatch("the scenario's bad batch (bad=True): the loop skips it")
         for b in plan:

@@ -43,11 +43,12 @@ from conformance.cases.shared.transparency import judge_transparency
 from conformance.cases.scenario.dimensions import (BadBatch, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
                                                    grad_mode, prediction_of)
 from conformance.cases.scenario.format import Scenario, buffer_sync
-from conformance.cases.scenario.statements import around_forward, before_wrap
+from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between
 from conformance.cases.scenario.model import (BadBatch, build_scenario_model, scenario_inputs, seen_start,
                                               user_grad_hook)
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.readback import flat_optimizer_state, flat_params
+from conformance.verdict import Verdict
 
 # --- the oracle -----------------------------------------------------------------------------------
 
@@ -100,6 +101,29 @@ def distilled_target(teacher_out, y):
     return 0.5 * (y + prediction_of(teacher_out))
 
 
+def eval_values(out) -> np.ndarray:
+    """The floating-point tensors of a forward's output ``out`` (any nesting), flattened in
+    pytree order into one float64 vector (complex: real and imaginary parts)."""
+    from torch.utils._pytree import tree_flatten
+    vals = []
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+            t = t.detach().cpu()
+            t = torch.view_as_real(t) if t.is_complex() else t
+            vals.append(t.double().reshape(-1).numpy())
+    return np.concatenate(vals) if vals else np.zeros(0)
+
+
+def padded(vectors: list) -> np.ndarray:
+    """``[len(vectors), N]``: the 1-D ``vectors`` (each replica's, of its own length where local
+    batches are uneven) padded with NaN to the longest (read as absent by ``eval_parity``)."""
+    n = max((v.size for v in vectors), default=0)
+    out = np.full((len(vectors), n), np.nan)
+    for i, v in enumerate(vectors):
+        out[i, :v.size] = v
+    return out
+
+
 def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffers, teacher=None, blend=None) -> dict:
     """The model-agnostic oracle of loop program ``sc`` (semantics: the module docstring) on module
     ``net`` (rank 0's, as the DDP broadcasts it at construction), which it trains, with the
@@ -122,11 +146,14 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
             run.micro_step(s, j, m)
         run.evaluate(s, len(micro))
         run.optimizer_step()
+        after_step(sc.loop, 0, net)
         out_p.append(flat_params(net))
         out_b.append(run.flat_bufs())
         if sc.checkpoint_at == s:
             run.reload(reload_buffers)
-    return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(run.opt)}
+    evals = padded([np.concatenate(e) if e else np.zeros(0) for e in run.evals])
+    return {"params": np.stack(out_p), "buffers": np.stack(out_b), "optim": flat_optimizer_state(run.opt),
+            "evals": evals}
 
 
 class _LoopOracle:
@@ -146,6 +173,7 @@ class _LoopOracle:
         self.forward_synced = buffer_sync(sc.ddp)[1]  # rank 0's buffers before a forward
         self.names = [n for n, _ in net.named_buffers()]
         self.rank_bufs = [start_buffers(r) for r in range(w)]
+        self.evals = [[] for _ in range(w)]  # each replica's outputs of forwards without backward
         self.grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
         reached = self.reached = [False] * len(params)  # some replica's backward reached it since the last synced one
         for i, q in enumerate(params):  # a parameter frozen before wrapping is not the reducer's
@@ -199,8 +227,10 @@ class _LoopOracle:
             self.begin_forwards()
             for r in range(self.w):
                 with grad_mode(f["grad"]), around_forward(self.sc.loop, self.net, f):
-                    self.forward(r, s, EVAL_DATA + e, f["batch"], None, f["mode"] == "train",
-                                 raising=f["grad"] == "raising")
+                    out, _ = self.forward(r, s, EVAL_DATA + e, f["batch"], None, f["mode"] == "train",
+                                          raising=f["grad"] == "raising")
+                    if f["grad"] != "raising":
+                        self.evals[r].append(eval_values(out))
             if f["grad"] != "raising":  # a raising forward never reaches _post_forward: flag kept
                 # outside no_sync(): a grad-enabled forward counts as a synced one
                 self.sync_next = f["grad"] == "enabled"
@@ -213,14 +243,25 @@ class _LoopOracle:
         losses = [0] * w
         for k in range(sc.forwards(s, j)):  # each forward starts with the buffer rule
             self.begin_forwards()
+            outs = []
             for r in range(w):
                 out, y = self.forward(r, s, FORWARD_DATA * k + j, m["batch"], tuple(m["plan"][r]), self.training)
                 if self.teacher is not None:
                     targs, tkwargs, _ = self.inputs(s, FORWARD_DATA * k + j, r, m["batch"], None)
                     with torch.no_grad():
                         y = self.blend(self.teacher(*targs, **tkwargs), y)
-                losses[r] = losses[r] + self.loss(out, y)
+                outs.append((out, y))
             self.sync_next = synced  # a grad-enabled forward, inside no_sync() or not
+            for mode in between(self.lp):  # a target forward before the backward: the buffer rule, no reducer
+                self.begin_forwards()
+                for r in range(w):
+                    with grad_mode(mode):
+                        t, _ = self.forward(r, s, FORWARD_DATA * k + j, m["batch"], tuple(m["plan"][r]),
+                                            self.training)
+                    self.evals[r].append(eval_values(t))
+                self.sync_next = False  # a forward without grad
+            for r, (out, y) in enumerate(outs):
+                losses[r] = losses[r] + self.loss(out, y)
         params, grads = self.params, self.grads
         for r in range(w):
             for i, q in enumerate(params):  # a copy: AccumulateGrad may add in place
@@ -284,6 +325,10 @@ def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 
             continue
         if name == TRANSPARENCY:
             out.append(judge_transparency(results, model=model))
+            continue
+        if name == "eval_outputs" and not ref["evals"].shape[-1]:
+            out.append(Verdict("", name, "", "", model, len(results), "vacuous",
+                               reason="the program has no forward without backward: no output to compare"))
             continue
         v = judge(replace(CHECKS[row], name=name), results, ref, tol, case="", impl="", runtime="", model=model)
         if name == "optimizer_state":

@@ -13,8 +13,8 @@ from conformance.cases.scenario.dimensions import (BadBatch, BRANCHES, CLIP_NORM
                                                    xla_unsupported)
 from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
 from conformance.cases.scenario.model import build_scenario_model, scenario_inputs, user_grad_hook
-from conformance.cases.scenario.oracle import distilled_target
-from conformance.cases.scenario.statements import around_forward, before_wrap, refusal
+from conformance.cases.scenario.oracle import distilled_target, eval_values
+from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, refusal
 from conformance.cases.shared.setups import register_hook
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.step import construct
@@ -147,6 +147,7 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
                 ctx.mark_step()
         loop.evaluate(s, len(micro))
         loop.optimizer_step(s)
+        after_step(sc.loop, ctx.rank, loop.ddp)
         with loop.engine.full_params(loop.model):
             params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
@@ -157,9 +158,11 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
     with loop.engine.full_params(model):
         shapes = param_layout(model)
     layout = {"params": shapes, "buffers": buffer_layout(model),
-              "optim": optimizer_state_layout(opt, final, model)}
+              "optim": optimizer_state_layout(opt, final, model), "evals": loop.eval_layout}
+    evals = np.concatenate(loop.evals) if loop.evals else np.zeros(0)
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
-            "optim": flat_optimizer_state(opt, final), "layout": layout, "transparency": merged(loop.observers)}
+            "optim": flat_optimizer_state(opt, final), "evals": evals, "layout": layout,
+            "transparency": merged(loop.observers)}
 
 
 class _ReplicaLoop:
@@ -173,6 +176,7 @@ class _ReplicaLoop:
         self.scale = 2.0 ** sc.loss_scale_log2
         self._adopt(built)
         self.observers = [self.obs]
+        self.evals, self.eval_layout = [], []  # the outputs of the forwards without backward, in order
         self.training = sc.loop["module_mode"] == "train"
         self.teacher = None
         if sc.loop["teacher"] != "none":  # a second DDP in the loop: built after the trained one, never trained
@@ -196,15 +200,21 @@ class _ReplicaLoop:
     def set_mode(self, train):  # as a user does: on the wrapper (which sets the module's mode)
         (self.ddp if callable(getattr(self.ddp, "train", None)) else self.model).train(train)
 
+    def record(self, out, what: str) -> None:
+        """Keep the output ``out`` of a forward without backward (``what`` names it)."""
+        vals = eval_values(out)
+        self.evals.append(vals)
+        self.eval_layout.append((what, (vals.size,)))
+
     def evaluate(self, s: int, at: int):
-        """Step ``s``'s forwards without backward before micro-step ``at`` (output discarded)."""
+        """Step ``s``'s forwards without backward before micro-step ``at`` (outputs kept)."""
         ddp, obs = self.ddp, self.obs
         for e, f in self.sc.evals(s, at):
             args, kwargs, _ = self.inputs(s, EVAL_DATA + e, f["batch"], None)
             self.set_mode(f["mode"] == "train")
             with grad_mode(f["grad"]), around_forward(self.sc.loop, ddp, f):
                 if f["grad"] != "raising":
-                    obs.call(ddp, *args, **kwargs)
+                    self.record(obs.call(ddp, *args, **kwargs), f"step {s + 1} forward {e + 1} without backward")
                 else:  # a bad batch the loop skips: the module raises after its buffers moved
                     try:
                         obs.call(ddp, *args, **dict(kwargs, bad=True))
@@ -227,7 +237,12 @@ class _ReplicaLoop:
                     targs, tkwargs, _ = inputs(s, FORWARD_DATA * k + j, m["batch"], None)
                     with torch.no_grad():
                         y = self.blend(self.teacher(*targs, **tkwargs), y)
-                total = total + self.loss(obs.call(ddp, *args, **kwargs), y)
+                out = obs.call(ddp, *args, **kwargs)
+                for mode in between(sc.loop):  # a target forward before the backward (pseudo-labels)
+                    with grad_mode(mode):
+                        self.record(obs.call(ddp, *args, **kwargs),
+                                    f"step {s + 1} micro-step {j + 1} forward {k + 1}'s {mode} target forward")
+                total = total + self.loss(out, y)
             with obs.unchanged_by("backward"):
                 self.engine.backward(total * self.scale)
 

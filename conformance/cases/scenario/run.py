@@ -255,6 +255,8 @@ def _pass_verdicts(runner, state: dict, worst: dict) -> list:
         v.programs = {"run": n, "left_out": dict(left)}
         if n == state["vacuous"]:
             v.status, v.reason = "vacuous", f"all {n} scenario(s) moved too little to fail"
+        elif c not in worst and c == "eval_outputs":
+            v.status, v.reason = "skip", f"none of the {n} scenario(s) ran a forward without backward: no output to compare"
         out.append(v)
     return out
 

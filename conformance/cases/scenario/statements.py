@@ -11,6 +11,10 @@ both call, so a new statement is a new row here and nothing else:
 * ``around_forward(value, module, forward)``: a context manager around a forward without backward
   (``forward``: the step's ``eval`` entry); ``module``: the wrapper on a replica, the module in the
   oracle.
+* ``between(value)``: the grad mode (:func:`.dimensions.grad_mode`) of a forward of the trained
+  model on the same micro-batch between each training forward and its backward, or None.
+* ``after_step(value, rank, module)``: after each optimizer step, on every replica (``module``:
+  the wrapper) and in the oracle (rank 0's module).
 * ``problem(value, scenario)``: why ``value`` cannot go with the rest of the scenario (validation
   refuses it; the draw leaves the statement plain there), or None.
 
@@ -35,6 +39,8 @@ class Statement:
     programs: tuple
     before_wrap: Callable | None = None
     around_forward: Callable | None = None
+    between: Callable | None = None
+    after_step: Callable | None = None
     problem: Callable | None = field(default=None)
 
 
@@ -83,6 +89,29 @@ def _frozen_forward(value: str, module, forward: dict):
             p.requires_grad_(k)
 
 
+def _target_forward(value: str) -> str | None:
+    """``peek`` ``no_grad``: a ``no_grad`` forward of the trained model on the micro-batch between
+    its training forward and its backward (``out = model(x); with torch.no_grad(): t = model(x)``:
+    FixMatch pseudo-labels, a mean teacher sharing the model, self-distillation targets), in the
+    training mode; its output is judged with the evaluation outputs. torch's DDP arms the reducer
+    in grad-enabled forwards only (``_pre_forward`` / ``_post_forward`` under
+    ``torch.is_grad_enabled()``), so the backward still reduces, and the no_grad forward leaves
+    the next forward's buffer broadcast off (``require_forward_param_sync = False``)."""
+    return "no_grad" if value == "no_grad" else None
+
+
+def _save_on_rank0(value: str, rank: int, module) -> None:
+    """``save`` ``rank0``: after each optimizer step rank 0 alone serializes ``state_dict()``
+    (``if rank == 0: torch.save(model.state_dict(), path)``: the PyTorch DDP tutorial, the HF
+    Trainer and Lightning save on the main process) and training goes on. torch's DDP's
+    ``state_dict()`` is ``nn.Module``'s: no collective, no state changed."""
+    if value == "rank0" and rank == 0:
+        import io
+
+        import torch
+        torch.save(module.state_dict(), io.BytesIO())
+
+
 #: The statements, in the loop JSON's order.
 STATEMENTS = (
     Statement("freeze", ("none", "stem"),
@@ -94,6 +123,16 @@ STATEMENTS = (
                          "without backward, restored after (a GAN's D during the G step)"},
               ("DCGAN / CycleGAN", "Lightning toggle_optimizer"),
               around_forward=_frozen_forward),
+    Statement("peek", ("none", "no_grad"),
+              {"no_grad": "a no_grad forward of the trained model between each training forward and its "
+                          "backward (pseudo-labels, a mean teacher sharing the model)"},
+              ("FixMatch / pseudo-labelling", "mean teacher / self-distillation"),
+              between=_target_forward),
+    Statement("save", ("none", "rank0"),
+              {"rank0": "rank 0 alone serializes state_dict() after each optimizer step (checkpointing "
+                        "on the main process)"},
+              ("PyTorch DDP tutorial", "HF Trainer", "Lightning ModelCheckpoint"),
+              after_step=_save_on_rank0),
 )
 BY_KEY = {s.key: s for s in STATEMENTS}
 
@@ -122,6 +161,23 @@ def around_forward(loop: dict, module, forward: dict):
         if s.around_forward is not None:
             stack.enter_context(s.around_forward(loop.get(s.key, s.values[0]), module, forward))
     return stack
+
+
+def between(loop: dict) -> list[str]:
+    """The grad modes of the forwards between a training forward and its backward, in table order."""
+    out = []
+    for s in STATEMENTS:
+        mode = s.between(loop.get(s.key, s.values[0])) if s.between is not None else None
+        if mode:
+            out.append(mode)
+    return out
+
+
+def after_step(loop: dict, rank: int, module) -> None:
+    """Every statement's ``after_step`` for the values in ``loop``."""
+    for s in STATEMENTS:
+        if s.after_step is not None:
+            s.after_step(loop.get(s.key, s.values[0]), rank, module)
 
 
 def problems(sc) -> list[str]:

@@ -211,7 +211,7 @@ def rounding_of(spec: str, sc: Scenario, ref: dict) -> tuple[float | None, str]:
         first = str(exc).splitlines()[0] if str(exc) else ""
         return None, f"the float64 oracle could not run the model ({type(exc).__name__}: {first})"
     worst = 0.0
-    for key in ("params", "buffers", "optim"):
+    for key in ("params", "buffers", "optim", "evals"):
         a, b = np.asarray(ref[key], dtype=np.float64), np.asarray(wide[key], dtype=np.float64)
         if a.size and a.shape == b.shape:
             worst = max(worst, float(np.max(np.abs(a - b))))

@@ -62,6 +62,12 @@ def buffer_movement(ref: dict) -> float:
     return float(np.max(np.abs(b[-1, 0] - b[0, 0]))) if b.shape[-1] else 0.0
 
 
+def _pad(v, n: int) -> np.ndarray:
+    """1-D ``v`` NaN-padded to length ``n`` (left as is when longer: the judge then fails on the shape)."""
+    v = np.asarray(v, dtype=np.float64)
+    return np.concatenate([v, np.full(n - v.size, np.nan)]) if v.size < n else v
+
+
 CHECKS = {c.name: c for c in [
     Check("param_parity", "every parameter of every replica equals the single-device "
           "reference after every step", lambda reps, ref: (np.stack([r["params"][1:] for r in reps]),
@@ -81,6 +87,13 @@ CHECKS = {c.name: c for c in [
           "the reference's", lambda reps, ref: (np.stack([r["optim"][None] for r in reps]), ref["optim"][None]),
           lambda t: (t.atol, t.rtol), applies=lambda m, run: run.momentum > 0,
           layout=named("optim"), when="final"),
+    Check("eval_parity", "every replica's outputs of its forwards without backward (evaluation under "
+          "no_grad / inference_mode, a target forward before a backward) equal the reference's",
+          # each replica's own length (uneven local batches): NaN-padded to the reference's, read as absent
+          lambda reps, ref: (np.stack([_pad(r["evals"], ref["evals"].shape[-1])[None] for r in reps]),
+                             ref["evals"][:len(reps), None]),
+          lambda t: (t.atol, t.rtol), applies=lambda m, run: False,  # the loop programs' (SCENARIO_CHECKS):
+          layout=named("evals"), when="final", nan_is_absent=True),  # a training case has no such forward
 ]}
 
 #: Names of the replica-agreement check (:func:`judge_agreement`) and of the transparency check
@@ -91,7 +104,7 @@ UNBOUNDED = (AGREEMENT, TRANSPARENCY)
 #: The checks of a scenario case, in order: its check name -> the row of :data:`CHECKS` that
 #: judges it (or the agreement or transparency check).
 SCENARIO_CHECKS = {"params": "param_parity", "buffers": "buffer_parity", "optimizer_state": "optimizer_state",
-                   AGREEMENT: AGREEMENT, TRANSPARENCY: TRANSPARENCY}
+                   "eval_outputs": "eval_parity", AGREEMENT: AGREEMENT, TRANSPARENCY: TRANSPARENCY}
 
 
 class Names:

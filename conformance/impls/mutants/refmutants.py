@@ -221,6 +221,57 @@ class ForwardSyncNeedsTrainable(RefDDP):
         return out
 
 
+class EvalBuffersSyncedAfterForward(RefDDP):
+    """An eval-mode forward without grad (validation) broadcasts rank 0's buffers after the module
+    ran instead of before: the buffers end as torch's (eval mode leaves them alone), but each
+    replica's output was computed from its own running statistics."""
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() or self.module.training:
+            return super().forward(*args, **kwargs)
+        sync = self.broadcast_buffers and self.require_forward_param_sync
+        self.require_forward_param_sync = False
+        out = super().forward(*args, **kwargs)
+        if sync:
+            self._sync_buffers()
+        return out
+
+
+class NoGradForwardDisarms(RefDDP):
+    """Every forward decides whether the next backward reduces, a forward without grad deciding
+    it does not: a no_grad target forward between a training forward and its backward
+    (pseudo-labels, a mean teacher sharing the model) leaves that backward local (torch arms the
+    reducer in grad-enabled forwards only and leaves it armed across others)."""
+
+    _disarmed = False
+
+    def forward(self, *args, **kwargs):
+        self._disarmed = not torch.is_grad_enabled()
+        return super().forward(*args, **kwargs)
+
+    def _queue_finalize(self) -> None:
+        if not self._disarmed:
+            super()._queue_finalize()
+
+    def _on_grad_ready(self, param) -> None:
+        if not self._disarmed:
+            super()._on_grad_ready(param)
+
+
+class StateDictCollective(RefDDP):
+    """``state_dict()`` checks that the replicas agree (an all-reduce of a checksum), so it is a
+    collective: saved on rank 0 only (``if rank == 0: torch.save(model.state_dict(), path)``), it
+    pairs with the other replicas' next collective (wrong values or a hang)."""
+
+    def state_dict(self, *args, **kwargs):
+        sd = super().state_dict(*args, **kwargs)
+        with torch.no_grad():
+            check = sum((v.detach().double().sum() for v in sd.values()
+                         if torch.is_tensor(v) and v.is_floating_point()), torch.zeros((), dtype=torch.float64))
+            self.collectives.all_reduce_(check.reshape(1).to(next(iter(sd.values())).device))
+        return sd
+
+
 class SyncedForwardZeroesGrads(RefDDP):
     """Assumes one synced backward per optimizer step: a forward that follows a synced one drops
     the gradients (``grad = None``), so of two synced backwards in one step only the second's
