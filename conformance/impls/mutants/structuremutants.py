@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ddp_impl import DistributedDataParallel as RefDDP
-from ddp_impl.ddp import DEFAULT_BUCKET_CAP_MB, MB
+from ddp_impl.ddp import DEFAULT_BUCKET_CAP_MB, MB, broadcast_many
 
 
 def _own_params(module, keep) -> set:
@@ -39,12 +39,10 @@ class DeepBuffersUnsynced(RefDDP):
 
     @torch.no_grad()
     def _sync_module_states(self):
-        from ddp_impl.ddp import broadcast_many
         broadcast_many(self.collectives, self._states(self.init_sync_buffers), src=0)
 
     @torch.no_grad()
     def _sync_buffers(self):
-        from ddp_impl.ddp import broadcast_many
         broadcast_many(self.collectives, [b for n, b in self.module.named_buffers() if n.count(".") <= 2], src=0)
 
 
