@@ -19,13 +19,16 @@ from tests.draws import draw_examples
 
 pytestmark = pytest.mark.cpu
 
-PLAIN = {"base": "float32", "inputs": 1, "nodes": [node("stem", ["x0"]), node("linear", [0])], "outputs": [1]}
+PLAIN = {"base": "float32", "inputs": 1, "nodes": [node("stem", ["x0"]), node("linear", [0])], "outputs": [1],
+         "root_param": False, "none_input": False}
 #: Every corner the generator places (spec.corners' phrases, without the merge kind and layer names).
 CORNERS = ("float64 model", "two inputs", "several outputs", "merge", "gated node", "float64 layer",
            "bfloat16 layer", "complex64 layer", "transposed weight", "channels_last weight",
            "sparse gradient (embedding)", "sparse gradient (embedding_bag)", "applied twice",
            "applied checkpoint nonreentrant", "applied checkpoint reentrant", "module reused", "tied weight",
-           "frozen layer")
+           "frozen layer", "parameter on the root", "positional None input", "nested 5 levels deep",
+           "levels deep (buffers)", "parameter on a block with children", "weights read by the parent",
+           "None parameter slot first", "parameters viewing one storage", "lazy layer")
 
 
 def _with(t, i, **kw):
@@ -48,6 +51,10 @@ def _with(t, i, **kw):
     (_with(PLAIN, 1, reuse=0), "a node of the same op"),
     (dict(PLAIN, outputs=[0]), "read by no node"),
     (dict(PLAIN, outputs=[5]), r"outputs \[5\]"),
+    (dict(PLAIN, none_input=True), "none_input: only with 2 inputs"),
+    (_with(PLAIN, 1, depth=4), "depth 4"),
+    (_with(PLAIN, 1, own=True), "own: true or false"),
+    (_with(PLAIN, 1, form="fused", op="gru"), "form 'fused'"),
 ])
 def test_a_bad_topology_is_one_line(bad, needle):
     with pytest.raises(TopologyError, match=needle) as exc:
@@ -68,12 +75,12 @@ def test_a_scenario_file_holds_a_topology_and_its_needs_are_checked():
 
 
 def test_the_draw_is_reproducible_and_reaches_every_corner_in_many_shapes():
-    a, b = draw_examples(topologies(), 200), draw_examples(topologies(), 200)
+    a, b = draw_examples(topologies(), 300), draw_examples(topologies(), 300)
     assert a == b
     for t in a:
         validate_topology(t)
     for corner in CORNERS:
-        holding = [t for t in a if any(c.startswith(corner) for c in corners(t))]
+        holding = [t for t in a if any(corner in c for c in corners(t))]
         shapes = {json.dumps([(nd["op"], nd["src"]) for nd in t["nodes"]]) for t in holding}
         assert len(shapes) >= 3, (corner, len(holding))
 
@@ -96,7 +103,17 @@ def test_the_module_is_the_same_from_a_seed_and_trains_every_node():
         assert all(torch.equal(p, q) for p, q in zip(pa, b.parameters()))
         assert any(not torch.equal(p, q) for p, q in zip(pa, c.parameters()))
         xs = [torch.randn(3, 8) for _ in range(t["inputs"])]
+        if t["none_input"]:  # forward(x0, mask=None, x1=None) called with a positional None
+            xs = [xs[0], None, xs[1]]
         prediction_of(a(*xs, idx=torch.randint(0, 16, (3, 2)))).sum().backward()
+        assert not any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in a.parameters())
+        if t["root_param"]:
+            assert a.logit_scale.grad is not None
+        for i, nd in enumerate(t["nodes"]):  # a fused weight's three parameters view one storage
+            if nd["form"] == "fused" and nd["reuse"] is None:
+                q, k, v = (getattr(a.layers[str(i)].get_submodule(".".join(["inner"] * nd["depth"]) or ""), n)
+                           for n in "qkv")
+                assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
         for i, nd in enumerate(t["nodes"]):  # every own, trainable layer is reached with the full plan
             if nd["reuse"] is None and not nd["frozen"]:
                 assert any(p.grad is not None for p in a.layers[str(i)].parameters()), (i, nd)

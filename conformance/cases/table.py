@@ -247,7 +247,9 @@ SCENARIOS = (
               "complex64, transposed and channels_last weights, sparse gradients, applied twice, (non-)reentrant "
               "checkpointing, a module reused at two places, tied and frozen weights, gated by the replica's plan)",
               {"topology": True, "ddp_extra": ("buckets", "static_graph")},
-              ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced"), tags=("topology", "workload"),
+              ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced", "parent_params_unsynced",
+               "deep_buffers_unsynced", "uncalled_owner_unsynced", "none_slot_stops_walk", "storage_aliases_dropped",
+               "none_positional_dropped", "oversize_grad_truncated"), tags=("topology", "workload"),
               # the corners' faults are in what is reduced, not the divisor: the odd world (W=3) of
               # the CPU default adds cost, not power (scenario.core and scenario.workload run it)
               world_sizes={"cpu": (2,)}),

@@ -11,7 +11,8 @@ from __future__ import annotations
 MIB = 2 ** 20
 
 #: The classes, in shrink order (the first is the plain case: one bucket for the model).
-CAP_CLASSES = ("above_model", "model_exactly", "below_smallest", "one_parameter", "fills_one", "fills_several")
+CAP_CLASSES = ("above_model", "model_exactly", "below_smallest", "one_parameter", "fills_one", "fills_several",
+               "below_largest")
 
 
 def grad_bytes(module) -> list[int]:
@@ -44,7 +45,8 @@ def exactly_full(sizes: list[int], cap: int) -> int:
 def cap_bytes(sizes: list[int], cls: str, k: int = 2) -> int:
     """The cap in bytes of class ``cls`` for gradients of ``sizes`` (bucketing order): one bucket
     not full (``above_model``) or exactly full (``model_exactly``), every parameter its own bucket
-    (``below_smallest``), the first bucket exactly full with one or ``k`` gradients
+    (``below_smallest``), half the largest gradient (``below_largest``: one parameter larger than
+    its bucket, the smaller ones bucketed together), the first bucket exactly full with one or ``k`` gradients
     (``one_parameter``, ``fills_one``: ``k`` clipped to ``1..len(sizes)``), or the smallest cap of
     consecutive gradients that closes the most buckets exactly full (``fills_several``).
 
@@ -58,6 +60,8 @@ def cap_bytes(sizes: list[int], cls: str, k: int = 2) -> int:
         return sum(sizes)
     if cls == "below_smallest":
         return max(1, min(sizes) // 2)
+    if cls == "below_largest":
+        return max(1, max(sizes) // 2)
     if cls == "one_parameter":
         return sizes[0]
     if cls == "fills_one":

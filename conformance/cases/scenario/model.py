@@ -281,9 +281,11 @@ def scenario_inputs(sc, s: int, j: int, r: int, sizes, plan, device=None) -> tup
         kwargs["idx"] = scenario_indices(sc.seed, s, j, r, n)
     if sc.topology is not None and sc.topology["inputs"] == 2:  # a second input, drawn apart
         xs += (scenario_batch(sc.seed + TOPOLOGY_SECOND_INPUT, s, j, r, n)[0],)
+        if sc.topology["none_input"]:  # forward(x0, mask=None, x1=None) called as (x0, None, x1)
+            xs = (xs[0], None, xs[1])
     kwargs.update(forward_kwargs(sc.module, sc.seed, s, j, r, n))  # MODULES "kwargs"
     if device is not None:
-        xs, y = tuple(t.to(device) for t in xs), y.to(device)
+        xs, y = tuple(None if t is None else t.to(device) for t in xs), y.to(device)
         kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     return xs, kwargs, y
 

@@ -17,7 +17,7 @@ from conformance.cases.scenario.oracle import distilled_target, eval_values
 from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, refusal
 from conformance.cases.shared.setups import register_hook
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
-from conformance.cases.shared.step import construct
+from conformance.cases.shared.step import PERFORMANCE_HINTS, construct
 from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
                                                optimizer_state_dict,
                                                optimizer_state_layout, param_layout, saved_checkpoint,
@@ -76,6 +76,8 @@ def _ddp_keywords(sc: Scenario) -> tuple:
     every_branch = all(set(p) == set(BRANCHES) for s in sc.steps for m in s["micro"] for p in m["plan"])
     optional = ("skip_all_reduce_unused_params", "batched_grad_copy", "bucket_cap_mb_list") + (
         ("find_unused_parameters",) if every_branch else ())
+    if sc.topology is not None:  # the graph is what is tested: a DDP without buckets or static_graph still runs it
+        optional += PERFORMANCE_HINTS + ("static_graph",)
     requires = [k for k in kwargs if k != "broadcast_buffers" and k not in optional]
     if any(not sc.synced(s, j) for s in range(len(sc.steps)) for j in range(len(sc.steps[s]["micro"]))):
         requires.append("no_sync")

@@ -27,6 +27,7 @@ R = "conformance.impls.mutants.refmutants:"
 W = "conformance.impls.mutants.workloadmutants:"
 T = "conformance.impls.mutants.torchmutants:"
 S = "conformance.impls.mutants.scratch:"
+M = "conformance.impls.mutants.structuremutants:"
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,9 @@ MUTANTS = {m.name: m for m in [
     # The module axis (docs/scenarios.md, "The module axis").
     *_ref(W, "output_walk_bare_tensor", "state_dict_buffers_only", "forward_hooks_skipped",
           "container_params_unsynced", "parametrized_layer_sync", "forward_kwargs_dropped", "float_buffers_only"),
+    # A model's structural kinds (docs/topologies.md, "Structural kinds").
+    *_ref(M, "parent_params_unsynced", "deep_buffers_unsynced", "uncalled_owner_unsynced", "none_slot_stops_walk",
+          "storage_aliases_dropped", "none_positional_dropped", "oversize_grad_truncated"),
 ]}
 
 

@@ -4,14 +4,16 @@ input, a stem, one Linear, one output)."""
 from __future__ import annotations
 
 from conformance.cases.scenario.dimensions import BRANCHES
-from conformance.cases.scenario.topology.spec import (BASE_DTYPES, BUFFER_OPS, DTYPE_OPS, HIDDEN_OPS, LAYOUT_OPS, SPARSE_OPS,
-                                                      TIE_OPS, node)
+from conformance.cases.scenario.topology.spec import (BASE_DTYPES, BUFFER_OPS, DTYPE_OPS, FORM_OPS, HIDDEN_OPS,
+                                                      LAYOUT_OPS, SPARSE_OPS, TIE_OPS, node)
 
 #: Corner odds of one node, as ``(value, weight)`` in shrink order (the first is the plain one):
 #: weights of integers drawn 0..sum-1, so each corner shows in a fair share of nodes.
 DTYPE_ODDS = (("base", 6), ("float64", 2), ("bfloat16", 1), ("complex64", 2))
 APPLY_ODDS = (("once", 6), ("twice", 1), ("checkpoint_nonreentrant", 1), ("checkpoint_reentrant", 1))
 GATE_ODDS = ((None, 3),) + tuple((b, 1) for b in BRANCHES)
+DEPTH_ODDS = ((0, 5), (1, 2), (2, 1), (3, 1))
+FORM_ODDS = (("module", 3), ("functional", 1), ("none_slot", 1), ("fused", 1), ("lazy", 1))
 
 
 def _weighted(draw, odds, allowed=lambda v: True):
@@ -30,7 +32,8 @@ def topologies(max_hidden: int = 6, reentrant: bool = True, gates: bool = True):
     """Strategy of topologies: 1-2 dense inputs each read by a stem (Linear or channels_last-able
     Conv2d), maybe an Embedding(Bag) on the indices, ``1..max_hidden`` hidden nodes of
     :data:`~.spec.HIDDEN_OPS` each reading one or two earlier nodes, every corner of :mod:`.spec`
-    drawn per node; the outputs are the nodes no other reads, plus maybe one more. ``reentrant``:
+    drawn per node (nesting depth, a block's own parameter, a Linear's form included), a root
+    parameter and a positional ``None`` input per topology; the outputs are the nodes no other reads, plus maybe one more. ``reentrant``:
     reentrant checkpoints may be drawn (upstream DDP needs ``static_graph`` for them); ``gates``:
     nodes may be gated by a plan's branch."""
     from hypothesis import strategies as st
@@ -39,6 +42,8 @@ def topologies(max_hidden: int = 6, reentrant: bool = True, gates: bool = True):
     def build(draw):
         base = draw(st.sampled_from(BASE_DTYPES))
         inputs = draw(st.integers(1, 2))
+        none_input = inputs == 2 and draw(st.integers(0, 2)) == 2
+        root_param = draw(st.integers(0, 3)) == 3
         nodes = []
 
         def corners(op):
@@ -46,15 +51,22 @@ def topologies(max_hidden: int = 6, reentrant: bool = True, gates: bool = True):
             layouts = [lay for lay, ops in LAYOUT_OPS.items() if op in ops]
             layout = layouts[0] if layouts and draw(st.integers(0, 2)) == 2 else "contiguous"
             gate = _weighted(draw, GATE_ODDS) if gates else None
-            return {"dtype": dtype, "layout": layout, "gate": gate, "frozen": draw(st.integers(0, 11)) == 11}
+            depth = _weighted(draw, DEPTH_ODDS)
+            own = depth > 0 and draw(st.integers(0, 2)) == 2
+            form = _weighted(draw, FORM_ODDS, lambda v: op in FORM_OPS and dtype in ("base", "float64")
+                             and layout == "contiguous")
+            return {"dtype": dtype, "layout": layout, "gate": gate, "frozen": draw(st.integers(0, 11)) == 11,
+                    "depth": depth, "own": own, "form": form}
 
         def shared(op, nd):  # reuse an earlier module or tie its weight
             mates = [j for j, o in enumerate(nodes) if o["op"] == op and o["reuse"] is None]
             how = draw(st.integers(0, 3))
+            if how == 3:  # a tie needs Linear-held weights on both sides
+                mates = [j for j in mates if nodes[j]["form"] == "module"] if nd["form"] == "module" else []
             if not mates or how < 2 or (how == 3 and op not in TIE_OPS):
                 return nd
             j = draw(st.sampled_from(mates))
-            same = {k: nodes[j][k] for k in ("dtype", "layout", "sparse", "frozen")}
+            same = {k: nodes[j][k] for k in ("dtype", "layout", "sparse", "frozen", "form")}
             return dict(nd, **same, **({"tie": j} if how == 3 else {"reuse": j}))
 
         for k in range(inputs):
@@ -77,5 +89,6 @@ def topologies(max_hidden: int = 6, reentrant: bool = True, gates: bool = True):
         extra = draw(st.integers(0, len(nodes) + 2))
         if extra < len(nodes) and extra not in outputs:
             outputs.append(extra)
-        return {"base": base, "inputs": inputs, "nodes": nodes, "outputs": outputs}
+        return {"base": base, "inputs": inputs, "nodes": nodes, "outputs": outputs, "root_param": root_param,
+                "none_input": none_input}
     return build()

@@ -31,6 +31,60 @@ class ComplexLinear(nn.Module):
         return z.real + 0.5 * z.imag
 
 
+class FunctionalLinear(nn.Module):
+    """A Linear child ``proj`` whose weights the parent reads (``F.linear``), never calling it."""
+
+    def __init__(self, n_in, n_out, dtype):
+        super().__init__()
+        self.proj = nn.Linear(n_in, n_out, dtype=dtype)
+
+    def forward(self, h):
+        return F.linear(h, self.proj.weight, self.proj.bias)
+
+
+class SlotLinear(nn.Module):
+    """A Linear registering a ``None`` parameter slot ``bias_k`` before ``weight`` and ``bias``."""
+
+    def __init__(self, n_in, n_out, dtype):
+        super().__init__()
+        self.register_parameter("bias_k", None)
+        self.weight = nn.Parameter(torch.zeros(n_out, n_in, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(n_out, dtype=dtype))
+
+    def forward(self, h):
+        return F.linear(h, self.weight, self.bias)
+
+
+class FusedLinear(nn.Module):
+    """A Linear whose weight rows are three parameters ``q``, ``k``, ``v``: ``.chunk(3)`` views
+    of one ``[n_out, n_in]`` storage (a fused qkv weight split into parameters)."""
+
+    def __init__(self, n_in, n_out, dtype):
+        super().__init__()
+        q, k, v = torch.zeros(n_out, n_in, dtype=dtype).chunk(3)
+        self.q, self.k, self.v = nn.Parameter(q), nn.Parameter(k), nn.Parameter(v)
+        self.bias = nn.Parameter(torch.zeros(n_out, dtype=dtype))
+
+    def forward(self, h):
+        return F.linear(h, torch.cat([self.q, self.k, self.v]), self.bias)
+
+
+class Block(nn.Module):
+    """A container of one child ``inner`` (its output passed through, the first element of a
+    tuple scaled by ``gain`` when the block owns that scalar parameter)."""
+
+    def __init__(self, inner: nn.Module, own: bool, dtype):
+        super().__init__()
+        self.inner = inner
+        self.gain = nn.Parameter(torch.ones((), dtype=dtype)) if own else None
+
+    def forward(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        if self.gain is None:
+            return out
+        return (out[0] * self.gain,) + tuple(out[1:]) if isinstance(out, tuple) else out * self.gain
+
+
 def _transposed(lin: nn.Linear) -> nn.Linear:
     """``lin`` with its weight ``[out, in]`` held as the transpose of an ``[in, out]`` tensor."""
     lin.weight = nn.Parameter(torch.zeros(lin.in_features, lin.out_features, dtype=lin.weight.dtype).t())
@@ -42,6 +96,14 @@ def _layer(nd: dict, dtype) -> nn.Module:
     op, kw = nd["op"], {"dtype": dtype}
     if dtype == torch.complex64:  # stem or linear
         return ComplexLinear(IN_FEATURES if op == "stem" else HIDDEN, HIDDEN)
+    if nd["form"] != "module":
+        n_in = IN_FEATURES if op == "stem" else HIDDEN
+        if nd["form"] == "lazy":  # materialised by a dry run, before any wrapper sees it
+            lazy = nn.LazyLinear(HIDDEN, dtype=dtype)
+            lazy(torch.zeros(1, n_in, dtype=dtype))
+            return lazy
+        return {"functional": FunctionalLinear, "none_slot": SlotLinear, "fused": FusedLinear}[nd["form"]](
+            n_in, HIDDEN, dtype)
     if op in ("stem", "linear"):
         lin = nn.Linear(IN_FEATURES if op == "stem" else HIDDEN, HIDDEN, **kw)
         return _transposed(lin) if nd["layout"] == "transposed" else lin
@@ -85,7 +147,8 @@ def _call(op: str, layout: str, layer: nn.Module, h):
 
 class TopologyNet(nn.Module):
     """The module of topology ``t``: ``layers[str(i)]`` node ``i``'s own layer (a reused node has
-    none), ``heads[k]`` output ``k``'s Linear(HIDDEN, OUT_FEATURES); buffers ``ema`` ``[HIDDEN]`` (a
+    none) in its ``depth`` blocks, ``heads[k]`` output ``k``'s Linear(HIDDEN, OUT_FEATURES), with
+    ``root_param`` a scalar ``logit_scale`` multiplying every output; buffers ``ema`` ``[HIDDEN]`` (a
     moving average of node 0's batch mean, 0.9/0.1) and ``count`` (int64: training forwards),
     updated in place or, with ``rebind``, by assignment of new tensors."""
 
@@ -96,10 +159,17 @@ class TopologyNet(nn.Module):
         self.layers = nn.ModuleDict()
         for i, nd in enumerate(t["nodes"]):
             if nd["reuse"] is None:
-                self.layers[str(i)] = _layer(nd, self.base if nd["dtype"] == "base" else DTYPES[nd["dtype"]])
-            if nd["tie"] is not None:
-                self.layers[str(i)].weight = self.layers[str(nd["tie"])].weight
+                dtype = self.base if nd["dtype"] == "base" else DTYPES[nd["dtype"]]
+                layer = _layer(nd, dtype)
+                if nd["tie"] is not None:
+                    layer.weight = _core(self.layers[str(nd["tie"])]).weight
+                for d in range(nd["depth"]):  # the outermost block owns the gain
+                    layer = Block(layer, nd["own"] and d == nd["depth"] - 1,
+                                  torch.float32 if dtype == torch.complex64 else dtype)
+                self.layers[str(i)] = layer
         self.heads = nn.ModuleList([nn.Linear(HIDDEN, OUT_FEATURES, dtype=self.base) for _ in t["outputs"]])
+        if t["root_param"]:  # on the root, beside its children
+            self.logit_scale = nn.Parameter(torch.ones((), dtype=self.base))
         self.register_buffer("ema", torch.zeros(HIDDEN, dtype=self.base))
         self.register_buffer("count", torch.zeros((), dtype=torch.int64))
 
@@ -127,6 +197,11 @@ class TopologyNet(nn.Module):
         return m
 
     def forward(self, *xs, plan=BRANCHES, idx=None, bad=False):
+        if self.t["none_input"]:  # forward(x0, mask=None, x1=None): a mask scales x0, x1 is required
+            x0, mask, x1 = xs + (None,) * (3 - len(xs))
+            if x1 is None:
+                raise TypeError("forward(x0, mask=None, x1=None): x1 is required")
+            xs = (x0 if mask is None else x0 * mask, x1)
         vals = {f"x{k}": x.to(self.base) for k, x in enumerate(xs)}
         vals["idx"] = idx
         for i, nd in enumerate(self.t["nodes"]):
@@ -136,6 +211,8 @@ class TopologyNet(nn.Module):
         if bad:  # a bad batch found mid-forward, after the statistics moved (the loop skips it)
             raise BadBatch("the topology's bad batch (bad=True): the loop skips it")
         outs = tuple(head(vals[o]) for head, o in zip(self.heads, self.t["outputs"]))
+        if self.t["root_param"]:
+            outs = tuple(o * self.logit_scale for o in outs)
         return outs[0] if len(outs) == 1 else outs
 
     def _update_buffers(self, h):
@@ -149,16 +226,24 @@ class TopologyNet(nn.Module):
                 self.count.add_(1)
 
 
+def _core(layer: nn.Module) -> nn.Module:
+    """The layer inside a node's blocks."""
+    while isinstance(layer, Block):
+        layer = layer.inner
+    return layer
+
+
 def layer_dtype(layer: nn.Module):
-    """The dtype a layer's input is cast to: its first parameter's (a complex layer casts itself:
-    its real inputs stay float32)."""
-    p = next(layer.parameters())
+    """The dtype a layer's input is cast to: its core's first parameter's (a complex layer casts
+    itself: its real inputs stay float32)."""
+    p = next(_core(layer).parameters())
     return torch.float32 if p.is_complex() else p.dtype
 
 
 def build_topology(t: dict, seed: int, rebind: bool, buffer_offset: float = 0.0) -> TopologyNet:
     """The module of topology ``t`` (validated) with parameters from ``seed``: each U(-1/sqrt(fan_in),
-    1/sqrt(fan_in)) (fan_in: a row's size; a norm's weight 1 + U(-0.25, 0.25); complex: real and
+    1/sqrt(fan_in)) (fan_in: a row's size; a norm's weight, a block's ``gain`` and the root's
+    ``logit_scale`` 1 + U(-0.25, 0.25); complex: real and
     imaginary parts so drawn), in place (dtype and strides kept), a frozen node's set
     ``requires_grad=False``; every floating buffer offset by ``buffer_offset`` (rank-dependent starts).
     Inputs: ``t["inputs"]`` float32 ``[n, IN_FEATURES]`` tensors, ``idx`` int64 ``[n, INDICES]`` when a
@@ -169,7 +254,7 @@ def build_topology(t: dict, seed: int, rebind: bool, buffer_offset: float = 0.0)
     seen = set()
     with torch.no_grad():
         for mod in net.modules():
-            norm = isinstance(mod, (nn.BatchNorm1d, nn.LayerNorm))
+            norm = isinstance(mod, (nn.BatchNorm1d, nn.LayerNorm, Block, TopologyNet))
             for name, p in mod.named_parameters(recurse=False):
                 if id(p) in seen:
                     continue
@@ -177,7 +262,7 @@ def build_topology(t: dict, seed: int, rebind: bool, buffer_offset: float = 0.0)
                 real = torch.view_as_real(p) if p.is_complex() else p
                 bound = 0.25 if norm else 1.0 / math.sqrt(p[0].numel() if p.dim() > 1 else p.numel())
                 draw = torch.empty(real.shape, dtype=torch.float64).uniform_(-bound, bound, generator=gen)
-                real.copy_(draw + (1.0 if norm and name == "weight" else 0.0))
+                real.copy_(draw + (1.0 if norm and name in ("weight", "gain", "logit_scale") else 0.0))
         for i, nd in enumerate(t["nodes"]):
             if nd["frozen"] and nd["reuse"] is None:
                 net.layers[str(i)].requires_grad_(False)

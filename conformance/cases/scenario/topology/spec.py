@@ -1,7 +1,11 @@
 """The topology format: the JSON data of one generated module graph, its tables of layers and
 corners, its validation (one line naming the first bad value) and how a verdict names it.
 
-A topology is ``{"base": dtype, "inputs": 1|2, "nodes": [node, ...], "outputs": [node index, ...]}``.
+A topology is ``{"base": dtype, "inputs": 1|2, "nodes": [node, ...], "outputs": [node index, ...],
+"root_param": bool, "none_input": bool}``: ``root_param`` a scalar parameter ``logit_scale``
+registered on the root module beside its children (CLIP's ``logit_scale``, a ViT's ``cls_token``)
+scaling every output; ``none_input`` (two inputs only) the forward is ``forward(x0, mask=None,
+x1=None)`` called as ``(x0, None, x1)``: a positional ``None`` for a middle optional argument.
 Every node computes a ``[n, HIDDEN]`` value from its sources (``src``): ``"x0"`` / ``"x1"`` (the
 dense inputs, ``[n, IN_FEATURES]``), ``"idx"`` (the int64 indices ``[n, INDICES_PER_SAMPLE]``) or an
 earlier node's index; several sources merge (``merge``: their mean, or their product). A node:
@@ -15,7 +19,15 @@ earlier node's index; several sources merge (``merge``: their mean, or their pro
   (non-)reentrant activation checkpointing), ``frozen`` (``requires_grad=False``);
 * ``reuse``: ``null`` or an earlier node of the same ``op`` whose module this node applies (one
   module applied at two places of the graph); ``tie``: ``null`` or an earlier node whose weight
-  this node's layer shares (tied parameters, two modules).
+  this node's layer shares (tied parameters, two modules);
+* ``depth`` (0..:data:`MAX_DEPTH`): the layer sits inside that many nested container blocks (blocks
+  of blocks; the root holds it at level 2 already); ``own``: the outermost block registers a scalar
+  parameter ``gain`` of its own beside its child (parameters on a module that has children);
+* ``form`` (:data:`FORMS`, for :data:`FORM_OPS`): how a Linear's parameters are held: a module;
+  its weights read by the parent (``F.linear(h, self.proj.weight, self.proj.bias)``, as
+  nn.MultiheadAttention reads ``out_proj``); a ``None`` parameter slot registered before the real
+  ones (MHA's ``bias_k``); three parameters that are ``.chunk(3)`` views of one fused storage (a
+  fused qkv weight); an ``nn.LazyLinear`` materialised by a dry run before wrapping.
 
 The outputs are node indices; the module returns one ``[n, OUT_FEATURES]`` prediction per output
 (a tensor for one, a tuple for several; the loss reads their sum), each through its own head.
@@ -50,8 +62,14 @@ APPLY = ("once", "twice", "checkpoint_nonreentrant", "checkpoint_reentrant")
 BUFFER_OPS = ("batchnorm",)
 #: Layers whose weight a later node of the same layer may tie (same shape).
 TIE_OPS = ("linear", "embedding", "embedding_bag")
-NODE_KEYS = {"op", "src", "merge", "gate", "dtype", "layout", "sparse", "apply", "reuse", "tie", "frozen"}
-TOPOLOGY_KEYS = {"base", "inputs", "nodes", "outputs"}
+#: The most container blocks a node's layer is nested in.
+MAX_DEPTH = 3
+#: How a Linear holds its parameters (spec's ``form``), the plain one first; the layers that have them.
+FORMS = ("module", "functional", "none_slot", "fused", "lazy")
+FORM_OPS = ("stem", "linear")
+NODE_KEYS = {"op", "src", "merge", "gate", "dtype", "layout", "sparse", "apply", "reuse", "tie", "frozen", "depth",
+             "own", "form"}
+TOPOLOGY_KEYS = {"base", "inputs", "nodes", "outputs", "root_param", "none_input"}
 #: The most nodes a topology holds (drawn or replayed).
 MAX_NODES = 12
 
@@ -64,7 +82,7 @@ def node(op: str, src: list, **kw) -> dict:
     """A node with every key, its defaults the plain corner (``kw`` overrides)."""
     return dict({"op": op, "src": list(src), "merge": "mean", "gate": None, "dtype": "base",
                  "layout": "contiguous", "sparse": False, "apply": "once", "reuse": None, "tie": None,
-                 "frozen": False}, **kw)
+                 "frozen": False, "depth": 0, "own": False, "form": "module"}, **kw)
 
 
 def validate_topology(t) -> None:
@@ -75,6 +93,10 @@ def validate_topology(t) -> None:
         raise TopologyError(f"topology base {t['base']!r}: one of {BASE_DTYPES}")
     if t["inputs"] not in (1, 2):
         raise TopologyError(f"topology inputs {t['inputs']!r}: 1 or 2 dense inputs")
+    if not isinstance(t["root_param"], bool) or not isinstance(t["none_input"], bool):
+        raise TopologyError("topology root_param, none_input: true or false")
+    if t["none_input"] and t["inputs"] != 2:
+        raise TopologyError("topology none_input: only with 2 inputs (the None sits between them)")
     nodes = t["nodes"]
     if not isinstance(nodes, list) or not 1 <= len(nodes) <= MAX_NODES:
         raise TopologyError(f"topology nodes: a list of 1..{MAX_NODES} nodes")
@@ -133,6 +155,15 @@ def _validate_node(i: int, nd, nodes: list, refs: set) -> None:
                             "buffers again, after the forward the DDP's buffer rule sees)")
     if not isinstance(nd["frozen"], bool):
         raise TopologyError(f"{where}: frozen: true or false")
+    d = nd["depth"]
+    if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= MAX_DEPTH:
+        raise TopologyError(f"{where}: depth {d!r}: 0..{MAX_DEPTH} nested blocks")
+    if not isinstance(nd["own"], bool) or (nd["own"] and d == 0):
+        raise TopologyError(f"{where}: own: true or false, true only inside a block (depth >= 1)")
+    if nd["form"] not in FORMS or (nd["form"] != "module" and (
+            op not in FORM_OPS or nd["dtype"] not in ("base", "float64") or nd["layout"] != "contiguous")):
+        raise TopologyError(f"{where}: form {nd['form']!r}: 'module' or one of {FORMS} for a real, contiguous "
+                            f"{' / '.join(FORM_OPS)}")
     for key in ("reuse", "tie"):
         k = nd[key]
         if k is None:
@@ -142,11 +173,11 @@ def _validate_node(i: int, nd, nodes: list, refs: set) -> None:
         other = nodes[k]
         if other["op"] != op or other["reuse"] is not None:
             raise TopologyError(f"{where}: {key} {k}: a node of the same op ({op}) with its own module")
-        same = ("dtype", "layout", "sparse", "frozen")
+        same = ("dtype", "layout", "sparse", "frozen", "form")
         if any(other[f] != nd[f] for f in same):
             raise TopologyError(f"{where}: {key} {k}: the same {', '.join(same)}")
-    if nd["tie"] is not None and (op not in TIE_OPS or nd["reuse"] is not None):
-        raise TopologyError(f"{where}: tie: only {TIE_OPS}, and not with reuse")
+    if nd["tie"] is not None and (op not in TIE_OPS or nd["reuse"] is not None or nd["form"] != "module"):
+        raise TopologyError(f"{where}: tie: only {TIE_OPS} of form 'module', and not with reuse")
 
 
 def needs(t: dict) -> dict:
@@ -173,6 +204,10 @@ def corners(t: dict) -> list[str]:
         out.add("two inputs")
     if len(t["outputs"]) > 1:
         out.add("several outputs")
+    if t["root_param"]:
+        out.add("parameter on the root")
+    if t["none_input"]:
+        out.add("positional None input")
     for nd in t["nodes"]:
         if len(nd["src"]) > 1:
             out.add(f"merge ({nd['merge']})")
@@ -192,6 +227,13 @@ def corners(t: dict) -> list[str]:
             out.add("tied weight")
         if nd["frozen"]:
             out.add("frozen layer")
+        if nd["depth"] > 0:
+            out.add(f"nested {nd['depth'] + 2} levels deep" + (" (buffers)" if nd["op"] in BUFFER_OPS else ""))
+        if nd["own"]:
+            out.add("parameter on a block with children")
+        if nd["form"] != "module":
+            out.add({"functional": "weights read by the parent", "none_slot": "None parameter slot first",
+                     "fused": "parameters viewing one storage", "lazy": "lazy layer"}[nd["form"]])
     return sorted(out)
 
 
