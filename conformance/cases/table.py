@@ -248,7 +248,7 @@ SCENARIOS = (
               "checkpointing, a module reused at two places, tied and frozen weights, gated by the replica's plan)",
               {"topology": True, "ddp_extra": ("buckets", "static_graph")},
               ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced", "parent_params_unsynced",
-               "deep_buffers_unsynced", "uncalled_owner_unsynced", "none_slot_stops_walk", "storage_aliases_dropped",
+               "deep_buffers_unsynced", "uncalled_owner_unsynced", "none_slot_stops_walk",
                "none_positional_dropped", "oversize_grad_truncated"), tags=("topology", "workload"),
               # the corners' faults are in what is reduced, not the divisor: the odd world (W=3) of
               # the CPU default adds cost, not power (scenario.core and scenario.workload run it)

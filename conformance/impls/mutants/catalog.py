@@ -149,7 +149,7 @@ MUTANTS = {m.name: m for m in [
           "container_params_unsynced", "parametrized_layer_sync", "forward_kwargs_dropped", "float_buffers_only"),
     # A model's structural kinds (docs/topologies.md, "Structural kinds").
     *_ref(M, "parent_params_unsynced", "deep_buffers_unsynced", "uncalled_owner_unsynced", "none_slot_stops_walk",
-          "storage_aliases_dropped", "none_positional_dropped", "oversize_grad_truncated"),
+          "none_positional_dropped", "oversize_grad_truncated"),
 ]}
 
 

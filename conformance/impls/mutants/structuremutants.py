@@ -92,19 +92,6 @@ class NoneSlotStopsWalk(RefDDP):
             super()._set_grad(param, reduced)
 
 
-class StorageAliasesDropped(RefDDP):
-    """Tied parameters are detected by storage (``untyped_storage().data_ptr()``), not by
-    identity: of distinct parameters viewing one storage (a fused qkv weight split with
-    ``.chunk(3)``) only the first is reduced, the others keep their local gradients."""
-
-    def _set_grad(self, param, reduced):
-        first = {}
-        for p in self.module.parameters():
-            first.setdefault(p.untyped_storage().data_ptr(), id(p))
-        if first[param.untyped_storage().data_ptr()] == id(param):
-            super()._set_grad(param, reduced)
-
-
 class NonePositionalDropped(RefDDP):
     """The forward's input preparation rebuilds the positional arguments from the tensors it
     finds, dropping ``None``: ``model(x, None, extra)`` reaches the module as ``model(x, extra)``."""
