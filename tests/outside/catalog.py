@@ -455,11 +455,11 @@ CATALOG = [
     Entry("structure_none_positional", "structure_faults:NonePositionalDDP", "47.4",
           "positional None inputs dropped: later positional inputs shift into the wrong arguments",
           "model structure: a multi-input forward called with a positional None",
-          "https://github.com/pytorch/pytorch/issues/33185", False),
+          "https://github.com/pytorch/pytorch/issues/33185", True),
     Entry("structure_storage_dedup", "structure_faults:StorageDedupDDP", "47.5",
           "tied weights detected by storage: distinct parameters viewing one storage synced once",
           "model structure: parameters that are views of one storage (a fused qkv split)",
-          "https://github.com/safetensors/safetensors/pull/379", False),
+          "https://github.com/safetensors/safetensors/pull/379", True),
     Entry("structure_big_param", "structure_faults:BigParamDDP", "47.6",
           "a gradient larger than the 25 MiB fusion buffer is averaged only for its first 25 MiB",
           "model structure: one parameter larger than the bucket (vocabulary embedding)",
@@ -472,11 +472,11 @@ CATALOG = [
           "the per-module parameter walk stops at a None slot: MultiheadAttention's in_proj_bias "
           "is never synced",
           "model structure: a module registering a None parameter before real ones",
-          "https://github.com/pytorch/pytorch/issues/26698", False),
+          "https://github.com/pytorch/pytorch/issues/26698", True),
     Entry("structure_nested_buffers", "structure_faults:NestedBuffersDDP", "47.9",
           "only the root's and direct children's buffers broadcast: nested BatchNorm stats differ",
           "model structure: buffers two levels deep",
-          "https://github.com/facebookresearch/moco/issues/41", False),
+          "https://github.com/facebookresearch/moco/issues/41", True),
     # training programs and worlds: a helper's DDPs from outside, given the README only
     # (program_demo.py shows each against torch's DDP)
     Entry("program_control", "program_control:ControlDDP", "", "",
@@ -497,7 +497,7 @@ CATALOG = [
     Entry("program_state_dict_collective", "program_faults:StateDictCollectiveDDP", "48.4",
           "state_dict() runs a collective: rank-0-only checkpointing desynchronises the replicas",
           "program: `if rank == 0: torch.save(model.state_dict())`",
-          "https://github.com/Lightning-AI/pytorch-lightning/issues/19045", False),
+          "https://github.com/Lightning-AI/pytorch-lightning/issues/19045", True),
     Entry("program_rewrap", "program_faults:RewrapDDP", "48.5",
           "hooks registered once per module: a new wrapper reuses the old parameter list",
           "program: unfreeze, then wrap model.module again",
@@ -510,7 +510,7 @@ CATALOG = [
     Entry("program_no_grad_mid_step", "program_faults:NoGradMidStepDDP", "48.7",
           "a no_grad forward switches off the pending backward's gradient sync",
           "program: a no_grad forward between a training forward and its backward (pseudo-labels)",
-          "https://github.com/constantinpape/torch-em/pull/116", False),
+          "https://github.com/constantinpape/torch-em/pull/116", True),
     # Surveyed programs and launchers (docs/programs.md, docs/worlds.md): written from scratch on the
     # outside CorrectDDP; each passed the default command before the statement or launcher was drawn.
     Entry("frozen_trainable_broadcast", "frozen_params:TrainableBroadcastDDP", "48.s1",
@@ -638,6 +638,13 @@ CAUGHT_BY = {
     "structure_root_params_children_only": "parity.linear@2",
     # a second construction in one process: caught after parity.linear built the first
     "program_second_wrap": "parity.linear+parity.mlp@2",
+    # measured 2026-12-07 after the zoo, the topologies and the program statements (--only runs)
+    "structure_none_positional": "scenario.topology@2",
+    "structure_storage_dedup": "scenario.topology@2",
+    "structure_none_slot": "scenario.topology@2",
+    "structure_nested_buffers": "scenario.topology@2",
+    "program_no_grad_mid_step": "scenario.loop@2",
+    "program_state_dict_collective": "scenario.loop@2",
     "frozen_no_arm": "scenario.loop@2",
     "frozen_trainable_broadcast": "scenario.loop@2",
     "frozen_flat_grad": "scenario.loop@2",
