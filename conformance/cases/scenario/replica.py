@@ -160,8 +160,11 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
     with loop.engine.full_params(model):
         shapes = param_layout(model)
     layout = {"params": shapes, "buffers": buffer_layout(model),
-              "optim": optimizer_state_layout(opt, final, model), "evals": loop.eval_layout}
-    evals = np.concatenate(loop.evals) if loop.evals else np.zeros(0)
+              "optim": optimizer_state_layout(opt, final, model)}
+    # read once the steps are done: on XLA a read mid-step would cut and compile each replica's graph apart
+    vals = [eval_values(out) for out in loop.evals]
+    layout["evals"] = [(what, (v.size,)) for what, v in zip(loop.eval_layout, vals)]
+    evals = np.concatenate(vals) if vals else np.zeros(0)
     return {"params": np.stack(params), "buffers": np.stack(buffers), "optim_digests": digests,
             "optim": flat_optimizer_state(opt, final), "evals": evals, "layout": layout,
             "transparency": merged(loop.observers)}
@@ -204,9 +207,8 @@ class _ReplicaLoop:
 
     def record(self, out, what: str) -> None:
         """Keep the output ``out`` of a forward without backward (``what`` names it)."""
-        vals = eval_values(out)
-        self.evals.append(vals)
-        self.eval_layout.append((what, (vals.size,)))
+        self.evals.append(out)
+        self.eval_layout.append(what)
 
     def evaluate(self, s: int, at: int):
         """Step ``s``'s forwards without backward before micro-step ``at`` (outputs kept)."""
