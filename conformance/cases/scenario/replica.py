@@ -206,8 +206,10 @@ class _ReplicaLoop:
         (self.ddp if callable(getattr(self.ddp, "train", None)) else self.model).train(train)
 
     def record(self, out, what: str) -> None:
-        """Keep the output ``out`` of a forward without backward (``what`` names it)."""
-        self.evals.append(out)
+        """Keep the output ``out`` of a forward without backward (``what`` names it), detached so
+        that a grad-enabled forward's graph is not held until the run ends."""
+        from torch.utils._pytree import tree_map_only
+        self.evals.append(tree_map_only(torch.Tensor, torch.Tensor.detach, out))
         self.eval_layout.append(what)
 
     def evaluate(self, s: int, at: int):
