@@ -99,6 +99,26 @@ def test_a_change_that_cannot_be_put_back_asks_for_a_fresh_world(snapshot):
         isolation._SNAPSHOT.clear()
 
 
+def test_a_world_reset_is_the_kits_change_not_an_implementations(snapshot):
+    """A replica's raise resets the world (conformance.worlds.host.reset_host): its new default
+    group is recorded again, so the next implementation's case is not told it replaced it."""
+    snapshot()
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        isolation.take_snapshot()
+        dist.destroy_process_group()  # what reset_host does: a new rendezvous
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        assert isolation.changes()[0].startswith("torch.distributed's default group replaced")
+        isolation.retake(isolation.GROUP_ITEM)
+        assert isolation.changes() == []
+        with pytest.raises(KeyError):
+            isolation.retake("no such item")
+    finally:
+        dist.destroy_process_group()
+        isolation._SNAPSHOT.clear()
+
+
 def test_the_generators_are_put_back_not_judged(snapshot):
     snapshot()
     import torch

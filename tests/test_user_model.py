@@ -178,14 +178,17 @@ def test_torch_and_ref_pass_on_the_users_model_through_the_cli(tmp_path):
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     vs = _verdicts(tmp_path / "r.json")
     # 2 implementations x W=2, 3 x (2 parity cases x (param_parity, loss_parity, agreement, transparency) + the
-    # loop programs' params, buffers, optimizer_state, agreement, transparency)
-    assert len(vs) == 52 and {v["status"] for v in vs} == {"pass"}, [v["id"] for v in vs if v["status"] != "pass"]
+    # loop programs' params, buffers, optimizer_state, eval_outputs, agreement, transparency)
+    assert len(vs) == 56 and {v["status"] for v in vs} == {"pass"}, [v["id"] for v in vs if v["status"] != "pass"]
     assert {v["world_size"] for v in vs} == {2, 3} and {v["model"] for v in vs} == {SPEC}
     loop = [v for v in vs if v["case"] == "scenario.user_loop"]
-    assert len(loop) == 20 and all(v["reason"].startswith("6 loop program(s)") for v in loop
+    assert len(loop) == 24 and all(v["reason"].startswith("6 loop program(s)") for v in loop
                                    if v["check"] in ("params", "optimizer_state")), [v["reason"] for v in loop]
     # the block's one buffer never changes but at the checkpoint reload (non-persistent: rebuilt)
     assert all("too little to judge this check (discarded)" in v["reason"] for v in loop if v["check"] == "buffers")
+    # the program without a forward without backward (the second) is left out of eval_outputs, said
+    assert all(v["reason"].startswith("5 loop program(s); program(s) 2 ran no forward without backward")
+               for v in loop if v["check"] == "eval_outputs"), [v["reason"] for v in loop]
     # the loop programs are judged with the bound measured for the parity cases, stated
     bound = {(v["impl"], v["world_size"]): v["atol"] for v in vs if v["case"] == "parity.user_model"
              and v["check"] == "param_parity"}
@@ -377,7 +380,7 @@ def test_a_batchnorm_model_under_adam_is_judged_with_its_own_rounding(tmp_path):
     assert any("program 5 carries float32 rounding to" in v["reason"] or "program(s) 5 moved params too little"
                in v["reason"] for (impl, _), v in vs.items() if impl == "torch"), vs
     bad = vs["tests.outside.buffer_sync_per_iteration:BufferSyncPerIterationDDP", "buffers"]
-    assert bad["status"] == "fail" and "loop program 5 of 5" in bad["reason"], bad["reason"]
+    assert bad["status"] == "fail" and "loop program 5 of 6" in bad["reason"], bad["reason"]
     assert "under grad enabled" in bad["reason"] and bad["max_dev"] > 100 * bad["atol"]
 
 

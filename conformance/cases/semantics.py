@@ -42,6 +42,10 @@ CHECK_SEMANTICS = {
                "(no_sync accumulates locally, the synced backward reduces the sum; unused "
                "parameters keep grad None with find_unused_parameters)",
                "DistributedDataParallel.no_sync, Reducer (find_unused_parameters)"),
+    "eval_outputs": ("a forward without backward (validation under no_grad / inference_mode, a target "
+                     "forward before a backward) returns on every replica what one device returns on that "
+                     "replica's batch, from the buffers the DDP's buffer rule leaves it",
+                     "DistributedDataParallel.forward (_pre_forward buffer sync; no reducer work without grad)"),
     "inside": ("inside no_sync() gradients are not reduced: each replica keeps its local sum",
                "DistributedDataParallel.no_sync"),
     "after": ("the first synced backward after no_sync() reduces the accumulated gradients",

@@ -10,7 +10,7 @@ against it (:func:`all_tags`); :data:`CASES`, the validated table, is built on f
 from __future__ import annotations
 
 from conformance.cases.collective.ops import LAYOUT_OPS, OPS
-from conformance.cases.shared.checks import SCENARIO_CHECKS
+from conformance.cases.shared.checks import SCENARIO_CHECKS, scenario_checks
 from conformance.cases.row import Case, select_rows, tags_of
 from conformance.cases.validation import validate
 
@@ -54,7 +54,7 @@ def _property(name, description, must_kill):
 
 def _scenario(name, description, space, must_kill, tags=(), world_sizes=None):
     return Case(f"scenario.{name}", "scenario", description, "scenario", "scenario", args={"space": space},
-                checks=tuple(SCENARIO_CHECKS), tags=tags,
+                checks=scenario_checks(bool(space.get("loop"))), tags=tags,
                 must_kill=must_kill, world_sizes=world_sizes or {})
 
 

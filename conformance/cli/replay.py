@@ -13,6 +13,7 @@ from conformance.cases.table import CASES
 from conformance.errors import UsageError
 from conformance.evaluate import Session, evaluate
 from conformance.options import parse_matrix
+from conformance.cases.shared.checks import scenario_checks
 from conformance.cli.output import stdout_for_json
 from conformance.report.text import exit_code, verdict_table
 from conformance.report.writers import RunOutput, write_all
@@ -30,7 +31,8 @@ def command(settings: Settings, *, scenario: str, runtime: str, ddp: str | None,
     except ScenarioError as exc:
         raise UsageError(f"{scenario}: {exc}" if not str(exc).startswith(scenario) else str(exc)) from None
     targets = parse_matrix(runtime, str(sc.world_size), ddp)
-    case = replace(CASES["scenario.core"], name="scenario.replay", description=f"replay of {scenario}")
+    case = replace(CASES["scenario.core"], name="scenario.replay", description=f"replay of {scenario}",
+                   checks=scenario_checks(loop=True))  # a program without forwards without backward: a skip
     session = Session(settings=settings)
     try:
         verdicts = [v for rt, w, impls in targets for impl in impls

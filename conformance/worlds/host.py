@@ -186,6 +186,7 @@ def reset_host(runtime, replicas, generation, workdir, stacks):
     """Host side of :meth:`conformance.worlds.spawned.World._reset`: ``None``, or the traceback of why it failed."""
     try:
         runtime.reset_host(replicas, generation, workdir)
+        isolation.retake(isolation.GROUP_ITEM)  # the kit's new group, not an implementation's change
         # the next failure's report must not read this one's stacks
         os.ftruncate(stacks.fileno(), 0)
         os.lseek(stacks.fileno(), 0, os.SEEK_SET)

@@ -353,9 +353,11 @@ def _none(saved, now) -> list:
     return []
 
 
+#: The inventory item of the default group (a world reset replaces it: :func:`retake`).
+GROUP_ITEM = "torch.distributed default group"
 #: The inventory, in the order a verdict names changes. The generators are last: put back, not judged.
 INVENTORY = (
-    Item("torch.distributed default group", "process", _group, _group_differences, _restore_group,
+    Item(GROUP_ITEM, "process", _group, _group_differences, _restore_group,
          "a default group destroyed or replaced: the world's peers rendezvous anew only in a new world"),
     Item("torch.distributed backends", "process", _backends, _backend_differences, _restore_backends,
          "a backend of the snapshot removed from the registry"),
@@ -387,6 +389,19 @@ def take_snapshot(scope: str = "process") -> None:
     with _LOCK:
         key = "process" if scope == "process" else threading.get_ident()
         _SNAPSHOT[key] = {i.name: i.read() for i in INVENTORY if i.scope == scope}
+
+
+def retake(*names: str) -> None:
+    """Record again the process items ``names`` (:data:`INVENTORY` names): the kit changed them
+    itself (a world reset rendezvouses a new default group), so no implementation is judged for it.
+
+    Raises:
+        KeyError: a name that is not a process item of the inventory."""
+    items = {i.name: i for i in INVENTORY if i.scope == "process"}
+    with _LOCK:
+        if "process" in _SNAPSHOT:
+            for n in names:
+                _SNAPSHOT["process"][n] = items[n].read()
 
 
 def thread_snapshot() -> dict:

@@ -62,10 +62,12 @@ def scenario_reference(sc: Scenario) -> dict:
     user_grad_hook(net, sc.module)
     start_buffers, reload_buffers = _scenario_buffers(sc, net)
     teacher = None
-    if sc.loop["teacher"] != "none":  # rank 0's (the DDP broadcasts its parameters), in eval mode
-        teacher = build_scenario_model(rank_seed(sc.seed, 0, TEACHER_SALT), sc.rebind_buffers,
-                                       rank_buffer_offset(0, TEACHER_SALT), sc.workload, sc.module,
-                                       sc.topology).eval()
+    if sc.loop["teacher"] != "none":  # rank 0's parameters (broadcast), in eval mode: its buffers never move,
+        # so they are rank 0's once either buffer broadcast ran, else each replica's own
+        owner = (lambda r: 0) if any(buffer_sync(sc.ddp)) else (lambda r: r)
+        teacher = [build_scenario_model(rank_seed(sc.seed, 0, TEACHER_SALT), sc.rebind_buffers,
+                                        rank_buffer_offset(owner(r), TEACHER_SALT), sc.workload, sc.module,
+                                        sc.topology).eval() for r in range(sc.world_size)]
     return loop_reference(sc, net, lambda s, j, r, sizes, plan: scenario_inputs(sc, s, j, r, sizes, plan),
                           lambda out, y: mse(prediction_of(out), y), start_buffers, reload_buffers, teacher=teacher,
                           blend=distilled_target)
@@ -101,13 +103,37 @@ def distilled_target(teacher_out, y):
     return 0.5 * (y + prediction_of(teacher_out))
 
 
+def output_tensors(out, fn=None):
+    """The tensors of a forward's output ``out`` in order (tensors, dicts, lists, tuples,
+    namedtuples and dataclasses, any nesting: what torch's DDP walks for its hooks); with ``fn``,
+    ``out`` rebuilt with each tensor ``t`` replaced by ``fn(t)`` instead."""
+    import dataclasses
+    found = []
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            found.append(o)
+            return fn(o) if fn else o
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            vals = {f.name: walk(getattr(o, f.name)) for f in dataclasses.fields(o)}
+            return dataclasses.replace(o, **{f.name: vals[f.name] for f in dataclasses.fields(o) if f.init})
+        if isinstance(o, dict):
+            return type(o)((k, walk(v)) for k, v in o.items()) if fn else [walk(v) for v in o.values()]
+        if isinstance(o, tuple) and hasattr(o, "_fields"):
+            return type(o)(*(walk(v) for v in o))
+        if isinstance(o, (list, tuple)):
+            return type(o)(walk(v) for v in o)
+        return o
+    rebuilt = walk(out)
+    return rebuilt if fn else found
+
+
 def eval_values(out) -> np.ndarray:
-    """The floating-point tensors of a forward's output ``out`` (any nesting), flattened in
-    pytree order into one float64 vector (complex: real and imaginary parts)."""
-    from torch.utils._pytree import tree_flatten
+    """The floating-point tensors of a forward's output ``out`` (:func:`output_tensors`),
+    flattened in order into one float64 vector (complex: real and imaginary parts)."""
     vals = []
-    for t in tree_flatten(out)[0]:
-        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+    for t in output_tensors(out):
+        if t.is_floating_point() or t.is_complex():
             t = t.detach().cpu()
             t = torch.view_as_real(t) if t.is_complex() else t
             vals.append(t.double().reshape(-1).numpy())
@@ -132,8 +158,9 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
     micro-batch ``(s, j)`` (``j >= EVAL_DATA``: a forward without backward, ``plan`` None),
     ``loss(out, target)`` each replica's scalar, ``start_buffers(r)`` / ``reload_buffers(r,
     buffers)`` replica ``r``'s buffers after construction / after the checkpoint reload.
-    ``teacher``: the frozen teacher module (eval mode, rank 0's parameters) whose ``no_grad``
-    prediction ``blend(prediction, target)`` mixes into each training forward's target; it leaves
+    ``teacher``: each replica's frozen teacher module (a list by rank; eval mode, rank 0's
+    parameters) whose ``no_grad`` prediction ``blend(prediction, target)`` mixes into each
+    training forward's target; it leaves
     the trained DDP's buffer rule alone (torch keeps ``require_forward_param_sync`` per instance)."""
     run = _LoopOracle(sc, net, inputs, loss, start_buffers, teacher, blend)
     out_p = [flat_params(net)]
@@ -249,7 +276,7 @@ class _LoopOracle:
                 if self.teacher is not None:
                     targs, tkwargs, _ = self.inputs(s, FORWARD_DATA * k + j, r, m["batch"], None)
                     with torch.no_grad():
-                        y = self.blend(self.teacher(*targs, **tkwargs), y)
+                        y = self.blend(self.teacher[r](*targs, **tkwargs), y)
                 outs.append((out, y))
             self.sync_next = synced  # a grad-enabled forward, inside no_sync() or not
             for mode in between(self.lp):  # a target forward before the backward: the buffer rule, no reducer
@@ -327,7 +354,7 @@ def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 
             out.append(judge_transparency(results, model=model))
             continue
         if name == "eval_outputs" and not ref["evals"].shape[-1]:
-            out.append(Verdict("", name, "", "", model, len(results), "vacuous",
+            out.append(Verdict("", name, "", "", model, len(results), "skip",
                                reason="the program has no forward without backward: no output to compare"))
             continue
         v = judge(replace(CHECKS[row], name=name), results, ref, tol, case="", impl="", runtime="", model=model)

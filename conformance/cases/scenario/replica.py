@@ -13,7 +13,7 @@ from conformance.cases.scenario.dimensions import (BadBatch, BRANCHES, CLIP_NORM
                                                    xla_unsupported)
 from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
 from conformance.cases.scenario.model import build_scenario_model, scenario_inputs, user_grad_hook
-from conformance.cases.scenario.oracle import distilled_target, eval_values
+from conformance.cases.scenario.oracle import distilled_target, eval_values, output_tensors
 from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, refusal
 from conformance.cases.shared.setups import register_hook
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
@@ -208,8 +208,7 @@ class _ReplicaLoop:
     def record(self, out, what: str) -> None:
         """Keep the output ``out`` of a forward without backward (``what`` names it), detached so
         that a grad-enabled forward's graph is not held until the run ends."""
-        from torch.utils._pytree import tree_map_only
-        self.evals.append(tree_map_only(torch.Tensor, torch.Tensor.detach, out))
+        self.evals.append(output_tensors(out, torch.Tensor.detach))
         self.eval_layout.append(what)
 
     def evaluate(self, s: int, at: int):

@@ -89,9 +89,11 @@ def user_loop_programs(world_size: int, seed: int, lr: float, sparse: bool = Fal
            optimizer="adam", checkpoint_at=0, find_unused=True),
         # fine-tuning: the first layer frozen before wrapping (broadcast at construction, never reduced,
         # skipped by momentum); a grad-enabled forward with every parameter frozen (a GAN's generator
-        # step) before a no_sync window still arms the next forward's buffer broadcast
+        # step) before a no_sync window still arms the next forward's buffer broadcast; a no_grad target
+        # forward between each training forward and its backward; the state dict saved on rank 0 only
         sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
-           optimizer="sgd_momentum", find_unused=False, freeze="stem", toggle="frozen"),
+           optimizer="sgd_momentum", find_unused=False, freeze="stem", toggle="frozen", peek="no_grad",
+           save="rank0"),
     ]
     for e in out:
         e.validate()
@@ -263,7 +265,7 @@ def evaluate_user_loop(case, impl, runtime, w, session, overrides, pick=None):
             elif v.check == "buffers" and v.status == "vacuous" and (bufs == bufs[:1, :1]).all():
                 # constants (position ids, a mask): nothing moves them, and they are still compared
                 v.status, v.reason = "pass", "the model's buffers are constants (equal on every replica and step)"
-        if any(v.status not in ("pass", "vacuous") for v in vs):
+        if any(v.status not in ("pass", "vacuous", "skip") for v in vs):
             for v in vs:
                 v.example = sc.to_json()
                 if v.status != "pass":
@@ -274,7 +276,7 @@ def evaluate_user_loop(case, impl, runtime, w, session, overrides, pick=None):
                                    f"{case.model} --only {case.name}" + (f"\n{v.diagnosis}" if v.diagnosis else ""))
             return [stated(v, ptol) if v.check not in UNBOUNDED else v for v in vs]
         for v in vs:
-            if v.status == "vacuous":
+            if v.status in ("vacuous", "skip"):
                 vacuous.setdefault(v.check, []).append(k + 1)
             elif v.max_dev == v.max_dev and (v.check not in worst or _closer(v, worst[v.check][0])):
                 worst[v.check] = (v, ptol)  # the closest to its bound, with that bound's derivation
@@ -284,10 +286,13 @@ def evaluate_user_loop(case, impl, runtime, w, session, overrides, pick=None):
         v, vtol = worst.get(c) or (Verdict("", c, "", "", case.model, w, "pass"), tol)
         v.reason = f"{n - len(vacuous.get(c, ()))} loop program(s)"
         if vacuous.get(c):
-            v.reason += (f"; program(s) {', '.join(map(str, vacuous[c]))} moved {'the buffers' if c == 'buffers' else c}"
-                         " too little to judge this check (discarded)")
+            what = {"buffers": "moved the buffers too little",
+                    "eval_outputs": "ran no forward without backward (or moved too little)"}.get(c, f"moved {c} too little")
+            v.reason += f"; program(s) {', '.join(map(str, vacuous[c]))} {what} to judge this check (discarded)"
         if len(vacuous.get(c, ())) == n:
-            v.status, v.reason = "vacuous", f"all {n} loop program(s) moved too little to fail this check"
+            v.status, v.reason = (("skip", f"none of the {n} loop program(s) ran a forward without backward")
+                                  if c == "eval_outputs" else
+                                  ("vacuous", f"all {n} loop program(s) moved too little to fail this check"))
         out.append(stated(v, vtol) if c not in UNBOUNDED else v)
     return out
 

@@ -105,6 +105,14 @@ UNBOUNDED = (AGREEMENT, TRANSPARENCY)
 #: judges it (or the agreement or transparency check).
 SCENARIO_CHECKS = {"params": "param_parity", "buffers": "buffer_parity", "optimizer_state": "optimizer_state",
                    "eval_outputs": "eval_parity", AGREEMENT: AGREEMENT, TRANSPARENCY: TRANSPARENCY}
+#: The scenario checks only a loop program exercises (its forwards without backward).
+LOOP_ONLY_CHECKS = ("eval_outputs",)
+
+
+def scenario_checks(loop: bool) -> tuple:
+    """The checks of a scenario case: :data:`SCENARIO_CHECKS`, without :data:`LOOP_ONLY_CHECKS`
+    where the case draws no loop program."""
+    return tuple(c for c in SCENARIO_CHECKS if loop or c not in LOOP_ONLY_CHECKS)
 
 
 class Names:
