@@ -92,13 +92,22 @@ def test_every_mutant_is_killed_by_some_row():
     # the reference DDP honours bucket_cap_mb: a claim to honour it changes nothing
     ("dropped_bucket", {"honours": ("bucket_cap_mb",)}, "claims to honour ['bucket_cap_mb']"),
     ("comm_hook_no_divide", {"honours": ("mixed_precision",)}, "is torch-based"),
-    ("sum_not_mean", {"unsupported": {"pjrt": "why"}}, "its unsupported runtimes have no effect"),
     ("comm_hook_no_divide", {"unsupported": {"tpu": "why"}}, "unknown runtime(s) ['tpu']"),
     ("fsdp2_no_divide", {"sync_bn": object}, "builds a shipped path's row"),
 ])
 def test_mutant_claims_that_have_no_effect(mutant, change, needle):
     first = next(c.name for c in CASES.values() if mutant in c.must_kill)
     refused(rows(), f"row {first!r}", f"mutant {mutant!r}", needle, mutants=mutants(**{mutant: change}))
+
+
+def test_a_reference_mutant_unsupported_on_a_runtime_is_unsupported_there():
+    """A fault that never reaches one runtime's step (state_dict_collective's unused all-reduce,
+    dropped from a lazy XLA graph) is unsupported there, never a survivor."""
+    from conformance.impls.builtin import mutant_impl
+    from conformance.impls.mutants.catalog import MUTANTS
+    row = mutant_impl("state_dict_collective")
+    assert MUTANTS["state_dict_collective"].unsupported == row.unsupported and set(row.unsupported) == {"pjrt"}
+    assert not mutant_impl("sum_not_mean").unsupported
 
 
 @pytest.mark.parametrize("mutant, change, claim", [

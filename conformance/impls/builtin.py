@@ -433,4 +433,6 @@ def mutant_impl(name: str) -> Strategy:
         extra["unsupported"] = m.unsupported or {"pjrt": TORCH_DDP_ON_PJRT}
     else:
         extra["ignores"] = ref_ignores() - frozenset(m.honours)
+        if m.unsupported:  # a fault that does not reach a runtime's step
+            extra["unsupported"] = m.unsupported
     return Strategy(f"mutant:{name}", m.description, wrap, mutant=True, **extra)

@@ -168,6 +168,8 @@ class ExternalWorld:
         self.members = [None] * self.world_size
         dist.all_gather_object(self.members, me, group=self._control(self.timeout))
         self.subject = None  # as World.subject
+        from conformance.worlds import preload  # what a spawned host has imported before its snapshot
+        preload.import_modules()
         isolation.take_snapshot()
 
     def retire(self) -> None:

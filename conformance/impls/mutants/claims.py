@@ -48,8 +48,6 @@ def claim_problems(m) -> str | None:
         return None
     if m.torch_based and m.honours:
         return f"is torch-based (torch's DDP honours every keyword): honours {list(m.honours)} has no effect"
-    if not m.torch_based and m.unsupported:
-        return "subclasses the reference DDP, which runs everywhere: its unsupported runtimes have no effect"
     unknown = [r for r in (m.unsupported or {}) if r not in RUNTIMES]
     if unknown:
         return f"is unsupported on unknown runtime(s) {unknown}; known: {', '.join(RUNTIMES)}"
