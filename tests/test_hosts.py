@@ -43,17 +43,23 @@ def test_torchrun_layout_of_emulated_hosts():
 
 @pytest.mark.cpu
 def test_each_default_world_is_started_as_its_launcher_would():
-    """W=2 gets torchrun's variables, W=3 mp.spawn's (none: rank and world size are arguments),
-    W=4 srun's, each as the launcher sets them (docs/worlds.md)."""
+    """W=2 gets torchrun's variables, W=3 those of a PyTorchJob pod whose script spawns the
+    replicas (WORLD_SIZE counts pods, RANK is the pod's index: they disagree with the group),
+    W=4 srun's, W=7 plain mp.spawn's (none: rank and world size are arguments), each as the
+    launcher sets them (docs/worlds.md)."""
     from conformance.worlds.host import SCRUBBED_LAUNCHER_VARS
     from conformance.worlds.launchers import coverage_line
     cpu = get_runtime("cpu", Settings())
     three = cpu.host_envs(3)
-    assert all("RANK" not in e and "WORLD_SIZE" not in e and "LOCAL_RANK" not in e for e in three), three
+    assert [(e["WORLD_SIZE"], e["RANK"]) for e in three] == [("1", "0")] * 3 and all("LOCAL_RANK" not in e
+                                                                                   for e in three), three
+    seven = cpu.host_envs(7)
+    assert all("RANK" not in e and "WORLD_SIZE" not in e and "LOCAL_RANK" not in e for e in seven), seven
     slurm = cpu.host_envs(4)
     assert [e["SLURM_PROCID"] for e in slurm] == ["0", "1", "2", "3"] and all("RANK" not in e for e in slurm)
-    assert {k for e in three + slurm for k in e} - {"OMP_NUM_THREADS"} <= set(SCRUBBED_LAUNCHER_VARS)
-    assert coverage_line({2, 3}).startswith("coverage worlds: launchers torchrun (W=2), mp_spawn (W=3); not drawn: slurm")
+    assert {k for e in three + slurm + seven for k in e} - {"OMP_NUM_THREADS"} <= set(SCRUBBED_LAUNCHER_VARS)
+    assert coverage_line({2, 3}).startswith("coverage worlds: launchers torchrun (W=2), pod_spawn (W=3); not drawn: slurm")
+    assert "mp_spawn (--world-size 7)" in coverage_line({2, 3})
 
 
 @pytest.mark.cpu

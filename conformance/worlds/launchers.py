@@ -38,6 +38,13 @@ def _mp_spawn(r: int, w: int, hosts: int) -> dict:
     return {"MASTER_ADDR": "localhost", "MASTER_PORT": "12355"}
 
 
+def _pod_spawn(r: int, w: int, hosts: int) -> dict:
+    # the pod's variables (WORLD_SIZE counts pods, RANK is the pod's index); the script spawns a
+    # process per replica and passes the global rank and world size to init_process_group itself
+    return {"WORLD_SIZE": str(hosts), "RANK": str(r // (w // hosts)), "MASTER_ADDR": "localhost",
+            "MASTER_PORT": "23456"}
+
+
 def _slurm(r: int, w: int, hosts: int) -> dict:
     per = w // hosts
     return {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r % per), "SLURM_NTASKS": str(w),
@@ -63,6 +70,10 @@ LAUNCHERS = {x.name: x for x in (
              "https://docs.pytorch.org/docs/stable/elastic/run.html", _torchrun),
     Launcher("mp_spawn", "torch.multiprocessing.spawn (rank and world size as arguments)",
              "https://docs.pytorch.org/tutorials/intermediate/ddp_tutorial.html", _mp_spawn),
+    Launcher("pod_spawn", "Kubeflow PyTorchJob pods, mp.spawn per pod (WORLD_SIZE counts pods, RANK is the pod's "
+             "index; the ImageNet example's --multiprocessing-distributed)",
+             "https://github.com/kubeflow/trainer/issues/1790; https://github.com/pytorch/examples/blob/main/"
+             "imagenet/main.py", _pod_spawn),
     Launcher("slurm", "srun, one task per replica (SLURM_* only)",
              "https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES", _slurm),
     Launcher("lightning", "Lightning's subprocess launcher (LOCAL_RANK, NODE_RANK, WORLD_SIZE; no RANK)",
@@ -72,8 +83,9 @@ LAUNCHERS = {x.name: x for x in (
              "https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html", _mpirun),
 )}
 #: The launcher each CPU world size is started as (any other: torchrun). The default worlds take
-#: torchrun (W=2, 2 hosts x 1) and mp.spawn (W=3, 1 host x 3); the rest need larger worlds.
-WORLD_LAUNCHERS = {2: "torchrun", 3: "mp_spawn", 4: "slurm", 5: "lightning", 6: "mpirun"}
+#: torchrun (W=2, 2 hosts x 1) and mp.spawn in a PyTorchJob pod (W=3, 1 host x 3: an environment
+#: that disagrees with the group); the rest need larger worlds.
+WORLD_LAUNCHERS = {2: "torchrun", 3: "pod_spawn", 4: "slurm", 5: "lightning", 6: "mpirun", 7: "mp_spawn"}
 
 
 def launcher_of(world_size: int) -> Launcher:
