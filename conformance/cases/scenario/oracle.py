@@ -11,7 +11,9 @@ update as upstream's sparse all-reduce):
   one with ``find_unused_parameters``: torch's reducer leaves its gradient as it is (``None``, a
   zero tensor after ``zero_grad(set_to_none=False)``, or an earlier synced backward's mean); a
   parameter frozen before wrapping is never reduced (torch's reducer holds only the parameters
-  that required grad at construction).
+  that required grad at construction). A parameter unfrozen after wrapping is reduced from the
+  next wrap on (a new DDP around the module, :data:`~.statements.STATEMENTS` ``unfreeze``), which
+  broadcasts rank 0's buffers at construction and arms its first forward's broadcast.
 * **Buffers** (``broadcast_buffers``, ``forward_sync_buffers`` and ``init_sync`` as
   :func:`~.format.buffer_sync` reads them): a forward through the DDP starts from rank 0's buffers
   when the forward sync is on and the previous forward was a synced one with grad enabled, or
@@ -43,10 +45,10 @@ from conformance.cases.shared.transparency import judge_transparency
 from conformance.cases.scenario.dimensions import (BadBatch, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
                                                    grad_mode, prediction_of)
 from conformance.cases.scenario.format import Scenario, buffer_sync
-from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between
+from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, rewrap
 from conformance.cases.scenario.model import (BadBatch, build_scenario_model, scenario_inputs, seen_start,
                                               user_grad_hook)
-from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
+from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, trainable
 from conformance.cases.shared.readback import flat_optimizer_state, flat_params
 from conformance.verdict import Verdict
 
@@ -176,6 +178,9 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
         after_step(sc.loop, 0, net)
         out_p.append(flat_params(net))
         out_b.append(run.flat_bufs())
+        unfrozen = rewrap(sc.loop, s, net)
+        if unfrozen is not None:
+            run.rewrap(unfrozen)
         if sc.checkpoint_at == s:
             run.reload(reload_buffers)
     evals = padded([np.concatenate(e) if e else np.zeros(0) for e in run.evals])
@@ -193,7 +198,7 @@ class _LoopOracle:
         self.w = w = sc.world_size
         self.lp = sc.loop
         self.training = self.lp["module_mode"] == "train"
-        self.opt = build_optimizer(sc.optimizer, net.parameters(), sc.lr)
+        self.opt = build_optimizer(sc.optimizer, trainable(net.parameters()), sc.lr)
         self.scale = 2.0 ** sc.loss_scale_log2
         self.params = params = list(net.parameters())
         self.find_unused = bool(sc.ddp.get("find_unused_parameters"))
@@ -202,11 +207,15 @@ class _LoopOracle:
         self.rank_bufs = [start_buffers(r) for r in range(w)]
         self.evals = [[] for _ in range(w)]  # each replica's outputs of forwards without backward
         self.grads = [[None] * len(params) for _ in range(w)]  # each replica's .grad
-        reached = self.reached = [False] * len(params)  # some replica's backward reached it since the last synced one
-        for i, q in enumerate(params):  # a parameter frozen before wrapping is not the reducer's
-            if q.requires_grad:
-                q.register_post_accumulate_grad_hook(lambda _, i=i: reached.__setitem__(i, True))
+        self.reached = [False] * len(params)  # some replica's backward reached it since the last synced one
+        self._watch(q for q in params if q.requires_grad)  # a parameter frozen before wrapping is not the reducer's
         self.sync_next = True  # require_forward_param_sync: construction counts as a synced forward
+
+    def _watch(self, chosen) -> None:
+        """Mark ``reached`` when a backward accumulates into one of the ``chosen`` parameters."""
+        reached, index = self.reached, {id(q): i for i, q in enumerate(self.params)}
+        for q in chosen:
+            q.register_post_accumulate_grad_hook(lambda _, i=index[id(q)]: reached.__setitem__(i, True))
 
     def set_bufs(self, vals):
         for n, v in zip(self.names, vals):
@@ -334,6 +343,19 @@ class _LoopOracle:
         self.sync_next = True  # a new DDP: its first forward broadcasts
         self.grads = [[None] * len(self.params) for _ in range(self.w)]  # a state dict holds no gradients
         self.rank_bufs = [reload_buffers(r, self.rank_bufs[r]) for r in range(self.w)]
+
+
+    def rewrap(self, params):
+        """A new DDP around the module with ``params`` unfrozen (``requires_grad_(True)``) and added to
+        the optimizer as a new group: its construction broadcasts rank 0's buffers (parameters are
+        equal), its first forward broadcasts them again, its reducer holds ``params`` too."""
+        for q in params:
+            q.requires_grad_(True)
+        self.opt.add_param_group({"params": list(params)})
+        self._watch(params)
+        if buffer_sync(self.sc.ddp)[0]:
+            self.rank_bufs = [[t.clone() for t in self.rank_bufs[0]] for _ in range(self.w)]
+        self.sync_next = True
 
 
 # --- the judge ------------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from conformance.cases.scenario.dimensions import (BadBatch, BRANCHES, CLIP_NORM
 from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
 from conformance.cases.scenario.model import build_scenario_model, scenario_inputs, user_grad_hook
 from conformance.cases.scenario.oracle import distilled_target, eval_values, output_tensors
-from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, refusal
+from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, refusal, rewrap
 from conformance.cases.shared.setups import register_hook
-from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
+from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, trainable
 from conformance.cases.shared.step import PERFORMANCE_HINTS, construct
 from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
                                                optimizer_state_dict,
@@ -99,21 +99,24 @@ def _refuse_on_xla(ctx, sc: Scenario) -> None:
 
 
 def _builder(ctx, row, sc: Scenario, kwargs: dict, requires: list, optional: tuple):
-    """``build(salt=0)`` -> ``(module, engine, observer)``: this replica's scenario model built
-    (observed) through ``row``'s step protocol with ``kwargs`` and the scenario's optimizer
-    (:class:`~conformance.cases.shared.step.Engine`), its gradient hook and comm hook."""
+    """``build(salt=0, module=None, optimizer=None)`` -> ``(module, engine, observer)``: this
+    replica's scenario model built and wrapped (:func:`wrap_engine`), its gradient hook and comm
+    hook; with ``module``: that module wrapped again in a new DDP with ``optimizer`` (a statement's
+    re-wrap, :func:`.statements.rewrap`)."""
     r = ctx.rank
     # init_sync=False: the user builds equal parameters (rank 0's seed); buffers stay each replica's
     owner = r if sc.ddp.get("init_sync", True) else 0
 
-    def build(salt=0):  # replica r from its own seed and ema offset: only a DDP that broadcasts matches
-        m = to_device(build_scenario_model(rank_seed(sc.seed, owner, salt), sc.rebind_buffers,
-                                           rank_buffer_offset(r, salt), sc.workload, sc.module, sc.topology),
-                       ctx.device)
-        before_wrap(sc.loop, m)
-        engine, obs = observed_wrap(row, m, ctx, lambda: construct(
-            row, m, ctx, kwargs, lambda params: build_optimizer(sc.optimizer, params, sc.lr), tuple(requires), optional))
-        user_grad_hook(m, sc.module)
+    def build(salt=0, module=None, optimizer=None):  # replica r from its own seed and ema offset
+        m = module
+        if m is None:  # only a DDP that broadcasts matches
+            m = to_device(build_scenario_model(rank_seed(sc.seed, owner, salt), sc.rebind_buffers,
+                                               rank_buffer_offset(r, salt), sc.workload, sc.module, sc.topology),
+                          ctx.device)
+            before_wrap(sc.loop, m)
+        engine, obs = wrap_engine(ctx, row, sc, m, kwargs, requires, optional, optimizer)
+        if module is None:  # the user's hook is the module's: a second wrap keeps it
+            user_grad_hook(m, sc.module)
         if sc.ddp.get("comm_hook"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             register_hook(engine.model, row.name, default_hooks.allreduce_hook)
@@ -122,11 +125,21 @@ def _builder(ctx, row, sc: Scenario, kwargs: dict, requires: list, optional: tup
     return build
 
 
+def wrap_engine(ctx, row, sc: Scenario, module, kwargs: dict, requires, optional=(), optimizer=None):
+    """``(engine, observer)``: ``module`` wrapped (observed) through ``row``'s step protocol with
+    ``kwargs`` (:class:`~conformance.cases.shared.step.Engine`) and the scenario's optimizer over
+    its trainable parameters, or ``optimizer`` (a module wrapped again keeps the user's)."""
+    def make(params):
+        return optimizer if optimizer is not None else build_optimizer(sc.optimizer, trainable(params), sc.lr)
+    return observed_wrap(row, module, ctx, lambda: construct(row, module, ctx, kwargs, make, tuple(requires), optional))
+
+
 def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> dict:
     """The model-agnostic replica side of loop program ``sc`` (what :func:`scenario_task` returns),
     with the callables of :func:`.oracle.loop_reference` as this replica sees them: ``built`` the
     ``(module, engine, observer)`` constructed, ``build(salt)`` a new one (the checkpoint
-    reload; ``TEACHER_SALT``: the teacher), ``inputs(s, j, sizes, plan)`` on the device.
+    reload; ``TEACHER_SALT``: the teacher), ``build(module=m, optimizer=opt)`` ``m`` wrapped
+    again (:func:`_builder`), ``inputs(s, j, sizes, plan)`` on the device.
 
     Raises:
         ValueError: the program has a teacher and no ``blend`` was given.
@@ -154,6 +167,9 @@ def run_loop(ctx, row, sc: Scenario, built, build, inputs, loss, blend=None) -> 
             params.append(flat_params(loop.model))
         buffers.append(flat_buffers(loop.model))
         digests.append(state_digest(flat_optimizer_state(loop.opt, loop.full_state())))
+        unfrozen = rewrap(sc.loop, s, loop.model)
+        if unfrozen is not None:
+            loop.rewrap(unfrozen)
         if sc.checkpoint_at == s:
             loop.reload()
     model, opt, final = loop.model, loop.opt, loop.full_state()
@@ -179,6 +195,9 @@ class _ReplicaLoop:
         self.ctx, self.row, self.sc, self.build, self.inputs, self.loss, self.blend = (
             ctx, row, sc, build, inputs, loss, blend)
         self.scale = 2.0 ** sc.loss_scale_log2
+        if row.optimizer_first and any(rewrap(sc.loop, s, built[0]) is not None for s in range(len(sc.steps))):
+            raise Unsupported(f"{row.name} wraps the optimizer with the model: the program's second wrap of the "
+                              f"module would wrap the optimizer again ({refusal(sc.loop)})")
         self._adopt(built)
         self.observers = [self.obs]
         self.evals, self.eval_layout = [], []  # the outputs of the forwards without backward, in order
@@ -267,6 +286,19 @@ class _ReplicaLoop:
             self.engine.step()
         ctx.mark_step()
         obs.after_step(s + 1, modes=False)  # the loop sets modes itself (eval forwards)
+
+    def rewrap(self, params):
+        """A new DDP around the trained module (``ddp.module``, as a user wraps it again) once
+        ``params`` are unfrozen (``requires_grad_(True)``) and added to the optimizer as a new
+        group; observed afresh (the user changed ``requires_grad`` between the wraps)."""
+        self.obs.close()
+        for q in params:
+            q.requires_grad_(True)
+        self.opt.add_param_group({"params": list(params)})
+        self._adopt(self.build(module=self.model, optimizer=self.opt))
+        self.observers.append(self.obs)
+        if not self.training:
+            self.set_mode(False)
 
     def reload(self):
         """The checkpoint: save DDP + optimizer state, build a new DDP (observed) and load it."""

@@ -15,6 +15,11 @@ both call, so a new statement is a new row here and nothing else:
   model on the same micro-batch between each training forward and its backward, or None.
 * ``after_step(value, rank, module)``: after each optimizer step, on every replica (``module``:
   the wrapper) and in the oracle (rank 0's module).
+* ``rewrap(value, s, module)``: after optimizer step ``s`` (and every ``after_step``), the
+  parameters of ``module`` (the one the DDP wraps, ``ddp.module``) to make trainable when the loop
+  must set their ``requires_grad_(True)``, add them to the optimizer as a new group
+  (``add_param_group``) and wrap the module again in a new DDP, else None; the replica loop builds
+  the new DDP through the strategy, the oracle models its construction.
 * ``problem(value, scenario)``: why ``value`` cannot go with the rest of the scenario (validation
   refuses it; the draw leaves the statement plain there), or None.
 
@@ -41,6 +46,7 @@ class Statement:
     around_forward: Callable | None = None
     between: Callable | None = None
     after_step: Callable | None = None
+    rewrap: Callable | None = None
     problem: Callable | None = field(default=None)
 
 
@@ -68,6 +74,30 @@ def _freeze_problem(value: str, sc) -> str | None:
     if value != "none" and sc.workload.get("graph") == "checkpoint_reentrant":
         return ("a frozen stem feeds the reentrant checkpoint inputs that need no grad, which leaves its "
                 "branches without gradients (torch warns 'None of the inputs have requires_grad=True')")
+    return None
+
+
+def _unfreeze_stem(value: str, s: int, module) -> list | None:
+    """``unfreeze`` ``rewrap``: after the first optimizer step the stem frozen before wrapping
+    (``freeze`` ``stem``) is made trainable, added to the optimizer (``add_param_group``:
+    Lightning's ``BackboneFinetuning``, the torchvision / HF recipes that unfreeze the backbone
+    after N epochs) and the module is wrapped again in a new DDP, because torch's DDP reads
+    ``requires_grad`` at construction only (its reducer holds the parameters that required grad
+    then; mrshenli on discuss.pytorch.org/t/90736). The new DDP broadcasts parameters and buffers
+    at construction, its first forward broadcasts the buffers, and it reduces the stem."""
+    return first_layer(module) if value == "rewrap" and s == 0 else None
+
+
+def _unfreeze_problem(value: str, sc) -> str | None:
+    if value == "none":
+        return None
+    if sc.loop.get("freeze", "none") != "stem":
+        return "unfreezes the stem frozen before wrapping: it needs loop freeze 'stem'"
+    if len(sc.steps) < 2:
+        return "unfreezes after the first step: a one-step program never trains the new DDP"
+    if sc.checkpoint_at is not None:
+        return ("the checkpoint reload builds the module anew with its stem frozen, while the saved "
+                "optimizer holds the unfrozen stem's group")
     return None
 
 
@@ -118,6 +148,11 @@ STATEMENTS = (
               {"stem": "the first layer frozen (requires_grad_(False)) before wrapping"},
               ("torchvision finetuning", "HF Trainer", "Lightning BackboneFinetuning"),
               before_wrap=_freeze_before_wrap, problem=_freeze_problem),
+    Statement("unfreeze", ("none", "rewrap"),
+              {"rewrap": "the frozen stem unfrozen after the first step, added to the optimizer "
+                         "(add_param_group) and the module wrapped again in a new DDP"},
+              ("fine-tuning: unfreeze and re-wrap", "Lightning BackboneFinetuning"),
+              rewrap=_unfreeze_stem, problem=_unfreeze_problem),
     Statement("toggle", ("none", "frozen"),
               {"frozen": "every parameter frozen (requires_grad_(False)) for each grad-enabled forward "
                          "without backward, restored after (a GAN's D during the G step)"},
@@ -178,6 +213,17 @@ def after_step(loop: dict, rank: int, module) -> None:
     for s in STATEMENTS:
         if s.after_step is not None:
             s.after_step(loop.get(s.key, s.values[0]), rank, module)
+
+
+def rewrap(loop: dict, s: int, module) -> list | None:
+    """The parameters the statements in ``loop`` make trainable after step ``s`` before the module
+    is wrapped again in a new DDP (their ``rewrap`` hooks), or None (no new DDP)."""
+    found = None
+    for st in STATEMENTS:
+        got = st.rewrap(loop.get(st.key, st.values[0]), s, module) if st.rewrap is not None else None
+        if got is not None:
+            found = (found or []) + list(got)
+    return found
 
 
 def problems(sc) -> list[str]:

@@ -29,11 +29,9 @@ from conformance.cases.shared.checks import SCENARIO_CHECKS, UNBOUNDED
 from conformance.cases.scenario.format import Scenario, buffer_sync
 from conformance.cases.scenario.explicit import loop_builders
 from conformance.cases.scenario.oracle import judge_scenario, loop_reference
-from conformance.cases.scenario.replica import run_loop
+from conformance.cases.scenario.replica import run_loop, wrap_engine
 from conformance.cases.scenario.statements import before_wrap
-from conformance.cases.shared.loop import build_optimizer, rank_buffer_offset, rank_seed
-from conformance.cases.shared.step import construct
-from conformance.cases.shared.transparency import observed_wrap
+from conformance.cases.shared.loop import rank_buffer_offset, rank_seed
 from conformance.cases.shared.measured import measured_tolerance, stated, user_run
 from conformance.cases.shared.readback import to_device
 from conformance.errors import Unsupported
@@ -87,13 +85,13 @@ def user_loop_programs(world_size: int, seed: int, lr: float, sparse: bool = Fal
         # backward instead would leave the window on each replica's buffers)
         sc([{"micro": [micro(), micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
            optimizer="adam", checkpoint_at=0, find_unused=True),
-        # fine-tuning: the first layer frozen before wrapping (broadcast at construction, never reduced,
-        # skipped by momentum); a grad-enabled forward with every parameter frozen (a GAN's generator
+        # fine-tuning: the first layer frozen before wrapping (broadcast at construction, not reduced, left
+        # out of the optimizer), unfrozen after the first step into a new DDP around the module; a grad-enabled forward with every parameter frozen (a GAN's generator
         # step) before a no_sync window still arms the next forward's buffer broadcast; a no_grad target
         # forward between each training forward and its backward; the state dict saved on rank 0 only
         sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
-           optimizer="sgd_momentum", find_unused=False, freeze="stem", toggle="frozen", peek="no_grad",
-           save="rank0"),
+           optimizer="sgd_momentum", find_unused=False, freeze="stem", unfreeze="rewrap", toggle="frozen",
+           peek="no_grad", save="rank0"),
     ]
     for e in out:
         e.validate()
@@ -155,11 +153,12 @@ def user_loop_task(ctx, *, impl: str, model: str, scenario: dict) -> dict:
         requires.append("no_sync")
     which = row.shard_rank(ctx)
 
-    def build(salt=0):
-        m = to_device(_build(model, sc.seed, ctx.rank, salt), ctx.device)
-        before_wrap(sc.loop, m)
-        engine, obs = observed_wrap(row, m, ctx, lambda: construct(
-            row, m, ctx, kwargs, lambda params: build_optimizer(sc.optimizer, params, sc.lr), tuple(requires)))
+    def build(salt=0, module=None, optimizer=None):  # module: wrapped again (a statement's re-wrap)
+        m = module
+        if m is None:
+            m = to_device(_build(model, sc.seed, ctx.rank, salt), ctx.device)
+            before_wrap(sc.loop, m)
+        engine, obs = wrap_engine(ctx, row, sc, m, kwargs, requires, optimizer=optimizer)
         ctx.mark_step()
         return m, engine, obs
 
