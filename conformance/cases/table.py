@@ -203,7 +203,7 @@ SCENARIOS = (
                "unused_by_this_backward_dropped", "mean_at_optimizer_step", "output_walk_bare_tensor",
                "state_dict_buffers_only", "forward_hooks_skipped", "forward_kwargs_dropped", "float_buffers_only",
                "frozen_not_broadcast", "forward_sync_needs_trainable", "eval_buffers_synced_after_forward",
-               "no_grad_forward_disarms", "state_dict_collective"),
+               "no_grad_forward_disarms", "state_dict_collective", "rewrap_reuses_hooks"),
               tags=("loop", "module")),
     _scenario("buckets", "the same with gradient buckets at the model's boundaries (caps below, at and above "
               "its gradients' sizes, buckets exactly full) and gradient_as_bucket_view",

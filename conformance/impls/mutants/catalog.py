@@ -98,7 +98,7 @@ MUTANTS = {m.name: m for m in [
           "buffer_sync_once_per_iteration", "forward_sync_flag_shared", "forward_sync_flag_cleared_first",
           "synced_forward_zeroes_grads", "unused_by_this_backward_dropped", "mean_at_optimizer_step",
           "frozen_not_broadcast", "forward_sync_needs_trainable", "eval_buffers_synced_after_forward",
-          "no_grad_forward_disarms"),
+          "no_grad_forward_disarms", "rewrap_reuses_hooks"),
     Mutant("state_dict_collective", R + "StateDictCollective", unsupported={"pjrt": (
         "its rank-0-only all-reduce feeds nothing: a lazy XLA graph drops it, so the fault never reaches a "
         "PJRT step")}),

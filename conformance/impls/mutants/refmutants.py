@@ -2,7 +2,8 @@
 one seam (gradient sync, the scale, buffers, the loop around the DDP, buckets, graph shape,
 checkpoints, process groups) the way a real data-parallel bug does. Rows of
 :data:`conformance.impls.mutants.catalog.MUTANTS` name them by reference; the workload and
-module-axis faults are :mod:`conformance.impls.mutants.workloadmutants`.
+module-axis faults are :mod:`conformance.impls.mutants.workloadmutants`. Long because it is a
+table: one short class per fault of the catalog's reference-DDP rows.
 """
 from __future__ import annotations
 
@@ -383,6 +384,25 @@ class UnfreezesParams(RefDDP):
     def __init__(self, module, **kw):
         module.requires_grad_(True)
         super().__init__(module, **kw)
+
+
+class RewrapReusesHooks(RefDDP):
+    """A module wrapped again keeps the parameter list its first wrapper reduced (hooks registered
+    once per module): parameters unfrozen between the wraps are never all-reduced, the replicas
+    train them apart."""
+
+    _first = weakref.WeakKeyDictionary()  # module -> ids of the parameters its first wrapper reduces
+
+    def __init__(self, module, **kw):
+        first = RewrapReusesHooks._first.setdefault(module, {id(p) for p in module.parameters() if p.requires_grad})
+        later = [p for p in module.parameters() if p.requires_grad and id(p) not in first]
+        for p in later:
+            p.requires_grad_(False)
+        try:
+            super().__init__(module, **kw)
+        finally:
+            for p in later:
+                p.requires_grad_(True)
 
 
 class UntiesSharedWeights(RefDDP):
