@@ -502,7 +502,7 @@ CATALOG = [
           "hooks registered once per module: a new wrapper reuses the old parameter list",
           "program: unfreeze, then wrap model.module again",
           "https://discuss.pytorch.org/t/how-does-distributeddataparallel-handle-parameters-"
-          "whose-requires-grad-flag-is-false/90736", False),
+          "whose-requires-grad-flag-is-false/90736", True),
     Entry("program_second_wrap", "program_faults:SecondWrapDDP", "48.6",
           "the construction broadcast runs once per process: a second model is never synced",
           "program: a second model or trial in the same world",
@@ -645,6 +645,8 @@ CAUGHT_BY = {
     "structure_nested_buffers": "scenario.topology@2",
     "program_no_grad_mid_step": "scenario.loop@2",
     "program_state_dict_collective": "scenario.loop@2",
+    # the loop statement unfreeze rewrap (docs/programs.md), ci profile
+    "program_rewrap": "scenario.loop@2",
     # the W=3 world started as mp.spawn in a PyTorchJob pod (docs/worlds.md)
     "program_env_world_size": "parity.linear@3",
     "program_env_rank": "parity.linear@3",
