@@ -35,6 +35,7 @@ it on the scenario model, the user loop programs on a user's model (:mod:`.userl
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import numpy as np
@@ -109,7 +110,6 @@ def output_tensors(out, fn=None):
     """The tensors of a forward's output ``out`` in order (tensors, dicts, lists, tuples,
     namedtuples and dataclasses, any nesting: what torch's DDP walks for its hooks); with ``fn``,
     ``out`` rebuilt with each tensor ``t`` replaced by ``fn(t)`` instead."""
-    import dataclasses
     found = []
 
     def walk(o):
