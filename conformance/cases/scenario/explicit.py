@@ -279,20 +279,22 @@ def _forward_programs(sc, micro, ev) -> list[Scenario]:
              "eval": [ev(0, "enabled", "train"), ev(0, "raising", "train")]}
             for _ in range(3)], module={"buffer_use": "centre"}, teacher="frozen"),
         # fine-tuning with the stem frozen before wrapping (statements.py): the DDP broadcasts it at
-        # construction and never reduces it, the optimizer leaves it out; after the first step the
-        # stem is unfrozen, added to the optimizer and the module wrapped again in a new DDP, which
-        # must reduce it (a wrapper reusing the first one's parameter list does not); a GAN's
-        # generator step: a grad-enabled forward with every parameter frozen, before the window,
-        # still arms the next forward's buffer broadcast
+        # construction and never reduces it, the optimizer skips its None gradients (momentum and
+        # decay would move a zero one); a GAN's generator step: a grad-enabled forward with every
+        # parameter frozen, before the window, still arms the next forward's buffer broadcast
         sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
            optimizer="sgd_momentum", find_unused=False, module={"buffer_use": "centre"}, freeze="stem",
-           unfreeze="rewrap", toggle="frozen"),
+           toggle="frozen"),
         # pseudo-labelling: a no_grad forward of the trained model between each training forward and its
         # backward (the backward still reduces; the next forward, after one without grad, does not
         # broadcast); rank 0 alone serializes state_dict() after each step and training goes on; before
         # each window a grad-enabled train-mode forward (each replica's buffers move), then an eval-mode
-        # no_grad validation forward, which starts from rank 0's broadcast buffers (its outputs judged)
+        # no_grad validation forward, which starts from rank 0's broadcast buffers (its outputs judged);
+        # fine-tuning that unfreezes: the stem frozen before wrapping and left out of the optimizer, after
+        # the first step unfrozen, added to it (add_param_group) and the module wrapped again in a new
+        # DDP, which must reduce it (a wrapper reusing the first one's parameter list does not)
         sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train"), ev(0, "no_grad", "eval")]}
             for _ in range(3)],
-           optimizer="sgd_momentum", module={"buffer_use": "centre"}, peek="no_grad", save="rank0"),
+           optimizer="sgd_momentum", module={"buffer_use": "centre"}, peek="no_grad", save="rank0", freeze="stem",
+           unfreeze="rewrap"),
     ]

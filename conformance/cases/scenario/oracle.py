@@ -46,10 +46,10 @@ from conformance.cases.shared.transparency import judge_transparency
 from conformance.cases.scenario.dimensions import (BadBatch, CLIP_NORM, EVAL_DATA, FORWARD_DATA, TEACHER_SALT,
                                                    grad_mode, prediction_of)
 from conformance.cases.scenario.format import Scenario, buffer_sync
-from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, rewrap
+from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, optimized, rewrap
 from conformance.cases.scenario.model import (BadBatch, build_scenario_model, scenario_inputs, seen_start,
                                               user_grad_hook)
-from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, trainable
+from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.readback import flat_optimizer_state, flat_params
 from conformance.verdict import Verdict
 
@@ -198,7 +198,7 @@ class _LoopOracle:
         self.w = w = sc.world_size
         self.lp = sc.loop
         self.training = self.lp["module_mode"] == "train"
-        self.opt = build_optimizer(sc.optimizer, trainable(net.parameters()), sc.lr)
+        self.opt = build_optimizer(sc.optimizer, optimized(sc.loop, net.parameters()), sc.lr)
         self.scale = 2.0 ** sc.loss_scale_log2
         self.params = params = list(net.parameters())
         self.find_unused = bool(sc.ddp.get("find_unused_parameters"))
@@ -343,7 +343,6 @@ class _LoopOracle:
         self.sync_next = True  # a new DDP: its first forward broadcasts
         self.grads = [[None] * len(self.params) for _ in range(self.w)]  # a state dict holds no gradients
         self.rank_bufs = [reload_buffers(r, self.rank_bufs[r]) for r in range(self.w)]
-
 
     def rewrap(self, params):
         """A new DDP around the module with ``params`` unfrozen (``requires_grad_(True)``) and added to

@@ -14,9 +14,10 @@ from conformance.cases.scenario.dimensions import (BadBatch, BRANCHES, CLIP_NORM
 from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
 from conformance.cases.scenario.model import build_scenario_model, scenario_inputs, user_grad_hook
 from conformance.cases.scenario.oracle import distilled_target, eval_values, output_tensors
-from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, refusal, rewrap
+from conformance.cases.scenario.statements import (after_step, around_forward, before_wrap, between, optimized,
+                                                   refusal, rewrap)
 from conformance.cases.shared.setups import register_hook
-from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed, trainable
+from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.step import PERFORMANCE_HINTS, construct
 from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat_optimizer_state, flat_params,
                                                optimizer_state_dict,
@@ -128,9 +129,10 @@ def _builder(ctx, row, sc: Scenario, kwargs: dict, requires: list, optional: tup
 def wrap_engine(ctx, row, sc: Scenario, module, kwargs: dict, requires, optional=(), optimizer=None):
     """``(engine, observer)``: ``module`` wrapped (observed) through ``row``'s step protocol with
     ``kwargs`` (:class:`~conformance.cases.shared.step.Engine`) and the scenario's optimizer over
-    its trainable parameters, or ``optimizer`` (a module wrapped again keeps the user's)."""
+    the parameters the statements give it (:func:`.statements.optimized`), or ``optimizer`` (a
+    module wrapped again keeps the user's)."""
     def make(params):
-        return optimizer if optimizer is not None else build_optimizer(sc.optimizer, trainable(params), sc.lr)
+        return optimizer if optimizer is not None else build_optimizer(sc.optimizer, optimized(sc.loop, params), sc.lr)
     return observed_wrap(row, module, ctx, lambda: construct(row, module, ctx, kwargs, make, tuple(requires), optional))
 
 

@@ -20,6 +20,8 @@ both call, so a new statement is a new row here and nothing else:
   must set their ``requires_grad_(True)``, add them to the optimizer as a new group
   (``add_param_group``) and wrap the module again in a new DDP, else None; the replica loop builds
   the new DDP through the strategy, the oracle models its construction.
+* ``optimized(value, params)``: the parameters the optimizer is built over, of ``params`` (every
+  parameter the previous rows left).
 * ``problem(value, scenario)``: why ``value`` cannot go with the rest of the scenario (validation
   refuses it; the draw leaves the statement plain there), or None.
 
@@ -47,6 +49,7 @@ class Statement:
     between: Callable | None = None
     after_step: Callable | None = None
     rewrap: Callable | None = None
+    optimized: Callable | None = None
     problem: Callable | None = field(default=None)
 
 
@@ -86,6 +89,12 @@ def _unfreeze_stem(value: str, s: int, module) -> list | None:
     then; mrshenli on discuss.pytorch.org/t/90736). The new DDP broadcasts parameters and buffers
     at construction, its first forward broadcasts the buffers, and it reduces the stem."""
     return first_layer(module) if value == "rewrap" and s == 0 else None
+
+
+def _trainable_only(value: str, params) -> list:
+    """``unfreeze`` ``rewrap``: the optimizer over the trainable parameters only (the recipes'
+    ``params_to_update``; the stem joins it by ``add_param_group`` when unfrozen)."""
+    return [p for p in params if p.requires_grad] if value == "rewrap" else list(params)
 
 
 def _unfreeze_problem(value: str, sc) -> str | None:
@@ -152,7 +161,7 @@ STATEMENTS = (
               {"rewrap": "the frozen stem unfrozen after the first step, added to the optimizer "
                          "(add_param_group) and the module wrapped again in a new DDP"},
               ("fine-tuning: unfreeze and re-wrap", "Lightning BackboneFinetuning"),
-              rewrap=_unfreeze_stem, problem=_unfreeze_problem),
+              rewrap=_unfreeze_stem, optimized=_trainable_only, problem=_unfreeze_problem),
     Statement("toggle", ("none", "frozen"),
               {"frozen": "every parameter frozen (requires_grad_(False)) for each grad-enabled forward "
                          "without backward, restored after (a GAN's D during the G step)"},
@@ -224,6 +233,16 @@ def rewrap(loop: dict, s: int, module) -> list | None:
         if got is not None:
             found = (found or []) + list(got)
     return found
+
+
+def optimized(loop: dict, params) -> list:
+    """The parameters of ``params`` the program's optimizer is built over (every statement's
+    ``optimized`` hook in turn; none: all of them)."""
+    params = list(params)
+    for st in STATEMENTS:
+        if st.optimized is not None:
+            params = st.optimized(loop.get(st.key, st.values[0]), params)
+    return params
 
 
 def problems(sc) -> list[str]:

@@ -86,7 +86,8 @@ def user_loop_programs(world_size: int, seed: int, lr: float, sparse: bool = Fal
         sc([{"micro": [micro(), micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],
            optimizer="adam", checkpoint_at=0, find_unused=True),
         # fine-tuning: the first layer frozen before wrapping (broadcast at construction, not reduced, left
-        # out of the optimizer), unfrozen after the first step into a new DDP around the module; a grad-enabled forward with every parameter frozen (a GAN's generator
+        # out of the optimizer), unfrozen after the first step into a new DDP around the module (added to
+        # the optimizer with add_param_group); a grad-enabled forward with every parameter frozen (a GAN's generator
         # step) before a no_sync window still arms the next forward's buffer broadcast; a no_grad target
         # forward between each training forward and its backward; the state dict saved on rank 0 only
         sc([{"micro": [micro(), micro()], "eval": [ev(0, "enabled", "train")]} for _ in range(3)],

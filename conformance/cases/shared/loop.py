@@ -110,12 +110,6 @@ def build_optimizer(name: str, params, lr: float, momentum: float = 0.0):
     return getattr(torch.optim, cls)(params, lr=lr, **(kwargs or {"momentum": momentum}))
 
 
-def trainable(params) -> list:
-    """The parameters of ``params`` that require grad: what a fine-tuning recipe hands its optimizer
-    (a frozen layer joins it later through ``add_param_group`` when unfrozen)."""
-    return [p for p in params if p.requires_grad]
-
-
 def make_optimizer(params, run: RunSpec, impl=None):
     """A training run's optimizer: ``impl.make_optimizer`` (a Strategy's), else SGD with the run's momentum."""
     if impl is not None and impl.make_optimizer is not None:
