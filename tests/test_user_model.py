@@ -184,16 +184,21 @@ def test_torch_and_ref_pass_on_the_users_model_through_the_cli(tmp_path):
     loop = [v for v in vs if v["case"] == "scenario.user_loop"]
     assert len(loop) == 24 and all(v["reason"].startswith("6 loop program(s)") for v in loop
                                    if v["check"] in ("params", "optimizer_state")), [v["reason"] for v in loop]
-    # the block's one buffer never changes but at the checkpoint reload (non-persistent: rebuilt)
-    assert all("too little to judge this check (discarded)" in v["reason"] for v in loop if v["check"] == "buffers")
+    # the block's one buffer never changes but at the checkpoint reload (non-persistent: rebuilt): a constant is
+    # still compared, so no program is discarded
+    assert all(v["reason"].startswith("6 loop program(s)") and "discarded" not in v["reason"]
+               for v in loop if v["check"] == "buffers"), [v["reason"] for v in loop]
     # the program without a forward without backward (the second) is left out of eval_outputs, said
     assert all(v["reason"].startswith("5 loop program(s); program(s) 2 ran no forward without backward")
                for v in loop if v["check"] == "eval_outputs"), [v["reason"] for v in loop]
     # the loop programs are judged with the bound measured for the parity cases, stated
     bound = {(v["impl"], v["world_size"]): v["atol"] for v in vs if v["case"] == "parity.user_model"
              and v["check"] == "param_parity"}
-    assert all(v["atol"] == bound[v["impl"], v["world_size"]] and "bound measured on the model" in v["reason"]
-               for v in loop if v["check"] == "params")
+    # (or above it where the reported program carries more float32 rounding, which the reason says)
+    assert all("bound measured on the model" in v["reason"] and (
+        v["atol"] == bound[v["impl"], v["world_size"]] or
+        v["atol"] > bound[v["impl"], v["world_size"]] and "carries float32 rounding" in v["reason"])
+        for v in loop if v["check"] == "params"), [(v["atol"], v["reason"][-160:]) for v in loop]
     parity = [v for v in vs if v["check"] not in ("agreement", "transparency") and v["case"] != "scenario.user_loop"]
     # the bound is the measured one, stated: 10 x the noise (or the eps floor), far below the kit's 1e-5
     assert all("bound measured on the model" in v["reason"] and 0 < v["atol"] < 1e-5 for v in parity)
@@ -288,7 +293,8 @@ def test_pytest_runs_the_users_model(tmp_path):
                          capture_output=True, text=True, cwd=REPO, env=env, timeout=CLI_TIMEOUT_S)
     assert got.returncode == 0 and "6 passed" in got.stdout, got.stdout[-3000:] + got.stderr[-3000:]
     vs = _verdicts(tmp_path / "r.json")
-    assert len(vs) == 26 and {v["status"] for v in vs} == {"pass"} and {v["model"] for v in vs} == {SPEC}
+    # 2 implementations x (2 parity cases x 4 checks + the loop programs' 6 checks)
+    assert len(vs) == 28 and {v["status"] for v in vs} == {"pass"} and {v["model"] for v in vs} == {SPEC}
 
 
 @pytest.mark.parametrize("spec, says", [

@@ -119,7 +119,8 @@ class CorrectDDP(nn.Module):
 
     # --- gradients -----------------------------------------------------------
     def _after_forward(self, out, synced):
-        self._sync_pending = synced
+        if torch.is_grad_enabled():  # a no_grad forward leaves a pending backward's sync alone (as torch)
+            self._sync_pending = synced
         if synced:
             for t in _tensors(out):
                 if t.requires_grad:

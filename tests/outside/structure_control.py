@@ -166,7 +166,8 @@ class DDP(nn.Module):
         if self.require_forward_param_sync and self.broadcast_buffers:
             self._broadcast(self._buffers_to_sync())
         out = self._call_module(inputs, kwargs)
-        self._expect = sync
+        if torch.is_grad_enabled():  # a no_grad forward leaves a pending backward's sync alone (as torch)
+            self._expect = sync
         self.require_forward_param_sync = sync
         if sync:
             out = self._mark_output(out)
