@@ -25,12 +25,20 @@ MODULES = (
 
 def import_modules() -> None:
     """Import :data:`MODULES` (a launched world's process too, before its isolation snapshot: what
-    they register or wrap on import is no implementation's change)."""
+    they register or wrap on import is no implementation's change), and install what torch.compile
+    installs once per process on its first compile (``torch._dynamo.mutation_guard`` wraps
+    ``nn.Module.__init__`` and ``__setstate__``): put back after a compiling row, it would stay
+    missing, as torch marks it installed."""
     for name in MODULES:
         try:
             importlib.import_module(name)
         except ImportError:
             pass
+    try:
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+    except ImportError:
+        return
+    install_generation_tagging_init()
 
 
 _one_thread_pools()
