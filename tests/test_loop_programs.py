@@ -1,15 +1,18 @@
 """The loop programs (``scenario.loop``): the format, and the oracle's DDP semantics for each loop
 dimension, each against what a hand-computed loop gives (docs/scenarios.md, "The loop programs")."""
+import collections
+import dataclasses
 import json
 
 import numpy as np
 import pytest
+import torch
 
 from conformance.cases.scenario.dimensions import BRANCHES, EVAL_DATA, MODULES, PLAIN_LOOP, PLAIN_MODULE
 from conformance.cases.scenario.explicit import explicit_loop_scenarios
 from conformance.cases.scenario.format import Scenario, ScenarioError
 from conformance.cases.scenario.generate import Space, scenarios
-from conformance.cases.scenario.oracle import scenario_reference
+from conformance.cases.scenario.oracle import eval_values, output_tensors, scenario_reference
 
 pytestmark = pytest.mark.cpu
 
@@ -373,3 +376,20 @@ def test_no_grad_enabled_forward_is_drawn_before_a_no_sync_window_with_find_unus
                     assert sc.synced(s + 1, 0), (s, f)
     draw()
     assert seen["checked"] > 0  # the draw does make grad-enabled forwards under find_unused_parameters
+
+
+def test_eval_outputs_are_read_from_every_structure_torchs_ddp_walks():
+    """A forward's output as torch's DDP walks it: tensors in dataclasses, dicts (a defaultdict
+    too), namedtuples, lists and tuples; detached in place of the structure, values in order."""
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+        extra: dict
+
+    pair = collections.namedtuple("pair", "x y")
+    t = torch.arange(3.0, requires_grad=True) * 2
+    out = Out(t, {"k": [pair(t + 1, None), (t + 2,)], "d": collections.defaultdict(list, z=t + 3)})
+    assert eval_values(out).tolist() == [v + k for k in range(4) for v in (0.0, 2.0, 4.0)]
+    kept = output_tensors(out, torch.Tensor.detach)
+    assert isinstance(kept, Out) and isinstance(kept.extra["k"][0], pair)
+    assert not any(x.requires_grad for x in output_tensors(kept))

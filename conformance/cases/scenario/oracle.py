@@ -120,7 +120,11 @@ def output_tensors(out, fn=None):
             vals = {f.name: walk(getattr(o, f.name)) for f in dataclasses.fields(o)}
             return dataclasses.replace(o, **{f.name: vals[f.name] for f in dataclasses.fields(o) if f.init})
         if isinstance(o, dict):
-            return type(o)((k, walk(v)) for k, v in o.items()) if fn else [walk(v) for v in o.values()]
+            pairs = [(k, walk(v)) for k, v in o.items()]
+            try:
+                return type(o)(pairs)
+            except TypeError:  # a dict subclass whose constructor takes other arguments (defaultdict)
+                return dict(pairs)
         if isinstance(o, tuple) and hasattr(o, "_fields"):
             return type(o)(*(walk(v) for v in o))
         if isinstance(o, (list, tuple)):
@@ -162,8 +166,8 @@ def loop_reference(sc: Scenario, net, inputs, loss, start_buffers, reload_buffer
     buffers)`` replica ``r``'s buffers after construction / after the checkpoint reload.
     ``teacher``: each replica's frozen teacher module (a list by rank; eval mode, rank 0's
     parameters) whose ``no_grad`` prediction ``blend(prediction, target)`` mixes into each
-    training forward's target; it leaves
-    the trained DDP's buffer rule alone (torch keeps ``require_forward_param_sync`` per instance)."""
+    training forward's target; it leaves the trained DDP's buffer rule alone (torch keeps
+    ``require_forward_param_sync`` per instance)."""
     run = _LoopOracle(sc, net, inputs, loss, start_buffers, teacher, blend)
     out_p = [flat_params(net)]
     out_b = [run.flat_bufs()]
