@@ -259,9 +259,11 @@ def task_broadcast_many(ctx):
                torch.ones(3, dtype=torch.complex64) * (r + 1j),
                torch.arange(4, dtype=torch.float32).reshape(2, 2) * -r]
     strides = [t.stride() for t in tensors]
+    versions = [t._version for t in tensors]
     broadcast_many(ctx.collectives, tensors, src=0)
     return {"values": [t.resolve_conj().numpy().copy() for t in tensors],
             "strides_kept": strides == [t.stride() for t in tensors],
+            "versions_kept": versions == [t._version for t in tensors],
             "base": base.numpy().copy()}
 
 
@@ -277,3 +279,6 @@ def test_broadcast_many_gives_every_replica_rank_0_s_values_in_place(world2):
             np.testing.assert_array_equal(got, ref)
         np.testing.assert_array_equal(r["base"], results[0]["base"])
     assert all(r["strides_kept"] for r in results)
+    # as upstream's coalesced broadcast: no version bump, so a tensor a pending backward saved (an
+    # int64 position-ids buffer under an Embedding, broadcast by a no_grad forward) stays valid
+    assert all(r["versions_kept"] for r in results)

@@ -148,7 +148,9 @@ class TorchDistributedCollectives:
             self.broadcast_(flat, src)
             if self.rank != src:
                 for t, part in zip(group, flat.split([t.numel() for t in group])):
-                    t.copy_(part.view(t.shape))
+                    # through .data, as upstream's C++ copy-back: the version counter stays, so a
+                    # buffer a pending backward saved (position ids under an Embedding) stays valid
+                    t.data.copy_(part.view(t.shape))
 
     def all_gather(self, tensor):
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
