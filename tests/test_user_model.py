@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -97,6 +98,42 @@ def batchnorm_mlp():
     under Adam the loop programs carry float32 rounding past the parity run's bound (W = 3)."""
     return UserModel(build=_bn_build, batch=_bn_batch, loss=lambda out, y: nn.functional.mse_loss(out, y),
                      lr=0.1, steps=6, batch_coupled=True)
+
+
+_BUILDING = []  # builds of overlapping_build in progress (the lanes' concurrency test)
+
+
+def _overlapping_build(seed):
+    _BUILDING.append(seed)
+    try:
+        overlap = len(_BUILDING) > 1
+        time.sleep(0.05)  # a build that imports a library takes this long and more
+        m = _bn_build(seed)
+        m.overlapped = overlap
+        return m
+    finally:
+        _BUILDING.remove(seed)
+
+
+def overlapping_build():
+    """A user model whose build records whether another build of it ran at the same time."""
+    return UserModel(build=_overlapping_build, batch=_bn_batch, loss=lambda out, y: nn.functional.mse_loss(out, y),
+                     lr=0.1, steps=2, batch_coupled=True)
+
+
+def test_user_model_builds_never_overlap_across_threads():
+    """The run's lanes build each implementation's reference in its own thread: a user model's
+    build (transformers' lazy imports: "cannot import name ..." when two threads import at once)
+    runs one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conformance.options import parse_model
+    from fixtures import build_model
+    spec = "tests.test_user_model:overlapping_build"
+    parse_model(spec, [2])
+    with ThreadPoolExecutor(4) as pool:
+        built = list(pool.map(lambda seed: build_model(spec, seed), range(8)))
+    assert not any(m.overlapped for m in built)
 
 
 def not_a_model():
