@@ -63,14 +63,13 @@ def _main_runs(env: str) -> list[tuple[set, set]]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "out of CI until the shipped rows' W=3 CPU run is clean: it fails 139 verdicts no finding explains "
-    "(replicate, torch_compile, torch_compiled_autograd, zero, fsdp2: docs/engines.md, 'Shipped rows')"))
-def test_ci_runs_every_shipped_row_through_the_main_command_at_a_non_power_of_two():
-    for env, runtime in (("cpu", "cpu"), ("pjrt", "pjrt")):
-        rows = {n for n, row in impls().items() if runtime not in row.unsupported}
-        runs = _main_runs(env)
-        ran = set().union(*(names for names, _ in runs))
-        assert rows <= ran, f"tox -e {env} never runs {sorted(rows - ran)} through the main command"
-        odd = set().union(*(names for names, ws in runs if any(w & (w - 1) for w in ws)))
-        assert rows <= odd, f"tox -e {env} runs {sorted(rows - odd)} only at powers of two"
+@pytest.mark.parametrize("env, runtime", [("cpu", "cpu"), pytest.param("pjrt", "pjrt", marks=pytest.mark.xfail(
+    strict=True, reason="the PJRT shipped rows' W=3 run is out of CI until measured clean and within CI's budget "
+                        "(docs/engines.md, 'Shipped rows')"))])
+def test_ci_runs_every_shipped_row_through_the_main_command_at_a_non_power_of_two(env, runtime):
+    rows = {n for n, row in impls().items() if runtime not in row.unsupported}
+    runs = _main_runs(env)
+    ran = set().union(*(names for names, _ in runs))
+    assert rows <= ran, f"tox -e {env} never runs {sorted(rows - ran)} through the main command"
+    odd = set().union(*(names for names, ws in runs if any(w & (w - 1) for w in ws)))
+    assert rows <= odd, f"tox -e {env} runs {sorted(rows - odd)} only at powers of two"
