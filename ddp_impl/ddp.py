@@ -82,8 +82,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ddp_impl.outputs import output_tensors
 from ddp_impl.runtime.collectives import (Collectives, TorchDistributedCollectives, all_reduce_async, broadcast_many,
                                          default_collectives)
 
@@ -504,15 +504,13 @@ class DistributedDataParallel(nn.Module):
 
     def _sink_outputs(self, out):
         """``out`` with every tensor that requires grad passed through :class:`_OutputSink`
-        (one node): its backward queues the end-of-backward callback on the outermost backward."""
-        leaves, spec = tree_flatten(out)
-        at = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
+        (one node): its backward queues the end-of-backward callback on the outermost backward.
+        The output is walked as upstream walks it (:func:`ddp_impl.outputs.output_tensors`)."""
+        at = [t for t in output_tensors(out) if t.requires_grad]
         if not at:
             return out
-        sunk = _OutputSink.apply(weakref.ref(self), *(leaves[i] for i in at))
-        for i, t in zip(at, sunk):
-            leaves[i] = t
-        return tree_unflatten(leaves, spec)
+        sunk = iter(_OutputSink.apply(weakref.ref(self), *at))
+        return output_tensors(out, lambda t: next(sunk) if t.requires_grad else t)
 
     def register_comm_hook(self, state, hook) -> None:
         """Reduce every bucket with ``hook(state, bucket)`` instead of the built-in average.

@@ -282,3 +282,45 @@ def test_broadcast_many_gives_every_replica_rank_0_s_values_in_place(world2):
     # as upstream's coalesced broadcast: no version bump, so a tensor a pending backward saved (an
     # int64 position-ids buffer under an Embedding, broadcast by a no_grad forward) stays valid
     assert all(r["versions_kept"] for r in results)
+
+
+# --- the end of backward is found through any output structure ---------------
+
+def task_dataclass_output_with_checkpointed_head(ctx):
+    """A model returning a plain dataclass whose last layer runs under reentrant activation
+    checkpointing: the head's gradient hooks fire inside the checkpoint's own backward, so only
+    the output's sink can put the end-of-backward callback on the outermost backward."""
+    import copy
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    from ddp_impl import DistributedDataParallel
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.head = torch.nn.Linear(10, 8), torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return Out(checkpoint(self.head, torch.tanh(self.stem(x)), use_reentrant=True))
+
+    torch.manual_seed(3)
+    m = Net()
+    ddp = DistributedDataParallel(m, collectives=ctx.collectives)
+    local = copy.deepcopy(m)
+    x, y = _batch(ctx.rank, 0)
+    F.mse_loss(ddp(x).logits, y).backward()
+    F.mse_loss(local(x).logits, y).backward()
+    return {"ddp": _grads(m), "local": _grads(local)}
+
+
+def test_dataclass_output_reaches_the_outermost_backward(world2):
+    results = world2.run(task_dataclass_output_with_checkpointed_head, timeout=60)
+    _assert_replicas_hold_the_mean(results, lookup("cpu", "linear").atol)

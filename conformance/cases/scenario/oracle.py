@@ -35,7 +35,6 @@ it on the scenario model, the user loop programs on a user's model (:mod:`.userl
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import replace
 
 import numpy as np
@@ -47,11 +46,12 @@ from conformance.cases.scenario.dimensions import (BadBatch, CLIP_NORM, EVAL_DAT
                                                    grad_mode, prediction_of)
 from conformance.cases.scenario.format import Scenario, buffer_sync
 from conformance.cases.scenario.statements import after_step, around_forward, before_wrap, between, optimized, rewrap
-from conformance.cases.scenario.model import (BadBatch, build_scenario_model, scenario_inputs, seen_start,
+from conformance.cases.scenario.model import (build_scenario_model, scenario_inputs, seen_start,
                                               user_grad_hook)
 from conformance.cases.shared.loop import build_optimizer, mse, rank_buffer_offset, rank_seed
 from conformance.cases.shared.readback import flat_optimizer_state, flat_params
 from conformance.verdict import Verdict
+from ddp_impl.outputs import output_tensors
 
 # --- the oracle -----------------------------------------------------------------------------------
 
@@ -104,34 +104,6 @@ def distilled_target(teacher_out, y):
     """The loss's target with a frozen teacher (:data:`~.dimensions.LOOPS` ``teacher``): ``(y + its
     prediction) / 2``."""
     return 0.5 * (y + prediction_of(teacher_out))
-
-
-def output_tensors(out, fn=None):
-    """The tensors of a forward's output ``out`` in order (tensors, dicts, lists, tuples,
-    namedtuples and dataclasses, any nesting: what torch's DDP walks for its hooks); with ``fn``,
-    ``out`` rebuilt with each tensor ``t`` replaced by ``fn(t)`` instead."""
-    found = []
-
-    def walk(o):
-        if isinstance(o, torch.Tensor):
-            found.append(o)
-            return fn(o) if fn else o
-        if dataclasses.is_dataclass(o) and not isinstance(o, type):
-            vals = {f.name: walk(getattr(o, f.name)) for f in dataclasses.fields(o)}
-            return dataclasses.replace(o, **{f.name: vals[f.name] for f in dataclasses.fields(o) if f.init})
-        if isinstance(o, dict):
-            pairs = [(k, walk(v)) for k, v in o.items()]
-            try:
-                return type(o)(pairs)
-            except TypeError:  # a dict subclass whose constructor takes other arguments (defaultdict)
-                return dict(pairs)
-        if isinstance(o, tuple) and hasattr(o, "_fields"):
-            return type(o)(*(walk(v) for v in o))
-        if isinstance(o, (list, tuple)):
-            return type(o)(walk(v) for v in o)
-        return o
-    rebuilt = walk(out)
-    return rebuilt if fn else found
 
 
 def eval_values(out) -> np.ndarray:

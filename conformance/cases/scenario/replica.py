@@ -13,7 +13,7 @@ from conformance.cases.scenario.dimensions import (BadBatch, BRANCHES, CLIP_NORM
                                                    xla_unsupported)
 from conformance.cases.scenario.format import DDP_DEFAULTS, Scenario
 from conformance.cases.scenario.model import build_scenario_model, scenario_inputs, user_grad_hook
-from conformance.cases.scenario.oracle import distilled_target, eval_values, output_tensors
+from conformance.cases.scenario.oracle import distilled_target, eval_values
 from conformance.cases.scenario.statements import (after_step, around_forward, before_wrap, between, optimized,
                                                    refusal, rewrap)
 from conformance.cases.shared.setups import register_hook
@@ -26,6 +26,7 @@ from conformance.cases.shared.readback import (buffer_layout, flat_buffers, flat
 from conformance.cases.shared.transparency import merged, observed_wrap
 from conformance.errors import Unsupported
 from conformance.impls.builtin import resolve_impl
+from ddp_impl.outputs import output_tensors
 
 
 def scenario_task(ctx, *, impl: str, scenario: dict) -> dict:
