@@ -20,7 +20,7 @@ from tests.draws import draw_examples
 pytestmark = pytest.mark.cpu
 
 PLAIN = {"base": "float32", "inputs": 1, "nodes": [node("stem", ["x0"]), node("linear", [0])], "outputs": [1],
-         "root_param": False, "none_input": False}
+         "root_param": False, "none_input": False, "returns": "tensor", "head": "once"}
 #: Every corner the generator places (spec.corners' phrases, without the merge kind and layer names).
 CORNERS = ("float64 model", "two inputs", "several outputs", "merge", "gated node", "float64 layer",
            "bfloat16 layer", "complex64 layer", "transposed weight", "channels_last weight",
@@ -28,7 +28,10 @@ CORNERS = ("float64 model", "two inputs", "several outputs", "merge", "gated nod
            "applied checkpoint nonreentrant", "applied checkpoint reentrant", "module reused", "tied weight",
            "frozen layer", "parameter on the root", "positional None input", "nested 5 levels deep",
            "levels deep (buffers)", "parameter on a block with children", "weights read by the parent",
-           "None parameter slot first", "parameters viewing one storage", "lazy layer")
+           "None parameter slot first", "parameters viewing one storage", "lazy layer",
+           "predictions returned in a dict", "predictions returned in a dataclass",
+           "predictions returned in a namedtuple", "heads applied under checkpoint nonreentrant",
+           "heads applied under checkpoint reentrant")
 
 
 def _with(t, i, **kw):
@@ -55,6 +58,9 @@ def _with(t, i, **kw):
     (_with(PLAIN, 1, depth=4), "depth 4"),
     (_with(PLAIN, 1, own=True), "own: true or false"),
     (_with(PLAIN, 1, form="fused", op="gru"), "form 'fused'"),
+    (dict(PLAIN, returns="list"), "returns 'list'"),
+    (dict(PLAIN, head="twice"), "head 'twice'"),
+    (dict(_with(_with(PLAIN, 0, frozen=True), 1, frozen=True), head="checkpoint_reentrant"), "no gradient"),
 ])
 def test_a_bad_topology_is_one_line(bad, needle):
     with pytest.raises(TopologyError, match=needle) as exc:
@@ -109,6 +115,7 @@ def test_the_module_is_the_same_from_a_seed_and_trains_every_node():
         assert not any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in a.parameters())
         if t["root_param"]:
             assert a.logit_scale.grad is not None
+        assert all(p.grad is not None for p in a.heads.parameters())
         for i, nd in enumerate(t["nodes"]):  # a fused weight's three parameters view one storage
             if nd["form"] == "fused" and nd["reuse"] is None:
                 q, k, v = (getattr(a.layers[str(i)].get_submodule(".".join(["inner"] * nd["depth"]) or ""), n)

@@ -245,11 +245,13 @@ SCENARIOS = (
               "MultiheadAttention / TransformerEncoderLayer / LSTM / GRU / Embedding(Bag) nodes in branches and "
               "merges, one or two inputs, several outputs, each node's corners drawn (float64 / bfloat16 / "
               "complex64, transposed and channels_last weights, sparse gradients, applied twice, (non-)reentrant "
-              "checkpointing, a module reused at two places, tied and frozen weights, gated by the replica's plan)",
+              "checkpointing, a module reused at two places, tied and frozen weights, gated by the replica's plan; "
+              "the predictions returned in a dict / dataclass / namedtuple, the heads maybe checkpointed)",
               {"topology": True, "ddp_extra": ("buckets", "static_graph")},
               ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced", "parent_params_unsynced",
                "deep_buffers_unsynced", "uncalled_owner_unsynced", "none_slot_stops_walk",
-               "none_positional_dropped", "oversize_grad_truncated"), tags=("topology", "workload"),
+               "none_positional_dropped", "oversize_grad_truncated", "sink_misses_structured_output"),
+              tags=("topology", "workload"),
               # the corners' faults are in what is reduced, not the divisor: the odd world (W=3) of
               # the CPU default adds cost, not power (scenario.core and scenario.workload run it)
               world_sizes={"cpu": (2,)}),
@@ -360,6 +362,11 @@ MODULE_AXIS = (
                 "requires": ("find_unused_parameters",)},
          tags=("module", "output_structure"),
          must_kill=("no_grad_sync", "output_walk_bare_tensor")),
+    Case("parity.structured_output_static", "parity", "the same with static_graph=True: the first "
+         "iteration's reduction, which upstream delays to the end of the backward, is reached through "
+         "the dataclass output; parity and agreement", "train", "structured_output",
+         train={"ddp_kwargs": (("static_graph", True),), "requires": ("static_graph",)},
+         tags=("module", "output_structure"), must_kill=("no_grad_sync", "static_graph_stale")),
     _parity("buffer_kinds", ("no_grad_sync", "buffers_not_broadcast", "state_dict_buffers_only"),
             "a persistent=False buffer (absent from state_dict) updated in place, an int64 step "
             "counter and a float buffer rebound in forward, each from the local batch; with "

@@ -266,7 +266,8 @@ class Scenario:
         """The workload's values, and the combinations upstream DDP forbids or that mean nothing."""
         wl = self.workload
         _values("workload", wl, WORKLOADS, WORKLOADS, order=wl)
-        topo = needs(self.topology) if self.topology is not None else {"sparse": False, "reentrant": False}
+        topo = needs(self.topology) if self.topology is not None else {"sparse": False, "reentrant": False,
+                                                                         "reentrant_head": False}
         if (wl["grad"] != "dense" or topo["sparse"]) and self.optimizer not in SPARSE_OPTIMIZERS:
             raise ScenarioError(f"a sparse gradient with optimizer {self.optimizer!r}: sparse "
                                 f"gradients need one of {SPARSE_OPTIMIZERS} (torch's Adam/AdamW refuse them)")
@@ -274,6 +275,10 @@ class Scenario:
         if (wl["graph"] == "checkpoint_reentrant" or topo["reentrant"]) and not static:
             raise ScenarioError("a reentrant activation checkpoint needs DDP static_graph=True (upstream "
                                 "raises 'Expected to mark a variable ready only once' without it)")
+        if topo["reentrant_head"] and self.ddp.get("find_unused_parameters") and not static:
+            raise ScenarioError("reentrant-checkpointed heads with find_unused_parameters=True need DDP "
+                                "static_graph=True (upstream raises 'Expected to mark a variable ready only "
+                                "once' without it)")
         if static:  # one graph for the whole run: the same plan everywhere
             plans = {tuple(p) for st in self.steps for m in st["micro"] for p in m["plan"]}
             if len(plans) != 1:

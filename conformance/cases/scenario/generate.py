@@ -13,7 +13,7 @@ from conformance.cases.scenario.format import Scenario
 from conformance.cases.scenario.buckets import CAP_CLASSES, cap_mb, grad_bytes
 from conformance.cases.scenario.model import build_scenario_model
 from conformance.cases.scenario.statements import plain_where_refused
-from conformance.cases.scenario.topology import MAX_NODES, needs, topologies
+from conformance.cases.scenario.topology import MAX_NODES, RETURNS, needs, topologies
 from conformance.cases.shared.loop import ALL_OPTIMIZERS, OPTIMIZERS
 from conformance.tolerances import lookup
 
@@ -117,13 +117,15 @@ def scenarios(world_size: int, space: Space):
         workload = draw(workloads(space)) if space.workload else dict(PLAIN_WORKLOAD)
         topo = draw(topologies(space.max_nodes, reentrant="static_graph" in space.ddp_extra)) \
             if space.topology else None
-        need = needs(topo) if topo else {"sparse": False, "reentrant": False, "bf16": False}
+        need = needs(topo) if topo else {"sparse": False, "reentrant": False, "reentrant_head": False, "bf16": False}
         sparse = workload["grad"] != "dense" or need["sparse"]
         optimizers = ALL_OPTIMIZERS if space.loop and space.optimizers == OPTIMIZERS else space.optimizers
         optimizer = draw(st.sampled_from([o for o in optimizers if not sparse or o in SPARSE_OPTIMIZERS]
                                          or list(optimizers)))
         find_unused = draw(st.booleans())
-        ddp, keys = _draw_ddp(draw, space, workload, find_unused, need["reentrant"])
+        ddp, keys = _draw_ddp(draw, space, workload, find_unused,
+                              need["reentrant"] or (need["reentrant_head"] and find_unused),
+                              free_static=not (topo and topo["returns"] == "dataclass"))
         static, skip_unused = keys["static"], keys["skip_unused"]
         # static_graph: one graph for the run, so one plan everywhere (all branches unless
         # find_unused_parameters); skip_all_reduce_unused_params too
@@ -145,6 +147,8 @@ def scenarios(world_size: int, space: Space):
                       workload=workload, topology=topo)
         if find_unused:  # UPSTREAM_DEFECTS ("enabled_forward", "no_sync"): not drawn
             _no_enabled_forward_before_no_sync(sc)
+        if static and topo is not None and topo["returns"] == "dataclass":  # UPSTREAM_DEFECTS: not drawn
+            topo["returns"] = RETURNS[0]
         if space.loop:
             _draw_module_and_loop(draw, sc, n, space)
         if "buckets" in space.ddp_extra or keys["caps"]:
@@ -165,11 +169,14 @@ def _plans(space: Space, find_unused: bool):
     return st.tuples(perm, st.integers(0, len(BRANCHES))).map(lambda t: list(t[0][:t[1]]))
 
 
-def _draw_ddp(draw, space: Space, workload: dict, find_unused: bool, reentrant: bool = False) -> tuple:
+def _draw_ddp(draw, space: Space, workload: dict, find_unused: bool, reentrant: bool = False,
+              free_static: bool = True) -> tuple:
     """``(ddp keywords, keys)``: the DDP keywords of :data:`DDP_EXTRAS` ``space.ddp_extra`` asks
     for; ``keys``: ``static`` (static_graph), ``skip_unused``, ``cap`` (the bucket cap class drawn,
     set once the model is known) and ``caps`` (the per-bucket cap classes, or None); ``reentrant``:
-    the drawn topology holds a reentrant checkpoint."""
+    the drawn topology needs ``static_graph`` (its reentrant checkpoints); ``free_static``:
+    ``static_graph`` may be drawn where nothing needs it (not for a dataclass output:
+    :data:`UPSTREAM_DEFECTS`)."""
     from hypothesis import strategies as st
     ddp = {"find_unused_parameters": find_unused, "broadcast_buffers": not draw(st.booleans())}
     cap = None
@@ -182,7 +189,7 @@ def _draw_ddp(draw, space: Space, workload: dict, find_unused: bool, reentrant: 
         ddp["comm_hook"] = "allreduce"
     static = False
     if "static_graph" in space.ddp_extra:  # upstream needs it for a reentrant checkpoint
-        static = workload["graph"] == "checkpoint_reentrant" or reentrant or draw(st.booleans())
+        static = workload["graph"] == "checkpoint_reentrant" or reentrant or (free_static and draw(st.booleans()))
         ddp["static_graph"] = static
     skip_unused, caps = False, None
     if "keywords" in space.ddp_extra:

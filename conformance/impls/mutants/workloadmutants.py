@@ -86,6 +86,21 @@ class OutputWalkBareTensor(RefDDP):
         return counts if self.__dict__.get("_bare_output", True) else [0.0] * len(counts)
 
 
+class SinkMissesStructuredOutput(RefDDP):
+    """The end-of-backward sink is put on the forward's output only when it is a tensor or a plain
+    tuple / list of tensors (how torch's ``_DDPSink`` once walked it, and how ``torch.utils._pytree``
+    still treats a plain dataclass): a dict, namedtuple or dataclass output passes unsunk. With
+    the output heads under a reentrant checkpoint, the first gradient hooks then fire inside the
+    checkpoint's own backward, the end-of-backward callback is queued there and runs before the
+    rest of the graph has its gradients (a missing-gradient error, or, with
+    ``find_unused_parameters``, those reduced as unused)."""
+
+    def _sink_outputs(self, out):
+        if isinstance(out, torch.Tensor) or type(out) in (tuple, list):
+            return super()._sink_outputs(out)
+        return out
+
+
 class StateDictBuffersOnly(RefDDP):
     """Broadcasts only the buffers ``state_dict()`` holds (at construction and before each
     forward): a ``persistent=False`` buffer stays per-replica."""

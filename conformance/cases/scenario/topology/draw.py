@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conformance.cases.scenario.dimensions import BRANCHES
 from conformance.cases.scenario.topology.spec import (BASE_DTYPES, BUFFER_OPS, DTYPE_OPS, FORM_OPS, HIDDEN_OPS,
-                                                      LAYOUT_OPS, SPARSE_OPS, TIE_OPS, node)
+                                                      LAYOUT_OPS, RETURNS, SPARSE_OPS, TIE_OPS, needs_grad, node)
 
 #: Corner odds of one node, as ``(value, weight)`` in shrink order (the first is the plain one):
 #: weights of integers drawn 0..sum-1, so each corner shows in a fair share of nodes.
@@ -13,7 +13,9 @@ DTYPE_ODDS = (("base", 6), ("float64", 2), ("bfloat16", 1), ("complex64", 2))
 APPLY_ODDS = (("once", 6), ("twice", 1), ("checkpoint_nonreentrant", 1), ("checkpoint_reentrant", 1))
 GATE_ODDS = ((None, 3),) + tuple((b, 1) for b in BRANCHES)
 DEPTH_ODDS = ((0, 5), (1, 2), (2, 1), (3, 1))
-FORM_ODDS = (("module", 3), ("functional", 1), ("none_slot", 1), ("fused", 1), ("lazy", 1))
+FORM_ODDS = (("module", 3), ("functional", 1), ("none_slot", 1), ("fused", 2), ("lazy", 1))
+HEAD_ODDS = (("once", 3), ("checkpoint_reentrant", 2), ("checkpoint_nonreentrant", 1))
+RETURNS_ODDS = tuple((v, 2 if v in ("tensor", "dataclass") else 1) for v in RETURNS)
 
 
 def _weighted(draw, odds, allowed=lambda v: True):
@@ -33,7 +35,8 @@ def topologies(max_hidden: int = 6, reentrant: bool = True, gates: bool = True):
     Conv2d), maybe an Embedding(Bag) on the indices, ``1..max_hidden`` hidden nodes of
     :data:`~.spec.HIDDEN_OPS` each reading one or two earlier nodes, every corner of :mod:`.spec`
     drawn per node (nesting depth, a block's own parameter, a Linear's form included), a root
-    parameter and a positional ``None`` input per topology; the outputs are the nodes no other reads, plus maybe one more. ``reentrant``:
+    parameter, a positional ``None`` input, the output structure and the heads' checkpointing per
+    topology; the outputs are the nodes no other reads, plus maybe one more. ``reentrant``:
     reentrant checkpoints may be drawn (upstream DDP needs ``static_graph`` for them); ``gates``:
     nodes may be gated by a plan's branch."""
     from hypothesis import strategies as st
@@ -89,6 +92,8 @@ def topologies(max_hidden: int = 6, reentrant: bool = True, gates: bool = True):
         extra = draw(st.integers(0, len(nodes) + 2))
         if extra < len(nodes) and extra not in outputs:
             outputs.append(extra)
+        head = _weighted(draw, HEAD_ODDS, lambda v: v != "checkpoint_reentrant" or (
+            reentrant and all(needs_grad(nodes, o) for o in outputs)))
         return {"base": base, "inputs": inputs, "nodes": nodes, "outputs": outputs, "root_param": root_param,
-                "none_input": none_input}
+                "none_input": none_input, "returns": _weighted(draw, RETURNS_ODDS), "head": head}
     return build()

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from conformance.cases.scenario.dimensions import (BRANCHES, HIDDEN, IN_FEATURES, OUT_FEATURES, VOCAB, BadBatch)
+from conformance.cases.scenario.dimensions import (BRANCHES, HIDDEN, IN_FEATURES, OUT_FEATURES, VOCAB, BadBatch,
+                                                   ScenarioOutput, ScenarioPair)
 from conformance.cases.scenario.topology.spec import INPUT_OPS, SEQ
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
@@ -172,6 +173,7 @@ class TopologyNet(nn.Module):
             self.logit_scale = nn.Parameter(torch.ones((), dtype=self.base))
         self.register_buffer("ema", torch.zeros(HIDDEN, dtype=self.base))
         self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+        self.calls = 0
 
     def _node(self, i: int, nd: dict, vals: dict, plan):
         srcs = [vals[s] for s in nd["src"]]
@@ -210,10 +212,27 @@ class TopologyNet(nn.Module):
                 self._update_buffers(vals[0])
         if bad:  # a bad batch found mid-forward, after the statistics moved (the loop skips it)
             raise BadBatch("the topology's bad batch (bad=True): the loop skips it")
-        outs = tuple(head(vals[o]) for head, o in zip(self.heads, self.t["outputs"]))
+        outs = tuple(self._head(head, vals[o]) for head, o in zip(self.heads, self.t["outputs"]))
         if self.t["root_param"]:
             outs = tuple(o * self.logit_scale for o in outs)
-        return outs[0] if len(outs) == 1 else outs
+        return self._returned(outs[0] if len(outs) == 1 else outs, vals[self.t["outputs"][0]])
+
+    def _head(self, head: nn.Module, h):
+        if self.t["head"] == "once":
+            return head(h)
+        return checkpoint(head, h, use_reentrant=self.t["head"] == "checkpoint_reentrant")
+
+    def _returned(self, preds, h):
+        """``preds`` in the topology's ``returns`` structure, beside the detached value ``h``."""
+        kind = self.t["returns"]
+        if kind == "dict":
+            return {"pred": preds, "hidden": h.detach(), "note": "topology"}
+        if kind == "dataclass":
+            self.calls += 1
+            return ScenarioOutput(pred=preds, hidden=h.detach(), calls=self.calls)
+        if kind == "namedtuple":
+            return ScenarioPair(pred=preds, hidden=h.detach(), tag="topology")
+        return preds
 
     def _update_buffers(self, h):
         with torch.no_grad():
@@ -248,7 +267,7 @@ def build_topology(t: dict, seed: int, rebind: bool, buffer_offset: float = 0.0)
     ``requires_grad=False``; every floating buffer offset by ``buffer_offset`` (rank-dependent starts).
     Inputs: ``t["inputs"]`` float32 ``[n, IN_FEATURES]`` tensors, ``idx`` int64 ``[n, INDICES]`` when a
     node reads it, ``plan`` the branches whose gated nodes run; output ``[n, OUT_FEATURES]`` per output
-    (a tuple for several), in the base dtype; ``bad=True`` raises :class:`BadBatch` after the buffers moved."""
+    (a tuple for several), in the base dtype, in the ``returns`` structure; ``bad=True`` raises :class:`BadBatch` after the buffers moved."""
     net = TopologyNet(t, rebind)
     gen = torch.Generator().manual_seed(seed)
     seen = set()

@@ -2,10 +2,13 @@
 corners, its validation (one line naming the first bad value) and how a verdict names it.
 
 A topology is ``{"base": dtype, "inputs": 1|2, "nodes": [node, ...], "outputs": [node index, ...],
-"root_param": bool, "none_input": bool}``: ``root_param`` a scalar parameter ``logit_scale``
+"root_param": bool, "none_input": bool, "returns": structure, "head": apply}``: ``root_param`` a scalar parameter ``logit_scale``
 registered on the root module beside its children (CLIP's ``logit_scale``, a ViT's ``cls_token``)
 scaling every output; ``none_input`` (two inputs only) the forward is ``forward(x0, mask=None,
-x1=None)`` called as ``(x0, None, x1)``: a positional ``None`` for a middle optional argument.
+x1=None)`` called as ``(x0, None, x1)``: a positional ``None`` for a middle optional argument;
+``returns`` (:data:`RETURNS`) the structure the forward returns its predictions in; ``head``
+(:data:`HEAD_APPLY`) how the output heads are applied (under activation checkpointing: the last
+layers' gradients are then computed inside the checkpoint's own backward).
 Every node computes a ``[n, HIDDEN]`` value from its sources (``src``): ``"x0"`` / ``"x1"`` (the
 dense inputs, ``[n, IN_FEATURES]``), ``"idx"`` (the int64 indices ``[n, INDICES_PER_SAMPLE]``) or an
 earlier node's index; several sources merge (``merge``: their mean, or their product). A node:
@@ -29,12 +32,15 @@ earlier node's index; several sources merge (``merge``: their mean, or their pro
   ones (MHA's ``bias_k``); three parameters that are ``.chunk(3)`` views of one fused storage (a
   fused qkv weight); an ``nn.LazyLinear`` materialised by a dry run before wrapping.
 
-The outputs are node indices; the module returns one ``[n, OUT_FEATURES]`` prediction per output
-(a tensor for one, a tuple for several; the loss reads their sum), each through its own head.
+The outputs are node indices; the module computes one ``[n, OUT_FEATURES]`` prediction per output
+(a tensor for one, a tuple for several; the loss reads their sum), each through its own head, and
+returns them as they are (``returns`` ``tensor``) or as the ``pred`` of a dict, a dataclass or a
+namedtuple beside a detached hidden value (the scenario model's output structures,
+:data:`~..dimensions.MODULES` ``output``).
 """
 from __future__ import annotations
 
-from conformance.cases.scenario.dimensions import BRANCHES
+from conformance.cases.scenario.dimensions import BRANCHES, MODULES
 
 #: Layers that read an input: ``stem`` Linear(IN_FEATURES, HIDDEN), ``conv_stem`` Conv2d(2, HIDDEN,
 #: 2) over ``x`` seen as ``[n, 2, 2, 2]``, ``embedding`` Embedding(VOCAB, HIDDEN) (lookups averaged),
@@ -58,6 +64,10 @@ SPARSE_OPS = ("embedding", "embedding_bag")
 #: How a node applies its layer: once; twice in a row (each adding half); twice, each under
 #: activation checkpointing (``torch.utils.checkpoint``, non-reentrant or reentrant).
 APPLY = ("once", "twice", "checkpoint_nonreentrant", "checkpoint_reentrant")
+#: How the output heads are applied: plainly, or each under activation checkpointing.
+HEAD_APPLY = ("once", "checkpoint_nonreentrant", "checkpoint_reentrant")
+#: The structure a topology's forward returns its predictions in (the plain one first).
+RETURNS = MODULES["output"]
 #: Layers whose forward updates buffers (never under activation checkpointing).
 BUFFER_OPS = ("batchnorm",)
 #: Layers whose weight a later node of the same layer may tie (same shape).
@@ -69,7 +79,7 @@ FORMS = ("module", "functional", "none_slot", "fused", "lazy")
 FORM_OPS = ("stem", "linear")
 NODE_KEYS = {"op", "src", "merge", "gate", "dtype", "layout", "sparse", "apply", "reuse", "tie", "frozen", "depth",
              "own", "form"}
-TOPOLOGY_KEYS = {"base", "inputs", "nodes", "outputs", "root_param", "none_input"}
+TOPOLOGY_KEYS = {"base", "inputs", "nodes", "outputs", "root_param", "none_input", "returns", "head"}
 #: The most nodes a topology holds (drawn or replayed).
 MAX_NODES = 12
 
@@ -97,6 +107,10 @@ def validate_topology(t) -> None:
         raise TopologyError("topology root_param, none_input: true or false")
     if t["none_input"] and t["inputs"] != 2:
         raise TopologyError("topology none_input: only with 2 inputs (the None sits between them)")
+    if t["returns"] not in RETURNS:
+        raise TopologyError(f"topology returns {t['returns']!r}: one of {RETURNS}")
+    if t["head"] not in HEAD_APPLY:
+        raise TopologyError(f"topology head {t['head']!r}: one of {HEAD_APPLY}")
     nodes = t["nodes"]
     if not isinstance(nodes, list) or not 1 <= len(nodes) <= MAX_NODES:
         raise TopologyError(f"topology nodes: a list of 1..{MAX_NODES} nodes")
@@ -112,10 +126,23 @@ def validate_topology(t) -> None:
             raise TopologyError(f"topology node {i}: a sparse node is ungated and an output (torch's DDP raises "
                                 "'Expected sparse gradient to be defined' when a backward leaves a sparse "
                                 "parameter unused)")
+    if t["head"] == "checkpoint_reentrant":
+        dead_ends = [o for o in outs if not needs_grad(nodes, o)]
+        if dead_ends:
+            raise TopologyError(f"topology head checkpoint_reentrant: output node(s) {dead_ends} hold no value that "
+                                "needs grad (frozen layers on the inputs only), so a reentrant checkpoint would give "
+                                "their heads no gradient")
     consumed = {s for nd in nodes for s in nd["src"] if isinstance(s, int)} | set(outs)
     dead = [i for i in range(len(nodes)) if i not in consumed]
     if dead:  # a node no output reads trains nothing on any replica (not a plan's choice)
         raise TopologyError(f"topology node(s) {dead}: read by no node and no output")
+
+
+def needs_grad(nodes: list, i: int) -> bool:
+    """Whether node ``i``'s value needs grad when every gate is open: its layer is trainable or
+    one of its sources' values needs grad (the inputs never do)."""
+    nd = nodes[i]
+    return not nd["frozen"] or any(needs_grad(nodes, s) for s in nd["src"] if isinstance(s, int))
 
 
 def _validate_node(i: int, nd, nodes: list, refs: set) -> None:
@@ -182,7 +209,9 @@ def _validate_node(i: int, nd, nodes: list, refs: set) -> None:
 
 def needs(t: dict) -> dict:
     """What a topology asks of the scenario around it: ``sparse`` (a sparse gradient: SGD-type
-    optimizers), ``reentrant`` (a reentrant checkpoint: upstream DDP needs ``static_graph``),
+    optimizers), ``reentrant`` (a layer applied twice under reentrant checkpoints: upstream DDP
+    needs ``static_graph``), ``reentrant_head`` (the heads under one reentrant checkpoint each:
+    upstream needs ``static_graph`` with ``find_unused_parameters`` only),
     ``idx`` (the indices input), ``bf16`` (a bfloat16 layer: the mixed tolerance, short runs),
     ``tolerance`` (the tolerance row: ``float64`` only for an all-float64 topology)."""
     nodes = t["nodes"]
@@ -190,6 +219,7 @@ def needs(t: dict) -> dict:
     narrow = any(nd["dtype"] in ("bfloat16", "complex64") for nd in nodes) or t["base"] == "float32"
     return {"sparse": any(nd["sparse"] for nd in nodes), "bf16": bf16,
             "reentrant": any(nd["apply"] == "checkpoint_reentrant" for nd in nodes),
+            "reentrant_head": t["head"] == "checkpoint_reentrant",
             "idx": any(nd["op"] in SPARSE_OPS for nd in nodes),
             "tolerance": "bf16-mixed" if bf16 else "float32" if narrow else "float64"}
 
@@ -208,6 +238,10 @@ def corners(t: dict) -> list[str]:
         out.add("parameter on the root")
     if t["none_input"]:
         out.add("positional None input")
+    if t["returns"] != RETURNS[0]:
+        out.add(f"predictions returned in a {t['returns']}")
+    if t["head"] != HEAD_APPLY[0]:
+        out.add(f"heads applied under {t['head'].replace('_', ' ')}")
     for nd in t["nodes"]:
         if len(nd["src"]) > 1:
             out.add(f"merge ({nd['merge']})")
