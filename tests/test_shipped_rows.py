@@ -63,9 +63,7 @@ def _main_runs(env: str) -> list[tuple[set, set]]:
     return out
 
 
-@pytest.mark.parametrize("env, runtime", [("cpu", "cpu"), pytest.param("pjrt", "pjrt", marks=pytest.mark.xfail(
-    strict=True, reason="the PJRT shipped rows' W=3 run is out of CI until measured clean and within CI's budget "
-                        "(docs/engines.md, 'Shipped rows')"))])
+@pytest.mark.parametrize("env, runtime", [("cpu", "cpu"), ("pjrt", "pjrt")])
 def test_ci_runs_every_shipped_row_through_the_main_command_at_a_non_power_of_two(env, runtime):
     rows = {n for n, row in impls().items() if runtime not in row.unsupported}
     runs = _main_runs(env)
