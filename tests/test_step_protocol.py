@@ -1,6 +1,7 @@
 """The step protocol (conformance.cases.shared.step): construction order, every hook called in
 its place, gradients read where the strategy keeps them, and a plain class declaring the
 protocol's fields as class attributes (docs/strategies.md, "The step protocol")."""
+import os
 import sys
 import types
 
@@ -149,3 +150,14 @@ def test_a_declared_field_of_the_wrong_type_is_one_line(attr, value, needle):
 
 def test_a_missing_engine_is_a_skip_reason_naming_its_extra():
     assert "pip install -e '.[nosuch]'" in missing("nosuch-engine-dist", "1.0", "nosuch")
+
+
+def test_an_engine_rows_launcher_environment_is_restored_after_construction(monkeypatch):
+    """The engine rows export torchrun's variables while the engine is built (engines read them
+    there) and put the environment back: a later implementation's environment is not the row's."""
+    from conformance.impls.engines._env import launcher_env
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.delenv("GROUP_RANK", raising=False)
+    with launcher_env(types.SimpleNamespace(rank=1, world_size=2)):
+        assert (os.environ["RANK"], os.environ["LOCAL_WORLD_SIZE"], os.environ["GROUP_RANK"]) == ("1", "2", "0")
+    assert os.environ["LOCAL_WORLD_SIZE"] == "1" and "GROUP_RANK" not in os.environ

@@ -3,13 +3,28 @@ the replica's context: the kit's world is already initialised, engines that look
 find one."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 
-def export_launcher_env(ctx) -> None:
-    """``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (one host) of replica ``ctx``,
-    and a ``MASTER_ADDR``/``MASTER_PORT`` where none is set (unused: the group exists)."""
+@contextlib.contextmanager
+def launcher_env(ctx):
+    """``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (one host), ``NODE_RANK``,
+    ``GROUP_RANK`` of replica ``ctx``, and a ``MASTER_ADDR``/``MASTER_PORT`` where none is set
+    (unused: the group exists), while the engine is built; then the environment as it was (the
+    engines read it at construction; a later implementation's environment is not this row's)."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+             "MASTER_PORT")
+    before = {k: os.environ.get(k) for k in names}
     os.environ.update(RANK=str(ctx.rank), WORLD_SIZE=str(ctx.world_size), LOCAL_RANK=str(ctx.rank),
                       LOCAL_WORLD_SIZE=str(ctx.world_size), NODE_RANK="0", GROUP_RANK="0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

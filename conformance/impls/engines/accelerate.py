@@ -9,7 +9,7 @@ import dataclasses
 import weakref
 
 from conformance.impls.engines import NOT_ON_PJRT, missing
-from conformance.impls.engines._env import export_launcher_env
+from conformance.impls.engines._env import launcher_env
 from conformance.impls.row import Strategy, refuse_keywords, torch_sync_bn
 
 VERSION = "1.16.0"
@@ -21,11 +21,12 @@ def _wrap(module, ctx, kwargs, optimizer):
     from accelerate.utils import DistributedDataParallelKwargs
     accepted = {f.name for f in dataclasses.fields(DistributedDataParallelKwargs)}
     refuse_keywords("accelerate (DistributedDataParallelKwargs)", kwargs, accepted)
-    export_launcher_env(ctx)
-    accelerator = Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(**kwargs)])
-    if accelerator.num_processes != ctx.world_size:
-        raise RuntimeError(f"accelerate sees {accelerator.num_processes} process(es) in a world of {ctx.world_size}")
-    model, opt = accelerator.prepare(module, optimizer)
+    with launcher_env(ctx):
+        accelerator = Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(**kwargs)])
+        if accelerator.num_processes != ctx.world_size:
+            raise RuntimeError(f"accelerate sees {accelerator.num_processes} process(es) in a world of "
+                               f"{ctx.world_size}")
+        model, opt = accelerator.prepare(module, optimizer)
     _ACCELERATORS[model] = accelerator
     return model, opt
 

@@ -6,10 +6,11 @@ micro-step per step, the kit's optimizer as DeepSpeed's client optimizer.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from conformance.impls.engines import NOT_ON_PJRT, missing
-from conformance.impls.engines._env import export_launcher_env
+from conformance.impls.engines._env import launcher_env
 from conformance.impls.row import Strategy, refuse_keywords
 
 VERSION = "0.19.8"
@@ -25,17 +26,30 @@ def config(stage: int) -> dict:
             "steps_per_print": 2 ** 31 - 1, "wall_clock_breakdown": False}
 
 
+@contextlib.contextmanager
+def _cpu_accelerator():
+    """``DS_ACCELERATOR=cpu`` while DeepSpeed picks its accelerator (it caches the choice for the
+    process on first use), then the variable as it was: a later implementation's environment is
+    not this row's."""
+    before = os.environ.get("DS_ACCELERATOR")
+    os.environ["DS_ACCELERATOR"] = before or "cpu"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["DS_ACCELERATOR"]
+
+
 def _wrap(stage):
     def wrap(module, ctx, kwargs, optimizer):
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        export_launcher_env(ctx)
-        import deepspeed
-        from deepspeed.utils import groups
         refuse_keywords(f"DeepSpeed ZeRO-{stage}", kwargs, ACCEPTED)
-        # DeepSpeed caches its process groups per process, from the first initialize: the kit's
-        # worlds are re-created between cases, so drop the cache (as its own destroy does).
-        groups._release_process_group_references()
-        engine, opt, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config(stage))
+        with launcher_env(ctx), _cpu_accelerator():
+            import deepspeed
+            from deepspeed.utils import groups
+            # DeepSpeed caches its process groups per process, from the first initialize: the kit's
+            # worlds are re-created between cases, so drop the cache (as its own destroy does).
+            groups._release_process_group_references()
+            engine, opt, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config(stage))
         return engine, opt
     return wrap
 

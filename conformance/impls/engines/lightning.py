@@ -9,7 +9,7 @@ from __future__ import annotations
 import weakref
 
 from conformance.impls.engines import NOT_ON_PJRT, missing
-from conformance.impls.engines._env import export_launcher_env
+from conformance.impls.engines._env import launcher_env
 from conformance.impls.row import Strategy, torch_sync_bn
 
 VERSION = "2.6.6"
@@ -19,13 +19,13 @@ _FABRICS = weakref.WeakKeyDictionary()  # set-up model -> its Fabric
 def _wrap(module, ctx, kwargs, optimizer):
     from lightning_fabric import Fabric
     from lightning_fabric.strategies import DDPStrategy
-    export_launcher_env(ctx)
-    fabric = Fabric(accelerator="cpu", devices=ctx.world_size, num_nodes=1,
-                    strategy=DDPStrategy(process_group_backend="gloo", **kwargs))
-    fabric.launch()  # launched externally: sets up the world (here: adopts the initialised group)
-    if fabric.world_size != ctx.world_size:
-        raise RuntimeError(f"Fabric sees a world of {fabric.world_size}, the kit's has {ctx.world_size}")
-    model, opt = fabric.setup(module, optimizer)
+    with launcher_env(ctx):
+        fabric = Fabric(accelerator="cpu", devices=ctx.world_size, num_nodes=1,
+                        strategy=DDPStrategy(process_group_backend="gloo", **kwargs))
+        fabric.launch()  # launched externally: sets up the world (here: adopts the initialised group)
+        if fabric.world_size != ctx.world_size:
+            raise RuntimeError(f"Fabric sees a world of {fabric.world_size}, the kit's has {ctx.world_size}")
+        model, opt = fabric.setup(module, optimizer)
     _FABRICS[model] = fabric
     return model, opt
 
