@@ -87,7 +87,8 @@ def main():
             print(f"TIMEOUT after {TIMEOUT_S} s")
             return 4
     ddp, zero1 = (float(v) for v in open(os.path.join(d, "out.0")).read().split())
-    print(f"float64 Linear, one SGD step, max |param - float64 step|: torch DDP {ddp:.3g}, DeepSpeed ZeRO-1 {zero1:.3g}")
+    print(f"float64 Linear, one SGD step, max |param - float64 step|: torch DDP {ddp:.3g}, "
+          f"DeepSpeed ZeRO-1 {zero1:.3g}")
     float64_exact, float32_rounding = 1e-14, 1e-9
     if ddp < float64_exact and zero1 > float32_rounding:
         print("REPRODUCED: ZeRO-1 stepped the float64 parameters in float32")

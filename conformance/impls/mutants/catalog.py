@@ -148,8 +148,9 @@ MUTANTS = {m.name: m for m in [
     # Workload corners (fixtures/models.py; docs/scenarios.md "The workload axis").
     *_ref(W, "sparse_grad_unsynced", "strided_unpack", "complex_real_bucket", "fp32_fusion_buffer"),
     # The module axis (docs/scenarios.md, "The module axis").
-    *_ref(W, "output_walk_bare_tensor", "sink_misses_structured_output", "state_dict_buffers_only", "forward_hooks_skipped",
-          "container_params_unsynced", "parametrized_layer_sync", "forward_kwargs_dropped", "float_buffers_only"),
+    *_ref(W, "output_walk_bare_tensor", "sink_misses_structured_output", "state_dict_buffers_only",
+          "forward_hooks_skipped", "container_params_unsynced", "parametrized_layer_sync", "forward_kwargs_dropped",
+          "float_buffers_only"),
     # A model's structural kinds (docs/topologies.md, "Structural kinds").
     *_ref(M, "parent_params_unsynced", "deep_buffers_unsynced", "uncalled_owner_unsynced", "none_slot_stops_walk",
           "none_positional_dropped", "oversize_grad_truncated"),

@@ -267,7 +267,8 @@ def build_topology(t: dict, seed: int, rebind: bool, buffer_offset: float = 0.0)
     ``requires_grad=False``; every floating buffer offset by ``buffer_offset`` (rank-dependent starts).
     Inputs: ``t["inputs"]`` float32 ``[n, IN_FEATURES]`` tensors, ``idx`` int64 ``[n, INDICES]`` when a
     node reads it, ``plan`` the branches whose gated nodes run; output ``[n, OUT_FEATURES]`` per output
-    (a tuple for several), in the base dtype, in the ``returns`` structure; ``bad=True`` raises :class:`BadBatch` after the buffers moved."""
+    (a tuple for several), in the base dtype, in the ``returns`` structure; ``bad=True`` raises
+    :class:`BadBatch` after the buffers moved."""
     net = TopologyNet(t, rebind)
     gen = torch.Generator().manual_seed(seed)
     seen = set()

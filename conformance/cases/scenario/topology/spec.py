@@ -2,8 +2,8 @@
 corners, its validation (one line naming the first bad value) and how a verdict names it.
 
 A topology is ``{"base": dtype, "inputs": 1|2, "nodes": [node, ...], "outputs": [node index, ...],
-"root_param": bool, "none_input": bool, "returns": structure, "head": apply}``: ``root_param`` a scalar parameter ``logit_scale``
-registered on the root module beside its children (CLIP's ``logit_scale``, a ViT's ``cls_token``)
+"root_param": bool, "none_input": bool, "returns": structure, "head": apply}``: ``root_param`` a
+scalar parameter ``logit_scale`` registered on the root module beside its children (CLIP's ``logit_scale``, a ViT's ``cls_token``)
 scaling every output; ``none_input`` (two inputs only) the forward is ``forward(x0, mask=None,
 x1=None)`` called as ``(x0, None, x1)``: a positional ``None`` for a middle optional argument;
 ``returns`` (:data:`RETURNS`) the structure the forward returns its predictions in; ``head``
