@@ -111,6 +111,10 @@ class ReduceOnlyInTraining(RefDDP):
         if self.module.training:
             super()._on_grad_ready(param)
 
+    def _queue_finalize(self):
+        if self.module.training:
+            super()._queue_finalize()
+
 
 class EvalForwardSkipsBufferSync(RefDDP):
     """A forward in eval mode does not broadcast the buffers (as if only training forwards needed
