@@ -30,7 +30,8 @@ CORNERS = ("float64 model", "two inputs", "several outputs", "merge", "gated nod
            "levels deep (buffers)", "parameter on a block with children", "weights read by the parent",
            "None parameter slot first", "parameters viewing one storage", "lazy layer",
            "predictions returned in a dict", "predictions returned in a dataclass",
-           "predictions returned in a namedtuple", "heads applied under checkpoint nonreentrant",
+           "predictions returned in a namedtuple", "predictions returned in a model_output",
+           "heads applied under checkpoint nonreentrant",
            "heads applied under checkpoint reentrant")
 
 

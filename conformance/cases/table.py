@@ -246,7 +246,8 @@ SCENARIOS = (
               "merges, one or two inputs, several outputs, each node's corners drawn (float64 / bfloat16 / "
               "complex64, transposed and channels_last weights, sparse gradients, applied twice, (non-)reentrant "
               "checkpointing, a module reused at two places, tied and frozen weights, gated by the replica's plan; "
-              "the predictions returned in a dict / dataclass / namedtuple, the heads maybe checkpointed)",
+              "the predictions returned in a dict / dataclass / namedtuple / ModelOutput-like, the heads maybe "
+              "checkpointed)",
               {"topology": True, "ddp_extra": ("buckets", "static_graph")},
               ("no_grad_sync", "sum_not_mean", "sparse_grad_unsynced", "parent_params_unsynced",
                "deep_buffers_unsynced", "uncalled_owner_unsynced", "none_slot_stops_walk",

@@ -7,8 +7,8 @@ The JSON data that holds a choice of them, and its validation against these tabl
 """
 from __future__ import annotations
 
-from collections import namedtuple
-from dataclasses import dataclass
+from collections import OrderedDict, namedtuple
+from dataclasses import dataclass, fields
 
 from conformance.cases.scenario.statements import statement_phrases, statement_values
 
@@ -53,7 +53,7 @@ LOOP_PHRASES = {("zero_grad", "zeros"): "zero_grad(set_to_none=False): zero grad
 #: (each value in words: :data:`MODULE_PHRASES`; its torch semantics: docs/scenarios.md, "The module
 #: axis"). First values: the plain module. Float buffers rebound in forward are the scenario's
 #: ``rebind_buffers`` (with ``int_buffer`` ``samples`` the int64 ``seen`` too).
-MODULES = {"output": ("tensor", "dict", "dataclass", "namedtuple"), "buffers": ("persistent", "non_persistent"),
+MODULES = {"output": ("tensor", "dict", "dataclass", "namedtuple", "model_output"), "buffers": ("persistent", "non_persistent"),
            "hook": ("none", "pre_hook"), "kwargs": ("none", "scale", "mask"), "int_buffer": ("none", "samples"),
            "parametrize": ("none", "symmetric", "weight_norm"), "params": ("modules", "containers"),
            "buffer_use": ("none", "centre"), "grad_hook": ("none", "after_wrap")}
@@ -67,6 +67,8 @@ MODULE_PHRASES = {"dict": "forward returns a dict (the loss reads 'pred')",
                   "dataclass": "forward returns a dataclass (the loss reads field 'pred')",
                   "namedtuple": "forward returns a namedtuple (the loss reads 'pred'; a str and a tensor "
                                 "needing no grad beside it)",
+                  "model_output": "forward returns an OrderedDict subclass that is a dataclass (as HF "
+                                  "transformers' ModelOutput; the loss reads 'pred')",
                   "non_persistent": "buffer 'ema' registered persistent=False (not in state_dict())",
                   "pre_hook": "a forward pre-hook on the wrapped module",
                   "scale": f"forward keyword scale={KW_SCALE} (the module multiplies by it)",
@@ -93,6 +95,27 @@ class ScenarioOutput:
     pred: object
     hidden: object
     calls: int
+
+
+@dataclass
+class ScenarioModelOutput(OrderedDict):
+    """The scenario model's output with ``module["output"] == "model_output"``, shaped as HF
+    transformers' ``ModelOutput``: a dataclass subclassing ``OrderedDict`` whose set fields are
+    also its items (``out.pred`` and ``out["pred"]``); ``pred`` ``[n, OUT_FEATURES]`` (what the
+    loss reads), ``hidden`` ``[n, HIDDEN]`` detached. ``torch.utils._pytree`` knows ``OrderedDict``
+    by exact type only, so it sees this as a leaf (pytorch/pytorch#106690)."""
+    pred: object = None
+    hidden: object = None
+
+    def __post_init__(self):
+        for f in fields(self):
+            if getattr(self, f.name) is not None:
+                self[f.name] = getattr(self, f.name)
+
+
+#: Output structures ``torch.utils._pytree`` treats as leaves (no tensor found inside): torch's
+#: DDP with ``static_graph=True`` never reduces its first iteration behind them (docs/findings.md 25).
+PYTREE_LEAF_OUTPUTS = ("dataclass", "model_output")
 
 
 #: The scenario model's output with ``module["output"] == "namedtuple"``: ``pred`` (what the loss
@@ -181,9 +204,10 @@ UPSTREAM_DEFECTS = {
                                     "grad-enabled forward no backward followed, then a no_sync() backward that "
                                     "left a parameter unused (torch 2.13; docs/findings.md 15)",
     ("static_graph", "dataclass_output"): "torch's DDP with static_graph=True never all-reduces the first "
-                                          "iteration's gradients when the module returns a plain dataclass "
-                                          "(silent; torch 2.13; docs/findings.md 25): parity.structured_output_"
-                                          "static holds it",
+                                          "iteration's gradients when the module returns a structure "
+                                          "torch.utils._pytree does not enter (PYTREE_LEAF_OUTPUTS; silent; "
+                                          "torch 2.13; docs/findings.md 25): parity.structured_output_static "
+                                          "holds it",
 }
 #: Workload dtypes drawn with short runs only (1..8 steps).
 SHORT_RUN_DTYPES = ("bfloat16",)

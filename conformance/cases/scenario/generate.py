@@ -6,8 +6,7 @@ from dataclasses import dataclass, fields
 import copy
 
 from conformance.cases.scenario.dimensions import (BRANCHES, EVAL_GRAD, EVAL_MODE, LOOPS, MAX_FORWARDS, MODULES,
-                                                   PLAIN_MODULE,
-                                                   PLAIN_WORKLOAD, SHORT_RUN_DTYPES, SPARSE_OPTIMIZERS, WORKLOADS,
+                                                   PLAIN_MODULE, PLAIN_WORKLOAD, PYTREE_LEAF_OUTPUTS, SHORT_RUN_DTYPES, SPARSE_OPTIMIZERS, WORKLOADS,
                                                    XLA_UNSUPPORTED, XLA_UNSUPPORTED_LOOP)
 from conformance.cases.scenario.format import Scenario
 from conformance.cases.scenario.buckets import CAP_CLASSES, cap_mb, grad_bytes
@@ -125,7 +124,7 @@ def scenarios(world_size: int, space: Space):
         find_unused = draw(st.booleans())
         ddp, keys = _draw_ddp(draw, space, workload, find_unused,
                               need["reentrant"] or (need["reentrant_head"] and find_unused),
-                              free_static=not (topo and topo["returns"] == "dataclass"))
+                              free_static=not (topo and topo["returns"] in PYTREE_LEAF_OUTPUTS))
         static, skip_unused = keys["static"], keys["skip_unused"]
         # static_graph: one graph for the run, so one plan everywhere (all branches unless
         # find_unused_parameters); skip_all_reduce_unused_params too
@@ -147,7 +146,7 @@ def scenarios(world_size: int, space: Space):
                       workload=workload, topology=topo)
         if find_unused:  # UPSTREAM_DEFECTS ("enabled_forward", "no_sync"): not drawn
             _no_enabled_forward_before_no_sync(sc)
-        if static and topo is not None and topo["returns"] == "dataclass":  # UPSTREAM_DEFECTS: not drawn
+        if static and topo is not None and topo["returns"] in PYTREE_LEAF_OUTPUTS:  # UPSTREAM_DEFECTS: not drawn
             topo["returns"] = RETURNS[0]
         if space.loop:
             _draw_module_and_loop(draw, sc, n, space)
@@ -175,7 +174,7 @@ def _draw_ddp(draw, space: Space, workload: dict, find_unused: bool, reentrant: 
     for; ``keys``: ``static`` (static_graph), ``skip_unused``, ``cap`` (the bucket cap class drawn,
     set once the model is known) and ``caps`` (the per-bucket cap classes, or None); ``reentrant``:
     the drawn topology needs ``static_graph`` (its reentrant checkpoints); ``free_static``:
-    ``static_graph`` may be drawn where nothing needs it (not for a dataclass output:
+    ``static_graph`` may be drawn where nothing needs it (not for an output pytree does not enter:
     :data:`UPSTREAM_DEFECTS`)."""
     from hypothesis import strategies as st
     ddp = {"find_unused_parameters": find_unused, "broadcast_buffers": not draw(st.booleans())}

@@ -14,7 +14,8 @@ from conformance.cases.scenario.topology import build_topology, needs
 
 from conformance.cases.scenario.dimensions import (BRANCHES, BadBatch, GRAD_HOOK_PARAM, GRAD_HOOK_SCALE, HIDDEN,
                                                    INDICES_PER_SAMPLE, IN_FEATURES, KW_SCALE, OUT_FEATURES,
-                                                   PLAIN_MODULE, PLAIN_WORKLOAD, ScenarioOutput, ScenarioPair, VOCAB)
+                                                   PLAIN_MODULE, PLAIN_WORKLOAD, ScenarioModelOutput, ScenarioOutput,
+                                                   ScenarioPair, VOCAB)
 
 
 def user_grad_hook(net, module: dict | None) -> None:
@@ -155,6 +156,8 @@ class ScenarioNet(nn.Module):
         if kind == "dataclass":
             self.calls += 1  # a host int (reading ``count`` would run the graph on XLA)
             return ScenarioOutput(pred=out, hidden=h.detach(), calls=self.calls)
+        if kind == "model_output":
+            return ScenarioModelOutput(pred=out, hidden=h.detach())
         return out
 
     def forward(self, x, plan=BRANCHES, idx=None, *, scale=1.0, mask=None, bad=False):

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from conformance.cases.scenario.dimensions import (BRANCHES, HIDDEN, IN_FEATURES, OUT_FEATURES, VOCAB, BadBatch,
-                                                   ScenarioOutput, ScenarioPair)
+                                                   ScenarioModelOutput, ScenarioOutput, ScenarioPair)
 from conformance.cases.scenario.topology.spec import INPUT_OPS, SEQ
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
@@ -232,6 +232,8 @@ class TopologyNet(nn.Module):
             return ScenarioOutput(pred=preds, hidden=h.detach(), calls=self.calls)
         if kind == "namedtuple":
             return ScenarioPair(pred=preds, hidden=h.detach(), tag="topology")
+        if kind == "model_output":
+            return ScenarioModelOutput(pred=preds, hidden=h.detach())
         return preds
 
     def _update_buffers(self, h):
