@@ -549,6 +549,21 @@ CATALOG = [
     Entry("leak_backend_registered", "leaks:RegistersBackend", "50.7",
           "a torch.distributed backend of its own registered at construction",
           "transparency: process-wide state (docs/isolation.md)", "https://github.com/pytorch/pytorch/issues/115331", True),
+    # What the module returns and how the wrapper finds the graph from it (output_faults.py).
+    Entry("output_control", "output_faults:ControlDDP", "", "", "every check: must pass",
+          "https://pytorch.org/docs/stable/notes/ddp.html", None),
+    Entry("output_exact_type", "output_faults:ModelOutputDDP", "47.o1",
+          "output containers found by exact class: an OrderedDict subclass (HF ModelOutput) is a leaf, "
+          "no gradient is averaged", "module output structure",
+          "https://github.com/huggingface/transformers/issues/25357", True),
+    Entry("output_first_anchor", "output_faults:FirstOutputAnchorDDP", "47.o2",
+          "only the first output tensor carries the end-of-backward hook: unaveraged when the loss "
+          "does not read that output", "several outputs, one unused by the loss",
+          "https://github.com/pytorch/pytorch/issues/97030", False),
+    Entry("output_checkpoint_blind", "output_faults:CheckpointBlindDDP", "47.o3",
+          "only parameters reachable from the outputs' autograd graph are averaged: those behind a "
+          "reentrant checkpoint keep their local gradient", "reentrant activation checkpointing",
+          "https://github.com/pytorch/pytorch/issues/24005", True),
 ]
 
 BY_NAME = {e.name: e for e in CATALOG}
@@ -660,4 +675,6 @@ CAUGHT_BY = {
     "leak_global_forward_hook": "parity.linear@2",
     "leak_autocast_on": "parity.linear@2",
     "leak_backend_registered": "parity.linear@2",
+    "output_exact_type": "scenario.loop@2",
+    "output_checkpoint_blind": "parity.checkpoint_reentrant_reuse@2",
 }
