@@ -364,5 +364,6 @@ def judge_scenario(sc: Scenario, results: list, tol, *, agreement_atol: float = 
             s = min(v.first_bad_step, len(sc.steps)) - 1
             dims = sc.describe_step(s, config=False)
             v.reason = (f"step {s + 1} of {len(sc.steps)}{f' ({dims})' if dims else ''}: {v.reason} "
-                        f"The scenario runs optimizer {sc.optimizer}, DDP keywords {sc.ddp}.")
+                        f"The scenario runs optimizer {sc.optimizer}, DDP keywords {sc.ddp} (as drawn: an "
+                        f"optional or performance-only keyword the DDP refused was left out).")
     return out
