@@ -53,8 +53,8 @@ LOOP_PHRASES = {("zero_grad", "zeros"): "zero_grad(set_to_none=False): zero grad
 #: (each value in words: :data:`MODULE_PHRASES`; its torch semantics: docs/scenarios.md, "The module
 #: axis"). First values: the plain module. Float buffers rebound in forward are the scenario's
 #: ``rebind_buffers`` (with ``int_buffer`` ``samples`` the int64 ``seen`` too).
-MODULES = {"output": ("tensor", "dict", "dataclass", "namedtuple", "model_output"), "buffers": ("persistent", "non_persistent"),
-           "hook": ("none", "pre_hook"), "kwargs": ("none", "scale", "mask"), "int_buffer": ("none", "samples"),
+MODULES = {"output": ("tensor", "dict", "dataclass", "namedtuple", "model_output"),
+           "buffers": ("persistent", "non_persistent"), "hook": ("none", "pre_hook"), "kwargs": ("none", "scale", "mask"), "int_buffer": ("none", "samples"),
            "parametrize": ("none", "symmetric", "weight_norm"), "params": ("modules", "containers"),
            "buffer_use": ("none", "centre"), "grad_hook": ("none", "after_wrap")}
 PLAIN_MODULE = {k: v[0] for k, v in MODULES.items()}
@@ -121,6 +121,21 @@ PYTREE_LEAF_OUTPUTS = ("dataclass", "model_output")
 #: The scenario model's output with ``module["output"] == "namedtuple"``: ``pred`` (what the loss
 #: reads), ``hidden`` ``[n, HIDDEN]`` detached (a tensor that needs no grad), ``tag`` a str.
 ScenarioPair = namedtuple("ScenarioPair", ["pred", "hidden", "tag"])
+
+
+def structured_output(kind: str, pred, hidden, tag: str, calls: int):
+    """``pred`` returned in the output structure ``kind`` (:data:`MODULES` ``output``) beside
+    ``hidden`` detached, with ``tag`` (a str member) and ``calls`` (an int member) where the
+    structure holds one."""
+    if kind == "namedtuple":
+        return ScenarioPair(pred=pred, hidden=hidden.detach(), tag=tag)
+    if kind == "dict":
+        return {"pred": pred, "hidden": hidden.detach(), "note": tag}
+    if kind == "dataclass":
+        return ScenarioOutput(pred=pred, hidden=hidden.detach(), calls=calls)
+    if kind == "model_output":
+        return ScenarioModelOutput(pred=pred, hidden=hidden.detach())
+    return pred
 
 
 def prediction_of(out):

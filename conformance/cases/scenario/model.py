@@ -14,8 +14,7 @@ from conformance.cases.scenario.topology import build_topology, needs
 
 from conformance.cases.scenario.dimensions import (BRANCHES, BadBatch, GRAD_HOOK_PARAM, GRAD_HOOK_SCALE, HIDDEN,
                                                    INDICES_PER_SAMPLE, IN_FEATURES, KW_SCALE, OUT_FEATURES,
-                                                   PLAIN_MODULE, PLAIN_WORKLOAD, ScenarioModelOutput, ScenarioOutput,
-                                                   ScenarioPair, VOCAB)
+                                                   PLAIN_MODULE, PLAIN_WORKLOAD, VOCAB, structured_output)
 
 
 def user_grad_hook(net, module: dict | None) -> None:
@@ -148,17 +147,9 @@ class ScenarioNet(nn.Module):
 
     def _output(self, out, h):
         """The forward's output in the module's ``output`` structure."""
-        kind = self.md["output"]
-        if kind == "namedtuple":
-            return ScenarioPair(pred=out, hidden=h.detach(), tag="scenario")
-        if kind == "dict":
-            return {"pred": out, "hidden": h.detach(), "note": "scenario"}
-        if kind == "dataclass":
+        if self.md["output"] == "dataclass":
             self.calls += 1  # a host int (reading ``count`` would run the graph on XLA)
-            return ScenarioOutput(pred=out, hidden=h.detach(), calls=self.calls)
-        if kind == "model_output":
-            return ScenarioModelOutput(pred=out, hidden=h.detach())
-        return out
+        return structured_output(self.md["output"], out, h, "scenario", self.calls)
 
     def forward(self, x, plan=BRANCHES, idx=None, *, scale=1.0, mask=None, bad=False):
         md = self.md

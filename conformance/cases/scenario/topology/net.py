@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from conformance.cases.scenario.dimensions import (BRANCHES, HIDDEN, IN_FEATURES, OUT_FEATURES, VOCAB, BadBatch,
-                                                   ScenarioModelOutput, ScenarioOutput, ScenarioPair)
+                                                   structured_output)
 from conformance.cases.scenario.topology.spec import INPUT_OPS, SEQ
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
@@ -224,17 +224,9 @@ class TopologyNet(nn.Module):
 
     def _returned(self, preds, h):
         """``preds`` in the topology's ``returns`` structure, beside the detached value ``h``."""
-        kind = self.t["returns"]
-        if kind == "dict":
-            return {"pred": preds, "hidden": h.detach(), "note": "topology"}
-        if kind == "dataclass":
+        if self.t["returns"] == "dataclass":
             self.calls += 1
-            return ScenarioOutput(pred=preds, hidden=h.detach(), calls=self.calls)
-        if kind == "namedtuple":
-            return ScenarioPair(pred=preds, hidden=h.detach(), tag="topology")
-        if kind == "model_output":
-            return ScenarioModelOutput(pred=preds, hidden=h.detach())
-        return preds
+        return structured_output(self.t["returns"], preds, h, "topology", self.calls)
 
     def _update_buffers(self, h):
         with torch.no_grad():
