@@ -13,7 +13,7 @@ DTYPE_ODDS = (("base", 6), ("float64", 2), ("bfloat16", 1), ("complex64", 2))
 APPLY_ODDS = (("once", 6), ("twice", 1), ("checkpoint_nonreentrant", 1), ("checkpoint_reentrant", 1))
 GATE_ODDS = ((None, 3),) + tuple((b, 1) for b in BRANCHES)
 DEPTH_ODDS = ((0, 5), (1, 2), (2, 1), (3, 1))
-FORM_ODDS = (("module", 3), ("functional", 1), ("none_slot", 1), ("fused", 2), ("lazy", 1))
+FORM_ODDS = (("module", 3), ("fused", 2), ("functional", 1), ("none_slot", 1), ("lazy", 1))
 HEAD_ODDS = (("once", 3), ("checkpoint_reentrant", 2), ("checkpoint_nonreentrant", 1))
 RETURNS_ODDS = tuple((v, 2 if v in ("tensor", "dataclass") else 1) for v in RETURNS)
 
