@@ -6,9 +6,6 @@ micro-step per step, the kit's optimizer as DeepSpeed's client optimizer.
 """
 from __future__ import annotations
 
-import contextlib
-import os
-
 from conformance.impls.engines import NOT_ON_PJRT, missing
 from conformance.impls.engines._env import launcher_env
 from conformance.impls.row import Strategy, refuse_keywords
@@ -26,24 +23,11 @@ def config(stage: int) -> dict:
             "steps_per_print": 2 ** 31 - 1, "wall_clock_breakdown": False}
 
 
-@contextlib.contextmanager
-def _cpu_accelerator():
-    """``DS_ACCELERATOR=cpu`` while DeepSpeed picks its accelerator (it caches the choice for the
-    process on first use), then the variable as it was: a later implementation's environment is
-    not this row's."""
-    before = os.environ.get("DS_ACCELERATOR")
-    os.environ["DS_ACCELERATOR"] = before or "cpu"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["DS_ACCELERATOR"]
-
-
 def _wrap(stage):
     def wrap(module, ctx, kwargs, optimizer):
         refuse_keywords(f"DeepSpeed ZeRO-{stage}", kwargs, ACCEPTED)
-        with launcher_env(ctx), _cpu_accelerator():
+        # DeepSpeed picks its accelerator on first use and caches the choice for the process
+        with launcher_env(ctx, DS_ACCELERATOR="cpu"):
             import deepspeed
             from deepspeed.utils import groups
             # DeepSpeed caches its process groups per process, from the first initialize: the kit's
